@@ -1,0 +1,36 @@
+"""python manage.py status [--json]"""
+import json
+
+from django.core.management.base import BaseCommand
+
+from claims.selectors import fleet_status
+
+
+class Command(BaseCommand):
+    help = "Hosts by state, claims by phase per tenant and pool, NodeType capacity."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="machine-readable output (see README)")
+
+    def handle(self, *args, **options):
+        status = fleet_status()
+        if options["json"]:
+            self.stdout.write(json.dumps(status, indent=2))
+            return
+        hosts = status["hosts"]
+        self.stdout.write(f"Hosts: {hosts['total']}")
+        for state, n in hosts["by_state"].items():
+            if n:
+                self.stdout.write(f"  {state:<15} {n}")
+        self.stdout.write("\nNodeTypes:                  total  available  provisioned   cost")
+        for t in status["node_types"]:
+            c = t["capacity"]
+            self.stdout.write(f"  {t['name']:<24} {c['total']:>6} {c['available']:>10} {c['provisioned']:>12} "
+                              f"{t['cost']:>6}")
+        self.stdout.write("\nTenants and pools:")
+        for tenant in status["tenants"]:
+            self.stdout.write(f"  {tenant['name']} ({tenant['namespace']})")
+            for pool in tenant["pools"]:
+                phases = ", ".join(f"{p} {n}" for p, n in pool["claims"].items() if n) or "no claims"
+                want = f"quantity {pool['quantity']}" if pool["kind"] == "static" else "dynamic"
+                self.stdout.write(f"    {pool['name']:<16} {want:<12} {phases}")

@@ -1,0 +1,57 @@
+"""NodeClaim: one request for one node."""
+from django.db import models
+
+from .choices import PHASE_COLOURS, ClaimPhase
+
+
+class NodeClaim(models.Model):
+    name = models.CharField(max_length=253, unique=True)  # "one-vc4vs"
+    namespace = models.CharField(max_length=63, default="p-default")
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="claims")
+    pool = models.ForeignKey("pools.NodePool", null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="claims")
+    pool_name = models.CharField(max_length=63)
+    provider = models.ForeignKey("pools.NodeProvider", on_delete=models.PROTECT, related_name="claims")
+    node_type = models.ForeignKey("pools.NodeType", null=True, blank=True, on_delete=models.SET_NULL,
+                                  related_name="claims")
+    # One host serves at most one claim: the unique constraint makes double allocation impossible.
+    host = models.OneToOneField("hosts.BareMetalHost", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="claim")
+    host_name = models.CharField(max_length=253, blank=True)  # kept after release, for the timeline
+    node_name = models.CharField(max_length=253, blank=True)
+    # Written only by claims.services.claims_transition.
+    phase = models.CharField(max_length=16, choices=ClaimPhase.choices, default=ClaimPhase.PENDING, db_index=True)
+    phase_changed_at = models.DateTimeField(auto_now_add=True)
+    reason = models.CharField(max_length=64, blank=True)  # machine-readable: NoCapacity, NoNodeType, ...
+    message = models.TextField(blank=True)  # for people
+    attempts = models.PositiveIntegerField(default=0)  # hosts tried; capped by CLAIM_MAX_ATTEMPTS
+    # Snapshot of the pool at creation: what this claim asks for.
+    requirements = models.JSONField(default=list, blank=True)
+    properties = models.JSONField(default=dict, blank=True)
+    node_labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    provisioned_at = models.DateTimeField(null=True, blank=True)
+    joined_at = models.DateTimeField(null=True, blank=True)
+    available_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "name"]
+        indexes = [models.Index(fields=["pool", "phase"]), models.Index(fields=["tenant", "phase"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def phase_colour(self) -> str:
+        return PHASE_COLOURS.get(self.phase, "secondary")
+
+    def conditions(self) -> list[dict]:
+        """Scheduled / Provisioned / Joined, as vCluster reports them."""
+        return [
+            {"type": name, "status": "True" if at else "False", "lastTransitionTime": at.isoformat() if at else None}
+            for name, at in (("Scheduled", self.scheduled_at), ("Provisioned", self.provisioned_at),
+                             ("Joined", self.joined_at))
+        ]

@@ -1,0 +1,316 @@
+"""Every write to a claim: phase changes, the pool reconciler, the allocator and release."""
+import logging
+import secrets
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from events.choices import EventKind
+from events.models import Event
+from events.services import seconds_since
+from hosts.choices import HostState
+from hosts.lifecycle import ConcurrentTransition
+from hosts.models import BareMetalHost
+from hosts.services import hosts_transition
+from pools.choices import PoolKind
+from pools.models import SERVER_NAME_PROPERTY, NodePool, NodeType
+from pools.selectors import label_selector_q, normalize_requirement, requirements_match
+from vmetal_console import live
+
+from .choices import ClaimPhase as P
+from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
+from .models import NodeClaim
+
+log = logging.getLogger(__name__)
+
+# Timestamps a phase sets (and, going back to Pending, clears).
+PHASE_TIMESTAMPS = {P.PROVISIONING: ("scheduled_at",), P.JOINING: ("provisioned_at",),
+                    P.AVAILABLE: ("joined_at", "available_at"), P.RELEASED: ("released_at",)}
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName
+
+
+@transaction.atomic
+def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str, reason: str = "",
+                      message: str = "", step: str = "", fields: dict | None = None) -> list[NodeClaim]:
+    """Move claims that share one phase to `to_phase` (compare-and-swap), with one Event each."""
+    claims = list(claims)
+    if not claims:
+        return claims
+    from_phase = claims[0].phase
+    if any(c.phase != from_phase for c in claims):
+        raise ValueError("claims_transition moves claims that share one phase")
+    for claim in claims:
+        check_phase_change(from_phase, to_phase, claim.name)
+    now = timezone.now()
+    values = {"phase": to_phase, "phase_changed_at": now, "reason": reason, "message": message, **(fields or {})}
+    for stamp in PHASE_TIMESTAMPS.get(to_phase, ()):
+        values[stamp] = now
+    if to_phase == P.PENDING:
+        values.update(scheduled_at=None, provisioned_at=None, joined_at=None, available_at=None)
+    ids = [c.pk for c in claims]
+    changed = NodeClaim.objects.filter(pk__in=ids, phase=from_phase).update(**values)
+    if changed != len(ids):
+        raise ConcurrentTransition(f"{len(ids) - changed} of {len(ids)} claim(s) left {from_phase} meanwhile")
+    Event.objects.bulk_create([
+        Event(kind=EventKind.TRANSITION, object_type="claim", object_name=c.name, claim_id=c.pk,
+              tenant_id=c.tenant_id, host_id=c.host_id, from_state=from_phase, to_state=to_phase, step=step,
+              message=message or reason, duration_s=seconds_since(c.phase_changed_at, now), actor=actor)
+        for c in claims
+    ])
+    for claim in claims:
+        for key, value in values.items():
+            setattr(claim, key, value)
+    tenants = sorted({c.tenant_id for c in claims})
+    transaction.on_commit(lambda: live.publish(
+        ["claims", *(f"tenant-{t}" for t in tenants)],
+        {"object": "claim", "ids": ids, "from_state": from_phase, "to_state": to_phase}))
+    return claims
+
+
+def _new_claim_names(tenant_names: list[str]) -> list[str]:
+    def draw(tenant):
+        return f"{tenant}-{''.join(secrets.choice(NAME_ALPHABET) for _ in range(5))}"
+
+    names = [draw(t) for t in tenant_names]
+    while True:
+        taken = set(NodeClaim.objects.filter(name__in=names).values_list("name", flat=True))
+        seen = set()
+        clashes = []
+        for i, name in enumerate(names):
+            if name in taken or name in seen:
+                clashes.append(i)
+            seen.add(name)
+        if not clashes:
+            return names
+        for i in clashes:
+            names[i] = draw(tenant_names[i])
+
+
+@dataclass
+class ReconcileResult:
+    created: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    allocated: dict[str, str] = field(default_factory=dict)  # claim → host
+    pending: dict[str, str] = field(default_factory=dict)  # claim → why
+
+
+def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:reconciler") -> ReconcileResult:
+    """For each static pool, desired quantity vs live claims: create or release the difference,
+    then allocate hosts to pending claims. Safe to run at any time, from any number of workers."""
+    result = ReconcileResult()
+    with transaction.atomic():
+        pools = NodePool.objects.filter(kind=PoolKind.STATIC)
+        if pool_ids is not None:
+            pools = pools.filter(pk__in=pool_ids)
+        # Lock the pools so that two reconciles of one pool cannot both create its missing claims.
+        locked = list(pools.select_for_update().order_by("pk").values_list("pk", flat=True))
+        pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk")
+                     .annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE)))))
+        growing = [(p, p.quantity - p.live) for p in pools if p.quantity > p.live]
+        shrinking = {p.pk: p.live - p.quantity for p in pools if p.quantity < p.live}
+        if growing:
+            result.created = _claims_create(growing, actor)
+        if shrinking:
+            candidates = defaultdict(list)
+            for claim in NodeClaim.objects.filter(pool_id__in=list(shrinking), phase__in=list(LIVE)):
+                candidates[claim.pool_id].append(claim)
+            doomed = []
+            for pool_id, surplus in shrinking.items():
+                ordered = sorted(candidates[pool_id],
+                                 key=lambda c: (RELEASE_ORDER[c.phase], c.host_id is not None, -c.created_at.timestamp()))
+                doomed += ordered[:surplus]
+            claims_release(claims=doomed, actor=actor, reason="pool shrank")
+            result.released = [c.name for c in doomed]
+    allocation = claims_allocate(pool_ids=pool_ids, actor=actor)
+    result.allocated, result.pending = allocation.allocated, allocation.pending
+    return result
+
+
+def _claims_create(growing: list[tuple[NodePool, int]], actor: str) -> list[str]:
+    tenant_names = [pool.tenant.name for pool, missing in growing for _ in range(missing)]
+    names = iter(_new_claim_names(tenant_names))
+    claims = [
+        NodeClaim(name=next(names), namespace=pool.tenant.namespace, tenant=pool.tenant, pool=pool,
+                  pool_name=pool.name, provider=pool.provider, requirements=pool.node_type_selector,
+                  properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
+                  reason="Created", message="waiting for a host")
+        for pool, missing in growing for _ in range(missing)
+    ]
+    NodeClaim.objects.bulk_create(claims)
+    created = {c.name: c for c in claims}
+    if not all(c.pk for c in claims):  # backends that do not return ids from bulk inserts
+        for pk, name in NodeClaim.objects.filter(name__in=list(created)).values_list("pk", "name"):
+            created[name].pk = pk
+    Event.objects.bulk_create([
+        Event(kind=EventKind.TRANSITION, object_type="claim", object_name=c.name, claim_id=c.pk,
+              tenant_id=c.tenant_id, to_state=P.PENDING, message=f"pool {c.pool_name} needs a node", actor=actor)
+        for c in claims
+    ])
+    tenants = sorted({c.tenant_id for c in claims})
+    transaction.on_commit(lambda: live.publish(["claims", *(f"tenant-{t}" for t in tenants)],
+                                               {"object": "claim", "ids": [c.pk for c in claims], "to_state": P.PENDING}))
+    return [c.name for c in claims]
+
+
+@transaction.atomic
+def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
+    """Give claims back. A claim without a host is released at once; one with a host goes to
+    Releasing and its host to deprovisioning (drain, clean and return to the pool)."""
+    by_phase = defaultdict(list)
+    for claim in claims:
+        by_phase[(claim.phase, claim.host_id is not None)].append(claim)
+    for (phase, has_host), group in by_phase.items():
+        if not has_host:
+            claims_transition(claims=group, to_phase=P.RELEASED, actor=actor, reason="Released", message=reason)
+            continue
+        hosts = list(BareMetalHost.objects.filter(pk__in=[c.host_id for c in group]))
+        claims_transition(claims=group, to_phase=P.RELEASING, actor=actor, reason="Releasing", message=reason)
+        hosts_by_state = defaultdict(list)
+        for host in hosts:
+            hosts_by_state[host.state].append(host)
+        tenant_of = {c.host_id: c.tenant_id for c in group}
+        for state, same in hosts_by_state.items():
+            if state in (HostState.PROVISIONING, HostState.PROVISIONED):
+                hosts_transition(hosts=same, to_state=HostState.DEPROVISIONING, actor=actor,
+                                 reason=f"released by its claim: {reason}", tenant_ids=tenant_of)
+
+
+@transaction.atomic
+def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str) -> NodeClaim:
+    """The claim's host failed (error, deadline): free the claim and try another host, up to the cap."""
+    cap = settings.CLAIM_MAX_ATTEMPTS
+    fields = {"host": None}
+    if claim.phase == P.RELEASING:
+        claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
+                          message=f"released; its host failed: {reason}", fields=fields)
+    elif claim.attempts >= cap:
+        claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason="RetriesExhausted",
+                          message=f"gave up after {claim.attempts} attempt(s); last: {reason}", fields=fields)
+    else:
+        claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason="HostFailed",
+                          message=f"{reason}; trying another host (attempt {claim.attempts + 1} of {cap})",
+                          fields=fields)
+        transaction.on_commit(lambda: pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else []))
+    claim.host = None
+    return claim
+
+
+@dataclass
+class AllocationResult:
+    allocated: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, str] = field(default_factory=dict)
+
+
+def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] | None = None,
+                    actor: str = "system:allocator") -> AllocationResult:
+    """Give each pending claim one available host of the cheapest matching NodeType that has one free.
+
+    Hosts are taken with SELECT … FOR UPDATE SKIP LOCKED (PostgreSQL) and a compare-and-swap on their
+    state (every backend), so two claims never get one host; the unique claim→host link guards too."""
+    result = AllocationResult()
+    pending = NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True).order_by("created_at", "pk")
+    if pool_ids is not None:
+        pending = pending.filter(pool_id__in=pool_ids)
+    if claim_ids is not None:
+        pending = pending.filter(pk__in=claim_ids)
+    pending = list(pending)
+    if not pending:
+        return result
+    node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
+    groups = defaultdict(list)
+    for claim in pending:
+        pinned = claim.properties.get(SERVER_NAME_PROPERTY, "")
+        key = (claim.provider_id, _requirements_key(claim.requirements), pinned)
+        groups[key].append(claim)
+    waiting = {}  # claim → (reason, message)
+    for (provider_id, _, pinned), claims in groups.items():
+        candidates = [t for t in node_types if t.provider_id == provider_id
+                      and requirements_match(claims[0].requirements, t.effective_properties())]
+        if not candidates:
+            msg = f"no NodeType matches {_describe(claims[0].requirements)}"
+            waiting.update({c: ("NoNodeType", msg) for c in claims})
+            continue
+        for node_type in candidates:
+            if not claims:
+                break
+            taken = _allocate_group(claims, node_type, pinned, actor)
+            for claim in claims[:taken]:
+                result.allocated[claim.name] = claim.host_name
+            claims = claims[taken:]
+        if claims:
+            msg = _no_capacity_message(candidates, pinned)
+            waiting.update({c: ("NoCapacity", msg) for c in claims})
+    by_message = defaultdict(list)
+    for claim, (reason, msg) in waiting.items():
+        result.pending[claim.name] = msg
+        if (claim.reason, claim.message) != (reason, msg):
+            by_message[(reason, msg)].append(claim.pk)
+    for (reason, msg), ids in by_message.items():
+        NodeClaim.objects.filter(pk__in=ids, phase=P.PENDING).update(reason=reason, message=msg)
+    return result
+
+
+def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3) -> int:
+    """Allocate up to len(claims) hosts of one type to these claims; returns how many got one."""
+    for _ in range(tries):
+        try:
+            with transaction.atomic():
+                free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
+                                                    state=HostState.AVAILABLE)
+                if pinned:
+                    free = free.filter(name=pinned)
+                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by("pk")[: len(claims)])
+                if not hosts:
+                    return 0
+                chosen = claims[: len(hosts)]
+                tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
+                hosts_transition(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
+                                 reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
+                for host, claim in zip(hosts, chosen):
+                    claim.host, claim.host_name, claim.node_type = host, host.name, node_type
+                    claim.attempts += 1
+                NodeClaim.objects.bulk_update(chosen, ["host", "host_name", "node_type", "attempts"])
+                for claim in chosen:  # one event each naming its host, from one shared phase change
+                    claims_transition(claims=[claim], to_phase=P.PROVISIONING, actor=actor, reason="Scheduled",
+                                      message=f"host {claim.host_name} ({node_type.name})")
+                return len(chosen)
+        except ConcurrentTransition:
+            for claim in claims:
+                claim.host = None
+            continue
+    return 0
+
+
+def _requirements_key(requirements: list[dict]) -> tuple:
+    return tuple(sorted((p, op, tuple(v)) for p, op, v in map(normalize_requirement, requirements)))
+
+
+def _describe(requirements: list[dict]) -> str:
+    parts = []
+    for prop, op, values in map(normalize_requirement, requirements):
+        parts.append(f"{prop}={values[0]}" if op == "" else f"{prop} {op} {','.join(values)}".strip())
+    return "; ".join(parts) or "(no selector)"
+
+
+def _no_capacity_message(candidates: list[NodeType], pinned: str) -> str:
+    from pools.capacity import node_type_capacity
+
+    capacity = node_type_capacity(candidates)
+    parts = [f"{t.name}: {capacity[t.pk]['available']} of {capacity[t.pk]['total']} available" for t in candidates]
+    noun = "type" if len(candidates) == 1 else "types"
+    where = f" named {pinned}" if pinned else ""
+    if len(candidates) == 1:
+        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1]
+    return f"no free host{where} of {noun} " + "; ".join(parts)
+
+
+def pools_changed(*, pool_ids: list[int]) -> None:
+    """Pools changed (apply, console, API): reconcile them now rather than at the next beat."""
+    from . import tasks
+
+    live.enqueue(tasks.reconcile_pools, pool_ids=pool_ids)

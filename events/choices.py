@@ -1,0 +1,8 @@
+from django.db import models
+
+
+class EventKind(models.TextChoices):
+    TRANSITION = "transition", "State change"
+    STEP = "step", "Step"
+    CHANGE = "change", "Configuration change"
+    ACTION = "action", "Action"

@@ -1,0 +1,42 @@
+from django.db import models
+
+
+class HostState(models.TextChoices):
+    REGISTERING = "registering", "Registering"
+    INSPECTING = "inspecting", "Inspecting"
+    AVAILABLE = "available", "Available"
+    PROVISIONING = "provisioning", "Provisioning"
+    PROVISIONED = "provisioned", "Provisioned"
+    DEPROVISIONING = "deprovisioning", "Deprovisioning"
+    REPAIR = "repair", "Repair"
+    ERROR = "error", "Error"
+    MAINTENANCE = "maintenance", "Maintenance"
+
+    @classmethod
+    def colour(cls, state: str) -> str:
+        return STATE_COLOURS.get(state, "secondary")
+
+
+STATE_COLOURS = {
+    "registering": "secondary", "inspecting": "secondary", "available": "info",
+    "provisioning": "warning", "provisioned": "success", "deprovisioning": "warning",
+    "repair": "orange", "error": "danger", "maintenance": "dark",
+}
+
+
+class PowerState(models.TextChoices):
+    ON = "on", "On"
+    OFF = "off", "Off"
+    UNKNOWN = "unknown", "Unknown"
+
+
+class BMCScheme(models.TextChoices):
+    REDFISH = "redfish", "Redfish (HTTPS)"
+    REDFISH_HTTP = "redfish+http", "Redfish (HTTP)"
+    REDFISH_VIRTUALMEDIA = "redfish-virtualmedia", "Redfish virtual media"
+    IPMI = "ipmi", "IPMI"
+
+
+class CleaningMode(models.TextChoices):
+    METADATA = "metadata", "metadata"
+    DISABLED = "disabled", "disabled"

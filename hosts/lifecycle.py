@@ -1,0 +1,41 @@
+"""The host life cycle: one table of allowed transitions and the deadline of each in-progress state."""
+from datetime import timedelta
+
+from django.conf import settings
+
+from .choices import HostState as S
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.REGISTERING: frozenset({S.INSPECTING, S.ERROR, S.MAINTENANCE}),
+    # After inspection a host is cleaned and checked once (deprovisioning) before it joins the pool.
+    S.INSPECTING: frozenset({S.AVAILABLE, S.DEPROVISIONING, S.ERROR, S.MAINTENANCE}),
+    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE}),
+    S.PROVISIONING: frozenset({S.PROVISIONED, S.DEPROVISIONING, S.ERROR}),
+    S.PROVISIONED: frozenset({S.DEPROVISIONING, S.ERROR}),
+    S.DEPROVISIONING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR}),
+    S.REPAIR: frozenset({S.DEPROVISIONING, S.AVAILABLE, S.MAINTENANCE}),
+    S.ERROR: frozenset({S.REGISTERING, S.DEPROVISIONING, S.REPAIR, S.MAINTENANCE}),
+    S.MAINTENANCE: frozenset({S.REGISTERING}),
+}
+
+IN_PROGRESS = frozenset({S.REGISTERING, S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING})
+# States in which a host serves (or is being made ready for) a tenant's claim.
+CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+class ConcurrentTransition(Exception):
+    """Another writer changed the host between our read and our write."""
+
+
+def check_transition(from_state: str, to_state: str, name: str = "host") -> None:
+    if to_state not in TRANSITIONS.get(from_state, ()):
+        allowed = ", ".join(sorted(TRANSITIONS.get(from_state, ()))) or "none"
+        raise IllegalTransition(f"{name}: {from_state} → {to_state} is not allowed (from {from_state}: {allowed})")
+
+
+def deadline_for(state: str) -> timedelta | None:
+    return settings.HOST_STATE_DEADLINES.get(state)

@@ -1,0 +1,83 @@
+"""BareMetalHost: one server, its BMC, its hardware and where it is in its life cycle."""
+import re
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from pools.validators import validate_object_name, validate_string_map
+from vmetal_console.crypto import EncryptedTextField
+
+from .choices import BMCScheme, CleaningMode, HostState, PowerState
+
+MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
+
+
+def parse_bmc_address(address: str):
+    """'redfish+http://127.0.0.1:8000/redfish/v1/Systems/x' → (scheme, netloc, system path)."""
+    parts = urlsplit(address or "")
+    if parts.scheme not in BMCScheme.values:
+        raise ValidationError(
+            f"BMC address {address!r} has an unknown scheme {parts.scheme!r}; "
+            f"expected one of {', '.join(s + '://' for s in BMCScheme.values)}")
+    if not parts.hostname:
+        raise ValidationError(f"BMC address {address!r} has no host")
+    return parts.scheme, parts.netloc, parts.path
+
+
+class BareMetalHost(models.Model):
+    name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
+    namespace = models.CharField(max_length=63, default="metal3")
+    bmc_address = models.CharField(max_length=500)
+    bmc_credentials_name = models.CharField(max_length=253, blank=True)
+    bmc_username = EncryptedTextField(blank=True)
+    bmc_password = EncryptedTextField(blank=True)
+    bmc_disable_certificate_verification = models.BooleanField(default=False)
+    boot_mac = models.CharField(max_length=17, unique=True)
+    online = models.BooleanField(default=True)
+    root_device_hints = models.JSONField(default=dict, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    automated_cleaning_mode = models.CharField(max_length=16, choices=CleaningMode.choices,
+                                               default=CleaningMode.METADATA)
+    inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
+    power_state = models.CharField(max_length=8, choices=PowerState.choices, default=PowerState.UNKNOWN)
+    # Written only by hosts.services.hosts_transition.
+    state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
+                             db_index=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    deadline_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    error_type = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    error_count = models.PositiveIntegerField(default=0)  # consecutive failures; reset on success
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "bare-metal host"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def state_colour(self) -> str:
+        return HostState.colour(self.state)
+
+    def clean(self):
+        errors = {}
+        try:
+            parse_bmc_address(self.bmc_address)
+        except ValidationError as exc:
+            errors["bmc_address"] = exc.messages
+        mac = (self.boot_mac or "").lower()
+        if not MAC.match(mac):
+            errors["boot_mac"] = f"{self.boot_mac!r} is not a MAC address such as 52:54:00:12:34:56"
+        self.boot_mac = mac
+        try:
+            validate_string_map(self.labels, "labels")
+        except ValidationError as exc:
+            errors["labels"] = exc.messages
+        if not isinstance(self.root_device_hints, dict):
+            errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
+        if errors:
+            raise ValidationError(errors)

@@ -1,0 +1,140 @@
+"""Every write to a host. `hosts_transition` is the only code that changes a host's state."""
+import logging
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from events.choices import EventKind
+from events.models import Event
+from events.services import seconds_since
+from vmetal_console import live
+
+from .choices import HostState
+from .lifecycle import ConcurrentTransition, IllegalTransition, check_transition, deadline_for
+from .models import BareMetalHost
+
+log = logging.getLogger(__name__)
+
+# The task that drives a host on from each state it enters: {state: "app.tasks.name"}.
+# The provisioning engine registers its steps here (claims/hosts tasks modules).
+STATE_TASKS: dict[str, str] = {}
+
+
+def host_transition(*, host: BareMetalHost, to_state: str, actor: str, reason: str = "", error_type: str = "",
+                    step: str = "", data: dict | None = None) -> BareMetalHost:
+    hosts_transition(hosts=[host], to_state=to_state, actor=actor, reason=reason, error_type=error_type,
+                     step=step, data=data)
+    return host
+
+
+@transaction.atomic
+def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: str, reason: str = "",
+                     error_type: str = "", step: str = "", data: dict | None = None,
+                     tenant_ids: dict[int, int] | None = None) -> list[BareMetalHost]:
+    """Move hosts that share one state to `to_state`, by compare-and-swap on that state.
+
+    Raises IllegalTransition when the table forbids it, ConcurrentTransition when another writer moved
+    one of the hosts first (nothing is changed then). Writes one Event per host; on commit, enqueues
+    the task that drives the new state and publishes the change to live views."""
+    hosts = list(hosts)
+    if not hosts:
+        return hosts
+    from_state = hosts[0].state
+    if any(h.state != from_state for h in hosts):
+        raise ValueError("hosts_transition moves hosts that share one state")
+    for host in hosts:
+        check_transition(from_state, to_state, host.name)
+    now = timezone.now()
+    deadline = deadline_for(to_state)
+    fields = {"state": to_state, "state_changed_at": now, "deadline_at": now + deadline if deadline else None}
+    if to_state == HostState.ERROR:
+        fields.update(error_type=error_type or f"{from_state} error", error_message=reason,
+                      error_count=F("error_count") + 1)
+    elif to_state in (HostState.AVAILABLE, HostState.PROVISIONED):
+        fields.update(error_type="", error_message="", error_count=0)
+    ids = [h.pk for h in hosts]
+    changed = BareMetalHost.objects.filter(pk__in=ids, state=from_state).update(**fields)
+    if changed != len(ids):
+        raise ConcurrentTransition(f"{len(ids) - changed} of {len(ids)} host(s) left {from_state} meanwhile")
+    tenant_ids = tenant_ids or {}
+    Event.objects.bulk_create([
+        Event(kind=EventKind.TRANSITION, object_type="host", object_name=h.name, host_id=h.pk,
+              tenant_id=tenant_ids.get(h.pk), from_state=from_state, to_state=to_state, step=step,
+              message=reason, duration_s=seconds_since(h.state_changed_at, now), actor=actor, data=data or {})
+        for h in hosts
+    ])
+    for host in hosts:
+        for key, value in fields.items():
+            if key != "error_count":
+                setattr(host, key, value)
+        if to_state == HostState.ERROR:
+            host.error_count += 1
+    transaction.on_commit(lambda: _after_transition(ids, from_state, to_state))
+    return hosts
+
+
+def _after_transition(ids: list[int], from_state: str, to_state: str) -> None:
+    task_name = STATE_TASKS.get(to_state)
+    if task_name:
+        from vmetal_console.celery import app
+
+        for host_id in ids:
+            try:
+                app.send_task(task_name, kwargs={"host_id": host_id})
+            except Exception:
+                log.warning("could not enqueue %s for host %s", task_name, host_id, exc_info=True)
+    live.publish(["fleet"], {"object": "host", "ids": ids, "from_state": from_state, "to_state": to_state})
+
+
+def host_set_maintenance(*, host: BareMetalHost, on: bool, actor: str, reason: str = "") -> BareMetalHost:
+    """Take a host out of service, or give it back (it registers again: its BMC is checked anew)."""
+    if on:
+        return host_transition(host=host, to_state=HostState.MAINTENANCE, actor=actor,
+                               reason=reason or "maintenance on")
+    if host.state != HostState.MAINTENANCE:
+        raise IllegalTransition(f"{host.name} is not in maintenance")
+    return host_transition(host=host, to_state=HostState.REGISTERING, actor=actor, reason=reason or "maintenance off")
+
+
+def host_retry(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMetalHost:
+    """Try a host in error again from the start: register (BMC, credentials) and inspect."""
+    if host.state != HostState.ERROR:
+        raise IllegalTransition(f"{host.name} is {host.state}; only a host in error can be retried")
+    return host_transition(host=host, to_state=HostState.REGISTERING, actor=actor,
+                           reason=reason or f"retry after: {host.error_message}")
+
+
+def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
+    """Move every host past its state's deadline to `error`, with the reason; free its claim."""
+    from claims.services import claim_host_lost
+
+    swept = []
+    now = timezone.now()
+    overdue = BareMetalHost.objects.filter(deadline_at__lt=now, state__in=list(_deadlined_states()))
+    for host in overdue.select_related("claim"):
+        limit = deadline_for(host.state)
+        reason = f"deadline exceeded: {host.state} for more than {_human(limit)}"
+        try:
+            with transaction.atomic():
+                claim = getattr(host, "claim", None)
+                host_transition(host=host, to_state=HostState.ERROR, actor=actor, reason=reason,
+                                error_type=f"{host.state} timeout")
+                if claim is not None:
+                    claim_host_lost(claim=claim, reason=f"host {host.name}: {reason}", actor=actor)
+        except ConcurrentTransition:
+            continue  # it moved on by itself meanwhile
+        swept.append(host.name)
+    return swept
+
+
+def _deadlined_states():
+    from django.conf import settings
+
+    return settings.HOST_STATE_DEADLINES.keys()
+
+
+def _human(delta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"

@@ -1,0 +1,491 @@
+"""`apply`: kubectl-style, multi-document, idempotent and atomic. Accepts vcluster.yaml (or its
+privateNodes part) for a tenant, VirtualClusterInstance, NodeProvider, NodeType, NodeEnvironment,
+OSImage, Metal3 BareMetalHost and v1 Secret documents."""
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+
+import yaml
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from events.services import object_update
+from hosts.choices import HostState
+from hosts.models import BareMetalHost
+from pools.choices import PoolKind, ProviderKind
+from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.services import PoolSpec, tenant_private_nodes_apply
+
+from .source import Document, Invalid, ManifestError, Reader, load_documents
+
+LOFT = "management.loft.sh/v1"
+METAL3 = "metal3.io/v1alpha1"
+ANNOTATION_PREFIX = "vmetal.dev/"
+REDACTED = "vmetal.dev/redacted"
+STATUS_ANNOTATION = "baremetalhost.metal3.io/status"
+KINDS = {("v1", "Secret"), (LOFT, "NodeProvider"), (LOFT, "NodeType"), (LOFT, "NodeEnvironment"),
+         (LOFT, "OSImage"), (LOFT, "VirtualClusterInstance"), (METAL3, "BareMetalHost")}
+# Applied in this order, whatever the order in the files: what is referred to comes first.
+ORDER = ["Secret", "NodeProvider", "NodeType", "NodeEnvironment", "OSImage", "VirtualClusterInstance",
+         "vcluster.yaml", "BareMetalHost"]
+PROVIDER_BLOCKS = {"metal3", "kubeVirt", "terraform", "bcm", "clusterAPI"}
+
+
+@dataclass
+class ApplyResult:
+    lines: list[str] = field(default_factory=list)  # "nodepool one/gpu created", kubectl-style
+    changed: int = 0
+
+    def add(self, what: str, created: bool, changes: dict | None = None) -> None:
+        if created:
+            self.lines.append(f"{what} created")
+            self.changed += 1
+        elif changes:
+            detail = ", ".join(f"{k}: {_short(o)} → {_short(n)}" for k, (o, n) in changes.items())
+            self.lines.append(f"{what} configured ({detail})")
+            self.changed += 1
+        else:
+            self.lines.append(f"{what} unchanged")
+
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class DryRun(Exception):
+    pass
+
+
+def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None = None,
+                dry_run: bool = False) -> ApplyResult:
+    """Apply [(file name, text), ...] in one transaction. Any error: nothing is applied."""
+    docs = []
+    for name, text in files:
+        docs += load_documents(text, name)
+    if not docs:
+        raise ManifestError(files[0][0] if files else "-", None, None, "no documents to apply")
+    classified = [(_classify(doc, tenant), doc) for doc in docs]
+    classified.sort(key=lambda pair: ORDER.index(pair[0]))
+    result = ApplyResult()
+    try:
+        with transaction.atomic():
+            ctx = Context(actor=actor, tenant=tenant, result=result)
+            for kind, doc in classified:
+                try:
+                    HANDLERS[kind](ctx, doc)
+                except Invalid as exc:
+                    raise doc.error(exc) from None
+            ctx.check_credentials()
+            if dry_run:
+                raise DryRun
+    except DryRun:
+        result.lines = [line + " (dry run)" for line in result.lines]
+    return result
+
+
+def _classify(doc: Document, tenant: str | None) -> str:
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error(Invalid((), "a manifest must be a mapping"))
+    if "apiVersion" in data or "kind" in data:
+        key = (data.get("apiVersion"), data.get("kind"))
+        if key not in KINDS:
+            known = ", ".join(f"{k} ({v})" for v, k in sorted(KINDS, key=lambda kv: kv[1]))
+            raise doc.error(Invalid(("kind",), f"unknown kind {data.get('kind')!r} of apiVersion "
+                                              f"{data.get('apiVersion')!r}; this console accepts {known}, "
+                                              "and vcluster.yaml (privateNodes) with --tenant"))
+        return key[1]
+    if "privateNodes" in data or "autoNodes" in data:
+        if not tenant:
+            raise doc.error(Invalid((), "a vcluster.yaml applies to a tenant: give --tenant NAME"))
+        return "vcluster.yaml"
+    raise doc.error(Invalid((), "not a manifest: expected apiVersion and kind, or a vcluster.yaml with privateNodes"))
+
+
+@dataclass
+class SecretData:
+    doc: Document
+    values: dict[str, str]
+    redacted: bool
+
+
+class Context:
+    def __init__(self, *, actor: str, tenant: str | None, result: ApplyResult):
+        self.actor, self.tenant, self.result = actor, tenant, result
+        self.secrets: dict[tuple[str, str], SecretData] = {}
+        self.used_secrets: set[tuple[str, str]] = set()
+
+    def check_credentials(self) -> None:
+        for key, secret in self.secrets.items():
+            if key not in self.used_secrets:
+                self.result.lines.append(f"secret {key[0]}/{key[1]} not referenced by any BareMetalHost")
+
+    def update(self, what: str, obj, values: dict, paths: dict[str, tuple], *, object_type: str, tenant=None,
+               self_link: str = ""):
+        try:
+            created, changes = object_update(obj, values, actor=self.actor, object_type=object_type,
+                                             tenant=tenant, self_link=self_link)
+        except ValidationError as exc:
+            raise _invalid_from(exc, paths) from None
+        self.result.add(what, created, changes)
+        return obj
+
+
+def _invalid_from(exc: ValidationError, paths: dict[str, tuple]) -> Invalid:
+    if hasattr(exc, "error_dict"):
+        for name, errors in exc.message_dict.items():
+            path = paths.get(name, ("metadata", "name") if name in ("name", "__all__") else ())
+            return Invalid(path, "; ".join(errors))
+    return Invalid((), "; ".join(exc.messages))
+
+
+def _metadata(doc: Document, *, namespaced: bool = False, default_namespace: str = "") -> tuple[str, str, Reader]:
+    meta = Reader(doc.data).child("metadata").mapping(
+        {"name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation",
+         "creationTimestamp", "finalizers", "ownerReferences", "managedFields"}, required=("name",))
+    name = meta.str("name", required=True)
+    namespace = meta.str("namespace", default=default_namespace) if namespaced else ""
+    return name, namespace, meta
+
+
+def _spec(doc: Document, allowed: set[str], required: tuple[str, ...] = ()) -> Reader:
+    top = Reader(doc.data).mapping({"apiVersion", "kind", "metadata", "spec", "status"})
+    if not top.has("spec"):
+        raise Invalid(("spec",), "required field is missing")
+    return top.child("spec").mapping(allowed, required)
+
+
+# --- Secret ---------------------------------------------------------------------------------------
+
+def apply_secret(ctx: Context, doc: Document) -> None:
+    name, namespace, meta = _metadata(doc, namespaced=True, default_namespace="metal3")
+    Reader(doc.data).mapping({"apiVersion", "kind", "metadata", "type", "data", "stringData", "immutable"})
+    top = Reader(doc.data)
+    values = {}
+    for key, text in top.string_map("data").items():
+        try:
+            values[key] = base64.b64decode(text, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise Invalid(("data", key), "is not valid base64") from None
+    values.update(top.string_map("stringData"))
+    redacted = meta.string_map("annotations").get(REDACTED) == "true"
+    if not redacted:
+        for key in ("username", "password"):
+            if not values.get(key):
+                raise Invalid(("data",), f"a BMC credentials Secret needs {key}")
+    ctx.secrets[(namespace, name)] = SecretData(doc=doc, values=values, redacted=redacted)
+
+
+# --- NodeProvider, NodeType -----------------------------------------------------------------------
+
+def apply_node_provider(ctx: Context, doc: Document) -> None:
+    name, _, _ = _metadata(doc)
+    spec = _spec(doc, {"displayName", "properties", *PROVIDER_BLOCKS})
+    blocks = [b for b in PROVIDER_BLOCKS if spec.has(b)]
+    if len(blocks) != 1:
+        raise Invalid(("spec",), "needs exactly one provider block (metal3, kubeVirt, terraform, bcm or clusterAPI)")
+    if blocks[0] != "metal3":
+        raise Invalid(("spec", blocks[0]), f"provider kind {blocks[0]} is not supported by this console; "
+                                           "supported: metal3")
+    block = spec.child("metal3").mapping({"clusterRef", "deploy", "nodeTypes"})
+    config = {k: v for k, v in block.value.items() if k != "nodeTypes"}
+    provider = NodeProvider.objects.filter(name=name).first() or NodeProvider(name=name)
+    ctx.update(f"nodeprovider/{name}", provider,
+               {"kind": ProviderKind.METAL3, "display_name": spec.str("displayName"),
+                "properties": spec.string_map("properties"), "config": config},
+               {"properties": ("spec", "properties"), "name": ("metadata", "name")}, object_type="nodeprovider")
+    declared = set()
+    for item in block.child("nodeTypes", []).items():
+        item.mapping({"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region"},
+                     required=("name",))
+        type_name = item.str("name", required=True)
+        if type_name in declared:
+            raise Invalid(item.path + ("name",), f"node type {type_name!r} is declared twice")
+        declared.add(type_name)
+        _apply_node_type(ctx, item, type_name, provider, declared_in_provider=True)
+    for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared):
+        from events.services import object_delete
+
+        object_delete(stale, actor=ctx.actor, object_type="nodetype")
+        ctx.result.lines.append(f"nodetype/{stale.name} deleted")
+        ctx.result.changed += 1
+
+
+def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
+    selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
+    node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
+    if node_type.pk and node_type.provider_id != provider.pk and node_type.declared_in_provider != declared_in_provider:
+        raise Invalid(spec.path + ("name",), f"node type {name!r} is already declared by provider {node_type.provider}")
+    cost = spec.int("cost")
+    if cost is not None and cost < 0:
+        raise Invalid(spec.path + ("cost",), "must be 0 or more")
+    ctx.update(f"nodetype/{name}", node_type,
+               {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
+                "region": spec.str("region"), "properties": spec.string_map("properties"),
+                "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
+                "declared_in_provider": declared_in_provider},
+               {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
+                "host_selector": selector.path, "name": spec.path + ("name",)}, object_type="nodetype")
+
+
+def apply_node_type(ctx: Context, doc: Document) -> None:
+    name, _, _ = _metadata(doc)
+    spec = _spec(doc, {"providerRef", "zone", "region", "properties", "resources", "cost", "displayName",
+                       "bareMetalHosts"}, required=("providerRef",))
+    provider_name = spec.str("providerRef", required=True)
+    provider = NodeProvider.objects.filter(name=provider_name).first()
+    if provider is None:
+        raise Invalid(spec.path + ("providerRef",), f"NodeProvider {provider_name!r} not found")
+    _apply_node_type(ctx, spec, name, provider, declared_in_provider=False)
+
+
+# --- NodeEnvironment, OSImage ---------------------------------------------------------------------
+
+def apply_node_environment(ctx: Context, doc: Document) -> None:
+    name, namespace, _ = _metadata(doc, namespaced=True, default_namespace="p-default")
+    spec = _spec(doc, {"properties", "providerRef", "vClusterRef", "displayName"})
+    provider = tenant = None
+    if spec.has("providerRef"):
+        provider = NodeProvider.objects.filter(name=spec.str("providerRef")).first()
+        if provider is None:
+            raise Invalid(spec.path + ("providerRef",), f"NodeProvider {spec.str('providerRef')!r} not found")
+    if spec.has("vClusterRef"):
+        ref = spec.child("vClusterRef")
+        tenant_name = ref.value if isinstance(ref.value, str) else ref.mapping({"name", "namespace"}).str("name")
+        tenant = Tenant.objects.filter(name=tenant_name).first()
+        if tenant is None:
+            raise Invalid(ref.path, f"tenant (VirtualClusterInstance) {tenant_name!r} not found")
+    env = NodeEnvironment.objects.filter(namespace=namespace, name=name).first() or \
+        NodeEnvironment(namespace=namespace, name=name)
+    ctx.update(f"nodeenvironment/{namespace}/{name}", env,
+               {"display_name": spec.str("displayName"), "provider": provider, "tenant": tenant,
+                "properties": spec.string_map("properties")},
+               {"properties": spec.path + ("properties",), "name": ("metadata", "name")},
+               object_type="nodeenvironment", tenant=tenant)
+
+
+def apply_os_image(ctx: Context, doc: Document) -> None:
+    name, _, _ = _metadata(doc)
+    spec = _spec(doc, {"displayName", "description", "properties", "owner", "access", "format"})
+    props = spec.string_map("properties")
+    path = spec.path + ("properties",)
+    if not props.get(OSImage.URL):
+        raise Invalid(path, f"{OSImage.URL} is required")
+    if not props.get(OSImage.CHECKSUM):
+        raise Invalid(path, f"{OSImage.CHECKSUM} is required: an image is never written unverified")
+    fmt = spec.str("format", default="raw")
+    image = OSImage.objects.filter(name=name).first() or OSImage(name=name)
+    ctx.update(f"osimage/{name}", image,
+               {"display_name": spec.str("displayName"), "description": spec.str("description"),
+                "url": props.pop(OSImage.URL), "checksum": props.pop(OSImage.CHECKSUM),
+                "checksum_type": props.pop(OSImage.CHECKSUM_TYPE, ""), "format": fmt, "properties": props},
+               {"url": path + (OSImage.URL,), "checksum": path + (OSImage.CHECKSUM,),
+                "checksum_type": path + (OSImage.CHECKSUM_TYPE,), "format": spec.path + ("format",)},
+               object_type="osimage")
+
+
+# --- Tenants: VirtualClusterInstance and vcluster.yaml --------------------------------------------
+
+def apply_virtual_cluster_instance(ctx: Context, doc: Document) -> None:
+    name, namespace, meta = _metadata(doc, namespaced=True, default_namespace="p-default")
+    spec = _spec(doc, {"displayName", "description", "owner", "template", "templateRef", "clusterRef",
+                       "parameters", "access", "networkPeer", "extraAccessRules"})
+    annotations = meta.string_map("annotations")
+    tenant = _tenant_upsert(ctx, name, namespace=namespace, display_name=spec.str("displayName"),
+                            annotations=annotations, annotations_path=meta.path + ("annotations",))
+    template = spec.child("template", {}).mapping()
+    release = template.child("helmRelease", {}).mapping()
+    values = release.child("values")
+    if values.value in (None, ""):
+        return
+    if isinstance(values.value, str):
+        offset = doc.line_of(values.path)  # a block scalar starts on the line after its key
+        inner = load_documents(values.value, doc.file, line_offset=offset, index=doc.index)
+        if not inner:
+            return
+        vdoc = inner[0]
+        try:
+            _apply_private_nodes(ctx, tenant, Reader(vdoc.data))
+        except Invalid as exc:
+            raise vdoc.error(Invalid(values.path + exc.path, exc.message)) from None
+    else:
+        _apply_private_nodes(ctx, tenant, values)
+
+
+def apply_vcluster_yaml(ctx: Context, doc: Document) -> None:
+    tenant = _tenant_upsert(ctx, ctx.tenant, namespace=None, display_name=None, annotations={}, annotations_path=())
+    _apply_private_nodes(ctx, tenant, Reader(doc.data))
+
+
+def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_name: str | None,
+                   annotations: dict, annotations_path: tuple) -> Tenant:
+    tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
+    values = {}
+    if namespace is not None:
+        values["namespace"] = namespace
+    if display_name is not None:
+        values["display_name"] = display_name
+    known = {"api-endpoint": "api_endpoint", "join-mode": "join_mode", "quota-nodes": "quota_nodes"}
+    for key, text in annotations.items():
+        if not key.startswith(ANNOTATION_PREFIX):
+            continue
+        short = key[len(ANNOTATION_PREFIX):]
+        if short not in known:
+            raise Invalid(annotations_path + (key,), f"unknown annotation; expected one of "
+                                                    f"{', '.join(ANNOTATION_PREFIX + k for k in sorted(known))}")
+        if short == "quota-nodes":
+            if not text.isdigit():
+                raise Invalid(annotations_path + (key,), "must be a whole number of nodes")
+            values["quota_nodes"] = int(text)
+        else:
+            values[known[short]] = text
+    if namespace is not None:  # a VirtualClusterInstance declares the whole tenant: unset means default
+        values = {"api_endpoint": "", "join_mode": "vcluster", "quota_nodes": None, **values}
+    paths = {field: annotations_path + (ANNOTATION_PREFIX + short,) for short, field in known.items()}
+    paths["namespace"] = ("metadata", "namespace")
+    return ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type="tenant",
+                      self_link="tenant")
+
+
+STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile"}
+DYNAMIC_FIELDS = {"name", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile", "limits",
+                  "disruption", "expireAfter", "weight"}
+
+
+def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
+    config.mapping()
+    private = config.child("privateNodes") if config.has("privateNodes") else config
+    private.mapping()
+    enabled = private.bool("enabled", True)
+    entries_reader = private.child("autoNodes", [])
+    entries = [entries_reader] if isinstance(entries_reader.value, dict) else entries_reader.items()
+    provider_properties, specs, seen_providers, seen_pools = {}, [], {}, {}
+    for entry in entries:
+        entry.mapping({"provider", "properties", "static", "dynamic"}, required=("provider",))
+        provider_name = entry.str("provider", required=True)
+        if provider_name in seen_providers:
+            raise Invalid(entry.path + ("provider",), f"provider {provider_name!r} has two autoNodes entries; "
+                                                      "give one entry per provider")
+        seen_providers[provider_name] = entry
+        provider = NodeProvider.objects.filter(name=provider_name).first()
+        if provider is None:
+            raise Invalid(entry.path + ("provider",), f"NodeProvider {provider_name!r} not found")
+        props = entry.string_map("properties")
+        if props:
+            provider_properties[provider_name] = props
+        for kind, allowed in ((PoolKind.STATIC, STATIC_FIELDS), (PoolKind.DYNAMIC, DYNAMIC_FIELDS)):
+            for pool in entry.child(kind, []).items():
+                pool.mapping(allowed, required=("name",) + (("quantity",) if kind == PoolKind.STATIC else ()))
+                specs.append(_pool_spec(pool, kind, provider, seen_pools))
+    result = tenant_private_nodes_apply(tenant=tenant, enabled=enabled, provider_properties=provider_properties,
+                                        pools=[s for s, _ in specs], actor=ctx.actor)
+    for name, (created, changes) in result.pools.items():
+        ctx.result.add(f"nodepool/{tenant.name}/{name}", created, changes)
+    for name in result.deleted:
+        ctx.result.lines.append(f"nodepool/{tenant.name}/{name} deleted")
+        ctx.result.changed += 1
+
+
+def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> tuple[PoolSpec, Reader]:
+    name = pool.str("name", required=True)
+    if name in seen:
+        raise Invalid(pool.path + ("name",), f"pool name {name!r} is used twice; pool names must be unique")
+    seen[name] = pool
+    values = {
+        "node_type_selector": pool.list("nodeTypeSelector"),
+        "node_labels": pool.string_map("nodeLabels"),
+        "taints": pool.list("taints"),
+        "termination_grace_period": pool.str("terminationGracePeriod"),
+        "profile": pool.str("profile"),
+    }
+    if kind == PoolKind.STATIC:
+        quantity = pool.int("quantity", required=True)
+        if quantity < 0:
+            raise Invalid(pool.path + ("quantity",), f"must be 0 or more, not {quantity}")
+        values["quantity"] = quantity
+    else:
+        values.update(limits=pool.string_map("limits"), disruption=pool.child("disruption", {}).mapping().value,
+                      expire_after=pool.str("expireAfter"), weight=pool.int("weight"))
+    # Validate here too, so that the error points at the pool's own lines.
+    from pools.models import NodePool
+
+    probe = NodePool(name=name, kind=kind, **values)
+    try:
+        probe.clean()
+    except ValidationError as exc:
+        field_paths = {"node_type_selector": "nodeTypeSelector", "node_labels": "nodeLabels", "taints": "taints",
+                       "disruption": "disruption", "limits": "limits", "quantity": "quantity"}
+        for fname, errors in exc.message_dict.items():
+            raise Invalid(pool.path + (field_paths.get(fname, fname),), "; ".join(errors)) from None
+    return PoolSpec(name=name, provider=provider, kind=kind, values=values), pool
+
+
+# --- BareMetalHost --------------------------------------------------------------------------------
+
+BMH_SPEC = {"bmc", "bootMACAddress", "online", "rootDeviceHints", "automatedCleaningMode", "description",
+            # Metal3 fields that this console sets itself while provisioning: accepted and ignored.
+            "bootMode", "hardwareProfile", "image", "userData", "networkData", "metaData", "consumerRef",
+            "externallyProvisioned", "customDeploy", "firmware", "raid", "preprovisioningNetworkDataName"}
+
+
+def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
+    name, namespace, meta = _metadata(doc, namespaced=True, default_namespace="metal3")
+    spec = _spec(doc, BMH_SPEC, required=("bmc", "bootMACAddress"))
+    bmc = spec.child("bmc").mapping({"address", "credentialsName", "disableCertificateVerification"},
+                                    required=("address", "credentialsName"))
+    credentials_name = bmc.str("credentialsName", required=True)
+    host = BareMetalHost.objects.filter(name=name).first() or BareMetalHost(name=name)
+    secret = ctx.secrets.get((namespace, credentials_name))
+    values = {
+        "namespace": namespace, "bmc_address": bmc.str("address", required=True),
+        "bmc_credentials_name": credentials_name,
+        "bmc_disable_certificate_verification": bmc.bool("disableCertificateVerification", False),
+        "boot_mac": spec.str("bootMACAddress", required=True).lower(), "online": spec.bool("online", True),
+        "root_device_hints": spec.child("rootDeviceHints", {}).mapping().value,
+        "labels": meta.string_map("labels"),
+        "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
+    }
+    if secret is None:
+        if not host.pk or host.bmc_credentials_name != credentials_name:
+            raise Invalid(bmc.path + ("credentialsName",),
+                          f"Secret {namespace}/{credentials_name} not found: apply it in the same run")
+    else:
+        ctx.used_secrets.add((namespace, credentials_name))
+        if not secret.redacted:
+            values["bmc_username"] = secret.values["username"]
+            values["bmc_password"] = secret.values["password"]
+    creating = host.pk is None
+    status = meta.string_map("annotations").get(STATUS_ANNOTATION)
+    paths = {"bmc_address": bmc.path + ("address",), "boot_mac": spec.path + ("bootMACAddress",),
+             "labels": meta.path + ("labels",), "root_device_hints": spec.path + ("rootDeviceHints",),
+             "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name")}
+    if creating and status:
+        values.update(_imported_status(status, meta.path + ("annotations", STATUS_ANNOTATION)))
+    ctx.update(f"baremetalhost/{name}", host, values, paths, object_type="host", self_link="host")
+
+
+def _imported_status(text: str, path: tuple) -> dict:
+    """Metal3's status annotation (as `clusterctl move` writes it): a host that another Metal3 already
+    inspected comes in available, with its hardware, instead of registering again."""
+    try:
+        status = json.loads(text)
+        state = status["provisioning"]["state"]
+    except (ValueError, KeyError, TypeError):
+        raise Invalid(path, "must be Metal3 status JSON with provisioning.state") from None
+    if state not in (HostState.AVAILABLE, HostState.REGISTERING):
+        raise Invalid(path, f"only hosts that are available (or registering) can be imported, not {state!r}")
+    return {"state": state, "inventory": status.get("hardware") or {}}
+
+
+HANDLERS = {
+    "Secret": apply_secret, "NodeProvider": apply_node_provider, "NodeType": apply_node_type,
+    "NodeEnvironment": apply_node_environment, "OSImage": apply_os_image,
+    "VirtualClusterInstance": apply_virtual_cluster_instance, "vcluster.yaml": apply_vcluster_yaml,
+    "BareMetalHost": apply_bare_metal_host,
+}
+
+
+def dump_yaml(data) -> str:
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,165 @@
+"""`export`: every object `apply` accepts, written back as manifests, in a stable order and form, so
+that export → apply on an empty database → export gives the same text (secrets excepted)."""
+import base64
+
+import yaml
+
+from hosts.models import BareMetalHost
+from pools.choices import PoolKind
+from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+
+from .apply import ANNOTATION_PREFIX, LOFT, METAL3, REDACTED
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_representer(dumper, data):
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def dump(data) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000, allow_unicode=True)
+
+
+def _put(mapping: dict, key: str, value) -> None:
+    if value not in (None, "", {}, []):
+        mapping[key] = value
+
+
+def _node_type_body(t: NodeType) -> dict:
+    body: dict = {}
+    _put(body, "displayName", t.display_name)
+    _put(body, "zone", t.zone)
+    _put(body, "region", t.region)
+    _put(body, "resources", dict(sorted(t.resources.items())))
+    _put(body, "cost", t.cost)
+    _put(body, "properties", dict(sorted(t.properties.items())))
+    if t.host_selector:
+        body["bareMetalHosts"] = {"selector": t.host_selector}
+    return body
+
+
+def export_documents(*, include_secrets: bool = False) -> list[dict]:
+    docs = []
+    for provider in NodeProvider.objects.prefetch_related("node_types"):
+        metal3 = dict(sorted(provider.config.items()))
+        inline = sorted((t for t in provider.node_types.all() if t.declared_in_provider), key=lambda t: t.name)
+        if inline:
+            metal3["nodeTypes"] = [{"name": t.name, **_node_type_body(t)} for t in inline]
+        spec: dict = {}
+        _put(spec, "displayName", provider.display_name)
+        _put(spec, "properties", dict(sorted(provider.properties.items())))
+        spec["metal3"] = metal3
+        docs.append({"apiVersion": LOFT, "kind": "NodeProvider", "metadata": {"name": provider.name}, "spec": spec})
+    for t in NodeType.objects.filter(declared_in_provider=False).select_related("provider"):
+        docs.append({"apiVersion": LOFT, "kind": "NodeType", "metadata": {"name": t.name},
+                     "spec": {"providerRef": t.provider.name, **_node_type_body(t)}})
+    for env in NodeEnvironment.objects.select_related("provider", "tenant"):
+        spec = {}
+        _put(spec, "displayName", env.display_name)
+        if env.provider:
+            spec["providerRef"] = env.provider.name
+        if env.tenant:
+            spec["vClusterRef"] = {"name": env.tenant.name}
+        _put(spec, "properties", dict(sorted(env.properties.items())))
+        docs.append({"apiVersion": LOFT, "kind": "NodeEnvironment",
+                     "metadata": {"name": env.name, "namespace": env.namespace}, "spec": spec})
+    for image in OSImage.objects.all():
+        spec = {}
+        _put(spec, "displayName", image.display_name)
+        _put(spec, "description", image.description)
+        spec["format"] = image.format
+        spec["properties"] = {OSImage.URL: image.url, OSImage.CHECKSUM: image.checksum,
+                              OSImage.CHECKSUM_TYPE: image.checksum_type, **dict(sorted(image.properties.items()))}
+        docs.append({"apiVersion": LOFT, "kind": "OSImage", "metadata": {"name": image.name}, "spec": spec})
+    for tenant in Tenant.objects.prefetch_related("pools__provider"):
+        docs.append(_virtual_cluster_instance(tenant))
+    secrets_written = set()
+    hosts = list(BareMetalHost.objects.all())
+    for host in hosts:
+        key = (host.namespace, host.bmc_credentials_name)
+        if host.bmc_credentials_name and key not in secrets_written:
+            secrets_written.add(key)
+            docs.append(_secret(host, include_secrets))
+    for host in hosts:
+        docs.append(_bare_metal_host(host))
+    return docs
+
+
+def export_text(*, include_secrets: bool = False) -> str:
+    return "".join("---\n" + dump(doc) for doc in export_documents(include_secrets=include_secrets))
+
+
+def private_nodes_config(tenant: Tenant) -> dict:
+    """The tenant's pools as vcluster.yaml's privateNodes, in the current list form."""
+    by_provider: dict[str, dict] = {}
+    for name, props in sorted(tenant.provider_properties.items()):
+        by_provider[name] = {"provider": name, "properties": dict(sorted(props.items()))}
+    for pool in sorted(tenant.pools.all(), key=lambda p: (p.provider.name, p.kind, p.name)):
+        entry = by_provider.setdefault(pool.provider.name, {"provider": pool.provider.name})
+        entry.setdefault(pool.kind, []).append(_pool(pool))
+    config = {"enabled": tenant.private_nodes_enabled}
+    if by_provider:
+        config["autoNodes"] = [by_provider[k] for k in sorted(by_provider)]
+    return {"privateNodes": config}
+
+
+def _pool(pool) -> dict:
+    body = {"name": pool.name}
+    if pool.kind == PoolKind.STATIC:
+        body["quantity"] = pool.quantity
+    _put(body, "nodeTypeSelector", pool.node_type_selector)
+    _put(body, "nodeLabels", dict(sorted(pool.node_labels.items())))
+    _put(body, "taints", pool.taints)
+    _put(body, "terminationGracePeriod", pool.termination_grace_period)
+    _put(body, "profile", pool.profile)
+    if pool.kind == PoolKind.DYNAMIC:
+        _put(body, "limits", dict(sorted(pool.limits.items())))
+        _put(body, "disruption", pool.disruption)
+        _put(body, "expireAfter", pool.expire_after)
+        _put(body, "weight", pool.weight)
+    return body
+
+
+def _virtual_cluster_instance(tenant: Tenant) -> dict:
+    annotations = {}
+    _put(annotations, ANNOTATION_PREFIX + "api-endpoint", tenant.api_endpoint)
+    if tenant.join_mode != "vcluster":
+        annotations[ANNOTATION_PREFIX + "join-mode"] = tenant.join_mode
+    if tenant.quota_nodes is not None:
+        annotations[ANNOTATION_PREFIX + "quota-nodes"] = str(tenant.quota_nodes)
+    metadata = {"name": tenant.name, "namespace": tenant.namespace}
+    _put(metadata, "annotations", annotations)
+    spec: dict = {}
+    _put(spec, "displayName", tenant.display_name)
+    spec["template"] = {"helmRelease": {"values": dump(private_nodes_config(tenant))}}
+    return {"apiVersion": LOFT, "kind": "VirtualClusterInstance", "metadata": metadata, "spec": spec}
+
+
+def _secret(host: BareMetalHost, include_secrets: bool) -> dict:
+    metadata = {"name": host.bmc_credentials_name, "namespace": host.namespace}
+    doc = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque"}
+    if include_secrets and host.bmc_username:
+        doc["data"] = {"username": base64.b64encode(host.bmc_username.encode()).decode(),
+                       "password": base64.b64encode(host.bmc_password.encode()).decode()}
+    else:
+        metadata["annotations"] = {REDACTED: "true"}
+    return doc
+
+
+def _bare_metal_host(host: BareMetalHost) -> dict:
+    metadata = {"name": host.name, "namespace": host.namespace}
+    _put(metadata, "labels", dict(sorted(host.labels.items())))
+    bmc = {"address": host.bmc_address, "credentialsName": host.bmc_credentials_name}
+    if host.bmc_disable_certificate_verification:
+        bmc["disableCertificateVerification"] = True
+    spec = {"bmc": bmc, "bootMACAddress": host.boot_mac, "online": host.online}
+    _put(spec, "rootDeviceHints", host.root_device_hints)
+    spec["automatedCleaningMode"] = host.automated_cleaning_mode
+    return {"apiVersion": METAL3, "kind": "BareMetalHost", "metadata": metadata, "spec": spec}

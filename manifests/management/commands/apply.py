@@ -1,0 +1,41 @@
+"""python manage.py apply -f FILE [-f FILE ...] [--tenant NAME] [--dry-run]"""
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from manifests.apply import apply_files
+from manifests.source import ManifestError
+
+
+class Command(BaseCommand):
+    help = "Apply manifests (kubectl-style): multi-document YAML, idempotent, all or nothing."
+
+    def add_arguments(self, parser):
+        parser.add_argument("-f", "--filename", action="append", required=True, dest="files",
+                            help="manifest file, or - for standard input; repeatable")
+        parser.add_argument("--tenant", help="tenant for vcluster.yaml documents (created when missing)")
+        parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
+
+    def handle(self, *args, files, tenant, dry_run, **options):
+        sources = []
+        for name in files:
+            try:
+                text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()
+            except OSError as exc:
+                raise CommandError(f"{name}: {exc.strerror}") from None
+            sources.append((name, text))
+        try:
+            result = apply_files(sources, actor=f"cli:{_whoami()}", tenant=tenant, dry_run=dry_run)
+        except ManifestError as exc:
+            raise CommandError(str(exc)) from None
+        for line in result.lines:
+            self.stdout.write(line)
+
+
+def _whoami() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"

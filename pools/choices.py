@@ -1,0 +1,48 @@
+from django.db import models
+
+
+class ProviderKind(models.TextChoices):
+    # The console's own Redfish conductor, fed with Metal3-shaped objects.
+    METAL3 = "metal3", "Metal3 (bare metal, Redfish)"
+
+
+class PoolKind(models.TextChoices):
+    STATIC = "static", "Static"
+    DYNAMIC = "dynamic", "Dynamic"
+
+
+class JoinMode(models.TextChoices):
+    VCLUSTER = "vcluster", "vCluster join script"
+    KUBEADM = "kubeadm", "kubeadm join"
+
+
+class ChecksumType(models.TextChoices):
+    MD5 = "md5", "MD5"
+    SHA256 = "sha256", "SHA-256"
+    SHA512 = "sha512", "SHA-512"
+
+
+class ImageFormat(models.TextChoices):
+    RAW = "raw", "raw"
+    QCOW2 = "qcow2", "qcow2"
+
+
+class SelectorOperator(models.TextChoices):
+    EQUALS = "", "equals"
+    IN = "In", "In"
+    NOT_IN = "NotIn", "NotIn"
+    EXISTS = "Exists", "Exists"
+    DOES_NOT_EXIST = "DoesNotExist", "DoesNotExist"
+    GT = "Gt", "Gt"
+    LT = "Lt", "Lt"
+
+
+class ConsolidationPolicy(models.TextChoices):
+    WHEN_EMPTY = "WhenEmpty", "WhenEmpty"
+    WHEN_EMPTY_OR_UNDERUTILIZED = "WhenEmptyOrUnderutilized", "WhenEmptyOrUnderutilized"
+
+
+class TaintEffect(models.TextChoices):
+    NO_SCHEDULE = "NoSchedule", "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule", "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute", "NoExecute"

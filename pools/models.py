@@ -1,0 +1,351 @@
+"""Where machines come from, what can be ordered, and what each tenant asks for."""
+from dataclasses import dataclass
+import ipaddress
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from vmetal_console.crypto import EncryptedTextField
+
+from .choices import ChecksumType, ConsolidationPolicy, ImageFormat, JoinMode, PoolKind, ProviderKind, TaintEffect
+from .selectors import validate_label_selector, validate_requirements
+from .validators import (parse_ip_ranges, validate_dns_label, validate_duration, validate_object_name,
+                         validate_string_map)
+
+NODE_TYPE_PROPERTY = "vcluster.com/node-type"
+PROVIDER_PROPERTY = "vcluster.com/node-provider"
+OS_IMAGE_PROPERTY = "vcluster.com/os-image"
+SERVER_NAME_PROPERTY = "metal3.vcluster.com/server-name"
+EXTENDED_RESOURCE_COST = 10000
+
+
+class NodeProvider(models.Model):
+    name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
+    kind = models.CharField(max_length=32, choices=ProviderKind.choices, default=ProviderKind.METAL3)
+    display_name = models.CharField(max_length=200, blank=True)
+    properties = models.JSONField(default=dict, blank=True)
+    # The rest of the provider block as written (clusterRef, deploy, ...), kept for export.
+    config = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self):
+        validate_string_map(self.properties, "properties")
+
+
+class NodeType(models.Model):
+    name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
+    provider = models.ForeignKey(NodeProvider, on_delete=models.PROTECT, related_name="node_types")
+    display_name = models.CharField(max_length=200, blank=True)
+    zone = models.CharField(max_length=100, blank=True)
+    region = models.CharField(max_length=100, blank=True)
+    properties = models.JSONField(default=dict, blank=True)
+    resources = models.JSONField(default=dict, blank=True)  # {"cpu": "64", "memory": "2Ti", "nvidia.com/gpu": "8"}
+    cost = models.PositiveIntegerField(null=True, blank=True)
+    # Kubernetes LabelSelector over BareMetalHost labels: {"matchLabels": {"role": "gpu"}}.
+    host_selector = models.JSONField(default=dict, blank=True)
+    # Declared inside its NodeProvider's spec.metal3.nodeTypes (exported there again).
+    declared_in_provider = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self):
+        validate_string_map(self.properties, "properties")
+        validate_label_selector(self.host_selector, "host_selector")
+        if not isinstance(self.resources, dict):
+            raise ValidationError({"resources": "must be a mapping such as {cpu: '64', memory: '512Gi'}"})
+        for key, value in self.resources.items():
+            try:
+                parse_quantity(value)
+            except ValueError:
+                raise ValidationError({"resources": f"{key}: {value!r} is not a quantity"}) from None
+
+    def effective_properties(self) -> dict:
+        """Built-in properties first (as vCluster sets them), explicit ones override."""
+        props = {NODE_TYPE_PROPERTY: self.name, PROVIDER_PROPERTY: self.provider.name}
+        if self.zone:
+            props["topology.kubernetes.io/zone"] = self.zone
+        return {**props, **self.properties}
+
+    def effective_cost(self) -> int:
+        """vCluster's default when unset: 10 per CPU, 2 per GB of memory, 10000 per other resource."""
+        if self.cost is not None:
+            return self.cost
+        total = 0.0
+        for key, value in self.resources.items():
+            amount = parse_quantity(value)
+            if key == "cpu":
+                total += 10 * amount
+            elif key == "memory":
+                total += 2 * amount / 1e9
+            else:
+                total += EXTENDED_RESOURCE_COST * amount
+        return int(round(total))
+
+
+_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3}
+
+
+def parse_quantity(value) -> float:
+    """A Kubernetes resource quantity ('64', '500m', '2Ti') as a number."""
+    text = str(value).strip()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
+    return float(text)
+
+
+@dataclass(frozen=True)
+class Network:
+    interface: ipaddress.IPv4Interface  # gateway address with the prefix, e.g. 10.0.0.1/24
+    ranges: list
+    dns: list[str]
+
+    @property
+    def gateway(self):
+        return self.interface.ip
+
+
+class NodeEnvironment(models.Model):
+    name = models.CharField(max_length=253, validators=[validate_object_name])
+    namespace = models.CharField(max_length=63, default="p-default", validators=[validate_dns_label])
+    display_name = models.CharField(max_length=200, blank=True)
+    provider = models.ForeignKey(NodeProvider, null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="environments")
+    tenant = models.ForeignKey("Tenant", null=True, blank=True, on_delete=models.CASCADE, related_name="environments")
+    properties = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    CIDR = "metal3.vcluster.com/network-cidr"
+    IP_RANGE = "metal3.vcluster.com/network-ip-range"
+    DNS = "metal3.vcluster.com/dns-servers"
+
+    class Meta:
+        ordering = ["namespace", "name"]
+        constraints = [models.UniqueConstraint(fields=["namespace", "name"], name="uniq_environment_name")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def clean(self):
+        validate_string_map(self.properties, "properties")
+        if self.CIDR in self.properties or self.IP_RANGE in self.properties:
+            try:
+                self.network()
+            except ValidationError as exc:
+                raise ValidationError({"properties": exc.messages}) from None
+
+    def network(self) -> Network | None:
+        cidr = self.properties.get(self.CIDR)
+        if not cidr:
+            if self.IP_RANGE in self.properties:
+                raise ValidationError(f"{self.IP_RANGE} needs {self.CIDR} too")
+            return None
+        try:
+            interface = ipaddress.ip_interface(cidr)
+        except ValueError:
+            raise ValidationError(f"{self.CIDR}: {cidr!r} is not an address with prefix such as 10.0.0.1/24") from None
+        ranges = parse_ip_ranges(self.properties.get(self.IP_RANGE, ""))
+        for first, last in ranges:
+            if first not in interface.network or last not in interface.network:
+                raise ValidationError(f"{self.IP_RANGE}: {first}-{last} is outside {interface.network}")
+        dns = [d.strip() for d in self.properties.get(self.DNS, "").split(",") if d.strip()]
+        for server in dns:
+            try:
+                ipaddress.ip_address(server)
+            except ValueError:
+                raise ValidationError(f"{self.DNS}: {server!r} is not an IP address") from None
+        return Network(interface=interface, ranges=ranges, dns=dns)
+
+
+CHECKSUM_LENGTHS = {32: ChecksumType.MD5, 64: ChecksumType.SHA256, 128: ChecksumType.SHA512}
+
+
+class OSImage(models.Model):
+    name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
+    display_name = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    url = models.CharField(max_length=2000)
+    checksum = models.CharField(max_length=128)
+    checksum_type = models.CharField(max_length=8, choices=ChecksumType.choices)
+    format = models.CharField(max_length=8, choices=ImageFormat.choices, default=ImageFormat.RAW)
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    properties = models.JSONField(default=dict, blank=True)  # any further properties, kept as written
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    URL = "metal3.vcluster.com/image-url"
+    CHECKSUM = "metal3.vcluster.com/image-checksum"
+    CHECKSUM_TYPE = "metal3.vcluster.com/image-checksum-type"
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "OS image"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self):
+        errors = {}
+        if not self.url.startswith(("http://", "https://", "file://")):
+            errors["url"] = f"{self.url!r} is not an http(s) or file URL"
+        checksum = (self.checksum or "").strip().lower()
+        if not checksum:
+            errors["checksum"] = "a checksum is required: an image is never written unverified"
+        elif not all(c in "0123456789abcdef" for c in checksum):
+            errors["checksum"] = "must be hexadecimal"
+        elif not self.checksum_type:
+            detected = CHECKSUM_LENGTHS.get(len(checksum))
+            if detected is None:
+                errors["checksum"] = f"cannot tell the checksum type from its length ({len(checksum)})"
+            self.checksum_type = detected or ""
+        elif CHECKSUM_LENGTHS.get(len(checksum)) != self.checksum_type:
+            errors["checksum"] = f"a {self.checksum_type} checksum has {_hex_length(self.checksum_type)} hex digits"
+        self.checksum = checksum
+        if errors:
+            raise ValidationError(errors)
+
+
+def _hex_length(kind: str) -> int:
+    return {v: k for k, v in CHECKSUM_LENGTHS.items()}[kind]
+
+
+class Tenant(models.Model):
+    """A VirtualClusterInstance: one tenant with its own Kubernetes API."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[validate_dns_label])
+    namespace = models.CharField(max_length=63, default="p-default", validators=[validate_dns_label])
+    display_name = models.CharField(max_length=200, blank=True)
+    api_endpoint = models.CharField(max_length=300, blank=True, help_text="host:port of the tenant API (its VIP)")
+    kubeconfig = EncryptedTextField(blank=True)
+    join_mode = models.CharField(max_length=16, choices=JoinMode.choices, default=JoinMode.VCLUSTER)
+    quota_nodes = models.PositiveIntegerField(null=True, blank=True, help_text="most nodes at once; empty: no limit")
+    private_nodes_enabled = models.BooleanField(default=True)
+    # Each autoNodes entry's properties, by provider name: {"metal3": {"vcluster.com/os-image": "..."}}.
+    provider_properties = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "tenant (VirtualClusterInstance)"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self):
+        if not isinstance(self.provider_properties, dict):
+            raise ValidationError({"provider_properties": "must map provider names to properties"})
+        for provider, props in self.provider_properties.items():
+            validate_string_map(props, f"properties of {provider}")
+
+
+class NodePool(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="pools")
+    name = models.CharField(max_length=63, validators=[validate_dns_label])
+    provider = models.ForeignKey(NodeProvider, on_delete=models.PROTECT, related_name="pools")
+    kind = models.CharField(max_length=8, choices=PoolKind.choices, default=PoolKind.STATIC)
+    quantity = models.PositiveIntegerField(null=True, blank=True)  # static pools
+    node_type_selector = models.JSONField(default=list, blank=True)
+    node_labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    termination_grace_period = models.CharField(max_length=32, blank=True, validators=[validate_duration])
+    profile = models.CharField(max_length=100, blank=True)
+    # Dynamic pools.
+    limits = models.JSONField(default=dict, blank=True)
+    disruption = models.JSONField(default=dict, blank=True)
+    expire_after = models.CharField(max_length=32, blank=True, validators=[validate_duration])
+    weight = models.IntegerField(null=True, blank=True)
+    # Optimistic concurrency: bumped on every change.
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="uniq_pool_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name}/{self.name}"
+
+    @property
+    def properties(self) -> dict:
+        return dict(self.tenant.provider_properties.get(self.provider.name, {}))
+
+    def clean(self):
+        errors = {}
+        if self.kind == PoolKind.STATIC:
+            if self.quantity is None:
+                errors["quantity"] = "a static pool needs a quantity"
+            elif self.quantity < 0:
+                errors["quantity"] = "must be 0 or more"
+        elif self.quantity is not None:
+            errors["quantity"] = "a dynamic pool has limits, not a quantity"
+        for name, check in (("node_type_selector", lambda: validate_requirements(self.node_type_selector)),
+                            ("node_labels", lambda: validate_string_map(self.node_labels, "nodeLabels")),
+                            ("taints", lambda: validate_taints(self.taints)),
+                            ("disruption", lambda: validate_disruption(self.disruption)),
+                            ("limits", lambda: validate_limits(self.limits))):
+            try:
+                check()
+            except ValidationError as exc:
+                errors[name] = exc.messages
+        if errors:
+            raise ValidationError(errors)
+
+
+def validate_taints(taints) -> None:
+    if not isinstance(taints, list):
+        raise ValidationError("taints must be a list of {key, value, effect}")
+    effects = {e.value for e in TaintEffect}
+    for i, taint in enumerate(taints):
+        if not isinstance(taint, dict) or not taint.get("key"):
+            raise ValidationError(f"taints[{i}]: key is required")
+        unknown = set(taint) - {"key", "value", "effect"}
+        if unknown:
+            raise ValidationError(f"taints[{i}]: unknown field(s) {', '.join(sorted(unknown))}")
+        if taint.get("effect") not in effects:
+            raise ValidationError(f"taints[{i}]: effect must be one of {', '.join(sorted(effects))}")
+
+
+def validate_limits(limits) -> None:
+    if not isinstance(limits, dict):
+        raise ValidationError("limits must be a mapping such as {cpu: '1000', nodes: '4'}")
+    for key, value in limits.items():
+        try:
+            if parse_quantity(value) < 0:
+                raise ValueError
+        except ValueError:
+            raise ValidationError(f"limits.{key}: {value!r} is not a quantity ≥ 0") from None
+
+
+def validate_disruption(disruption) -> None:
+    if not isinstance(disruption, dict):
+        raise ValidationError("disruption must be a mapping")
+    unknown = set(disruption) - {"consolidationPolicy", "consolidateAfter", "budgets"}
+    if unknown:
+        raise ValidationError(f"disruption: unknown field(s) {', '.join(sorted(unknown))}")
+    policy = disruption.get("consolidationPolicy")
+    if policy is not None and policy not in ConsolidationPolicy.values:
+        raise ValidationError(f"disruption.consolidationPolicy must be WhenEmpty or WhenEmptyOrUnderutilized, not {policy!r}")
+    if disruption.get("consolidateAfter") is not None:
+        validate_duration(str(disruption["consolidateAfter"]))
+    for i, budget in enumerate(disruption.get("budgets") or []):
+        nodes = str((budget or {}).get("nodes", ""))
+        if not (nodes.isdigit() or (nodes.endswith("%") and nodes[:-1].isdigit())):
+            raise ValidationError(f"disruption.budgets[{i}].nodes must be a count or a percentage such as '20%'")

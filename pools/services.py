@@ -1,0 +1,108 @@
+"""Every write to tenants and pools. Pool changes trigger a reconcile on commit."""
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+
+from events.services import object_delete, object_update
+
+from .choices import PoolKind
+from .models import NodePool, NodeProvider, Tenant
+
+
+@dataclass
+class PoolSpec:
+    """One pool as a tenant's vcluster.yaml declares it."""
+
+    name: str
+    provider: NodeProvider
+    kind: str = PoolKind.STATIC
+    values: dict = field(default_factory=dict)  # model field → value
+
+
+@dataclass
+class PrivateNodesResult:
+    pools: dict[str, tuple[bool, dict]] = field(default_factory=dict)  # name → (created, changes)
+    deleted: list[str] = field(default_factory=list)
+
+
+def tenant_check_quota(*, tenant: Tenant, quantities: dict[str, int]) -> None:
+    """Static quantities may not add up past the tenant's node quota."""
+    if tenant.quota_nodes is None:
+        return
+    total = sum(quantities.values())
+    if total > tenant.quota_nodes:
+        raise ValidationError(
+            {"quantity": f"tenant {tenant.name} may have at most {tenant.quota_nodes} node(s); "
+                         f"these pools ask for {total}"})
+
+
+@transaction.atomic
+def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_properties: dict[str, dict],
+                               pools: list[PoolSpec], actor: str) -> PrivateNodesResult:
+    """Make the tenant's pools exactly those declared (its vcluster.yaml is the whole list):
+    create and update pools, delete the ones no longer declared (their claims are released)."""
+    result = PrivateNodesResult()
+    object_update(tenant, {"private_nodes_enabled": enabled, "provider_properties": provider_properties},
+                  actor=actor, object_type="tenant", tenant=tenant)
+    existing = {p.name: p for p in tenant.pools.select_related("provider")}
+    declared = {spec.name for spec in pools}
+    tenant_check_quota(tenant=tenant, quantities={s.name: s.values.get("quantity") or 0 for s in pools
+                                                  if s.kind == PoolKind.STATIC})
+    changed_ids = []
+    for spec in pools:
+        pool = existing.get(spec.name) or NodePool(tenant=tenant, name=spec.name)
+        values = {"provider": spec.provider, "kind": spec.kind, **_pool_defaults(), **spec.values}
+        created, changes = object_update(pool, values, actor=actor, object_type="pool", tenant=tenant)
+        result.pools[spec.name] = (created, changes)
+        if changes and not created:
+            NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)
+        if created or changes:
+            changed_ids.append(pool.pk)
+    for name, pool in existing.items():
+        if name not in declared:
+            pool_delete(pool=pool, actor=actor)
+            result.deleted.append(name)
+    if changed_ids:
+        from claims.services import pools_changed
+
+        transaction.on_commit(lambda: pools_changed(pool_ids=changed_ids))
+    return result
+
+
+def _pool_defaults() -> dict:
+    return {"quantity": None, "node_type_selector": [], "node_labels": {}, "taints": [],
+            "termination_grace_period": "", "profile": "", "limits": {}, "disruption": {},
+            "expire_after": "", "weight": None}
+
+
+@transaction.atomic
+def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_version: int | None = None) -> NodePool:
+    """Change a static pool's quantity (console, API); stale versions are refused."""
+    from claims.services import pools_changed
+
+    locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool.pk)
+    if expected_version is not None and locked.version != expected_version:
+        raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
+    others = {p.name: p.quantity or 0 for p in locked.tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=pool.pk)}
+    tenant_check_quota(tenant=locked.tenant, quantities={**others, locked.name: quantity})
+    _, changes = object_update(locked, {"quantity": quantity}, actor=actor, object_type="pool", tenant=locked.tenant)
+    if changes:
+        NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)
+        locked.version += 1
+        transaction.on_commit(lambda: pools_changed(pool_ids=[pool.pk]))
+    return locked
+
+
+class StaleVersion(Exception):
+    pass
+
+
+@transaction.atomic
+def pool_delete(*, pool: NodePool, actor: str) -> None:
+    from claims.lifecycle import LIVE
+    from claims.services import claims_release
+
+    claims_release(claims=list(pool.claims.filter(phase__in=list(LIVE))), actor=actor, reason=f"pool {pool.name} deleted")
+    object_delete(pool, actor=actor, object_type="pool", tenant=pool.tenant)

@@ -1,0 +1,4 @@
+"""vMetal Console: bare-metal GPU pools for many tenants."""
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]
