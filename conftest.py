@@ -55,3 +55,16 @@ def demo_site(apply):
 @pytest.fixture
 def seed_block() -> str:
     return (FIXTURES / "seed-private-nodes.yaml").read_text()
+
+
+@pytest.fixture
+def subprocess_env(settings):
+    """Environment for a child process (manage.py, a Celery worker) that must use this test's database.
+    Only committed rows are visible to it: use it with django_db(transaction=True)."""
+    db = connection.settings_dict
+    env = dict(os.environ)
+    if connection.vendor == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
+    else:
+        env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return env

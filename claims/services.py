@@ -1,6 +1,7 @@
 """Every write to a claim: phase changes, the pool reconciler, the allocator and release."""
 import logging
 import secrets
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition
+from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
 from pools.models import SERVER_NAME_PROPERTY, NodePool, NodeType
 from pools.selectors import label_selector_q, normalize_requirement, requirements_match
@@ -36,8 +38,10 @@ NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName
 
 @transaction.atomic
 def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str, reason: str = "",
-                      message: str = "", step: str = "", fields: dict | None = None) -> list[NodeClaim]:
-    """Move claims that share one phase to `to_phase` (compare-and-swap), with one Event each."""
+                      message: str | None = "", step: str = "", fields: dict | None = None,
+                      event_messages: dict[int, str] | None = None) -> list[NodeClaim]:
+    """Move claims that share one phase to `to_phase` (compare-and-swap), with one Event each.
+    `message=None` keeps each claim's own message (set beforehand); `event_messages` words each Event."""
     claims = list(claims)
     if not claims:
         return claims
@@ -47,7 +51,9 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
     for claim in claims:
         check_phase_change(from_phase, to_phase, claim.name)
     now = timezone.now()
-    values = {"phase": to_phase, "phase_changed_at": now, "reason": reason, "message": message, **(fields or {})}
+    values = {"phase": to_phase, "phase_changed_at": now, "reason": reason, **(fields or {})}
+    if message is not None:
+        values["message"] = message
     for stamp in PHASE_TIMESTAMPS.get(to_phase, ()):
         values[stamp] = now
     if to_phase == P.PENDING:
@@ -59,7 +65,8 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
     Event.objects.bulk_create([
         Event(kind=EventKind.TRANSITION, object_type="claim", object_name=c.name, claim_id=c.pk,
               tenant_id=c.tenant_id, host_id=c.host_id, from_state=from_phase, to_state=to_phase, step=step,
-              message=message or reason, duration_s=seconds_since(c.phase_changed_at, now), actor=actor)
+              message=(event_messages or {}).get(c.pk) or message or c.message or reason,
+              duration_s=seconds_since(c.phase_changed_at, now), actor=actor)
         for c in claims
     ])
     for claim in claims:
@@ -235,15 +242,24 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             msg = f"no NodeType matches {_describe(claims[0].requirements)}"
             waiting.update({c: ("NoNodeType", msg) for c in claims})
             continue
-        for node_type in candidates:
+        for round_ in range(3):
+            for node_type in candidates:
+                if not claims:
+                    break
+                taken = _allocate_group(claims, node_type, pinned, actor)
+                for claim in claims[:taken]:
+                    result.allocated[claim.name] = claim.host_name
+                claims = claims[taken:]
             if not claims:
                 break
-            taken = _allocate_group(claims, node_type, pinned, actor)
-            for claim in claims[:taken]:
-                result.allocated[claim.name] = claim.host_name
-            claims = claims[taken:]
+            capacity = node_type_capacity(candidates)
+            if not any(capacity[t.pk]["available"] for t in candidates):
+                break
+            # Hosts that look free but were skipped: other allocations hold them locked. Look again
+            # once they commit, so the reason we give is true.
+            time.sleep(0.05 * (round_ + 1))
         if claims:
-            msg = _no_capacity_message(candidates, pinned)
+            msg = _no_capacity_message(candidates, capacity, pinned)
             waiting.update({c: ("NoCapacity", msg) for c in claims})
     by_message = defaultdict(list)
     for claim, (reason, msg) in waiting.items():
@@ -274,10 +290,10 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 for host, claim in zip(hosts, chosen):
                     claim.host, claim.host_name, claim.node_type = host, host.name, node_type
                     claim.attempts += 1
-                NodeClaim.objects.bulk_update(chosen, ["host", "host_name", "node_type", "attempts"])
-                for claim in chosen:  # one event each naming its host, from one shared phase change
-                    claims_transition(claims=[claim], to_phase=P.PROVISIONING, actor=actor, reason="Scheduled",
-                                      message=f"host {claim.host_name} ({node_type.name})")
+                    claim.message = f"host {host.name} ({node_type.name})"
+                NodeClaim.objects.bulk_update(chosen, ["host", "host_name", "node_type", "attempts", "message"])
+                claims_transition(claims=chosen, to_phase=P.PROVISIONING, actor=actor, reason="Scheduled",
+                                  message=None)
                 return len(chosen)
         except ConcurrentTransition:
             for claim in claims:
@@ -297,10 +313,7 @@ def _describe(requirements: list[dict]) -> str:
     return "; ".join(parts) or "(no selector)"
 
 
-def _no_capacity_message(candidates: list[NodeType], pinned: str) -> str:
-    from pools.capacity import node_type_capacity
-
-    capacity = node_type_capacity(candidates)
+def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str) -> str:
     parts = [f"{t.name}: {capacity[t.pk]['available']} of {capacity[t.pk]['total']} available" for t in candidates]
     noun = "type" if len(candidates) == 1 else "types"
     where = f" named {pinned}" if pinned else ""

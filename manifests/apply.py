@@ -27,8 +27,8 @@ STATUS_ANNOTATION = "baremetalhost.metal3.io/status"
 KINDS = {("v1", "Secret"), (LOFT, "NodeProvider"), (LOFT, "NodeType"), (LOFT, "NodeEnvironment"),
          (LOFT, "OSImage"), (LOFT, "VirtualClusterInstance"), (METAL3, "BareMetalHost")}
 # Applied in this order, whatever the order in the files: what is referred to comes first.
-ORDER = ["Secret", "NodeProvider", "NodeType", "NodeEnvironment", "OSImage", "VirtualClusterInstance",
-         "vcluster.yaml", "BareMetalHost"]
+ORDER = ["Secret", "NodeProvider", "NodeType", "OSImage", "VirtualClusterInstance", "vcluster.yaml",
+         "NodeEnvironment", "BareMetalHost"]
 PROVIDER_BLOCKS = {"metal3", "kubeVirt", "terraform", "bcm", "clusterAPI"}
 
 
@@ -379,8 +379,11 @@ def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
             for pool in entry.child(kind, []).items():
                 pool.mapping(allowed, required=("name",) + (("quantity",) if kind == PoolKind.STATIC else ()))
                 specs.append(_pool_spec(pool, kind, provider, seen_pools))
-    result = tenant_private_nodes_apply(tenant=tenant, enabled=enabled, provider_properties=provider_properties,
-                                        pools=[s for s, _ in specs], actor=ctx.actor)
+    try:
+        result = tenant_private_nodes_apply(tenant=tenant, enabled=enabled, provider_properties=provider_properties,
+                                            pools=[s for s, _ in specs], actor=ctx.actor)
+    except ValidationError as exc:
+        raise Invalid(entries_reader.path, "; ".join(exc.messages)) from None
     for name, (created, changes) in result.pools.items():
         ctx.result.add(f"nodepool/{tenant.name}/{name}", created, changes)
     for name in result.deleted:

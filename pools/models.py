@@ -182,7 +182,7 @@ class OSImage(models.Model):
     description = models.TextField(blank=True)
     url = models.CharField(max_length=2000)
     checksum = models.CharField(max_length=128)
-    checksum_type = models.CharField(max_length=8, choices=ChecksumType.choices)
+    checksum_type = models.CharField(max_length=8, choices=ChecksumType.choices, blank=True)  # detected in clean()
     format = models.CharField(max_length=8, choices=ImageFormat.choices, default=ImageFormat.RAW)
     size_bytes = models.BigIntegerField(null=True, blank=True)
     properties = models.JSONField(default=dict, blank=True)  # any further properties, kept as written

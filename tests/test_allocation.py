@@ -1,0 +1,179 @@
+"""The allocator: cheapest matching type, one host per claim, reasons a person understands."""
+import threading
+
+import pytest
+from django.core.management import call_command
+from django.db import close_old_connections, connection
+from django.test.utils import CaptureQueriesContext
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from claims.services import claims_allocate, pools_reconcile
+from hosts.models import BareMetalHost
+from pools.models import NodePool, NodeProvider, NodeType, Tenant
+
+
+def make_hosts(n: int, role: str = "gpu", start: int = 0):
+    BareMetalHost.objects.bulk_create([
+        BareMetalHost(name=f"{role}-{i:05d}", bmc_address=f"redfish://10.0.{i // 250}.{i % 250}/redfish/v1/Systems/1",
+                      boot_mac=f"52:54:{(i >> 24) & 255:02x}:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}"
+                      if role == "gpu" else f"52:55:00:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}",
+                      labels={"role": role}, state="available")
+        for i in range(start, start + n)
+    ])
+
+
+def make_pool(tenant_name: str, quantity: int, node_type: str = "gpu-server", pool_name: str = "gpu") -> NodePool:
+    tenant, _ = Tenant.objects.get_or_create(name=tenant_name)
+    return NodePool.objects.create(tenant=tenant, name=pool_name, provider=NodeProvider.objects.get(name="metal3"),
+                                   quantity=quantity,
+                                   node_type_selector=[{"property": "vcluster.com/node-type", "value": node_type}])
+
+
+@pytest.fixture
+def site(apply):
+    apply(open("demo/site.yaml").read())
+
+
+@pytest.mark.django_db
+def test_no_free_host_leaves_the_claim_pending_with_a_reason_a_person_understands(site):
+    make_hosts(2)
+    BareMetalHost.objects.update(state="maintenance")
+    make_pool("one", 1)
+    call_command("reconcile")
+    claim = NodeClaim.objects.get()
+    assert claim.phase == ClaimPhase.PENDING and claim.reason == "NoCapacity"
+    assert claim.message == "no free host of type gpu-server: 0 of 2 available"
+
+
+@pytest.mark.django_db
+def test_a_selector_that_no_node_type_matches_says_so(site):
+    make_pool("one", 1, node_type="tpu-server")
+    call_command("reconcile")
+    claim = NodeClaim.objects.get()
+    assert claim.message == "no NodeType matches vcluster.com/node-type=tpu-server"
+
+
+@pytest.mark.django_db
+def test_the_cheapest_matching_node_type_with_a_free_host_wins(site, apply):
+    apply("""\
+apiVersion: management.loft.sh/v1
+kind: NodeType
+metadata: {name: gpu-cheap}
+spec:
+  providerRef: metal3
+  cost: 1
+  properties: {vcluster.com/node-type: gpu-server, tier: cheap}
+  bareMetalHosts: {selector: {matchLabels: {role: gpu, tier: cheap}}}
+""")
+    make_hosts(2)
+    BareMetalHost.objects.filter(name="gpu-00001").update(labels={"role": "gpu", "tier": "cheap"})
+    pool = make_pool("one", 2)
+    pool.node_type_selector = [{"property": "vcluster.com/node-type", "operator": "In", "values": ["gpu-server"]}]
+    pool.save()
+    call_command("reconcile")
+    types = sorted(NodeClaim.objects.values_list("node_type__name", "host__name"))
+    assert types == [("gpu-cheap", "gpu-00001"), ("gpu-server", "gpu-00000")]
+
+
+@pytest.mark.django_db
+def test_a_claim_pinned_to_a_server_name_gets_that_host(site):
+    make_hosts(3)
+    tenant = Tenant.objects.create(name="one", provider_properties={"metal3": {"metal3.vcluster.com/server-name": "gpu-00002"}})
+    make_pool("one", 1)
+    call_command("reconcile")
+    assert NodeClaim.objects.get().host.name == "gpu-00002"
+    assert tenant.pools.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_queries_of_a_reconcile_pass_do_not_grow_with_the_number_of_claims(site):
+    make_hosts(300)
+    small, big = make_pool("one", 10), make_pool("two", 200)
+    counts = {}
+    for pool in (small, big):
+        with CaptureQueriesContext(connection) as ctx:
+            pools_reconcile(pool_ids=[pool.pk])
+        counts[pool.quantity] = len(ctx.captured_queries)
+        assert NodeClaim.objects.filter(pool=pool, phase=ClaimPhase.PROVISIONING).count() == pool.quantity
+    if connection.vendor == "postgresql":
+        assert counts[10] == counts[200], counts
+    else:  # SQLite caps the variables of one statement, so bulk writes go in a few batches
+        assert counts[200] < 2 * counts[10], counts
+    with CaptureQueriesContext(connection) as ctx:
+        pools_reconcile()  # nothing to do: a handful of queries
+    assert len(ctx.captured_queries) <= 6
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_200_concurrent_allocations_over_50_hosts_give_exactly_50_and_never_one_host_twice(site):
+    assert connection.vendor == "postgresql"
+    make_hosts(50)
+    make_pool("one", 200)
+    # Create the claims without allocating, then allocate them one by one from 20 threads at once.
+    from claims import services
+
+    original = services.claims_allocate
+    services.claims_allocate = lambda **kw: services.AllocationResult()
+    try:
+        pools_reconcile()
+    finally:
+        services.claims_allocate = original
+    ids = list(NodeClaim.objects.values_list("pk", flat=True))
+    assert len(ids) == 200
+    errors = []
+    barrier = threading.Barrier(20)
+
+    def worker(chunk):
+        try:
+            barrier.wait()
+            for claim_id in chunk:
+                claims_allocate(claim_ids=[claim_id])
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            close_old_connections()
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(ids[i::20],)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    allocated = NodeClaim.objects.filter(host__isnull=False)
+    assert allocated.count() == 50
+    assert allocated.values("host").distinct().count() == 50
+    assert BareMetalHost.objects.filter(state="provisioning").count() == 50
+    pending = NodeClaim.objects.filter(phase=ClaimPhase.PENDING)
+    assert pending.count() == 150
+    assert set(pending.values_list("message", flat=True)) == {"no free host of type gpu-server: 0 of 50 available"}
+
+
+@pytest.mark.django_db
+def test_status_json_is_stable(site, apply, seed_block, capsys):
+    import json
+
+    make_hosts(3)
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    capsys.readouterr()
+    call_command("status", "--json")
+    status = json.loads(capsys.readouterr().out)
+    assert set(status) == {"version", "generated_at", "hosts", "tenants", "node_types"}
+    assert status["version"] == 1
+    assert status["hosts"]["total"] == 3
+    assert status["hosts"]["by_state"] == {"registering": 0, "inspecting": 0, "available": 2, "provisioning": 1,
+                                           "provisioned": 0, "deprovisioning": 0, "repair": 0, "error": 0,
+                                           "maintenance": 0}
+    one = status["tenants"][0]
+    assert one["name"] == "one" and one["namespace"] == "p-default"
+    gpu = next(p for p in one["pools"] if p["name"] == "gpu")
+    assert gpu == {"name": "gpu", "kind": "static", "provider": "metal3", "quantity": 1,
+                   "claims": {"Pending": 0, "Provisioning": 1, "Joining": 0, "Available": 0, "Failed": 0,
+                              "Releasing": 0}}
+    gpu_type = next(t for t in status["node_types"] if t["name"] == "gpu-server")
+    assert gpu_type["capacity"] == {"total": 3, "available": 2, "provisioned": 1}
+    call_command("status")
+    assert "gpu-server" in capsys.readouterr().out

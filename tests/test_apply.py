@@ -1,0 +1,265 @@
+"""`manage.py apply`: the seed as written, the current list form, idempotence, atomicity, dry runs."""
+import pytest
+from django.core.management import call_command
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from events.models import Event
+from hosts.models import BareMetalHost
+from pools.models import NodePool, NodeType, OSImage, Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_seed_block_applied_for_tenant_one_makes_its_two_static_pools(apply, demo_site, seed_block):
+    apply(seed_block, tenant="one")
+    one = Tenant.objects.get(name="one")
+    assert one.namespace == "p-default"
+    gpu, cpu = NodePool.objects.get(tenant=one, name="gpu"), NodePool.objects.get(tenant=one, name="cpu")
+    assert (gpu.kind, gpu.quantity, gpu.node_labels) == ("static", 1, {"workload": "gpu"})
+    assert gpu.node_type_selector == [{"property": "vcluster.com/node-type", "value": "gpu-server"}]
+    assert (cpu.quantity, cpu.node_labels) == (1, {"workload": "cpu"})
+    assert gpu.properties == {"vcluster.com/os-image": "ubuntu2404-20260926"}
+    assert cpu.properties == {"vcluster.com/os-image": "ubuntu2404-20260926"}
+
+
+def test_after_a_reconcile_the_seed_has_two_pending_claims_without_hosts(apply, seed_block):
+    apply(open("demo/site.yaml").read())
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    claims = NodeClaim.objects.filter(tenant__name="one")
+    assert sorted(c.pool_name for c in claims) == ["cpu", "gpu"]
+    assert {c.phase for c in claims} == {ClaimPhase.PENDING}
+    gpu = claims.get(pool_name="gpu")
+    assert gpu.message == "no free host of type gpu-server: 0 of 0 available"
+    assert gpu.name.startswith("one-") and len(gpu.name) == len("one-vc4vs")
+
+
+def test_with_matching_available_hosts_each_claim_gets_a_host_of_its_type(apply, demo_site, seed_block):
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    for claim in NodeClaim.objects.select_related("host", "node_type"):
+        assert claim.phase == ClaimPhase.PROVISIONING
+        assert claim.node_type.name == f"{claim.pool_name}-server"
+        assert claim.host.labels["role"] == claim.pool_name
+        assert claim.host.state == "provisioning"
+        assert claim.properties["vcluster.com/os-image"] == "ubuntu2404-20260926"
+
+
+def test_quantity_one_to_two_makes_exactly_one_more_claim_and_zero_releases_them(apply, demo_site, seed_block):
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    apply(seed_block.replace("quantity: 1\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
+                             "              value: gpu-server",
+                             "quantity: 2\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
+                             "              value: gpu-server"), tenant="one")
+    call_command("reconcile")
+    assert NodeClaim.objects.filter(pool_name="gpu").count() == 2
+    assert NodeClaim.objects.filter(pool_name="cpu").count() == 1
+    apply(seed_block.replace("quantity: 1", "quantity: 0"), tenant="one")
+    call_command("reconcile")
+    live = NodeClaim.objects.exclude(phase__in=[ClaimPhase.RELEASING, ClaimPhase.RELEASED])
+    assert live.count() == 0
+    # Claims that held hosts release them for cleaning; the hosts are no longer the tenant's.
+    assert set(BareMetalHost.objects.filter(labels__role="gpu").values_list("state", flat=True)) >= {"deprovisioning"}
+
+
+def test_shrinking_releases_unprovisioned_claims_first(apply, seed_block):
+    apply(open("demo/site.yaml").read())
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    # one gpu host appears and the gpu claim takes it; then the pool grows by one claim that stays pending
+    apply(open("demo/hosts.yaml").read().split("---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: gpu-02-bmc")[0])
+    call_command("reconcile")
+    held = NodeClaim.objects.get(pool_name="gpu")
+    assert held.host_id is not None
+    apply(seed_block.replace("quantity: 1\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
+                             "              value: gpu-server",
+                             "quantity: 2\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
+                             "              value: gpu-server"), tenant="one")
+    call_command("reconcile")
+    pending = NodeClaim.objects.get(pool_name="gpu", host__isnull=True, phase=ClaimPhase.PENDING)
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    pending.refresh_from_db()
+    held.refresh_from_db()
+    assert pending.phase == ClaimPhase.RELEASED
+    assert held.phase == ClaimPhase.PROVISIONING
+
+
+def test_applying_the_same_manifests_again_changes_nothing_and_writes_no_event(apply, demo_site, seed_block):
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    before = Event.objects.count()
+    lines = apply(open("demo/site.yaml").read(), open("demo/hosts.yaml").read())
+    lines += apply(seed_block, tenant="one")
+    call_command("reconcile")
+    assert all(line.endswith("unchanged") or "not referenced" in line for line in lines), lines
+    assert Event.objects.count() == before
+
+
+def test_a_dry_run_shows_the_change_and_changes_nothing(apply, demo_site, seed_block):
+    apply(seed_block, tenant="one")
+    lines = apply(seed_block.replace("quantity: 1", "quantity: 3"), tenant="one", dry_run=True)
+    assert "nodepool/one/gpu configured (quantity: 1 → 3) (dry run)" in lines
+    assert set(NodePool.objects.values_list("quantity", flat=True)) == {1}
+
+
+LIST_FORM = """\
+privateNodes:
+  enabled: true
+  autoNodes:
+    - provider: metal3
+      properties:
+        vcluster.com/os-image: ubuntu2404-20260926
+      static:
+        - name: gpu-rack1
+          quantity: 2
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              operator: In
+              values: [gpu-server]
+            - property: topology.kubernetes.io/zone
+              operator: DoesNotExist
+          nodeLabels:
+            workload: gpu
+          taints:
+            - key: nvidia.com/gpu
+              value: "true"
+              effect: NoSchedule
+          terminationGracePeriod: 30s
+      dynamic:
+        - name: burst
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              operator: NotIn
+              values: [cpu-server]
+          limits:
+            nodes: "4"
+            nvidia.com/gpu: "32"
+          disruption:
+            consolidationPolicy: WhenEmpty
+            consolidateAfter: 10m
+            budgets:
+              - nodes: "20%"
+          expireAfter: 720h
+          weight: 10
+"""
+
+
+def test_the_current_list_form_with_operators_taints_limits_and_disruption(apply, demo_site):
+    apply(LIST_FORM, tenant="two")
+    static = NodePool.objects.get(tenant__name="two", name="gpu-rack1")
+    assert static.taints == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+    assert static.node_type_selector[1] == {"property": "topology.kubernetes.io/zone", "operator": "DoesNotExist"}
+    assert static.termination_grace_period == "30s"
+    burst = NodePool.objects.get(tenant__name="two", name="burst")
+    assert (burst.kind, burst.quantity, burst.weight, burst.expire_after) == ("dynamic", None, 10, "720h")
+    assert burst.limits == {"nodes": "4", "nvidia.com/gpu": "32"}
+    assert burst.disruption["consolidationPolicy"] == "WhenEmpty"
+    call_command("reconcile")
+    assert NodeClaim.objects.filter(pool_name="gpu-rack1", node_type__name="gpu-server").count() == 2
+    assert not NodeClaim.objects.filter(pool_name="burst").exists()  # dynamic pools claim on demand
+
+
+def test_a_virtual_cluster_instance_carries_the_vcluster_yaml_in_its_helm_values(apply, demo_site):
+    apply("""\
+apiVersion: management.loft.sh/v1
+kind: VirtualClusterInstance
+metadata:
+  name: three
+  namespace: p-ml
+  annotations:
+    vmetal.dev/quota-nodes: "3"
+    vmetal.dev/api-endpoint: 10.0.0.200:443
+spec:
+  displayName: ML team
+  template:
+    helmRelease:
+      values: |
+        controlPlane:
+          distro:
+            k8s:
+              enabled: true
+        privateNodes:
+          enabled: true
+          autoNodes:
+            - provider: metal3
+              static:
+                - name: cpu
+                  quantity: 2
+                  nodeTypeSelector:
+                    - property: vcluster.com/node-type
+                      value: cpu-server
+""")
+    three = Tenant.objects.get(name="three")
+    assert (three.namespace, three.quota_nodes, three.api_endpoint, three.display_name) == \
+        ("p-ml", 3, "10.0.0.200:443", "ML team")
+    assert three.pools.get().quantity == 2
+
+
+def test_pools_no_longer_declared_are_deleted_and_their_claims_released(apply, demo_site, seed_block):
+    apply(seed_block, tenant="one")
+    call_command("reconcile")
+    only_gpu = seed_block.split("        - name: cpu")[0] + "      properties:\n        vcluster.com/os-image: ubuntu2404-20260926\n"
+    lines = apply(only_gpu, tenant="one")
+    assert "nodepool/one/cpu deleted" in lines
+    assert list(NodePool.objects.values_list("name", flat=True)) == ["gpu"]
+    assert NodeClaim.objects.get(pool_name="cpu").phase == ClaimPhase.RELEASING
+
+
+def test_quota_beyond_the_tenants_limit_is_refused_and_nothing_changes(apply, demo_site, seed_block):
+    apply("""\
+apiVersion: management.loft.sh/v1
+kind: VirtualClusterInstance
+metadata:
+  name: one
+  namespace: p-default
+  annotations:
+    vmetal.dev/quota-nodes: "2"
+spec: {}
+""")
+    apply(seed_block, tenant="one")
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="tenant one may have at most 2 node"):
+        apply(seed_block.replace("quantity: 1", "quantity: 2", 1), tenant="one")
+    assert sorted(NodePool.objects.values_list("quantity", flat=True)) == [1, 1]
+
+
+def test_node_types_standalone_and_capacity_derived_from_hosts(apply, demo_site):
+    apply("""\
+apiVersion: management.loft.sh/v1
+kind: NodeType
+metadata:
+  name: gpu-rack1
+spec:
+  providerRef: metal3
+  cost: 5
+  properties:
+    vcluster.com/node-type: gpu-server
+  bareMetalHosts:
+    selector:
+      matchLabels: {role: gpu, rack: r1}
+""")
+    from claims.selectors import fleet_status
+
+    capacity = {t["name"]: t["capacity"] for t in fleet_status()["node_types"]}
+    assert capacity["gpu-server"] == {"total": 4, "available": 4, "provisioned": 0}
+    assert capacity["gpu-rack1"] == {"total": 2, "available": 2, "provisioned": 0}
+    assert NodeType.objects.get(name="gpu-rack1").declared_in_provider is False
+
+
+def test_an_image_checksum_type_is_detected_from_its_length(apply):
+    apply(open("demo/site.yaml").read().split("---")[0])
+    apply("""\
+apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata:
+  name: tiny
+spec:
+  properties:
+    metal3.vcluster.com/image-url: http://127.0.0.1/tiny.img
+    metal3.vcluster.com/image-checksum: d41d8cd98f00b204e9800998ecf8427e
+""")
+    assert OSImage.objects.get(name="tiny").checksum_type == "md5"

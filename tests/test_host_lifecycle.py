@@ -1,0 +1,116 @@
+"""The host life cycle: one table, one service, deadlines, the sweeper and the retry cap."""
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from events.models import Event
+from hosts.choices import HostState
+from hosts.lifecycle import TRANSITIONS, ConcurrentTransition, IllegalTransition
+from hosts.models import BareMetalHost
+from hosts.services import host_retry, host_set_maintenance, host_transition, hosts_sweep_overdue
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def host(demo_site):
+    return BareMetalHost.objects.get(name="gpu-01")
+
+
+def test_every_state_has_a_row_in_the_transition_table():
+    assert set(TRANSITIONS) == set(HostState.values)
+    assert all(targets <= set(HostState.values) for targets in TRANSITIONS.values())
+
+
+@pytest.mark.parametrize("to_state", ["provisioned", "deprovisioning", "repair", "error"])
+def test_an_illegal_transition_raises_and_changes_nothing(host, to_state):
+    events = Event.objects.count()
+    with pytest.raises(IllegalTransition, match=f"gpu-01: available → {to_state} is not allowed"):
+        host_transition(host=host, to_state=to_state, actor="test")
+    host.refresh_from_db()
+    assert host.state == "available" and Event.objects.count() == events
+
+
+def test_a_transition_writes_an_event_with_actor_reason_and_duration(host):
+    BareMetalHost.objects.filter(pk=host.pk).update(state_changed_at=timezone.now() - timedelta(seconds=90))
+    host.refresh_from_db()
+    host_transition(host=host, to_state="provisioning", actor="user:alice", reason="a test")
+    event = Event.objects.filter(host=host).first()
+    assert (event.from_state, event.to_state, event.actor, event.message) == \
+        ("available", "provisioning", "user:alice", "a test")
+    assert 89 <= event.duration_s <= 120
+    host.refresh_from_db()
+    assert host.deadline_at is not None and host.deadline_at > timezone.now() + timedelta(minutes=59)
+
+
+def test_a_stale_copy_loses_the_compare_and_swap(host):
+    stale = BareMetalHost.objects.get(pk=host.pk)
+    host_transition(host=host, to_state="maintenance", actor="test")
+    with pytest.raises(ConcurrentTransition):
+        host_transition(host=stale, to_state="provisioning", actor="test")
+    assert BareMetalHost.objects.get(pk=host.pk).state == "maintenance"
+
+
+def test_events_are_append_only(host):
+    host_transition(host=host, to_state="maintenance", actor="test")
+    event = Event.objects.filter(host=host).first()
+    with pytest.raises(ValueError):
+        event.save()
+    with pytest.raises(ValueError):
+        event.delete()
+
+
+def test_maintenance_on_and_off_goes_through_registration(host):
+    host_set_maintenance(host=host, on=True, actor="user:bob", reason="replace a DIMM")
+    assert BareMetalHost.objects.get(pk=host.pk).state == "maintenance"
+    host_set_maintenance(host=host, on=False, actor="user:bob")
+    assert BareMetalHost.objects.get(pk=host.pk).state == "registering"
+
+
+def test_the_sweeper_moves_an_overdue_host_to_error_with_its_reason(host):
+    host_transition(host=host, to_state="provisioning", actor="test")
+    BareMetalHost.objects.filter(pk=host.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    assert hosts_sweep_overdue() == ["gpu-01"]
+    host.refresh_from_db()
+    assert host.state == "error"
+    assert host.error_message == "deadline exceeded: provisioning for more than 1h00m"
+    assert host.error_count == 1
+    assert Event.objects.filter(host=host, to_state="error", actor="system:sweeper").exists()
+
+
+def test_the_sweeper_leaves_hosts_within_their_deadline_alone(host):
+    host_transition(host=host, to_state="provisioning", actor="test")
+    assert hosts_sweep_overdue() == []
+    assert BareMetalHost.objects.get(pk=host.pk).state == "provisioning"
+
+
+def test_retry_moves_an_errored_host_back_to_registering_and_refuses_others(host):
+    with pytest.raises(IllegalTransition, match="only a host in error can be retried"):
+        host_retry(host=host, actor="test")
+    host_transition(host=host, to_state="provisioning", actor="test")
+    host_transition(host=host, to_state="error", actor="test", reason="BMC rejected credentials (401)")
+    host_retry(host=host, actor="user:alice")
+    assert BareMetalHost.objects.get(pk=host.pk).state == "registering"
+
+
+@override_settings(CLAIM_MAX_ATTEMPTS=3)
+def test_the_retry_cap_stops_an_endless_provision_loop(apply, demo_site, seed_block):
+    apply(seed_block.replace("value: cpu-server", "value: none"), tenant="one")
+    for attempt in range(1, 4):
+        call_command("reconcile")
+        claim = NodeClaim.objects.get(pool_name="gpu")
+        assert claim.phase == ClaimPhase.PROVISIONING and claim.attempts == attempt
+        BareMetalHost.objects.filter(pk=claim.host_id).update(deadline_at=timezone.now() - timedelta(seconds=1))
+        hosts_sweep_overdue()
+    claim.refresh_from_db()
+    assert claim.phase == ClaimPhase.FAILED and claim.reason == "RetriesExhausted"
+    assert claim.message.startswith("gave up after 3 attempt(s); last: host gpu-0")
+    call_command("reconcile")  # a failed claim still counts: no new claim, no fourth host
+    assert NodeClaim.objects.filter(pool_name="gpu").count() == 1
+    assert BareMetalHost.objects.filter(state="error").count() == 3
+    assert BareMetalHost.objects.filter(labels__role="gpu", state="available").count() == 1
