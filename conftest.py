@@ -68,3 +68,61 @@ def subprocess_env(settings):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     return env
+
+
+@pytest.fixture
+def celery_worker_process(subprocess_env, tmp_path):
+    """A real Celery worker (a child process) on the configured broker, on a queue of its own, so tests
+    running in parallel never take each other's tasks. Yields a handle with .restart() and .kill()."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from vmetal_console.celery import app
+
+    queue = f"test-{uuid.uuid4().hex[:12]}"
+    previous = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1"}
+
+    class Worker:
+        proc = None
+        log = tmp_path / "worker.log"
+
+        def start(self):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", queue, "-P", "threads",
+                 "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"],
+                cwd=ROOT, env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + 30
+            while "ready." not in self.log.read_text():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"celery worker did not start:\n{self.log.read_text()[-3000:]}")
+                time.sleep(0.1)
+
+        def kill(self, sig=signal.SIGKILL):
+            if self.proc and self.proc.poll() is None:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(10)
+
+    worker = Worker()
+    worker.start()
+    yield worker
+    worker.kill(signal.SIGTERM)
+    app.conf.task_default_queue = previous
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
+    """Poll until predicate() is truthy; returns its value or fails with the timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
