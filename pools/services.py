@@ -67,7 +67,7 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
     if changed_ids:
         from claims.services import pools_changed
 
-        transaction.on_commit(lambda: pools_changed(pool_ids=changed_ids))
+        pools_changed(pool_ids=changed_ids)
     return result
 
 
@@ -91,7 +91,7 @@ def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_ver
     if changes:
         NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)
         locked.version += 1
-        transaction.on_commit(lambda: pools_changed(pool_ids=[pool.pk]))
+        pools_changed(pool_ids=[pool.pk])
     return locked
 
 

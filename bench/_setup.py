@@ -1,0 +1,60 @@
+"""Shared set-up for the benchmarks: a PostgreSQL database of their own, migrated, and a Celery worker."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DATABASE_URL", "postgres://root@127.0.0.1:5432/vmetal_bench")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/2")
+os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"bench-{uuid.uuid4().hex[:8]}")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vmetal_console.settings")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+
+def fresh_database() -> None:
+    """Drop and create the bench database, then migrate it."""
+    import psycopg
+
+    url = os.environ["DATABASE_URL"]
+    name = url.rsplit("/", 1)[1]
+    admin_url = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+class Worker:
+    def __init__(self, concurrency: int = 4, log: str = "/tmp/vmetal-bench-worker.log"):
+        self.concurrency, self.log = concurrency, log
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
+             os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", str(self.concurrency),
+             "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"],
+            cwd=ROOT, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while "ready." not in Path(self.log).read_text():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(Path(self.log).read_text()[-2000:])
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(15)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
