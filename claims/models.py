@@ -19,6 +19,11 @@ class NodeClaim(models.Model):
                                 related_name="claim")
     host_name = models.CharField(max_length=253, blank=True)  # kept after release, for the timeline
     node_name = models.CharField(max_length=253, blank=True)
+    # The node's address on its NodeEnvironment's network (IPAM); empty when the network uses DHCP.
+    environment = models.ForeignKey("pools.NodeEnvironment", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="claims")
+    ip_address = models.GenericIPAddressField(null=True, blank=True)
+    bootstrap_token_id = models.CharField(max_length=6, blank=True)  # to delete the join token on release
     # Written only by claims.services.claims_transition.
     phase = models.CharField(max_length=16, choices=ClaimPhase.choices, default=ClaimPhase.PENDING, db_index=True)
     phase_changed_at = models.DateTimeField(auto_now_add=True)
@@ -40,6 +45,8 @@ class NodeClaim(models.Model):
     class Meta:
         ordering = ["-created_at", "name"]
         indexes = [models.Index(fields=["pool", "phase"]), models.Index(fields=["tenant", "phase"])]
+        constraints = [models.UniqueConstraint(fields=["environment", "ip_address"], name="uniq_node_address",
+                                               condition=models.Q(ip_address__isnull=False))]
 
     def __str__(self) -> str:
         return self.name

@@ -192,7 +192,7 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
 def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str) -> NodeClaim:
     """The claim's host failed (error, deadline): free the claim and try another host, up to the cap."""
     cap = settings.CLAIM_MAX_ATTEMPTS
-    fields = {"host": None}
+    fields = {"host": None, "ip_address": None, "node_name": ""}
     if claim.phase == P.RELEASING:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                           message=f"released; its host failed: {reason}", fields=fields)

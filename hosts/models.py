@@ -49,6 +49,11 @@ class BareMetalHost(models.Model):
     error_type = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     error_count = models.PositiveIntegerField(default=0)  # consecutive failures; reset on success
+    # The flow that drives the host through its current state (hosts.flows): its name, run id, the
+    # steps done with their times, and the step under way. Resumable: a new worker carries on from here.
+    flow = models.JSONField(default=dict, blank=True)
+    drive_lease_until = models.DateTimeField(null=True, blank=True)  # one driver at a time
+    driven_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -81,3 +86,60 @@ class BareMetalHost(models.Model):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
         if errors:
             raise ValidationError(errors)
+
+
+class AgentSession(models.Model):
+    """One boot of the agent on a host. Its token (kept only as a hash) is valid while it is the host's
+    newest session: a token from an earlier boot is refused."""
+
+    host = models.ForeignKey(BareMetalHost, on_delete=models.CASCADE, related_name="agent_sessions")
+    boot_id = models.CharField(max_length=64)
+    token_hash = models.CharField(max_length=64, unique=True)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["host", "active"])]
+
+    def __str__(self) -> str:
+        return f"{self.host.name} boot {self.boot_id[:8]}"
+
+
+class CommandStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    SENT = "sent", "Sent"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class HostCommand(models.Model):
+    """Work for the agent on a host: queued by a flow step, fetched by a heartbeat, closed by a result."""
+
+    host = models.ForeignKey(BareMetalHost, on_delete=models.CASCADE, related_name="commands")
+    flow_id = models.CharField(max_length=36)  # the flow run that queued it
+    step = models.CharField(max_length=64)
+    name = models.CharField(max_length=64)
+    args = models.JSONField(default=dict, blank=True)
+    secret_args = EncryptedTextField(blank=True)  # JSON merged into args when sent (join tokens)
+    status = models.CharField(max_length=8, choices=CommandStatus.choices, default=CommandStatus.QUEUED)
+    session = models.ForeignKey(AgentSession, null=True, blank=True, on_delete=models.SET_NULL)
+    progress = models.FloatField(null=True, blank=True)
+    message = models.TextField(blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [models.UniqueConstraint(fields=["host", "flow_id", "step"], name="uniq_command_per_step")]
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.host.name} ({self.status})"
+
+    @property
+    def public_id(self) -> str:
+        return f"c-{self.pk}"

@@ -18,8 +18,9 @@ from .models import BareMetalHost
 log = logging.getLogger(__name__)
 
 # The task that drives a host on from each state it enters: {state: "app.tasks.name"}.
-# The provisioning engine registers its steps here (claims/hosts tasks modules).
-STATE_TASKS: dict[str, str] = {}
+STATE_TASKS: dict[str, str] = {state: "hosts.tasks.drive_host" for state in
+                               (HostState.REGISTERING, HostState.INSPECTING, HostState.PROVISIONING,
+                                HostState.DEPROVISIONING)}
 
 
 def host_transition(*, host: BareMetalHost, to_state: str, actor: str, reason: str = "", error_type: str = "",

@@ -126,6 +126,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "reconcile-pools": {"task": "claims.tasks.reconcile_pools", "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
     "sweep-overdue-hosts": {"task": "hosts.tasks.sweep_overdue_hosts", "schedule": 30.0},
+    "drive-stale-hosts": {"task": "hosts.tasks.drive_stale_hosts", "schedule": 10.0},
 }
 
 # Host life cycle: how long a host may stay in each in-progress state, and retry caps.
@@ -136,6 +137,26 @@ HOST_STATE_DEADLINES = {
     "deprovisioning": timedelta(minutes=int(os.environ.get("DEADLINE_DEPROVISIONING_MIN", "240"))),
 }
 CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
+
+# Flow steps (hosts/flows.py): how long each may take, in seconds.
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+BMC_TIMEOUT_S = env_float("BMC_TIMEOUT_S", 10)
+POWER_DEADLINE_S = env_float("POWER_DEADLINE_S", 60)  # a power change lands (the lab: 1-11 s)
+POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included
+AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
+AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
+AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
+IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
+NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
+NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 10)  # one watch; the step waits again after it
+DRAIN_DEADLINE_S = env_float("DRAIN_DEADLINE_S", 300)
+DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
+TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
+BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
+AGENT_ISO_URL = os.environ.get("AGENT_ISO_URL", "http://127.0.0.1:8000/static/agent.iso")
 
 CHANNEL_LAYERS = {
     "default": (

@@ -1,0 +1,17 @@
+"""The ramdisk agent: runs on a server booted for provisioning and pulls work from the console.
+
+Plain Python 3.11, standard library only except `pycdlib` (cloud-init seed ISO). No Django:
+the same code runs from the provisioning ramdisk on real hardware and, in the lab, as one
+local process per simulated server (`--hardware lab:profile.json`, file-backed disks).
+
+Layout:
+    agent/cli.py         `python -m agent ...`: arguments, logging, main()
+    agent/runner.py      Agent: lookup → heartbeat → run command → post result, with retries
+    agent/client.py      ConsoleClient: the HTTP side of the protocol (urllib), Backoff
+    agent/hardware.py    Hardware, LinuxHardware (/proc, /sys, nvidia-smi), LabHardware (JSON profile)
+    agent/disks.py       root disk choice (Ironic's rules and root device hints), zeroing helpers
+    agent/seed.py        cloud-init NoCloud seed: build the ISO, write it to the disk's last 64 MiB, read it back
+    agent/commands/      one module per command; commands.execute(name, args, ctx) runs one without HTTP
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,206 @@
+"""The claim's side of the host flows: image, cloud-init seed with the tenant's join command, the node in
+the tenant's API (Ready, labels, taints), and on release drain and delete. Called by hosts.flows."""
+import ipaddress
+import logging
+
+import yaml
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from hosts.flows import Run, StepFailed, Waiting, agent_command
+from pools.models import OS_IMAGE_PROPERTY, NodeEnvironment, OSImage
+
+from .choices import ClaimPhase as P
+from .models import NodeClaim
+from .services import claims_transition
+from .tenant_api import TenantAPI, TenantAPIError
+
+log = logging.getLogger(__name__)
+
+
+def _claim(run: Run) -> NodeClaim:
+    if run.claim is None:
+        raise StepFailed("the host serves no claim")
+    return run.claim
+
+
+def _tenant_api(claim: NodeClaim) -> TenantAPI:
+    if not claim.tenant.kubeconfig:
+        raise StepFailed(f"tenant {claim.tenant.name} has no API credentials (kubeconfig)")
+    return TenantAPI(claim.tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
+
+
+def step_write_image(run: Run) -> dict:
+    claim = _claim(run)
+    name = claim.properties.get(OS_IMAGE_PROPERTY)
+    image = OSImage.objects.filter(name=name).first() if name else None
+    if image is None:
+        raise StepFailed(f"OS image {name!r} not found" if name else f"claim names no OS image ({OS_IMAGE_PROPERTY})")
+    result = agent_command(run, "write_image", {
+        "url": image.url, "checksum": image.checksum, "checksum_type": image.checksum_type, "format": image.format,
+        "root_device_hints": run.host.root_device_hints, "image": image.name})
+    return {"image": image.name, "bytes": result.get("bytes_written"), "disk": result.get("disk")}
+
+
+def step_write_seed(run: Run) -> dict:
+    claim = _claim(run)
+
+    def make_args():
+        # Network I/O (the tenant API) happens once per flow run: the command, with the token, is kept.
+        address = claim_assign_address(claim)
+        api = _tenant_api(claim)
+        try:
+            token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
+                                               description=f"vmetal join for {claim.name}")
+            command = api.join_command(claim.tenant.join_mode, claim.tenant.api_endpoint or api.server.split("://", 1)[-1],
+                                       token.token, api.ca_cert_hash() if claim.tenant.join_mode == "kubeadm" else None)
+        except TenantAPIError as exc:
+            raise Waiting(str(exc), recheck_s=5) from None
+        node = run.host.name
+        NodeClaim.objects.filter(pk=claim.pk).update(node_name=node, bootstrap_token_id=token.id)
+        user_data = "#cloud-config\n" + yaml.safe_dump({"hostname": node, "runcmd": [command]}, sort_keys=False)
+        meta_data = yaml.safe_dump({"instance-id": claim.name, "local-hostname": node}, sort_keys=False)
+        return {"disk": ""}, {"user_data": user_data, "meta_data": meta_data,
+                              "network_config": network_config(run.host, address)}
+
+    agent_command(run, "write_seed", make_args=make_args)
+    return {"node": run.host.name}
+
+
+def network_config(host, address) -> str:
+    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP."""
+    nic = {"match": {"macaddress": host.boot_mac}, "set-name": "eth0"}
+    if address is None:
+        nic["dhcp4"] = True
+    else:
+        interface, network = address
+        nic.update({"addresses": [f"{interface}/{network.interface.network.prefixlen}"],
+                    "routes": [{"to": "default", "via": str(network.gateway)}]})
+        if network.dns:
+            nic["nameservers"] = {"addresses": network.dns}
+    return yaml.safe_dump({"version": 2, "ethernets": {"eth0": nic}}, sort_keys=False)
+
+
+def claim_assign_address(claim: NodeClaim):
+    """The lowest free address of the tenant's NodeEnvironment (or the provider's shared one)."""
+    env = (NodeEnvironment.objects.filter(tenant=claim.tenant).first()
+           or NodeEnvironment.objects.filter(tenant__isnull=True, provider=claim.provider).first())
+    network = env.network() if env else None
+    if network is None:
+        return None
+    claim.refresh_from_db(fields=["ip_address", "environment"])
+    if claim.ip_address and claim.environment_id == env.pk:
+        return ipaddress.ip_address(claim.ip_address), network
+    for _ in range(5):
+        used = set(NodeClaim.objects.filter(environment=env, ip_address__isnull=False)
+                   .values_list("ip_address", flat=True))
+        free = next((ip for first, last in network.ranges
+                     for ip in _addresses(first, last) if str(ip) not in used), None)
+        if free is None:
+            raise StepFailed(f"NodeEnvironment {env} has no free address left")
+        try:
+            with transaction.atomic():
+                NodeClaim.objects.filter(pk=claim.pk).update(environment=env, ip_address=str(free))
+            return free, network
+        except IntegrityError:
+            continue  # another claim took it meanwhile
+    raise StepFailed(f"could not reserve an address in {env}")
+
+
+def _addresses(first, last):
+    current = first
+    while current <= last:
+        yield current
+        current += 1
+
+
+def step_node_ready(run: Run) -> dict:
+    claim = _claim(run)
+    api = _tenant_api(claim)
+    node_name = claim.node_name or run.host.name
+    try:
+        node = api.wait_node_ready(node_name, deadline_s=settings.NODE_READY_POLL_S)
+    except TenantAPIError as exc:
+        raise Waiting(str(exc), recheck_s=0.2) from None
+    return {"node": node_name, "kubelet": node.get("status", {}).get("nodeInfo", {}).get("kubeletVersion", "")}
+
+
+def step_node_labels(run: Run) -> dict:
+    claim = _claim(run)
+    labels = {**claim.node_labels, "vmetal.dev/claim": claim.name, "vmetal.dev/pool": claim.pool_name}
+    if claim.node_type:
+        labels["vcluster.com/node-type"] = claim.node_type.name
+    try:
+        _tenant_api(claim).set_node_labels_and_taints(claim.node_name or run.host.name, labels, claim.taints)
+    except TenantAPIError as exc:
+        raise Waiting(str(exc), recheck_s=2) from None
+    return {"labels": sorted(labels), "taints": len(claim.taints)}
+
+
+def _release_call(run: Run, what: str, fn) -> dict:
+    """Drain and delete try for DRAIN_DEADLINE_S; a tenant API that stays away (a deleted tenant) does not
+    keep the host from being cleaned: the step is recorded as skipped, with the reason."""
+    claim = run.claim
+    if claim is None or not claim.node_name:
+        return {"skipped": "no node joined"}
+    if not claim.tenant.kubeconfig:
+        return {"skipped": "tenant has no API credentials"}
+    try:
+        return fn(_tenant_api(claim), claim) or {}
+    except TenantAPIError as exc:
+        waited = (timezone.now() - run.step_started_at()).total_seconds()
+        if waited < settings.DRAIN_DEADLINE_S:
+            raise Waiting(str(exc), recheck_s=5) from None
+        log.warning("%s of %s skipped: %s", what, claim.node_name, exc)
+        return {"skipped": str(exc)}
+
+
+def step_drain_node(run: Run) -> dict:
+    def drain(api, claim):
+        grace = _seconds(claim.pool.termination_grace_period) if claim.pool else None
+        api.cordon(claim.node_name)
+        api.drain(claim.node_name, grace_period_s=grace or settings.DRAIN_GRACE_S,
+                  deadline_s=settings.DRAIN_DEADLINE_S)
+        return {"node": claim.node_name}
+
+    return _release_call(run, "drain", drain)
+
+
+def step_delete_node(run: Run) -> dict:
+    def delete(api, claim):
+        api.delete_node(claim.node_name)
+        if claim.bootstrap_token_id:
+            api.delete_bootstrap_token(claim.bootstrap_token_id)
+        return {"node": claim.node_name}
+
+    return _release_call(run, "delete", delete)
+
+
+def _seconds(duration: str) -> int | None:
+    units = {"s": 1, "m": 60, "h": 3600}
+    if duration and duration[-1] in units and duration[:-1].isdigit():
+        return int(duration[:-1]) * units[duration[-1]]
+    return None
+
+
+def claim_joining(run: Run) -> None:
+    claim = run.claim
+    if claim is not None and claim.phase == P.PROVISIONING:
+        claims_transition(claims=[claim], to_phase=P.JOINING, actor="system:flow", reason="Provisioned",
+                          message=f"{run.host.name} boots the installed OS and joins")
+
+
+def host_flow_finished(run: Run, flow_name: str) -> None:
+    """Called in the transaction that moves the host on at the end of its flow."""
+    claim = run.claim
+    if claim is None:
+        return
+    claim.refresh_from_db()
+    if flow_name == "provision" and claim.phase == P.JOINING:
+        claims_transition(claims=[claim], to_phase=P.AVAILABLE, actor="system:flow", reason="Joined",
+                          message=f"node {claim.node_name} is Ready in {claim.tenant.name}")
+    elif flow_name == "deprovision" and claim.phase == P.RELEASING:
+        claims_transition(claims=[claim], to_phase=P.RELEASED, actor="system:flow", reason="Released",
+                          message=f"{run.host.name} cleaned and back in the pool",
+                          fields={"host": None, "ip_address": None})

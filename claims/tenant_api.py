@@ -1,0 +1,413 @@
+"""The console's side of a tenant's Kubernetes API: join tokens, node readiness, labels and taints, drain.
+
+Everything goes through the official `kubernetes` client, built from the tenant's stored kubeconfig
+text: one ApiClient per call, closed after it, a timeout on every request. No Django imports:
+Celery tasks call this with plain arguments, outside any transaction. Nothing here logs the
+kubeconfig or a token; error messages name the API server and the object, never a credential.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import hashlib
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.kube_config import load_kube_config_from_dict
+
+log = logging.getLogger(__name__)
+
+TOKEN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+TOKEN_ID_RE = re.compile(r"^[a-z0-9]{6}$")
+TOKEN_RE = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
+BOOTSTRAP_NAMESPACE = "kube-system"
+BOOTSTRAP_SECRET_TYPE = "bootstrap.kubernetes.io/token"
+BOOTSTRAP_GROUPS = "system:bootstrappers:kubeadm:default-node-token"
+# What this console set on a node last time, so the next call replaces only its own labels and taints.
+MANAGED_LABELS = "vmetal.dev/managed-labels"
+MANAGED_TAINTS = "vmetal.dev/managed-taints"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+JOIN_MODES = ("vcluster", "kubeadm")
+ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")  # host[:port], goes into a shell line
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class TenantAPIError(Exception):
+    """A tenant API call failed; the message says why in words an operator can act on."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status when the API answered, None when it could not be reached
+
+
+@dataclass(frozen=True)
+class BootstrapToken:
+    id: str
+    secret: str = field(repr=False)  # repr() and str() of a token never show the secret
+    expires_at: datetime.datetime
+
+    @property
+    def token(self) -> str:
+        return f"{self.id}.{self.secret}"
+
+
+def _random(length: int) -> str:
+    return "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(length))
+
+
+def _rfc3339(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def join_command(mode: str, endpoint: str, token: str, ca_cert_hash: str | None = None) -> str:
+    """The shell line a new node runs to join the tenant (it goes into cloud-init, so every part is checked)."""
+    endpoint = re.sub(r"^https?://", "", endpoint.strip()).rstrip("/")
+    if not ENDPOINT_RE.match(endpoint):
+        raise ValueError(f"not a host[:port] endpoint: {endpoint!r}")
+    if not TOKEN_RE.match(token):
+        raise ValueError("not a bootstrap token: want <6 chars [a-z0-9]>.<16 chars [a-z0-9]>")
+    if mode == "vcluster":
+        return f'curl -fsSLk "https://{endpoint}/node/join?token={token}" | sh -'
+    if mode == "kubeadm":
+        if ca_cert_hash:
+            digest = ca_cert_hash.removeprefix("sha256:").lower()
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError("ca_cert_hash must be a sha256 hex digest")
+            return f"kubeadm join {endpoint} --token {token} --discovery-token-ca-cert-hash sha256:{digest}"
+        # No CA in the tenant's kubeconfig: kubeadm cannot pin the API server's identity, so the joining
+        # node trusts whatever answers at the endpoint. Acceptable only on a network the console controls.
+        return f"kubeadm join {endpoint} --token {token} --discovery-token-unsafe-skip-ca-verification"
+    raise ValueError(f"join mode must be one of {', '.join(JOIN_MODES)}, not {mode!r}")
+
+
+def _is_ready(node: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
+
+
+def _skipped_by_drain(pod: dict) -> bool:
+    """DaemonSet pods would come straight back; mirror pods belong to the kubelet's static manifests."""
+    meta = pod.get("metadata") or {}
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return True
+    return any(ref.get("kind") == "DaemonSet" and ref.get("controller") for ref in meta.get("ownerReferences") or [])
+
+
+def _split(value: str | None) -> set[str]:
+    return {item for item in (value or "").split(",") if item}
+
+
+def _message(exc: ApiException) -> str:
+    import json
+
+    try:
+        return json.loads(exc.body).get("message") or str(exc.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
+
+
+class TenantAPI:
+    """One tenant's Kubernetes API, reached with the kubeconfig the console stores for it."""
+
+    def __init__(self, kubeconfig: str, timeout: float = 10) -> None:
+        try:
+            config = yaml.safe_load(kubeconfig) if kubeconfig else None
+        except yaml.YAMLError:
+            raise TenantAPIError("tenant kubeconfig is not valid YAML") from None  # the text may hold a token
+        if not isinstance(config, dict) or not config.get("clusters"):
+            raise TenantAPIError("tenant kubeconfig has no clusters")
+        self._config = config
+        self.timeout = timeout
+        self.server = self._cluster().get("server", "?")
+
+    def __repr__(self) -> str:
+        return f"<TenantAPI {self.server}>"
+
+    join_command = staticmethod(join_command)
+
+    # -- plumbing
+
+    def _cluster(self) -> dict:
+        config = self._config
+        context_name = config.get("current-context")
+        contexts = {c.get("name"): c.get("context") or {} for c in config.get("contexts") or []}
+        clusters = {c.get("name"): c.get("cluster") or {} for c in config.get("clusters") or []}
+        cluster_name = contexts.get(context_name, {}).get("cluster") if contexts else None
+        if cluster_name in clusters:
+            return clusters[cluster_name]
+        return next(iter(clusters.values()), {})
+
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[client.ApiClient]:
+        configuration = client.Configuration()
+        try:
+            load_kube_config_from_dict(self._config, client_configuration=configuration, persist_config=False)
+        except (ConfigException, KeyError, TypeError, ValueError) as exc:
+            raise TenantAPIError(f"tenant kubeconfig is unusable: {type(exc).__name__}") from None
+        # Retry only what never reached the server; a timed-out POST must not be sent twice.
+        configuration.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, redirect=0, backoff_factor=0.2)
+        api = client.ApiClient(configuration)
+        try:
+            yield api
+        finally:
+            api.close()
+            api.rest_client.pool_manager.clear()
+
+    def _call(self, what: str, fn, *args, tolerate: tuple[int, ...] = (), **kwargs) -> Any:
+        """fn(*args) with a timeout; None for a tolerated HTTP status; TenantAPIError for any failure."""
+        kwargs.setdefault("_request_timeout", (self.timeout, self.timeout))
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status in tolerate:
+                return None
+            raise self._error(what, exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise TenantAPIError(f"tenant API unreachable: {self.server}: {reason}") from exc
+
+    def _error(self, what: str, exc: ApiException) -> TenantAPIError:
+        if exc.status == 401:
+            return TenantAPIError("tenant API rejected credentials (401)", status=401)
+        if exc.status == 403:
+            return TenantAPIError(f"tenant API forbade {what} (403): {_message(exc)}", status=403)
+        if exc.status == 404:
+            return TenantAPIError(f"{what}: not found (404)", status=404)
+        return TenantAPIError(f"{what}: tenant API answered {exc.status}: {_message(exc)}", status=exc.status)
+
+    # -- join
+
+    def create_bootstrap_token(self, ttl_s: int = 3600, description: str = "vmetal join") -> BootstrapToken:
+        """A bootstrap token Secret in kube-system, as `kubeadm token create` / `vcluster token create` make."""
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be positive")
+        expires_at = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=ttl_s)).replace(microsecond=0)
+        with self._client() as api:
+            v1 = client.CoreV1Api(api)
+            for _ in range(3):  # a 6-character id can collide with a live token
+                token = BootstrapToken(id=_random(6), secret=_random(16), expires_at=expires_at)
+                data = {
+                    "token-id": token.id,
+                    "token-secret": token.secret,
+                    "expiration": _rfc3339(expires_at),
+                    "usage-bootstrap-authentication": "true",
+                    "usage-bootstrap-signing": "true",
+                    "auth-extra-groups": BOOTSTRAP_GROUPS,
+                    "description": description,
+                }
+                body = client.V1Secret(
+                    metadata=client.V1ObjectMeta(name=f"bootstrap-token-{token.id}", namespace=BOOTSTRAP_NAMESPACE),
+                    type=BOOTSTRAP_SECRET_TYPE,
+                    data={k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+                )
+                if self._call(f"create bootstrap token {token.id}", v1.create_namespaced_secret,
+                              BOOTSTRAP_NAMESPACE, body, tolerate=(409,)) is not None:
+                    log.info("bootstrap token %s created on %s, expires %s", token.id, self.server, data["expiration"])
+                    return token
+        raise TenantAPIError("create bootstrap token: three token ids in a row were taken")
+
+    def delete_bootstrap_token(self, token_id: str) -> bool:
+        """Delete the token's Secret; False when it was already gone. Accepts the id or the whole token."""
+        token_id = token_id.split(".", 1)[0]
+        if not TOKEN_ID_RE.match(token_id):
+            raise ValueError("not a bootstrap token id")
+        with self._client() as api:
+            deleted = self._call(f"delete bootstrap token {token_id}", client.CoreV1Api(api).delete_namespaced_secret,
+                                 f"bootstrap-token-{token_id}", BOOTSTRAP_NAMESPACE, tolerate=(404,))
+        return deleted is not None
+
+    def ca_cert_hash(self) -> str | None:
+        """sha256 (hex) of the cluster CA's SubjectPublicKeyInfo, as kubeadm's --discovery-token-ca-cert-hash."""
+        data = self._cluster().get("certificate-authority-data")
+        if not data:
+            return None
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        try:
+            pem = base64.b64decode(data)
+            cert = x509.load_pem_x509_certificates(pem)[0]
+        except (ValueError, TypeError, IndexError):
+            raise TenantAPIError("tenant kubeconfig: certificate-authority-data is not a PEM certificate") from None
+        spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+        return hashlib.sha256(spki).hexdigest()
+
+    # -- nodes
+
+    def wait_node_ready(self, node_name: str, deadline_s: float) -> dict:
+        """Block until the node exists with Ready=True (a watch, re-listed when it expires); the node as a dict."""
+        deadline = time.monotonic() + deadline_s
+        selector = f"metadata.name={node_name}"
+        with self._client() as api:
+            v1 = client.CoreV1Api(api)
+            while True:
+                listed = self._call(f"list node {node_name}", v1.list_node, field_selector=selector)
+                for node in listed.items:
+                    if node.metadata.name == node_name and _is_ready(raw := api.sanitize_for_serialization(node)):
+                        return raw
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                watch_s = max(1, min(int(remaining + 0.999), 300))  # server-side timeout, whole seconds
+                stream = watch.Watch()
+                try:
+                    for event in stream.stream(v1.list_node, field_selector=selector,
+                                               resource_version=listed.metadata.resource_version,
+                                               timeout_seconds=watch_s,
+                                               _request_timeout=(self.timeout, watch_s + self.timeout)):
+                        raw = event["raw_object"]
+                        if (event["type"] in ("ADDED", "MODIFIED") and raw.get("metadata", {}).get("name") == node_name
+                                and _is_ready(raw)):
+                            stream.stop()
+                            return raw
+                        if time.monotonic() >= deadline:
+                            stream.stop()
+                except ApiException as exc:
+                    if exc.status != 410:  # 410 Gone: the resourceVersion is too old, list again
+                        raise self._error(f"watch node {node_name}", exc) from exc
+                except (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError):
+                    pass  # the watch connection dropped: list again (a dead server fails the list)
+                except (urllib3.exceptions.HTTPError, OSError) as exc:
+                    raise TenantAPIError(f"tenant API unreachable: {self.server}: {exc}") from exc
+                if time.monotonic() >= deadline:
+                    break
+        raise TenantAPIError(f"node {node_name} not Ready within {deadline_s:g}s")
+
+    def node_exists(self, node_name: str) -> bool:
+        with self._client() as api:
+            return self._call(f"read node {node_name}", client.CoreV1Api(api).read_node, node_name,
+                              tolerate=(404,)) is not None
+
+    def get_node(self, node_name: str) -> dict | None:
+        with self._client() as api:
+            node = self._call(f"read node {node_name}", client.CoreV1Api(api).read_node, node_name, tolerate=(404,))
+            return None if node is None else api.sanitize_for_serialization(node)
+
+    def set_node_labels_and_taints(self, node_name: str, labels: dict, taints: list[dict]) -> dict:
+        """Set the pool's labels and taints on the node, replacing the ones this console set before.
+
+        Labels and taints someone else put on the node stay. What the console owns is remembered in
+        two annotations, and the patch carries the resourceVersion it was computed from (409: retry).
+        """
+        wanted = []
+        for taint in taints:
+            if not taint.get("key") or taint.get("effect") not in TAINT_EFFECTS:
+                raise ValueError(f"a taint needs a key and an effect in {TAINT_EFFECTS}: {taint!r}")
+            wanted.append({"key": taint["key"], "effect": taint["effect"],
+                           **({"value": str(taint["value"])} if taint.get("value") not in (None, "") else {})})
+        wanted_ids = {(t["key"], t["effect"]) for t in wanted}
+        labels = {str(k): str(v) for k, v in labels.items()}
+        with self._client() as api:
+            v1 = client.CoreV1Api(api)
+            for _ in range(5):
+                node = self._call(f"read node {node_name}", v1.read_node, node_name)
+                meta = node.metadata
+                annotations = meta.annotations or {}
+                owned_labels = _split(annotations.get(MANAGED_LABELS))
+                owned_taints = _split(annotations.get(MANAGED_TAINTS))
+                kept = [api.sanitize_for_serialization(t) for t in (node.spec.taints or [])
+                        if (t.key, t.effect) not in wanted_ids and f"{t.key}:{t.effect}" not in owned_taints]
+                patch = {
+                    "metadata": {
+                        "resourceVersion": meta.resource_version,
+                        "labels": {**{k: None for k in owned_labels - labels.keys()}, **labels},
+                        "annotations": {MANAGED_LABELS: ",".join(sorted(labels)) or None,
+                                        MANAGED_TAINTS: ",".join(sorted(f"{k}:{e}" for k, e in wanted_ids)) or None},
+                    },
+                    "spec": {"taints": (kept + wanted) or None},
+                }
+                patched = self._call(f"label node {node_name}", v1.patch_node, node_name, patch,
+                                     _content_type=MERGE_PATCH, tolerate=(409,))
+                if patched is not None:
+                    return api.sanitize_for_serialization(patched)
+        raise TenantAPIError(f"label node {node_name}: the node kept changing (409 five times)", status=409)
+
+    def cordon(self, node_name: str) -> None:
+        self._set_unschedulable(node_name, True)
+
+    def uncordon(self, node_name: str) -> None:
+        self._set_unschedulable(node_name, False)
+
+    def _set_unschedulable(self, node_name: str, value: bool) -> None:
+        with self._client() as api:
+            self._call(f"{'cordon' if value else 'uncordon'} node {node_name}", client.CoreV1Api(api).patch_node,
+                       node_name, {"spec": {"unschedulable": value or None}}, _content_type=MERGE_PATCH)
+
+    def drain(self, node_name: str, grace_period_s: int | None = 30, deadline_s: float = 120,
+              retry_s: float = 1.0) -> list[str]:
+        """Evict every pod on the node (not DaemonSet or mirror pods), then wait until they are gone.
+
+        Evictions go through the Eviction API, so PodDisruptionBudgets hold: a 429 is retried every
+        `retry_s` until the deadline. `grace_period_s` None: each pod's own grace period. Returns the
+        evicted pods as "namespace/name". Cordon first, or the scheduler may place new pods here.
+        """
+        deadline = time.monotonic() + deadline_s
+        with self._client() as api:
+            v1 = client.CoreV1Api(api)
+            pods = [api.sanitize_for_serialization(p) for p in self._pods_on(v1, node_name)]
+            evictable = [p for p in pods if not _skipped_by_drain(p)]
+            targets = {(p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"].get("uid") for p in evictable}
+            options = client.V1DeleteOptions(grace_period_seconds=grace_period_s) if grace_period_s is not None else None
+            for pod in evictable:
+                namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue  # already terminating
+                eviction = client.V1Eviction(api_version="policy/v1", kind="Eviction", delete_options=options,
+                                             metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+                while True:
+                    try:
+                        self._call(f"evict pod {namespace}/{name}", v1.create_namespaced_pod_eviction,
+                                   name, namespace, eviction, tolerate=(404,))
+                        break
+                    except TenantAPIError as exc:
+                        if exc.status != 429:
+                            raise
+                        if time.monotonic() + retry_s > deadline:
+                            raise TenantAPIError(f"drain {node_name}: eviction of {namespace}/{name} still refused by "
+                                                 f"a disruption budget after {deadline_s:g}s", status=429) from None
+                        time.sleep(retry_s)
+            pause = 0.1
+            while True:
+                still = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in self._pods_on(v1, node_name)
+                               if targets.get((p.metadata.namespace, p.metadata.name), "") == p.metadata.uid)
+                if not still:
+                    log.info("node %s on %s drained: %d pod(s) evicted", node_name, self.server, len(targets))
+                    return sorted(f"{ns}/{name}" for ns, name in targets)
+                if time.monotonic() >= deadline:
+                    raise TenantAPIError(f"drain {node_name}: {len(still)} pod(s) still terminating after "
+                                         f"{deadline_s:g}s: {', '.join(still[:5])}")
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 2.0)
+
+    def _pods_on(self, v1: client.CoreV1Api, node_name: str) -> list:
+        return self._call(f"list pods on node {node_name}", v1.list_pod_for_all_namespaces,
+                          field_selector=f"spec.nodeName={node_name}").items
+
+    def delete_node(self, node_name: str) -> bool:
+        """Remove the node from the tenant API; False when it was not there (deleting twice is fine)."""
+        with self._client() as api:
+            return self._call(f"delete node {node_name}", client.CoreV1Api(api).delete_node, node_name,
+                              tolerate=(404,)) is not None
+
+    # -- pods
+
+    def list_unschedulable_pods(self) -> list[dict]:
+        """Pending pods the scheduler could not place (PodScheduled=False, reason Unschedulable), as dicts."""
+        with self._client() as api:
+            pods = self._call("list pending pods", client.CoreV1Api(api).list_pod_for_all_namespaces,
+                              field_selector="status.phase=Pending").items
+            return [raw for raw in map(api.sanitize_for_serialization, pods)
+                    if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                           and c.get("reason") == "Unschedulable"
+                           for c in (raw.get("status") or {}).get("conditions") or [])]

@@ -1,0 +1,380 @@
+"""The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors.
+
+It takes plain arguments and imports no Django models, so Celery tasks call it outside any
+transaction. Every HTTP call has a timeout; transient failures (connection errors, timeouts, 5xx)
+are retried with exponential back-off; a 401 never is. A BMC object is cheap and not thread-safe:
+make one per task.
+
+    bmc = BMC("redfish+http://127.0.0.1:8001/redfish/v1/Systems/gpu-01", "admin", "secret")
+    bmc.set_boot_once("pxe"); bmc.power_on(); bmc.wait_power("on", deadline_s=60)
+"""
+from __future__ import annotations
+
+import errno
+import http.client
+import logging
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import requests
+import sushy
+from sushy import auth as sushy_auth
+from sushy import connector as sushy_connector
+from sushy import exceptions as sushy_exc
+
+LOG = logging.getLogger(__name__)
+
+KINDS = ("auth", "unreachable", "timeout", "not_found", "server_error", "unsupported", "mismatch")
+
+# scheme → (transport, virtual media boot). The URL path is the Redfish system (Metal3's rule).
+SCHEMES = {
+    "redfish": ("https", False),
+    "redfish+https": ("https", False),
+    "redfish+http": ("http", False),
+    "redfish-virtualmedia": ("https", True),
+    "redfish-virtualmedia+https": ("https", True),
+    "redfish-virtualmedia+http": ("http", True),
+}
+BOOT_TARGETS = {"pxe": sushy.BootSource.PXE, "disk": sushy.BootSource.HDD, "cd": sushy.BootSource.CD}
+POWER_STATES = {sushy.PowerState.ON: "on", sushy.PowerState.OFF: "off"}
+CD_MEDIA = {sushy.VirtualMediaType.CD, sushy.VirtualMediaType.DVD}
+TRANSIENT_STATUS = {500, 502, 503, 504}
+
+
+class BMCError(Exception):
+    """A BMC operation failed; `kind` says how (one of KINDS), the message says it for people."""
+
+    def __init__(self, kind: str, message: str):
+        if kind not in KINDS:
+            raise ValueError(f"unknown BMCError kind {kind!r}")
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):  # picklable with both arguments (Celery results, multiprocessing)
+        return (type(self), (self.kind, self.message))
+
+
+def parse_address(address: str) -> tuple[str, str, str]:
+    """'redfish+http://127.0.0.1:8001/redfish/v1/Systems/x' → ('redfish+http',
+    'http://127.0.0.1:8001', '/redfish/v1/Systems/x'). The path is '' when the address names no
+    system (no path, /redfish/v1 or the Systems collection): the system is then found by MAC."""
+    parts = urlsplit((address or "").strip())
+    scheme = parts.scheme.lower()
+    if scheme == "ipmi" or (not scheme and address):
+        raise BMCError("unsupported", "IPMI is not supported by this console yet: use a redfish:// address")
+    if scheme not in SCHEMES:
+        raise BMCError("unsupported", f"BMC address scheme {scheme + '://' if scheme else '(none)'} is not "
+                                      f"supported: use one of {', '.join(s + '://' for s in SCHEMES)}")
+    if not parts.hostname:
+        raise BMCError("unsupported", f"BMC address {address!r} has no host")
+    host = parts.netloc.rsplit("@", 1)[-1]  # never carry credentials in the URL
+    path = parts.path.rstrip("/")
+    if path in ("", "/redfish/v1", "/redfish/v1/Systems"):
+        path = ""
+    return scheme, f"{SCHEMES[scheme][0]}://{host}", path
+
+
+def normalize_mac(mac: str) -> str:
+    return mac.strip().lower().replace("-", ":")
+
+
+class _RetryingConnector(sushy_connector.Connector):
+    """sushy's connector with one retry policy: sushy's own (3 tries, 2 s apart, on connection
+    errors; 10 tries on GET 5xx) is switched off and this one wraps every request."""
+
+    def __init__(self, url: str, *, verify, timeout: float, retries: int, backoff: float):
+        super().__init__(url, verify=verify, server_side_retries=1, server_side_retries_delay=0,
+                         default_request_timeout=timeout, connect_timeout=timeout)
+        self.retries, self.backoff = retries, backoff
+        self._local = threading.local()
+
+    def _op(self, method, path="", data=None, headers=None, blocking=False, timeout=None,
+            server_side_retries_left=None, allow_reauth=True, **kwargs):
+        call = lambda: super(_RetryingConnector, self)._op(  # noqa: E731
+            method, path, data=data, headers=headers, blocking=blocking, timeout=timeout,
+            server_side_retries_left=0, allow_reauth=allow_reauth, **kwargs)
+        if getattr(self._local, "busy", False):  # sushy re-entering (e.g. a retry it decided itself)
+            return call()
+        self._local.busy = True
+        try:
+            for attempt in range(self.retries + 1):
+                try:
+                    return call()
+                except (sushy_exc.ConnectionError, sushy_exc.ServerSideError) as exc:
+                    if attempt >= self.retries or not _transient(exc):
+                        raise
+                    delay = self.backoff * 2 ** attempt
+                    LOG.info("BMC %s %s failed (%s); retry %d/%d in %.2fs", method, path,
+                             _describe(exc), attempt + 1, self.retries, delay)
+                    time.sleep(delay)
+        finally:
+            self._local.busy = False
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """exc and everything it wraps: requests and urllib3 nest the socket error several deep."""
+    seen, todo = [], [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return seen
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, sushy_exc.HTTPError):
+        return exc.status_code in TRANSIENT_STATUS
+    return not any(isinstance(e, requests.exceptions.SSLError) for e in _causes(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, sushy_exc.HTTPError):
+        return f"HTTP {exc.status_code}"
+    return type(exc).__name__
+
+
+def _unreachable_reason(causes: list[BaseException]) -> str:
+    for e in causes:
+        if isinstance(e, requests.exceptions.SSLError):
+            return f"TLS error ({e.__class__.__name__}); check the certificate or disable verification"
+    for e in causes:
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+    for e in causes:
+        if isinstance(e, socket.gaierror) or "NameResolutionError" in type(e).__name__:
+            return "host name not resolved"
+        if isinstance(e, ConnectionResetError):
+            return "connection reset"
+        if isinstance(e, (http.client.RemoteDisconnected, ConnectionAbortedError)):
+            return "connection closed without a response"
+        if isinstance(e, OSError) and e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return "no route to host"
+    return str(causes[-1]) or type(causes[-1]).__name__
+
+
+class BMC:
+    """One server's BMC. The system comes from the address path, or (when the address names
+    none) from `boot_mac` among the BMC's systems."""
+
+    def __init__(self, address: str, username: str, password: str, verify_tls: bool = True,
+                 timeout: float = 10, retries: int = 3, backoff: float = 0.5,
+                 boot_mac: str | None = None):
+        self.address = address
+        self.scheme, self.base_url, self.system_path = parse_address(address)
+        self.username, self.password = username, password
+        self.verify_tls, self.timeout = verify_tls, timeout
+        self.retries, self.backoff = retries, backoff
+        self.boot_mac = normalize_mac(boot_mac) if boot_mac else None
+        self._root = None
+        self._connector = None
+        self._resolved: str | None = None  # the system's path once found
+
+    @property
+    def virtual_media_boot(self) -> bool:
+        """The address asks for boot from virtual media (redfish-virtualmedia://) rather than PXE."""
+        return SCHEMES[self.scheme][1]
+
+    def close(self) -> None:
+        if self._connector is not None:
+            self._connector.close()
+        self._root = self._connector = None
+
+    def __enter__(self) -> "BMC":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # finding the system
+
+    def system(self):
+        """The sushy System, freshly read (one GET once it has been found)."""
+        return self._call(self._find_system)
+
+    def check(self, boot_mac: str | None = None) -> dict:
+        """Registration's test: the credentials work, the system exists and has the boot MAC."""
+        mac = normalize_mac(boot_mac) if boot_mac else self.boot_mac
+        if mac and not self.boot_mac:
+            self.boot_mac = mac
+        system = self.system()
+        macs = self._call(lambda: self._macs(system))
+        if mac and mac not in macs:
+            raise BMCError("mismatch", f"boot MAC {mac} not found on system {system.identity}")
+        return {"system_id": system.identity, "system_path": system.path, "name": system.name,
+                "uuid": system.uuid, "power_state": POWER_STATES.get(system.power_state, "unknown"),
+                "macs": sorted(macs)}
+
+    def _service(self):
+        if self._connector is None:
+            self._connector = _RetryingConnector(self.base_url, verify=self.verify_tls,
+                                                 timeout=self.timeout, retries=self.retries,
+                                                 backoff=self.backoff)
+            # sushy reads the service root before it authenticates; a BMC that guards the root
+            # too (not Redfish-compliant, but seen) then still gets credentials.
+            self._connector.set_http_basic_auth(self.username, self.password)
+        if self._root is None:
+            # Basic auth, not sessions: a task lives seconds, and leaked sessions fill a BMC's
+            # few session slots.
+            self._root = sushy.Sushy(self.base_url, connector=self._connector,
+                                     auth=sushy_auth.BasicAuth(self.username, self.password))
+        return self._root
+
+    def _find_system(self):
+        root = self._service()
+        if self._resolved:
+            return root.get_system(self._resolved)
+        if self.system_path:
+            try:
+                system = root.get_system(self.system_path)
+            except sushy_exc.ResourceNotFoundError:
+                raise BMCError("not_found", f"system not found: {self.system_path.rsplit('/', 1)[-1]}") from None
+        elif self.boot_mac:
+            system = self._find_by_mac(root, self.boot_mac)
+        else:
+            members = root.get_system_collection().get_members()
+            if len(members) != 1:
+                raise BMCError("not_found", "system not found: the address names no system and no "
+                                            "boot MAC was given")
+            system = members[0]
+        self._resolved = system.path
+        return system
+
+    def _find_by_mac(self, root, mac: str):
+        paths = root.get_system_collection().members_identities
+        denied = []
+        for path in paths:
+            try:
+                system = root.get_system(path)
+                if mac in self._macs(system):
+                    return system
+            except sushy_exc.AccessError as exc:
+                # A shared endpoint may guard each system with its own credentials: not ours.
+                denied.append(exc)
+        if paths and len(denied) == len(paths):
+            raise denied[0]  # nothing readable with these credentials: an auth failure
+        raise BMCError("not_found", f"system not found: {mac}")
+
+    @staticmethod
+    def _macs(system) -> set[str]:
+        try:
+            interfaces = system.ethernet_interfaces.get_members()
+        except sushy_exc.MissingAttributeError:
+            return set()
+        return {normalize_mac(m) for nic in interfaces
+                for m in (nic.mac_address, nic.permanent_mac_address) if m}
+
+    # power
+
+    def power_state(self) -> str:
+        """'on', 'off', or 'unknown' (powering on/off, paused, not reported)."""
+        return POWER_STATES.get(self.system().power_state, "unknown")
+
+    def power_on(self) -> None:
+        self._reset(sushy.ResetType.ON)
+
+    def power_off(self, force: bool = True) -> None:
+        self._reset(sushy.ResetType.FORCE_OFF if force else sushy.ResetType.GRACEFUL_SHUTDOWN)
+
+    def reset(self) -> None:
+        self._reset(sushy.ResetType.FORCE_RESTART)
+
+    def _reset(self, kind) -> None:
+        system = self.system()
+        self._call(lambda: system.reset_system(kind))
+
+    def wait_power(self, state: str, deadline_s: float, poll_s: float = 0.5) -> None:
+        """Poll until the power state is `state` ('on' or 'off'); BMCError(timeout) after deadline_s."""
+        if state not in ("on", "off"):
+            raise ValueError(f"power state must be 'on' or 'off', not {state!r}")
+        end = time.monotonic() + deadline_s
+        while self.power_state() != state:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise BMCError("timeout", f"power {state} not reached within {deadline_s:g}s")
+            time.sleep(min(poll_s, remaining))
+
+    # boot
+
+    def set_boot_once(self, target: str) -> None:
+        """One-time boot source override for the next power-on: 'pxe', 'disk' (or 'cd')."""
+        try:
+            source = BOOT_TARGETS[target]
+        except KeyError:
+            raise ValueError(f"boot target must be one of {', '.join(BOOT_TARGETS)}, not {target!r}") from None
+        system = self.system()
+        self._call(lambda: system.set_system_boot_options(
+            target=source, enabled=sushy.BootSourceOverrideEnabled.ONCE))
+
+    def insert_virtual_media(self, image_url: str) -> None:
+        """Put an ISO in the virtual CD/DVD drive (ejecting what was there first)."""
+        def insert():
+            device = self._cd_drives(self.system())[0]
+            if device.inserted and device.image == image_url:
+                return  # already there: many BMCs refuse a second insert
+            if device.inserted:
+                device.eject_media()
+            device.insert_media(image_url, inserted=True, write_protected=True)
+        self._call(insert)
+
+    def eject_virtual_media(self) -> None:
+        def eject():
+            for device in self._cd_drives(self.system()):
+                if device.inserted or device.image:
+                    device.eject_media()
+        self._call(eject)
+
+    def _cd_drives(self, system) -> list:
+        try:
+            devices = system.virtual_media.get_members()
+        except sushy_exc.MissingAttributeError:  # older BMCs hang virtual media off the manager
+            devices = [d for manager in system.managers for d in manager.virtual_media.get_members()]
+        cds = [d for d in devices if CD_MEDIA & set(d.media_types or ())]
+        if not cds:
+            raise BMCError("unsupported", f"system {system.identity} has no virtual CD/DVD drive")
+        return cds
+
+    # errors
+
+    def _call(self, fn):
+        try:
+            return fn()
+        except BMCError:
+            raise
+        except (sushy_exc.SushyError, requests.RequestException) as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: Exception) -> BMCError:
+        if isinstance(exc, sushy_exc.AccessError):
+            return BMCError("auth", f"BMC rejected credentials ({exc.status_code})")
+        if isinstance(exc, sushy_exc.ResourceNotFoundError):
+            return BMCError("not_found", str(exc))
+        if isinstance(exc, sushy_exc.HTTPError):
+            code = exc.status_code
+            reason = exc.detail or _http_phrase(code)
+            kind = "server_error" if code >= 500 and code != 501 else "unsupported"
+            return BMCError(kind, f"BMC error {code}: {reason}")
+        causes = _causes(exc)
+        if any(isinstance(e, requests.exceptions.Timeout) for e in causes):
+            return BMCError("timeout", f"BMC timed out after {self.timeout:g}s")
+        if isinstance(exc, (sushy_exc.ConnectionError, requests.RequestException)):
+            return BMCError("unreachable", f"BMC unreachable: {_unreachable_reason(causes)}")
+        if isinstance(exc, (sushy_exc.MissingActionError, sushy_exc.MissingAttributeError,
+                            sushy_exc.InvalidParameterValueError, sushy_exc.MalformedAttributeError,
+                            sushy_exc.UnknownDefaultError)):
+            return BMCError("unsupported", f"BMC does not support this: {exc}")
+        return BMCError("server_error", f"BMC error: {exc}")
+
+
+def _http_phrase(code: int) -> str:
+    try:
+        return http.client.responses[code]
+    except KeyError:
+        return "unknown error"

@@ -1,0 +1,849 @@
+"""The lab's BMCs: sushy-tools' Redfish emulator (fake driver) run as a subprocess, with power
+changes that land seconds later, per-BMC credentials, injected faults and power-on notices.
+
+    with RedfishLab([{"name": "gpu-01", "mac": "52:54:00:00:00:01"}], "admin", "secret",
+                    power_delay=(0.2, 0.5), notify_url="http://127.0.0.1:9000/power") as lab:
+        lab.system_address("gpu-01")   # redfish+http://127.0.0.1:PORT/redfish/v1/Systems/<uuid>
+        lab.set_fault("gpu-01", "bmc-500", requests=2)
+
+One process serves every BMC. Each system gets its own port, as real BMCs each have their own
+address (so `bmc-down` is a closed port), and one shared port serves all systems by path (like
+sushy-tools' usual single endpoint, e.g. the demo's :8001) plus the lab's control API under /lab/.
+
+What the subprocess adds around sushy-tools' Flask app (`python -m lab.redfish serve --config F`):
+
+- power: the fake driver already defers power changes (1–11 s, whole seconds) but applies them
+  only when someone next reads the system. Here the delay range is configurable (floats), a
+  ticker applies due changes on time, and every landing is recorded as an event and, when
+  `notify_url` is set, POSTed there as JSON {"system", "uuid", "power_state", "boot_target",
+  "boot_once", "virtual_media", "macs", "cause", "seq", "time"}: the boot target is the one in
+  force at the moment of power-on. A "Once" boot override is consumed by that power-on (target
+  back to Hdd), which sushy-tools itself does not do (it treats every override as Continuous).
+- credentials: sushy-tools' htpasswd check (bcrypt), one file per BMC: a request for a system
+  with another system's password, or any wrong one, gets 401 like a real BMC.
+- faults, one per system, set at start or at run time (POST /lab/faults): `bmc-500` (500 for
+  every request, for N requests or S seconds or until cleared), `bmc-down` (its port closed:
+  connection refused; on the shared port its requests are cut without an answer), `bmc-hang`
+  (requests are accepted and never answered), `slow-power` (power changes land after 60 s, or
+  `delay`).
+
+sushy-tools' own "external notifier" is not used: per system (`external_notifier: True`) it PUTs
+the whole system dict to the one EXTERNAL_NOTIFICATION_URL synchronously, inside the Redfish
+request, with no timeout, on *every* change (power request, boot device, boot image), and a
+pending power change lands only when someone reads the system, so a power-on nobody polls is never
+announced; a notifier that is down turns the BMC's answer into a 500.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import io
+import json
+import logging
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid as uuidlib
+import weakref
+from pathlib import Path
+
+FAULT_KINDS = ("bmc-500", "bmc-down", "bmc-hang", "slow-power")
+SLOW_POWER_DELAY_S = 60.0
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/([^/]+)")
+BOOT_ENABLED = ("Once", "Continuous", "Disabled")
+LOG = logging.getLogger("lab.redfish")
+
+
+class LabError(RuntimeError):
+    """The emulator could not be started, or refused a control request."""
+
+
+def system_uuid(name: str) -> str:
+    """A stable UUID per system name, so addresses survive a lab restart."""
+    return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"vmetal-lab/{name}"))
+
+
+def _htpasswd(username: str, password: str) -> str:
+    import bcrypt
+
+    # Cost 4: sushy-tools checks the hash on every request, and this guards a loopback lab.
+    digest = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+    return f"{username}:{digest}\n"
+
+
+class RedfishLab:
+    """N fake BMCs in one sushy-tools subprocess on 127.0.0.1; see the module docstring.
+
+    systems: [{"name", "mac", "uuid"?, "username"?, "password"?, "power_state"? ("Off"),
+               "power_delay"? ((lo, hi) s), "fault"? (kind or {"kind", "seconds", "requests",
+               "delay"}), "extra_macs"? [...]}]
+    """
+
+    def __init__(self, systems: list[dict], username: str = "admin", password: str = "password",
+                 power_delay: tuple[float, float] = (1, 11), notify_url: str | None = None,
+                 port: int = 0, host: str = "127.0.0.1", startup_timeout: float = 20.0):
+        self.username, self.password = username, password
+        self.power_delay = _delay_range(power_delay)
+        self.notify_url, self.host, self.port = notify_url, host, port
+        self.startup_timeout = startup_timeout
+        self._systems: dict[str, dict] = {}
+        for spec in systems:
+            name, mac = spec["name"], spec["mac"].lower()
+            if name in self._systems:
+                raise ValueError(f"duplicate system name {name!r}")
+            self._systems[name] = {
+                "name": name, "mac": mac, "uuid": spec.get("uuid") or system_uuid(name),
+                "username": spec.get("username") or username,
+                "password": spec.get("password") or password,
+                "power_state": spec.get("power_state", "Off"),
+                "power_delay": _delay_range(spec["power_delay"]) if spec.get("power_delay") else None,
+                "fault": _fault_spec(spec["fault"]) if spec.get("fault") else None,
+                "macs": [mac] + [m.lower() for m in spec.get("extra_macs", ())],
+            }
+        self._proc: subprocess.Popen | None = None
+        self._dir: str | None = None
+        self._ports: dict[str, int] = {}
+        self._finalizer = None
+
+    # life cycle
+
+    def start(self) -> "RedfishLab":
+        if self._proc is not None:
+            return self
+        self._dir = tempfile.mkdtemp(prefix="vmetal-redfish-")
+        config = self.write_config(self._dir)
+        log = open(os.path.join(self._dir, "emulator.log"), "wb")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        env.pop("SUSHY_EMULATOR_CONFIG", None)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "lab.redfish", "serve", "--config", config,
+                 "--parent-pid", str(os.getpid())],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        finally:
+            log.close()
+        # Stops the emulator even when the caller forgets to (garbage collection, interpreter exit).
+        self._finalizer = weakref.finalize(self, _terminate, self._proc, self._dir)
+        ready = os.path.join(self._dir, "ready.json")
+        deadline = time.monotonic() + self.startup_timeout
+        while not os.path.exists(ready):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise LabError(f"Redfish emulator did not start: {tail or 'no output'}")
+            time.sleep(0.05)
+        with open(ready) as f:
+            info = json.load(f)
+        self.port, self._ports = info["port"], info["ports"]
+        return self
+
+    def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._proc, self._finalizer, self._ports = None, None, {}
+
+    def __enter__(self) -> "RedfishLab":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            with open(os.path.join(self._dir or "", "emulator.log"), "rb") as f:
+                return f.read().decode(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def write_config(self, directory: str) -> str:
+        """The emulator config: sushy-tools' own options (a plain `sushy-emulator --config` run
+        works with the lab's credentials) plus the LAB_* options that only `serve` reads."""
+        state = os.path.join(directory, "state")  # fresh per lab: the fake driver persists here
+        global_auth = os.path.join(directory, "htpasswd")
+        with open(global_auth, "w") as f:
+            f.write(_htpasswd(self.username, self.password))
+        lab_systems = {}
+        for s in self._systems.values():
+            auth = global_auth
+            if (s["username"], s["password"]) != (self.username, self.password):
+                auth = os.path.join(directory, f"htpasswd-{s['uuid']}")
+                with open(auth, "w") as f:
+                    f.write(_htpasswd(s["username"], s["password"]))
+            lab_systems[s["uuid"]] = {"name": s["name"], "auth_file": auth,
+                                      "power_delay": s["power_delay"], "fault": s["fault"]}
+        options = {
+            "SUSHY_EMULATOR_LISTEN_IP": self.host,
+            "SUSHY_EMULATOR_LISTEN_PORT": self.port,
+            "SUSHY_EMULATOR_FAKE_DRIVER": True,
+            "SUSHY_EMULATOR_FAKE_SYSTEMS": [
+                {"uuid": s["uuid"], "name": s["name"], "power_state": s["power_state"],
+                 "external_notifier": False,
+                 "nics": [{"mac": mac} for mac in s["macs"]]}
+                for s in self._systems.values()],
+            "SUSHY_EMULATOR_STATE_DIR": state,
+            "SUSHY_EMULATOR_AUTH_FILE": global_auth,
+            "SUSHY_EMULATOR_VMEDIA_VERIFY_SSL": False,
+            "SUSHY_EMULATOR_FEATURE_SET": "full",
+            "LAB_POWER_DELAY": self.power_delay,
+            "LAB_NOTIFY_URL": self.notify_url,
+            "LAB_SYSTEMS": lab_systems,
+            "LAB_READY_FILE": os.path.join(directory, "ready.json"),
+        }
+        path = os.path.join(directory, "emulator.conf")
+        with open(path, "w") as f:
+            f.write("# Generated by lab.redfish: sushy-tools emulator config (Python syntax).\n")
+            for key, value in options.items():
+                f.write(f"{key} = {value!r}\n")
+        return path
+
+    # addresses
+
+    @property
+    def url(self) -> str:
+        """The shared endpoint: every system by path, and the control API under /lab/."""
+        return f"http://{self.host}:{self.port}"
+
+    def system_id(self, name: str) -> str:
+        return self._system(name)["uuid"]
+
+    def system_port(self, name: str) -> int:
+        self._system(name)
+        return self._ports[name]
+
+    def system_address(self, name: str, scheme: str = "redfish+http", shared: bool = False) -> str:
+        """The BMC address a host is registered with: its own port, or the shared one."""
+        port = self.port if shared else self.system_port(name)
+        return f"{scheme}://{self.host}:{port}/redfish/v1/Systems/{self.system_id(name)}"
+
+    def bmc_address(self, name: str, scheme: str = "redfish+http") -> str:
+        """The system's own BMC without a system path: the console finds it by boot MAC."""
+        return f"{scheme}://{self.host}:{self.system_port(name)}/redfish/v1/Systems"
+
+    # faults
+
+    def set_fault(self, name: str, kind: str, seconds: float | None = None,
+                  requests: int | None = None, delay: float | None = None) -> dict:
+        """Replace the system's fault. seconds: how long it lasts (None: until cleared);
+        requests: bmc-500 only, how many requests fail; delay: slow-power only (default 60 s)."""
+        body = {"system": name, **_fault_spec({"kind": kind, "seconds": seconds,
+                                                "requests": requests, "delay": delay})}
+        return self._call("POST", "/lab/faults", body)
+
+    def clear_fault(self, name: str) -> None:
+        self._system(name)
+        self._call("DELETE", f"/lab/faults/{urllib.parse.quote(name)}")
+
+    def faults(self) -> dict:
+        return self._call("GET", "/lab/faults")
+
+    # observation
+
+    def state(self, name: str | None = None) -> dict:
+        """Power state, pending change, boot override, virtual media and fault, per system."""
+        systems = self._call("GET", "/lab/systems")
+        return systems[name] if name else systems
+
+    def events(self, since: int = 0) -> list[dict]:
+        """Power landings with seq > since, oldest first (the same documents notify_url gets)."""
+        return self._call("GET", f"/lab/events?since={int(since)}")
+
+    def wait_event(self, name: str | None = None, power_state: str | None = None,
+                   since: int = 0, timeout: float = 15.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.events(since):
+                if name in (None, event["system"]) and power_state in (None, event["power_state"]):
+                    return event
+            if time.monotonic() > deadline:
+                raise LabError(f"no power event {name or ''} {power_state or ''} within {timeout}s")
+            time.sleep(0.05)
+
+    # helpers
+
+    def _system(self, name: str) -> dict:
+        try:
+            return self._systems[name]
+        except KeyError:
+            raise LabError(f"no lab system named {name!r}") from None
+
+    def _call(self, method: str, path: str, body: dict | None = None):
+        if not self.running:
+            raise LabError("the Redfish lab is not running")
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            raise LabError(f"{method} {path}: {exc.code} {exc.read().decode(errors='replace')}") from None
+        return json.loads(text) if text else None
+
+
+def _delay_range(value) -> tuple[float, float]:
+    if isinstance(value, (int, float)):
+        value = (value, value)
+    lo, hi = (float(v) for v in value)
+    if lo < 0 or hi < lo:
+        raise ValueError(f"bad power delay range {value!r}")
+    return lo, hi
+
+
+def _fault_spec(fault) -> dict:
+    spec = {"kind": fault} if isinstance(fault, str) else dict(fault)
+    if spec.get("kind") not in FAULT_KINDS:
+        raise ValueError(f"unknown fault {spec.get('kind')!r}; expected one of {', '.join(FAULT_KINDS)}")
+    return {"kind": spec["kind"], "seconds": spec.get("seconds"), "requests": spec.get("requests"),
+            "delay": spec.get("delay")}
+
+
+def _terminate(proc: subprocess.Popen, directory: str) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The subprocess: `python -m lab.redfish serve --config FILE`.
+
+
+class _Site:
+    """Everything the emulator process shares between its servers, the ticker and the driver."""
+
+    def __init__(self, config, app, inner):
+        self.lock = threading.RLock()
+        self.app, self.inner = app, inner  # inner: sushy-tools' Flask app without its own auth
+        self.host = config["SUSHY_EMULATOR_LISTEN_IP"]
+        self.global_auth = config["SUSHY_EMULATOR_AUTH_FILE"]
+        self.systems = config["LAB_SYSTEMS"]
+        self.by_name = {s["name"]: u for u, s in self.systems.items()}
+        self.power_delay = tuple(config["LAB_POWER_DELAY"])
+        self.notify_url = config.get("LAB_NOTIFY_URL")
+        self.workdir = os.path.dirname(config["LAB_READY_FILE"])
+        self.faults: dict[str, dict] = {}
+        self.pending: dict[str, float] = {}
+        self.events: list[dict] = []
+        self.seq = 0
+        self.servers: dict[str, object] = {}
+        self.ports: dict[str, int] = {}
+        self.auth_ok: set = set()
+        self.notices: queue.Queue = queue.Queue()
+        self.driver = None
+
+    def resolve(self, identity: str | None) -> str | None:
+        if identity in self.systems:
+            return identity
+        return self.by_name.get(identity)
+
+    # power
+
+    def delay_for(self, uuid: str) -> float:
+        fault = self.active_fault(uuid, consume=False)
+        if fault and fault["kind"] == "slow-power":
+            return fault["delay"] or SLOW_POWER_DELAY_S
+        lo, hi = self.systems[uuid]["power_delay"] or self.power_delay
+        return random.uniform(lo, hi)
+
+    def emit(self, event: dict) -> None:
+        with self.lock:
+            self.seq += 1
+            event["seq"] = self.seq
+            self.events.append(event)
+            del self.events[:-10000]
+        LOG.info("power %s %s (boot %s)", event["system"], event["power_state"], event["boot_target"])
+        if self.notify_url:
+            self.notices.put(event)
+
+    def notifier(self) -> None:
+        while True:
+            event = self.notices.get()
+            request = urllib.request.Request(self.notify_url, data=json.dumps(event).encode(),
+                                             method="POST", headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(request, timeout=5).close()
+            except Exception as exc:  # the lab goes on; the receiver can read /lab/events
+                LOG.warning("power notice to %s failed: %s", self.notify_url, exc)
+
+    def ticker(self, parent_pid: int | None) -> None:
+        while True:
+            time.sleep(0.05)
+            if parent_pid and os.getppid() != parent_pid:  # the lab's owner died without stopping us
+                if os.path.basename(self.workdir).startswith("vmetal-redfish-"):
+                    shutil.rmtree(self.workdir, ignore_errors=True)
+                os._exit(0)
+            try:
+                self.tick(time.time())
+            except Exception:  # keep ticking: one bad tick must not freeze every BMC's power
+                LOG.exception("lab ticker")
+
+    def tick(self, now: float) -> None:
+        with self.lock:
+            faults = list(self.faults.items())
+        for uuid, fault in faults:
+            if fault.get("until") and now >= fault["until"]:
+                self.clear_fault(uuid)
+        with self.lock:
+            for uuid in [u for u, at in self.pending.items() if at <= now]:
+                self.driver._get(uuid)  # applies the change and emits the event
+
+    # faults
+
+    def set_fault(self, uuid: str, kind: str, seconds=None, requests=None, delay=None) -> dict:
+        fault = {"kind": kind, "until": time.time() + float(seconds) if seconds else None,
+                 "requests": int(requests) if requests is not None else None,
+                 "delay": float(delay) if delay is not None else
+                 (SLOW_POWER_DELAY_S if kind == "slow-power" else None)}
+        with self.lock:
+            old = self.faults.get(uuid)
+            self.faults[uuid] = fault
+        if kind == "bmc-down":
+            self.close_port(uuid)
+        elif old and old["kind"] == "bmc-down":
+            self.open_port(uuid)
+        return fault
+
+    def clear_fault(self, uuid: str) -> None:
+        with self.lock:
+            old = self.faults.pop(uuid, None)
+        if old and old["kind"] == "bmc-down":
+            self.open_port(uuid)
+
+    def active_fault(self, uuid: str, consume: bool = True) -> dict | None:
+        with self.lock:
+            fault = self.faults.get(uuid)
+            if fault is None:
+                return None
+            expired = fault["until"] and time.time() >= fault["until"]
+            if not expired and fault["requests"] is not None and consume:
+                fault["requests"] -= 1
+                expired = fault["requests"] < 0
+            if not expired:
+                return dict(fault)
+        self.clear_fault(uuid)
+        return None
+
+    def wait_cleared(self, uuid: str, limit: float = 600) -> None:
+        deadline = time.time() + limit
+        while time.time() < deadline:
+            fault = self.active_fault(uuid, consume=False)
+            if not fault or fault["kind"] != "bmc-hang":
+                return
+            time.sleep(0.1)
+
+    # ports
+
+    def open_port(self, uuid: str | None, port: int | None = None) -> int:
+        from werkzeug.serving import make_server
+
+        port = port if port is not None else self.ports.get(uuid, 0)
+        server = make_server(self.host, port, _LabApp(self, uuid), threaded=True)
+        threading.Thread(target=server.serve_forever, name=f"bmc-{uuid}", daemon=True).start()
+        with self.lock:
+            self.servers[uuid] = server
+            self.ports[uuid] = server.server_port
+        return server.server_port
+
+    def close_port(self, uuid: str) -> None:
+        with self.lock:
+            server = self.servers.pop(uuid, None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    # credentials
+
+    def authorize(self, environ, files: list[str]):
+        """None when the request's Basic credentials match one of the htpasswd files, else the
+        error response sushy-tools would give (401 with WWW-Authenticate, 400 if malformed)."""
+        from sushy_tools import error
+        from sushy_tools.emulator import auth_basic
+
+        try:
+            username, password = auth_basic.parse_token(auth_basic.parse_header(environ))
+            key = (tuple(files), username, hashlib.sha256(password).hexdigest())
+            if key in self.auth_ok:
+                return None
+            for path in files:
+                try:
+                    auth_basic.authenticate(path, username, password)
+                except error.Unauthorized:
+                    continue
+                self.auth_ok.add(key)
+                return None
+            auth_basic.unauthorized()
+        except error.FishyError as exc:
+            headers = list(getattr(exc, "headers", {}).items())
+            return functools.partial(_json_response, exc.code, _redfish_error(str(exc)), headers)
+
+    # the control API
+
+    def control(self, environ, start_response):
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        try:
+            if path == "/lab/ping":
+                return _json_response(200, {"ok": True}, [], environ, start_response)
+            if path == "/lab/systems" and method == "GET":
+                return _json_response(200, self.snapshot(), [], environ, start_response)
+            if path == "/lab/events" and method == "GET":
+                query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
+                since = int(query.get("since", ["0"])[0])
+                with self.lock:
+                    events = [e for e in self.events if e["seq"] > since]
+                return _json_response(200, events, [], environ, start_response)
+            if path == "/lab/faults" and method == "GET":
+                with self.lock:
+                    faults = {self.systems[u]["name"]: dict(f) for u, f in self.faults.items()}
+                return _json_response(200, faults, [], environ, start_response)
+            if path == "/lab/faults" and method == "POST":
+                body = json.loads(_read_body(environ) or b"{}")
+                uuid = self.resolve(body.get("system"))
+                if uuid is None:
+                    return _json_response(404, {"error": f"no system {body.get('system')!r}"}, [],
+                                          environ, start_response)
+                spec = _fault_spec(body)
+                fault = self.set_fault(uuid, spec["kind"], spec["seconds"], spec["requests"],
+                                       spec["delay"])
+                return _json_response(200, fault, [], environ, start_response)
+            if path.startswith("/lab/faults/") and method == "DELETE":
+                uuid = self.resolve(urllib.parse.unquote(path.rsplit("/", 1)[1]))
+                if uuid is None:
+                    return _json_response(404, {"error": "no such system"}, [], environ, start_response)
+                self.clear_fault(uuid)
+                return _json_response(204, None, [], environ, start_response)
+        except (ValueError, KeyError, TypeError) as exc:
+            return _json_response(400, {"error": str(exc)}, [], environ, start_response)
+        return _json_response(404, {"error": f"no control endpoint {method} {path}"}, [], environ,
+                              start_response)
+
+    def snapshot(self) -> dict:
+        result = {}
+        with self.lock:
+            for uuid, spec in self.systems.items():
+                system = self.driver._get(uuid)
+                result[spec["name"]] = {
+                    "uuid": uuid, "port": self.ports.get(uuid),
+                    "power_state": system["power_state"],
+                    "pending_power": system.get("pending_power"),
+                    "boot_target": system.get("boot_device", "Hdd"),
+                    "boot_enabled": system.get("boot_enabled", "Continuous"),
+                    "virtual_media": self.virtual_media(uuid),
+                    "fault": dict(self.faults[uuid]) if uuid in self.faults else None,
+                    "macs": [nic["mac"] for nic in system.get("nics", ())],
+                }
+        return result
+
+    def virtual_media(self, uuid: str) -> dict | None:
+        try:
+            info = self.app.vmedia.get_device_image_info(uuid, "Cd")
+        except Exception:
+            return None
+        return {"image": info.image_url or None, "inserted": bool(info.inserted)}
+
+
+class _LabApp:
+    """The WSGI app of one port: faults, credentials and boot-once semantics around sushy-tools.
+    own: the system this port is the BMC of; None for the shared port."""
+
+    def __init__(self, site: _Site, own: str | None):
+        self.site, self.own = site, own
+
+    def __call__(self, environ, start_response):
+        site = self.site
+        path = environ.get("PATH_INFO") or "/"
+        if self.own is None and path.startswith("/lab/"):
+            return site.control(environ, start_response)
+        match = SYSTEM_PATH.match(path)
+        named = urllib.parse.unquote(match.group(1)) if match else None
+        target = site.resolve(named) if named else None
+        if self.own and named and target != self.own:
+            return _json_response(404, _redfish_error(f"System {named} not found"), [],
+                                  environ, start_response)
+        faulty = self.own or target
+        fault = site.active_fault(faulty) if faulty else None
+        if fault and fault["kind"] == "bmc-500":
+            return _json_response(500, _redfish_error("Injected lab fault: bmc-500", "InternalError"),
+                                  [], environ, start_response)
+        if fault and fault["kind"] == "bmc-hang":
+            site.wait_cleared(faulty)
+            return _drop(environ, start_response)
+        if fault and fault["kind"] == "bmc-down":
+            return _drop(environ, start_response)
+
+        if path.strip("/") not in ("", "redfish", "redfish/v1"):  # the service root is public
+            if self.own:
+                files = [site.systems[self.own]["auth_file"]]
+            elif target:
+                files = [site.systems[target]["auth_file"]]
+            else:  # collections and managers on the shared port: any of the lab's credentials
+                files = [site.global_auth] + sorted({s["auth_file"] for s in site.systems.values()}
+                                                    - {site.global_auth})
+            denied = site.authorize(environ, files)
+            if denied:
+                return denied(environ, start_response)
+
+        method = environ.get("REQUEST_METHOD", "GET")
+        is_system = target and match.group(0) == path.rstrip("/")
+        if is_system and method == "PATCH":
+            return self.patch_system(target, environ, start_response)
+        if is_system and method == "GET":
+            return self.rewrite(environ, start_response, functools.partial(self.show_enabled, target))
+        if self.own and method == "GET" and path.rstrip("/") == "/redfish/v1/Systems":
+            return self.rewrite(environ, start_response, self.only_own)
+        return site.inner(environ, start_response)
+
+    def patch_system(self, uuid, environ, start_response):
+        """sushy-tools ignores BootSourceOverrideEnabled; remember it so "Once" is consumed by
+        the next power-on."""
+        body = _read_body(environ)
+        try:
+            boot = json.loads(body or b"{}").get("Boot") or {}
+        except (ValueError, AttributeError):
+            boot = {}
+        enabled = boot.get("BootSourceOverrideEnabled") if isinstance(boot, dict) else None
+        if enabled is not None and enabled not in BOOT_ENABLED:
+            return _json_response(400, _redfish_error(f"Invalid BootSourceOverrideEnabled {enabled!r}"),
+                                  [], environ, start_response)
+        if enabled and set(boot) == {"BootSourceOverrideEnabled"} and b"IndicatorLED" not in body:
+            self.site.driver.set_boot_enabled(uuid, enabled)
+            return _json_response(204, None, [], environ, start_response)
+        status, headers, out = _capture(self.site.inner, environ)
+        if enabled and status.startswith("2"):
+            self.site.driver.set_boot_enabled(uuid, enabled)
+        start_response(status, headers)
+        return [out]
+
+    def show_enabled(self, uuid, doc):
+        if isinstance(doc.get("Boot"), dict):
+            doc["Boot"]["BootSourceOverrideEnabled"] = self.site.driver.boot_enabled(uuid)
+        return doc
+
+    def only_own(self, doc):
+        """A real BMC lists only its own system."""
+        members = [m for m in doc.get("Members", [])
+                   if self.site.resolve(m.get("@odata.id", "").rstrip("/").rsplit("/", 1)[-1]) == self.own]
+        doc["Members"], doc["Members@odata.count"] = members, len(members)
+        return doc
+
+    def rewrite(self, environ, start_response, change):
+        status, headers, out = _capture(self.site.inner, environ)
+        if status.startswith("200"):
+            try:
+                out = json.dumps(change(json.loads(out)), indent=4).encode()
+            except ValueError:
+                pass
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        headers.append(("Content-Length", str(len(out))))
+        start_response(status, headers)
+        return [out]
+
+
+def _redfish_error(message: str, code: str = "GeneralError") -> dict:
+    return {"error": {"code": f"Base.1.0.{code}", "message": message,
+                      "@Message.ExtendedInfo": [{"MessageId": f"Base.1.0.{code}", "Message": message,
+                                                 "Severity": "Critical"}]}}
+
+
+def _json_response(code, doc, headers, environ, start_response):
+    from http import HTTPStatus
+
+    out = b"" if doc is None else json.dumps(doc).encode()
+    headers = list(headers) + [("Content-Type", "application/json"), ("Content-Length", str(len(out)))]
+    start_response(f"{code} {HTTPStatus(code).phrase}", headers)
+    return [out]
+
+
+def _read_body(environ) -> bytes:
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(length) if length else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    return body
+
+
+def _capture(app, environ):
+    chunks, captured = [], {}
+
+    def start_response(status, headers, exc_info=None):
+        captured["status"], captured["headers"] = status, list(headers)
+        return chunks.append
+
+    result = app(environ, start_response)
+    try:
+        chunks.extend(result)
+    finally:
+        getattr(result, "close", lambda: None)()
+    return captured["status"], captured["headers"], b"".join(chunks)
+
+
+def _drop(environ, start_response):
+    """Cut the connection without an answer: the client sees the BMC go away mid-request."""
+    sock = environ.get("werkzeug.socket")
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    start_response("503 Service Unavailable", [("Content-Length", "0")])
+    return [b""]
+
+
+def _lab_driver_class(base, site: _Site, error):
+    """sushy-tools' FakeDriver with float delays, on-time landings, events and boot-once."""
+
+    def locked(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            with site.lock:  # the driver's state is read-modify-write over sqlite
+                return fn(self, *args, **kwargs)
+        return wrapper
+
+    class LabFakeDriver(base):
+        @locked
+        def set_power_state(self, identity, state):
+            system = self._get(identity)
+            uuid = system["uuid"]
+            if "Restart" in state:
+                if system["power_state"] != "Off":
+                    self._update(system, power_state="Off")
+                    site.emit(self.event(system, "reset"))
+                target, cause = "On", "reset"
+            elif "On" in state:
+                target, cause = "On", "power-on"
+            elif state in ("ForceOff", "GracefulShutdown"):
+                target, cause = "Off", "power-off"
+            else:
+                raise error.NotSupportedError(f"Power state {state} is not supported")
+            if system["power_state"] == target:
+                if system.get("pending_power"):  # e.g. off then on again before the off landed
+                    self._update(system, pending_power=None)
+                site.pending.pop(uuid, None)
+                return
+            apply_time = time.time() + site.delay_for(uuid)
+            self._update(system, pending_power={"power_state": target, "apply_time": apply_time,
+                                                "cause": cause})
+            site.pending[uuid] = apply_time
+
+        @locked
+        def _update_if_needed(self, system):
+            pending = system.get("pending_power")
+            if not pending:
+                site.pending.pop(system["uuid"], None)
+                return system
+            if time.time() < pending["apply_time"]:
+                return system
+            site.pending.pop(system["uuid"], None)
+            state = "On" if "Restart" in pending["power_state"] else pending["power_state"]
+            changes = {"power_state": state, "pending_power": None}
+            system["power_state"] = state
+            event = self.event(system, pending.get("cause") or ("power-on" if state == "On" else "power-off"))
+            if state == "On" and system.get("boot_enabled") == "Once":
+                changes.update(boot_device="Hdd", boot_enabled="Disabled")
+            self._update(system, **changes)
+            site.emit(event)
+            return system
+
+        def event(self, system, cause):
+            return {"system": system["name"], "uuid": system["uuid"],
+                    "power_state": system["power_state"], "cause": cause,
+                    "boot_target": system.get("boot_device", "Hdd"),
+                    "boot_once": system.get("boot_enabled") == "Once",
+                    "virtual_media": site.virtual_media(system["uuid"]),
+                    "macs": [nic["mac"] for nic in system.get("nics", ())], "time": time.time()}
+
+        @locked
+        def set_boot_enabled(self, identity, enabled):
+            self._update(identity, boot_enabled=enabled)
+
+        @locked
+        def boot_enabled(self, identity):
+            return self._get(identity).get("boot_enabled", "Continuous")
+
+    for name in ("uuid", "name", "get_power_state", "get_boot_device", "set_boot_device",
+                 "get_boot_mode", "set_boot_mode", "get_secure_boot", "set_secure_boot",
+                 "get_boot_image", "set_boot_image", "get_nics"):
+        setattr(LabFakeDriver, name, locked(getattr(base, name)))
+    return LabFakeDriver
+
+
+def serve(config_path: str, parent_pid: int | None = None) -> None:
+    from sushy_tools import error
+    from sushy_tools.emulator import main as emulator
+    from sushy_tools.emulator.resources.systems import fakedriver
+
+    app = emulator.app
+    app.configure(config_file=config_path)
+    config = app.config
+    inner = app.wsgi_app
+    if isinstance(inner, emulator.RedfishAuthMiddleware):
+        inner = inner.app  # _LabApp checks credentials per BMC, with sushy-tools' own helpers
+    site = _Site(config, app, inner)
+    # main.py looks the driver class up on the module when it first builds app.systems.
+    fakedriver.FakeDriver = _lab_driver_class(fakedriver.FakeDriver, site, error)
+    site.driver = app.systems
+
+    for uuid, spec in site.systems.items():
+        site.open_port(uuid)
+        if spec.get("fault"):
+            f = spec["fault"]
+            site.set_fault(uuid, f["kind"], f.get("seconds"), f.get("requests"), f.get("delay"))
+    shared = site.open_port(None, int(config.get("SUSHY_EMULATOR_LISTEN_PORT") or 0))
+    threading.Thread(target=site.ticker, args=(parent_pid,), daemon=True).start()
+    if site.notify_url:
+        threading.Thread(target=site.notifier, daemon=True).start()
+
+    ready = {"pid": os.getpid(), "port": shared,
+             "ports": {s["name"]: site.ports[u] for u, s in site.systems.items()}}
+    path = config["LAB_READY_FILE"]
+    with open(path + ".tmp", "w") as f:
+        json.dump(ready, f)
+    os.replace(path + ".tmp", path)
+    LOG.warning("Redfish lab ready on %s: %s", shared, ready["ports"])
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.redfish")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("serve", help="run the emulator with the lab's additions")
+    run.add_argument("--config", required=True)
+    run.add_argument("--parent-pid", type=int, help="exit when this process is gone (RedfishLab sets it)")
+    run.add_argument("--log-level", default=os.environ.get("LAB_LOG_LEVEL", "WARNING"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    serve(args.config, args.parent_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Admin for providers, node types, environments, images, tenants and pools: data fixes, each
+recorded in the Event log; a pool's quantity changes only through pools.services.pool_set_quantity."""
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q
+from django.http import HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html_join
+
+from claims.lifecycle import LIVE
+from events.admin import RecordedAdmin, admin_actor, event_log_link
+from events.services import object_update
+
+from .capacity import node_type_capacity
+from .choices import PoolKind
+from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
+from .services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota
+
+STAMPS = ("created_at", "updated_at")
+
+
+def _static_quantities(tenant: Tenant, *, exclude_pk=None) -> dict[str, int]:
+    pools = tenant.pools.filter(kind=PoolKind.STATIC)
+    if exclude_pk is not None:
+        pools = pools.exclude(pk=exclude_pk)
+    return {name: quantity or 0 for name, quantity in pools.values_list("name", "quantity")}
+
+
+@admin.register(NodeProvider)
+class NodeProviderAdmin(RecordedAdmin):
+    event_object_type = "nodeprovider"
+    list_display = ("name", "kind", "display_name", "node_types", "updated_at")
+    list_filter = ("kind",)
+    search_fields = ("name", "display_name")
+    readonly_fields = STAMPS
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(node_type_count=Count("node_types"))
+
+    @admin.display(description="node types", ordering="node_type_count")
+    def node_types(self, provider):
+        return provider.node_type_count
+
+
+class NodeTypeChangeList(ChangeList):
+    def get_results(self, request):
+        super().get_results(request)
+        # Capacity for the whole page in one query (pools.capacity), not one per row.
+        node_types = list(self.result_list)
+        capacity = node_type_capacity(node_types)
+        for node_type in node_types:
+            node_type.capacity = capacity[node_type.pk]
+
+
+@admin.register(NodeType)
+class NodeTypeAdmin(RecordedAdmin):
+    event_object_type = "nodetype"
+    list_display = ("name", "provider", "display_name", "zone", "resources_text", "cost_text", "total",
+                    "available", "provisioned")
+    list_filter = ("provider", "zone", "declared_in_provider")
+    search_fields = ("name", "display_name", "zone", "region")
+    list_select_related = ("provider",)
+    readonly_fields = ("capacity_text", "cost_text", *STAMPS)
+
+    def get_changelist(self, request, **kwargs):
+        return NodeTypeChangeList
+
+    @staticmethod
+    def _capacity(node_type) -> dict:
+        if not hasattr(node_type, "capacity"):  # the change page: one type
+            node_type.capacity = node_type_capacity([node_type])[node_type.pk]
+        return node_type.capacity
+
+    @admin.display(description="total")
+    def total(self, node_type):
+        return self._capacity(node_type)["total"]
+
+    @admin.display(description="available")
+    def available(self, node_type):
+        return self._capacity(node_type)["available"]
+
+    @admin.display(description="provisioned")
+    def provisioned(self, node_type):
+        return self._capacity(node_type)["provisioned"]
+
+    @admin.display(description="capacity")
+    def capacity_text(self, node_type):
+        if node_type.pk is None:
+            return "-"
+        c = self._capacity(node_type)
+        return f"{c['total']} host(s) match: {c['available']} available, {c['provisioned']} provisioned"
+
+    @admin.display(description="resources")
+    def resources_text(self, node_type):
+        return ", ".join(f"{k} {v}" for k, v in node_type.resources.items())
+
+    @admin.display(description="cost", ordering="cost")
+    def cost_text(self, node_type):
+        try:
+            cost = node_type.effective_cost()
+        except ValueError:  # a resource that is not a quantity: clean() says so on save
+            return "-"
+        return str(cost) if node_type.cost is not None else f"{cost} (default)"
+
+
+@admin.register(NodeEnvironment)
+class NodeEnvironmentAdmin(RecordedAdmin):
+    event_object_type = "nodeenvironment"
+    list_display = ("name", "namespace", "provider", "tenant", "network_text", "updated_at")
+    list_filter = ("provider", "namespace")
+    search_fields = ("name", "namespace", "display_name", "tenant__name")
+    list_select_related = ("provider", "tenant")
+    readonly_fields = STAMPS
+
+    def event_links(self, env):
+        return {"tenant": env.tenant}
+
+    @admin.display(description="network")
+    def network_text(self, env):
+        return env.properties.get(NodeEnvironment.CIDR, "")
+
+
+@admin.register(OSImage)
+class OSImageAdmin(RecordedAdmin):
+    event_object_type = "osimage"
+    list_display = ("name", "display_name", "format", "checksum_type", "size_bytes", "url", "updated_at")
+    list_filter = ("format", "checksum_type")
+    search_fields = ("name", "display_name", "url", "checksum")
+    readonly_fields = STAMPS
+
+
+class TenantForm(forms.ModelForm):
+    new_kubeconfig = forms.CharField(
+        required=False, strip=False, label="New kubeconfig",
+        widget=forms.Textarea(attrs={"rows": 6, "autocomplete": "off", "spellcheck": "false"}),
+        help_text="Paste a kubeconfig to replace the stored one; leave empty to keep it. "
+                  "The stored kubeconfig is never shown.")
+
+    class Meta:
+        model = Tenant
+        exclude = ("kubeconfig",)
+
+    def clean(self):
+        cleaned = super().clean()
+        quota = cleaned.get("quota_nodes")
+        if self.instance.pk and quota is not None and "quota_nodes" in self.changed_data:
+            try:
+                tenant_check_quota(tenant=Tenant(name=self.instance.name, quota_nodes=quota),
+                                   quantities=_static_quantities(self.instance))
+            except ValidationError as exc:
+                self.add_error("quota_nodes", exc.message_dict["quantity"])
+        return cleaned
+
+
+@admin.register(Tenant)
+class TenantAdmin(RecordedAdmin):
+    form = TenantForm
+    event_object_type = "tenant"
+    event_self_link = "tenant"
+    exclude = ("kubeconfig",)
+    list_display = ("name", "namespace", "display_name", "api_endpoint", "join_mode", "quota_nodes", "pool_count",
+                    "live_claims", "private_nodes_enabled", "has_kubeconfig")
+    list_filter = ("join_mode", "private_nodes_enabled", "namespace")
+    search_fields = ("name", "display_name", "namespace", "api_endpoint")
+    readonly_fields = ("kubeconfig_status", "pools_text", "event_log", *STAMPS)
+    fieldsets = (
+        (None, {"fields": ("name", "namespace", "display_name", "api_endpoint", "join_mode", "quota_nodes",
+                           "private_nodes_enabled", "provider_properties")}),
+        ("Kubeconfig", {"fields": ("kubeconfig_status", "new_kubeconfig")}),
+        ("Related", {"fields": ("pools_text", "event_log", *STAMPS)}),
+    )
+
+    def get_queryset(self, request):
+        live = Q(claims__phase__in=list(LIVE))
+        return (super().get_queryset(request).defer("kubeconfig")
+                .annotate(pool_total=Count("pools", distinct=True),
+                          live_claim_total=Count("claims", filter=live, distinct=True),
+                          kubeconfig_empty=ExpressionWrapper(Q(kubeconfig=""), output_field=BooleanField())))
+
+    def event_values(self, request, obj, form, change):
+        values = super().event_values(request, obj, form, change)
+        if form.cleaned_data.get("new_kubeconfig"):
+            values["kubeconfig"] = form.cleaned_data["new_kubeconfig"]
+        return values
+
+    @admin.display(description="pools", ordering="pool_total")
+    def pool_count(self, tenant):
+        return tenant.pool_total
+
+    @admin.display(description="live claims", ordering="live_claim_total")
+    def live_claims(self, tenant):
+        return tenant.live_claim_total
+
+    @admin.display(description="kubeconfig", boolean=True)
+    def has_kubeconfig(self, tenant):
+        return not tenant.kubeconfig_empty
+
+    @admin.display(description="stored kubeconfig")
+    def kubeconfig_status(self, tenant):
+        return "set (not shown)" if tenant.pk and tenant.kubeconfig else "empty"
+
+    @admin.display(description="pools")
+    def pools_text(self, tenant):
+        if tenant.pk is None:
+            return "-"
+        pools = tenant.pools.order_by("name")
+        return format_html_join(", ", '<a href="{}">{}</a> ({})', (
+            (reverse("admin:pools_nodepool_change", args=[p.pk]), p.name,
+             p.quantity if p.kind == PoolKind.STATIC else p.kind) for p in pools)) or "-"
+
+    @admin.display(description="events")
+    def event_log(self, tenant):
+        return event_log_link(tenant__id__exact=tenant.pk) if tenant.pk else "-"
+
+
+class NodePoolForm(forms.ModelForm):
+    # The version this form was rendered from: a save over someone else's change is refused.
+    seen_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    class Meta:
+        model = NodePool
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["seen_version"].initial = self.instance.version
+
+    def clean(self):
+        cleaned = super().clean()
+        pool = self.instance
+        seen = cleaned.get("seen_version")
+        if pool.pk and seen is not None and seen != pool.version:
+            raise ValidationError(f"pool {pool} changed meanwhile (version {pool.version}, not {seen}): "
+                                  "reload the page and make the change again")
+        tenant = cleaned.get("tenant") or (pool.tenant if pool.tenant_id else None)
+        kind = cleaned.get("kind") or pool.kind
+        quantity = cleaned.get("quantity")
+        if tenant and kind == PoolKind.STATIC and quantity is not None and (
+                not pool.pk or "quantity" in self.changed_data):
+            # The check pool_set_quantity makes again under a lock, here so that it shows on the field.
+            others = _static_quantities(tenant, exclude_pk=pool.pk)
+            tenant_check_quota(tenant=tenant, quantities={**others, pool.name or cleaned.get("name", ""): quantity})
+        return cleaned
+
+
+@admin.register(NodePool)
+class NodePoolAdmin(admin.ModelAdmin):
+    form = NodePoolForm
+    list_display = ("name", "tenant", "provider", "kind", "quantity", "live_claims", "version", "updated_at")
+    list_filter = ("kind", "provider", "tenant")
+    search_fields = ("name", "tenant__name", "profile")
+    list_select_related = ("tenant", "provider")
+    readonly_fields = ("version", "event_log", *STAMPS)
+
+    def get_readonly_fields(self, request, obj=None):
+        # A pool's identity and kind are what its tenant's vcluster.yaml declares.
+        return (("tenant", "name", "kind") if obj else ()) + self.readonly_fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            live_claim_total=Count("claims", filter=Q(claims__phase__in=list(LIVE))))
+
+    @admin.display(description="live claims", ordering="live_claim_total")
+    def live_claims(self, pool):
+        return pool.live_claim_total
+
+    @admin.display(description="events")
+    def event_log(self, pool):
+        return event_log_link(object_type="pool", object_name=str(pool)) if pool.pk else "-"
+
+    def save_model(self, request, obj, form, change):
+        actor = admin_actor(request)
+        concrete = {f.name for f in NodePool._meta.concrete_fields}
+        names = form.changed_data if change else list(form.fields)
+        values = {name: getattr(obj, name) for name in names if name in concrete}
+        try:
+            with transaction.atomic():
+                if not change:
+                    if obj.kind == PoolKind.STATIC:
+                        tenant_check_quota(tenant=obj.tenant, quantities={
+                            **_static_quantities(obj.tenant), obj.name: obj.quantity or 0})
+                    object_update(obj, values, actor=actor, object_type="pool", tenant=obj.tenant)
+                    _reconcile_on_commit(obj.pk)
+                    return
+                expected = form.cleaned_data.get("seen_version")
+                quantity_changed = "quantity" in values
+                quantity = values.pop("quantity", None)
+                if values:
+                    pool = _pool_update(pool_id=obj.pk, values=values, actor=actor, expected_version=expected)
+                    expected = pool.version if expected is not None else None
+                if quantity_changed:
+                    pool_set_quantity(pool=obj, quantity=quantity, actor=actor, expected_version=expected)
+        except (ValidationError, StaleVersion) as exc:
+            # Lost a race with another writer after the form's own checks passed: the savepoint above
+            # undid every write; no admin log entry either, and the change page says why.
+            request._pool_save_error = "; ".join(getattr(exc, "messages", None) or [str(exc)])
+            return
+        obj.refresh_from_db()
+
+    def log_addition(self, request, obj, message):
+        if not hasattr(request, "_pool_save_error"):
+            return super().log_addition(request, obj, message)
+
+    def log_change(self, request, obj, message):
+        if not hasattr(request, "_pool_save_error"):
+            return super().log_change(request, obj, message)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        return self._save_error_response(request) or super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request, obj):
+        return self._save_error_response(request) or super().response_change(request, obj)
+
+    def _save_error_response(self, request):
+        error = getattr(request, "_pool_save_error", None)
+        if error is None:
+            return None
+        self.message_user(request, f"Nothing was saved: {error}", messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
+
+    def delete_model(self, request, obj):
+        pool_delete(pool=obj, actor=admin_actor(request))  # releases its live claims
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            for pool in queryset.select_related("tenant"):
+                pool_delete(pool=pool, actor=admin_actor(request))
+
+
+@transaction.atomic
+def _pool_update(*, pool_id: int, values: dict, actor: str, expected_version: int | None) -> NodePool:
+    """Change a pool's fields other than quantity, as pool_set_quantity does for quantity: a stale
+    version is refused, the version is bumped and the pool reconciled on commit."""
+    locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool_id)
+    if expected_version is not None and locked.version != expected_version:
+        raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
+    _, changes = object_update(locked, values, actor=actor, object_type="pool", tenant=locked.tenant)
+    if changes:
+        NodePool.objects.filter(pk=pool_id).update(version=F("version") + 1)
+        locked.version += 1
+        _reconcile_on_commit(pool_id)
+    return locked
+
+
+def _reconcile_on_commit(pool_id: int) -> None:
+    from claims.services import pools_changed
+
+    transaction.on_commit(lambda: pools_changed(pool_ids=[pool_id]))
