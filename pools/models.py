@@ -349,3 +349,17 @@ def validate_disruption(disruption) -> None:
         nodes = str((budget or {}).get("nodes", ""))
         if not (nodes.isdigit() or (nodes.endswith("%") and nodes[:-1].isdigit())):
             raise ValidationError(f"disruption.budgets[{i}].nodes must be a count or a percentage such as '20%'")
+
+
+class TenantMembership(models.Model):
+    """A user who belongs to a tenant: sees and changes that tenant's pools, claims and nodes only."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="tenant_memberships")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant}"

@@ -173,3 +173,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+
+from .settings_api import *  # noqa: E402,F401,F403
+from .settings_console import *  # noqa: E402,F401,F403

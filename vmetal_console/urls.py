@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/", include("vmetal_console.api_urls")),
     path("", include("hosts.urls")),
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("", include("vmetal_console.console_urls")),
 ]

@@ -1,0 +1,2 @@
+"""REST API under /api/v1/ (issue: REST API, tenant isolation)."""
+urlpatterns = []

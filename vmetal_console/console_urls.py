@@ -1,0 +1,2 @@
+"""The web console's pages (issue: the console)."""
+urlpatterns = []

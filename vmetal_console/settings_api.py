@@ -1,0 +1,1 @@
+"""Settings of the REST API and web security (kept apart so that they are read in one place)."""

@@ -1,0 +1,1 @@
+"""Settings of the web console and its live updates (Channels)."""
