@@ -174,5 +174,20 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
-from .settings_api import *  # noqa: E402,F401,F403
-from .settings_console import *  # noqa: E402,F401,F403
+# The API's and the console's own settings live in their modules. Each may define APPS (added to
+# INSTALLED_APPS), MIDDLEWARE_FIRST / MIDDLEWARE_AFTER_AUTH / MIDDLEWARE_LAST, AUTH_BACKENDS, and any
+# other setting by its plain name.
+from . import settings_api, settings_console  # noqa: E402
+
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+for _module in (settings_api, settings_console):
+    INSTALLED_APPS += getattr(_module, "APPS", [])
+    MIDDLEWARE = getattr(_module, "MIDDLEWARE_FIRST", []) + MIDDLEWARE
+    _auth = MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1
+    MIDDLEWARE[_auth:_auth] = getattr(_module, "MIDDLEWARE_AFTER_AUTH", [])
+    MIDDLEWARE += getattr(_module, "MIDDLEWARE_LAST", [])
+    AUTHENTICATION_BACKENDS = getattr(_module, "AUTH_BACKENDS", []) + AUTHENTICATION_BACKENDS
+    for _name in dir(_module):
+        if _name.isupper() and _name not in ("APPS", "MIDDLEWARE_FIRST", "MIDDLEWARE_AFTER_AUTH", "MIDDLEWARE_LAST",
+                                              "AUTH_BACKENDS"):
+            globals()[_name] = getattr(_module, _name)
