@@ -71,7 +71,13 @@ def subprocess_env(settings):
 
 
 @pytest.fixture
-def celery_worker_process(subprocess_env, tmp_path):
+def worker_settings() -> dict:
+    """Environment overrides for the worker process (a test may request and fill this first)."""
+    return {}
+
+
+@pytest.fixture
+def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     """A real Celery worker (a child process) on the configured broker, on a queue of its own, so tests
     running in parallel never take each other's tasks. Yields a handle with .restart() and .kill()."""
     import signal
@@ -85,7 +91,9 @@ def celery_worker_process(subprocess_env, tmp_path):
     queue = f"test-{uuid.uuid4().hex[:12]}"
     previous = app.conf.task_default_queue
     app.conf.task_default_queue = queue
-    env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1"}
+    env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
+           "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
+    beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
 
     class Worker:
         proc = None
@@ -94,7 +102,7 @@ def celery_worker_process(subprocess_env, tmp_path):
         def start(self):
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", queue, "-P", "threads",
-                 "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"],
+                 "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info", *beat],
                 cwd=ROOT, env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + 30
             while "ready." not in self.log.read_text():

@@ -137,7 +137,9 @@ def _advance(host_id: int) -> bool:
     elapsed = (timezone.now() - run.step_started_at()).total_seconds()
     try:
         if elapsed > step.deadline_s():
-            raise StepFailed(f"{step.name} did not finish within {int(step.deadline_s())}s")
+            last = run.flow.get("last_error")
+            raise StepFailed(f"{step.name} did not finish within {int(step.deadline_s())}s"
+                             + (f"; last error: {last}" if last else ""))
         try:
             data = step.run(run) or {}
         except SoftTimeLimitExceeded:
@@ -153,6 +155,7 @@ def _advance(host_id: int) -> bool:
     elapsed = (timezone.now() - run.step_started_at()).total_seconds()
     run.flow["done"][step.name] = {"at": timezone.now().isoformat(), "duration_s": round(elapsed, 3)}
     run.flow.pop("step", None)
+    run.flow.pop("last_error", None)
     run.save_flow()
     _step_event(run, step.name, "done", duration_s=elapsed, data=data)
     after = AFTER_STEP.get((flow_name, step.name))
@@ -225,10 +228,19 @@ def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
 
 # --- steps ----------------------------------------------------------------------------------------
 
-def _bmc_call(fn):
+TRANSIENT_BMC_ERRORS = ("unreachable", "timeout", "server_error")
+
+
+def _bmc_call(fn, run: "Run | None" = None):
+    """A BMC call from a step. Transient failures (the BMC down, slow or answering 5xx, after the BMC
+    client's own retries) make the step wait and try again until its deadline; the rest fail it."""
     try:
         return fn()
     except BMCError as exc:
+        if run is not None and exc.kind in TRANSIENT_BMC_ERRORS:
+            run.flow["last_error"] = str(exc)
+            run.save_flow()
+            raise Waiting(str(exc), recheck_s=settings.BMC_RETRY_S) from None
         raise StepFailed(str(exc)) from None
 
 
@@ -237,7 +249,7 @@ def step_bmc_check(run: Run) -> dict:
     if not run.host.bmc_password:
         raise StepFailed("no BMC credentials: apply the host's Secret")
     with run.bmc() as bmc:
-        found = _bmc_call(lambda: bmc.check(run.host.boot_mac))
+        found = _bmc_call(lambda: bmc.check(run.host.boot_mac), run)
     power = found.get("power_state", "unknown")
     BareMetalHost.objects.filter(pk=run.host.pk).update(power_state=power)
     return {"system": found.get("system_id"), "power": power}
@@ -245,28 +257,30 @@ def step_bmc_check(run: Run) -> dict:
 
 def step_power_on_ramdisk(run: Run) -> dict:
     """One-time boot into the agent's ramdisk (PXE, or virtual media for redfish-virtualmedia://), then power on."""
+    run.data["ramdisk_boot_at"] = timezone.now().isoformat()  # an agent calling after this is this boot's
+    run.save_flow()
     with run.bmc() as bmc:
         if bmc.virtual_media_boot:
-            _bmc_call(lambda: bmc.insert_virtual_media(settings.AGENT_ISO_URL))
-            _bmc_call(lambda: bmc.set_boot_once("cd"))
+            _bmc_call(lambda: bmc.insert_virtual_media(settings.AGENT_ISO_URL), run)
+            _bmc_call(lambda: bmc.set_boot_once("cd"), run)
         else:
-            _bmc_call(lambda: bmc.set_boot_once("pxe"))
-        if _bmc_call(bmc.power_state) == "on":
-            _bmc_call(bmc.reset)
+            _bmc_call(lambda: bmc.set_boot_once("pxe"), run)
+        if _bmc_call(bmc.power_state, run) == "on":
+            _bmc_call(bmc.reset, run)
         else:
-            _bmc_call(bmc.power_on)
-        _bmc_call(lambda: bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S))
+            _bmc_call(bmc.power_on, run)
+        _bmc_call(lambda: bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S), run)
     BareMetalHost.objects.filter(pk=run.host.pk).update(power_state="on")
     return {"boot": "virtual media" if bmc.virtual_media_boot else "pxe"}
 
 
 def step_power_off(run: Run) -> dict:
     with run.bmc() as bmc:
-        if _bmc_call(bmc.power_state) != "off":
-            _bmc_call(bmc.power_off)
-            _bmc_call(lambda: bmc.wait_power("off", deadline_s=settings.POWER_DEADLINE_S))
+        if _bmc_call(bmc.power_state, run) != "off":
+            _bmc_call(bmc.power_off, run)
+            _bmc_call(lambda: bmc.wait_power("off", deadline_s=settings.POWER_DEADLINE_S), run)
         if bmc.virtual_media_boot:
-            _bmc_call(bmc.eject_virtual_media)
+            _bmc_call(bmc.eject_virtual_media, run)
     BareMetalHost.objects.filter(pk=run.host.pk).update(power_state="off")
     return {}
 
@@ -274,20 +288,20 @@ def step_power_off(run: Run) -> dict:
 def step_boot_from_disk(run: Run) -> dict:
     with run.bmc() as bmc:
         if bmc.virtual_media_boot:
-            _bmc_call(bmc.eject_virtual_media)
-        _bmc_call(lambda: bmc.set_boot_once("disk"))
-        if _bmc_call(bmc.power_state) == "on":
-            _bmc_call(bmc.reset)
+            _bmc_call(bmc.eject_virtual_media, run)
+        _bmc_call(lambda: bmc.set_boot_once("disk"), run)
+        if _bmc_call(bmc.power_state, run) == "on":
+            _bmc_call(bmc.reset, run)
         else:
-            _bmc_call(bmc.power_on)
-        _bmc_call(lambda: bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S))
+            _bmc_call(bmc.power_on, run)
+        _bmc_call(lambda: bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S), run)
     BareMetalHost.objects.filter(pk=run.host.pk).update(power_state="on")
     return {}
 
 
 def step_agent_lookup(run: Run) -> dict:
-    session = AgentSession.objects.filter(host=run.host, active=True,
-                                          created_at__gte=run.step_started_at()).first()
+    since = parse_datetime(run.data.get("ramdisk_boot_at") or run.flow["step_started_at"])
+    session = AgentSession.objects.filter(host=run.host, active=True, created_at__gte=since).first()
     if session is None:
         raise Waiting("the agent has not called back yet")
     return {"boot_id": session.boot_id}

@@ -139,3 +139,10 @@ def _deadlined_states():
 def _human(delta) -> str:
     minutes = int(delta.total_seconds() // 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
+
+
+def host_registered(*, host: BareMetalHost) -> None:
+    """A new host (apply, API, admin): start driving it once it is committed (registering: check the BMC)."""
+    from .flows import request_drive
+
+    request_drive(host.pk)

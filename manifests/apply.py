@@ -13,6 +13,7 @@ from django.db import transaction
 from events.services import object_update
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
+from hosts.services import host_registered
 from pools.choices import PoolKind, ProviderKind
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import PoolSpec, tenant_private_nodes_apply
@@ -467,6 +468,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     if creating and status:
         values.update(_imported_status(status, meta.path + ("annotations", STATUS_ANNOTATION)))
     ctx.update(f"baremetalhost/{name}", host, values, paths, object_type="host", self_link="host")
+    if creating:
+        host_registered(host=host)
 
 
 def _imported_status(text: str, path: tuple) -> dict:

@@ -106,3 +106,11 @@ def pool_delete(*, pool: NodePool, actor: str) -> None:
 
     claims_release(claims=list(pool.claims.filter(phase__in=list(LIVE))), actor=actor, reason=f"pool {pool.name} deleted")
     object_delete(pool, actor=actor, object_type="pool", tenant=pool.tenant)
+
+
+@transaction.atomic
+def tenant_set_api(*, tenant: Tenant, api_endpoint: str, kubeconfig: str, actor: str) -> Tenant:
+    """Record where the tenant's Kubernetes API is and how to reach it (the kubeconfig is encrypted)."""
+    object_update(tenant, {"api_endpoint": api_endpoint, "kubeconfig": kubeconfig}, actor=actor,
+                  object_type="tenant", tenant=tenant if tenant.pk else None, self_link="tenant")
+    return tenant

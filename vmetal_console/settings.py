@@ -108,12 +108,13 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://localhost//")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
-    for sub in ("queue", "processed"):
+    for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
@@ -122,11 +123,12 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile-pools": {"task": "claims.tasks.reconcile_pools", "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
     "sweep-overdue-hosts": {"task": "hosts.tasks.sweep_overdue_hosts", "schedule": 30.0},
-    "drive-stale-hosts": {"task": "hosts.tasks.drive_stale_hosts", "schedule": 10.0},
+    "drive-stale-hosts": {"task": "hosts.tasks.drive_stale_hosts",
+                          "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
 }
 
 # Host life cycle: how long a host may stay in each in-progress state, and retry caps.
@@ -144,6 +146,7 @@ def env_float(name: str, default: float) -> float:
 
 
 BMC_TIMEOUT_S = env_float("BMC_TIMEOUT_S", 10)
+BMC_RETRY_S = env_float("BMC_RETRY_S", 5)  # a step whose BMC is away tries again this often, until its deadline
 POWER_DEADLINE_S = env_float("POWER_DEADLINE_S", 60)  # a power change lands (the lab: 1-11 s)
 POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server

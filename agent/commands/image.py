@@ -21,8 +21,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
 from typing import Callable
 
+from agent import client
 from agent.client import direct_opener
 from agent.commands import CommandError, Context, require
 from agent.disks import MiB, DiskError, choose_root_disk, write_all, zero_regions
@@ -139,7 +141,7 @@ class _Download:
     def run(self) -> tuple[int, str]:
         opener = direct_opener()
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
-            request = urllib.request.Request(self.url, headers={"User-Agent": "vmetal-agent"})
+            request = urllib.request.Request(self.url, headers={"User-Agent": client.user_agent()})
             if self.offset:
                 request.add_header("Range", f"bytes={self.offset}-")
             try:

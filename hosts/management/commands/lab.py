@@ -1,0 +1,55 @@
+"""python manage.py lab --hosts N [--tenants one,two] [--fault HOST=KIND ...] [--print-manifests]"""
+import logging
+import signal
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+
+from lab.site import FAULTS, LabSite
+
+
+class Command(BaseCommand):
+    help = "Start the simulated data centre on 127.0.0.1 (BMCs, servers with agents, tenant APIs) and register it."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--hosts", type=int, default=8)
+        parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: half)")
+        parser.add_argument("--tenants", default="one", help="comma-separated tenants that get an API of their own")
+        parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
+                            help=f"inject a fault: {', '.join(FAULTS)}")
+        parser.add_argument("--console-url", default="http://127.0.0.1:8000", help="where the agents call home")
+        parser.add_argument("--power-delay", default="1-11", help="seconds for a power change to land, lo-hi")
+        parser.add_argument("--print-manifests", action="store_true",
+                            help="print the BareMetalHost manifests the lab registers, then stop")
+
+    def handle(self, *args, **options):
+        faults = {}
+        for item in options["fault"]:
+            host, _, kind = item.partition("=")
+            if not kind:
+                raise CommandError(f"--fault {item!r}: expected HOST=KIND")
+            faults[host] = kind
+        lo, _, hi = options["power_delay"].partition("-")
+        try:
+            site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"],
+                           tenants=[t for t in options["tenants"].split(",") if t], faults=faults,
+                           console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        logging.getLogger("lab").setLevel(logging.INFO)
+        site.start()
+        try:
+            if options["print_manifests"]:
+                self.stdout.write(site.manifests())
+                return
+            for line in site.register():
+                self.stdout.write(line)
+            for name, server in site.tenants.items():
+                self.stdout.write(f"tenant {name}: Kubernetes API at {server.url}")
+            self.stdout.write(f"lab running: {len(site.hosts)} servers; Ctrl-C stops it")
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *a: stop.set())
+            signal.signal(signal.SIGINT, lambda *a: stop.set())
+            stop.wait()
+        finally:
+            site.stop()

@@ -1,0 +1,407 @@
+"""The lab: a simulated data centre on 127.0.0.1 for the demo, the tests and the benchmarks.
+
+- BMCs: sushy-tools' Redfish emulator (lab/redfish.py), one port per server, power changes that land
+  seconds later, per-server credentials and injected faults.
+- Servers: file-backed disks under var/lab/<host>/, a hardware profile per server (gpu-server: 8 GPUs,
+  NVMe disks, 2 TiB of RAM reported; cpu-server), and the real agent (agent/) started as a process when a
+  server powers on into PXE, as the ramdisk would be. Powering on from disk "boots the installed OS":
+  the lab reads the cloud-init NoCloud seed that the agent wrote on the disk and runs its join command
+  (the kubelet joining the tenant's API with the bootstrap token).
+- Tenant APIs: one small Kubernetes-compatible API per tenant (lab/kube.py, on kmock).
+- Images: a small raw image (and a qcow2 when qemu-img is present) with known checksums, served over HTTP.
+
+Faults per host: bmc-500 (the BMC answers 500 for a few requests), bmc-down (its port closed),
+slow-power (power changes land after 60 s), agent-crash (the agent dies after its first command),
+corrupt-image (the image reaches that server with a flipped byte).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.seed import SeedError, read_seed
+
+from .kube import TenantAPIServer, kubelet_join, parse_join_command
+from .redfish import RedfishLab
+
+log = logging.getLogger("lab")
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image")
+DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
+IMAGE_NAME = "ubuntu2404-20260926"
+IMAGE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class LabHost:
+    name: str
+    role: str  # gpu or cpu
+    mac: str
+    password: str
+    directory: Path
+    fault: str = ""
+    agent: subprocess.Popen | None = None
+    node: tuple[TenantAPIServer, str] | None = None  # the installed OS's kubelet: (tenant API, node name)
+
+    @property
+    def profile_path(self) -> Path:
+        return self.directory / "hardware.json"
+
+    def profile(self) -> dict:
+        gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
+                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0"}
+                for i in range(8 if self.role == "gpu" else 0)]
+        disks = [{"name": f"nvme{i}n1", "path": str(self.directory / f"nvme{i}n1.img"), "size_bytes": DISK_BYTES,
+                  "type": "nvme", "model": "SAMSUNG MZWLO3T8HCLS" if self.role == "gpu" else "SAMSUNG MZQL21T9HCJR",
+                  "serial": f"S7{self.name.upper().replace('-', '')}{i}"}
+                 for i in range(2 if self.role == "gpu" else 1)]
+        return {
+            "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}"},
+            "cpu": {"arch": "x86_64", "model": "AMD EPYC 9654" if self.role == "gpu" else "AMD EPYC 9354",
+                    "count": 192 if self.role == "gpu" else 64},
+            "ram_mib": 2 * 1024 * 1024 if self.role == "gpu" else 512 * 1024,
+            "nics": [{"name": "eth0", "mac": self.mac, "speed_gbps": 100 if self.role == "gpu" else 25}],
+            "gpus": gpus, "disks": disks,
+        }
+
+    def disk_paths(self) -> list[Path]:
+        return [Path(d["path"]) for d in self.profile()["disks"]]
+
+
+@dataclass
+class LabImage:
+    name: str
+    path: Path
+    sha256: str
+    format: str = "raw"
+
+
+class LabSite:
+    def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
+                 console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
+                 power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None):
+        self.console_url = console_url.rstrip("/")
+        self.var_dir = Path(var_dir)
+        self.power_delay = power_delay
+        self.bmc_port = bmc_port
+        self.tenant_names = tenants or []
+        faults = faults or {}
+        for host, kind in faults.items():
+            if kind not in FAULTS:
+                raise ValueError(f"unknown fault {kind!r} for {host}; expected one of {', '.join(FAULTS)}")
+        gpu_count = hosts // 2 if gpu_hosts is None else gpu_hosts
+        self.hosts: dict[str, LabHost] = {}
+        for i in range(hosts):
+            role = "gpu" if i < gpu_count else "cpu"
+            n = i + 1 if role == "gpu" else i - gpu_count + 1
+            name = f"{role}-{n:02d}"
+            self.hosts[name] = LabHost(name=name, role=role, mac=f"52:54:00:1a:{i >> 8:02x}:{i & 255:02x}",
+                                       password=secrets.token_urlsafe(12), directory=self.var_dir / name,
+                                       fault=faults.get(name, ""))
+        unknown = set(faults) - set(self.hosts)
+        if unknown:
+            raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
+        self.tenants: dict[str, TenantAPIServer] = {}
+        self.images: list[LabImage] = []
+        self.redfish: RedfishLab | None = None
+        self._image_server: http.server.ThreadingHTTPServer | None = None
+        self._stop = threading.Event()
+        self._controller: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # --- life cycle ---------------------------------------------------------------------------------
+
+    def start(self) -> "LabSite":
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        for host in self.hosts.values():
+            host.directory.mkdir(parents=True, exist_ok=True)
+            host.profile_path.write_text(json.dumps(host.profile(), indent=1))
+            for path in host.disk_paths():
+                with open(path, "ab") as f:
+                    f.truncate(DISK_BYTES)
+        self._make_images()
+        self._start_image_server()
+        systems = [{"name": h.name, "mac": h.mac, "password": h.password,
+                    **({"fault": self._bmc_fault(h.fault)} if h.fault in ("bmc-500", "bmc-down", "slow-power") else {})}
+                   for h in self.hosts.values()]
+        self.redfish = RedfishLab(systems, username="admin", password=secrets.token_urlsafe(12),
+                                  power_delay=self.power_delay, port=self.bmc_port).start()
+        for name in self.tenant_names:
+            self.tenants[name] = TenantAPIServer(name).start()
+        self._controller = threading.Thread(target=self._control, name="lab-controller", daemon=True)
+        self._controller.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._controller:
+            self._controller.join(5)
+        for host in self.hosts.values():
+            self._stop_agent(host)
+        if self.redfish:
+            self.redfish.stop()
+        for server in self.tenants.values():
+            server.stop()
+        if self._image_server:
+            self._image_server.shutdown()
+            self._image_server.server_close()
+
+    def __enter__(self) -> "LabSite":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @staticmethod
+    def _bmc_fault(kind: str) -> dict:
+        return {"bmc-500": {"kind": "bmc-500", "requests": 3}, "bmc-down": {"kind": "bmc-down"},
+                "slow-power": {"kind": "slow-power"}}[kind]
+
+    # --- what the console is told ---------------------------------------------------------------------
+
+    def manifests(self) -> str:
+        """BareMetalHost manifests (and their Secrets) for every lab server, and the lab's OS images."""
+        docs = []
+        for image in self.images:
+            docs.append({"apiVersion": "management.loft.sh/v1", "kind": "OSImage",
+                         "metadata": {"name": image.name},
+                         "spec": {"displayName": f"{image.name} (lab, {image.format})", "format": image.format,
+                                  "properties": {"metal3.vcluster.com/image-url": self.image_url(image),
+                                                 "metal3.vcluster.com/image-checksum": image.sha256,
+                                                 "metal3.vcluster.com/image-checksum-type": "sha256"}}})
+        for host in self.hosts.values():
+            docs.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                         "metadata": {"name": f"{host.name}-bmc", "namespace": "metal3"},
+                         "data": {"username": base64.b64encode(b"admin").decode(),
+                                  "password": base64.b64encode(host.password.encode()).decode()}})
+            address = self.redfish.system_address(host.name) if self.redfish else f"redfish+http://127.0.0.1/{host.name}"
+            docs.append({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+                         "metadata": {"name": host.name, "namespace": "metal3",
+                                      "labels": {"role": host.role, "rack": f"r{1 + int(host.mac[-1], 16) % 2}"}},
+                         "spec": {"bmc": {"address": address, "credentialsName": f"{host.name}-bmc"},
+                                  "bootMACAddress": host.mac, "online": True}})
+        import yaml
+
+        return "".join("---\n" + yaml.safe_dump(d, sort_keys=False) for d in docs)
+
+    def register(self, actor: str = "system:lab") -> list[str]:
+        """Register the servers through the same path as `apply`, and give each tenant its API."""
+        from manifests.apply import apply_files
+        from pools.models import Tenant
+        from pools.services import tenant_set_api
+
+        result = apply_files([("lab", self.manifests())], actor=actor)
+        for name, server in self.tenants.items():
+            tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
+            tenant_set_api(tenant=tenant, api_endpoint=server.endpoint, kubeconfig=server.kubeconfig(), actor=actor)
+        return result.lines
+
+    # --- images -------------------------------------------------------------------------------------
+
+    def _make_images(self) -> None:
+        directory = self.var_dir / "images"
+        directory.mkdir(parents=True, exist_ok=True)
+        raw = directory / f"{IMAGE_NAME}.raw"
+        if not raw.exists() or raw.stat().st_size != IMAGE_BYTES:
+            block = bytearray()
+            seed = b"vmetal-lab-image"
+            while len(block) < IMAGE_BYTES:
+                seed = hashlib.sha256(seed).digest()
+                block += seed * 128
+            block[:16] = b"VMETAL-LAB-IMAGE"
+            block[510:512] = b"\x55\xaa"  # an MBR signature, as a real disk image has
+            raw.write_bytes(bytes(block[:IMAGE_BYTES]))
+        self.images = [LabImage(IMAGE_NAME, raw, _sha256(raw))]
+        qemu_img = shutil.which("qemu-img")
+        if qemu_img:
+            qcow2 = directory / f"{IMAGE_NAME}.qcow2"
+            if not qcow2.exists():
+                subprocess.run([qemu_img, "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
+            self.images.append(LabImage(f"{IMAGE_NAME}-qcow2", qcow2, _sha256(qcow2), "qcow2"))
+        (directory / "SHA256SUMS").write_text("".join(f"{i.sha256}  {i.path.name}\n" for i in self.images))
+
+    def image_url(self, image: LabImage) -> str:
+        return f"http://127.0.0.1:{self._image_server.server_address[1]}/{image.path.name}"
+
+    def _start_image_server(self) -> None:
+        site = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                path = site.var_dir / "images" / Path(self.path.split("?")[0]).name
+                if not path.is_file():
+                    self.send_error(404)
+                    return
+                data = path.read_bytes()
+                mac = re.search(r"mac ([0-9a-f:]{17})", self.headers.get("User-Agent", ""))
+                host = next((h for h in site.hosts.values() if mac and h.mac == mac.group(1)), None)
+                if host is not None and host.fault == "corrupt-image" and path.suffix != "" and "SUMS" not in path.name:
+                    data = bytearray(data)
+                    data[len(data) // 2] ^= 0xFF  # one flipped byte in transit
+                    data = bytes(data)
+                start = 0
+                ranged = re.match(r"bytes=(\d+)-", self.headers.get("Range", ""))
+                if ranged:
+                    start = int(ranged.group(1))
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                try:
+                    self.wfile.write(data[start:])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self._image_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._image_server.daemon_threads = True
+        threading.Thread(target=self._image_server.serve_forever, name="lab-images", daemon=True).start()
+
+    # --- the controller: what a server does when its power changes ----------------------------------
+
+    def _control(self) -> None:
+        seq = 0
+        while not self._stop.is_set():
+            try:
+                events = self.redfish.events(since=seq)
+            except Exception:
+                if self._stop.is_set():
+                    return
+                log.warning("lab controller: Redfish lab not answering", exc_info=True)
+                self._stop.wait(1)
+                continue
+            for event in events:
+                seq = max(seq, event["seq"])
+                host = self.hosts.get(event["system"])
+                if host is None:
+                    continue
+                try:
+                    self.on_power(host, event)
+                except Exception:
+                    log.exception("lab controller: %s %s failed", host.name, event.get("cause"))
+            self._stop.wait(0.1)
+
+    def on_power(self, host: LabHost, event: dict) -> None:
+        with self._lock:
+            self._stop_agent(host)
+            self._stop_os(host)
+            if event["power_state"] != "On":
+                return
+            if event.get("boot_target") in ("Pxe", "Cd"):
+                self._start_agent(host)
+            else:
+                self._boot_installed_os(host)
+
+    def _start_agent(self, host: LabHost) -> None:
+        log_file = host.directory / "agent.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        host.agent = subprocess.Popen(
+            [sys.executable, "-m", "agent", "--console", self.console_url, "--hardware", f"lab:{host.profile_path}",
+             "--log-file", str(log_file)],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        log.info("%s: powered on into PXE, agent started (pid %s)", host.name, host.agent.pid)
+        if host.fault == "agent-crash":
+            threading.Thread(target=self._crash_agent_soon, args=(host, host.agent), daemon=True).start()
+
+    def _crash_agent_soon(self, host: LabHost, proc: subprocess.Popen) -> None:
+        """agent-crash: the agent dies as soon as it has been given its first command."""
+        log_file = host.directory / "agent.log"
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not self._stop.is_set():
+            if log_file.exists() and re.search(r"running command c-\d+: \w+", log_file.read_text()):
+                os.killpg(proc.pid, signal.SIGKILL)
+                log.info("%s: agent crashed (fault)", host.name)
+                return
+            time.sleep(0.1)
+
+    def _stop_agent(self, host: LabHost) -> None:
+        proc, host.agent = host.agent, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def _boot_installed_os(self, host: LabHost) -> None:
+        """First boot from disk: cloud-init reads the NoCloud seed and runs the join command."""
+        seed = None
+        for path in host.disk_paths():
+            try:
+                seed = read_seed(str(path))
+                break
+            except (SeedError, OSError):
+                continue
+        if seed is None:
+            log.info("%s: booted from disk, no seed: nothing to join", host.name)
+            return
+        import yaml
+
+        user_data = yaml.safe_load(seed["user-data"]) or {}
+        meta_data = yaml.safe_load(seed["meta-data"]) or {}
+        node_name = meta_data.get("local-hostname") or host.name
+        for command in user_data.get("runcmd") or []:
+            text = command if isinstance(command, str) else " ".join(command)
+            try:
+                endpoint, token = parse_join_command(text)
+            except ValueError:
+                continue
+            server = next((s for s in self.tenants.values() if s.endpoint == endpoint), None)
+            if server is None:
+                log.warning("%s: join command names an unknown tenant API %s", host.name, endpoint)
+                return
+            threading.Thread(target=self._join, args=(host, server, token, node_name), daemon=True).start()
+            return
+
+    def _join(self, host: LabHost, server: TenantAPIServer, token: str, node_name: str) -> None:
+        time.sleep(0.5)  # cloud-init and the kubelet start
+        labels = {"kubernetes.io/hostname": node_name, "node.kubernetes.io/instance-type": f"{host.role}-server"}
+        try:
+            kubelet_join(server.endpoint, token, node_name, labels)
+            host.node = (server, node_name)
+            log.info("%s: joined tenant %s as node %s", host.name, server.name, node_name)
+        except Exception as exc:
+            log.warning("%s: join failed: %s", host.name, exc)
+
+    def _stop_os(self, host: LabHost) -> None:
+        node, host.node = host.node, None
+        if node is not None:
+            server, name = node
+            try:
+                server.kubelet_stop(name)
+            except Exception:
+                pass  # the node may be gone already (drained and deleted)
+
+    # --- for tests ----------------------------------------------------------------------------------
+
+    def read_disk(self, host: str, offset: int, length: int, disk: int = 0) -> bytes:
+        with open(self.hosts[host].disk_paths()[disk], "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

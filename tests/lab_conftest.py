@@ -1,0 +1,60 @@
+"""Fixtures for end-to-end tests in the lab: a live console (agent endpoints), a real Celery worker on
+the real broker, the Redfish emulator, agents on file-backed disks and tenant Kubernetes APIs."""
+import pytest
+from django.core.management import call_command
+
+from conftest import DEMO, wait_for
+from lab.site import LabSite
+
+# Short deadlines so that faults show within seconds (the worker reads them from its environment).
+FAST = {
+    "BMC_TIMEOUT_S": "2", "BMC_RETRY_S": "0.5", "POWER_DEADLINE_S": "6", "POWER_STEP_DEADLINE_S": "10",
+    "AGENT_LOOKUP_DEADLINE_S": "30", "AGENT_COMMAND_DEADLINE_S": "60", "AGENT_SILENCE_S": "4",
+    "NODE_READY_POLL_S": "2", "NODE_READY_DEADLINE_S": "60", "DRAIN_DEADLINE_S": "20", "DRAIN_GRACE_S": "1",
+    "DRIVE_STALE_EVERY_S": "2", "RECONCILE_EVERY_S": "5",
+}
+
+
+@pytest.fixture
+def lab_factory(live_server, tmp_path, worker_settings, settings):
+    """lab_factory(hosts=2, gpu_hosts=1, tenants=[...], faults={...}) → a started, registered LabSite."""
+    worker_settings.update(FAST)
+    for key, value in FAST.items():
+        if hasattr(settings, key):
+            setattr(settings, key, type(getattr(settings, key))(float(value)))
+    sites = []
+
+    def make(**kwargs):
+        kwargs.setdefault("power_delay", (0.2, 0.5))
+        site = LabSite(console_url=live_server.url, var_dir=tmp_path / "lab", **kwargs).start()
+        sites.append(site)
+        call_command("apply", "-f", str(DEMO / "site.yaml"), verbosity=0)
+        site.register()
+        return site
+
+    yield make
+    for site in sites:
+        site.stop()
+
+
+def wait_hosts(state: str, count: int, timeout: float = 60):
+    from hosts.models import BareMetalHost
+
+    try:
+        return wait_for(lambda: BareMetalHost.objects.filter(state=state).count() == count, timeout=timeout)
+    except AssertionError:
+        raise AssertionError(f"not {count} host(s) {state} within {timeout}s\n{lab_report()}") from None
+
+
+def lab_report() -> str:
+    """Hosts, claims and the latest events: what a failing lab test prints."""
+    from claims.models import NodeClaim
+    from events.models import Event
+    from hosts.models import BareMetalHost
+
+    lines = [f"host {h.name}: {h.state} {h.error_message} flow={h.flow.get('name')}/{h.flow.get('step')}"
+             for h in BareMetalHost.objects.all()]
+    lines += [f"claim {c.name}: {c.phase} {c.message}" for c in NodeClaim.objects.all()]
+    lines += [f"  {e.created_at:%H:%M:%S.%f} {e.object_name} {e.from_state}>{e.to_state} {e.step} {e.message}"
+              for e in Event.objects.order_by("-id")[:25][::-1]]
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""The seed's "one claim, step by step", end to end in the lab: real Celery worker on the real broker,
+sushy-tools BMCs driven through sushy, the agent on file-backed disks, tenant APIs through the official
+kubernetes client."""
+import pytest
+from django.core.management import call_command
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from conftest import wait_for
+from events.models import Event
+from hosts.models import BareMetalHost
+from lab.site import IMAGE_NAME
+from pools.models import NodePool
+from pools.services import pool_set_quantity
+
+from .lab_conftest import wait_hosts
+
+pytest_plugins = ["tests.lab_conftest"]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+PROVISION_STEPS = ["power_on_pxe", "agent_lookup", "inspect", "write_image", "write_seed", "reboot_to_disk",
+                   "boot_from_disk", "node_ready", "node_labels"]
+GPU_POOL = """\
+privateNodes:
+  autoNodes:
+    - provider: metal3
+      properties:
+        vcluster.com/os-image: {image}
+      static:
+        - name: gpu
+          quantity: {quantity}
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              value: gpu-server
+          nodeLabels:
+            workload: gpu
+"""
+
+
+def nodes(site, tenant):
+    return {n["metadata"]["name"]: n for n in site.tenants[tenant].objects("nodes")}
+
+
+def test_the_seed_scenario_claims_become_available_with_ready_labelled_nodes(
+        lab_factory, celery_worker_process, apply, seed_block):
+    site = lab_factory(hosts=2, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 2)  # registered, inspected through the agent
+    gpu = BareMetalHost.objects.get(name="gpu-01")
+    assert len(gpu.inventory["gpus"]) == 8 and gpu.inventory["disks"][0]["type"] == "nvme"
+    apply(seed_block, tenant="one")
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).count() == 2, timeout=90)
+    ready = nodes(site, "one")
+    assert set(ready) == {"gpu-01", "cpu-01"}
+    assert ready["gpu-01"]["metadata"]["labels"]["workload"] == "gpu"
+    assert ready["cpu-01"]["metadata"]["labels"]["workload"] == "cpu"
+    assert all(c["status"] == "True" for n in ready.values() for c in n["status"]["conditions"] if c["type"] == "Ready")
+    assert set(BareMetalHost.objects.values_list("state", flat=True)) == {"provisioned"}
+    assert site.read_disk("gpu-01", 0, 16) == b"VMETAL-LAB-IMAGE"  # the seed's image, on the disk
+    claim = NodeClaim.objects.get(pool_name="gpu")
+    assert claim.properties["vcluster.com/os-image"] == IMAGE_NAME
+    assert {c.ip_address for c in NodeClaim.objects.all()} == {"10.0.0.20", "10.0.0.21"}  # IPAM, from the range
+    done = {e.step: e.duration_s for e in Event.objects.filter(claim=claim, kind="step", message="done")}
+    assert set(PROVISION_STEPS) <= set(done), done
+    assert all(d is not None and d >= 0 for d in done.values())
+
+
+def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
+        lab_factory, celery_worker_process, apply):
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one", "two"])
+    wait_hosts("available", 1)
+    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    wait_for(lambda: NodeClaim.objects.filter(tenant__name="one", phase=ClaimPhase.AVAILABLE).exists(), timeout=90)
+    assert "gpu-01" in nodes(site, "one")
+    pods = [p for p in site.tenants["one"].objects("pods") if p["spec"].get("nodeName") == "gpu-01"]
+    assert pods  # the lab kubelet runs workloads there
+
+    pool_set_quantity(pool=NodePool.objects.get(tenant__name="one"), quantity=0, actor="user:test")
+    wait_for(lambda: NodeClaim.objects.filter(tenant__name="one", phase=ClaimPhase.RELEASED).exists(), timeout=90)
+    assert "gpu-01" not in nodes(site, "one")  # drained and deleted
+    host = BareMetalHost.objects.get(name="gpu-01")
+    assert host.state == "available"
+    steps = list(Event.objects.filter(host=host, kind="step", message="done", data__flow="deprovision")
+                 .values_list("step", flat=True))
+    assert {"drain_node", "delete_node", "erase_metadata"} <= set(steps)
+    assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # partition table and signatures gone
+
+    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="two")
+    wait_for(lambda: NodeClaim.objects.filter(tenant__name="two", phase=ClaimPhase.AVAILABLE).exists(), timeout=90)
+    assert NodeClaim.objects.get(tenant__name="two", phase=ClaimPhase.AVAILABLE).host.name == "gpu-01"
+    assert "gpu-01" in nodes(site, "two") and "gpu-01" not in nodes(site, "one")
+    assert site.read_disk("gpu-01", 0, 16) == b"VMETAL-LAB-IMAGE"
+
+
+def test_a_worker_killed_mid_provisioning_loses_nothing(lab_factory, celery_worker_process, worker_settings, apply):
+    worker_settings["WITH_BEAT"] = "1"  # the periodic re-drive picks up what the dead worker held
+    celery_worker_process.kill()
+    celery_worker_process.start()
+    lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 1)
+    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    wait_for(lambda: Event.objects.filter(kind="step", step="write_image", message="started").exists(), timeout=60)
+    celery_worker_process.kill()  # SIGKILL: no goodbye, tasks unacknowledged
+    celery_worker_process.start()
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=120)
+    assert BareMetalHost.objects.get().state == "provisioned"
+    assert NodeClaim.objects.count() == 1
+    assert Event.objects.filter(kind="step", step="write_image", message="done").count() == 1
+
+
+def test_bmc_500_for_a_while_is_retried_then_succeeds(lab_factory, celery_worker_process):
+    lab_factory(hosts=1, gpu_hosts=1, faults={"gpu-01": "bmc-500"})
+    wait_hosts("available", 1)
+    assert not BareMetalHost.objects.filter(state="error").exists()
+
+
+def test_bmc_down_past_its_deadline_puts_the_host_in_error_and_the_claim_takes_another(
+        lab_factory, celery_worker_process, apply):
+    site = lab_factory(hosts=2, gpu_hosts=2, tenants=["one"])
+    wait_hosts("available", 2)
+    site.redfish.set_fault("gpu-01", "bmc-down")
+    site.redfish.set_fault("gpu-02", "bmc-down")
+    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    wait_hosts("error", 1, timeout=60)
+    site.redfish.clear_fault("gpu-01")
+    site.redfish.clear_fault("gpu-02")
+    failed = BareMetalHost.objects.get(state="error")
+    assert "BMC unreachable: connection refused" in failed.error_message
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=90)
+    claim = NodeClaim.objects.get()
+    assert claim.host.name != failed.name and claim.attempts == 2
+
+
+def test_a_corrupt_image_is_reported_the_host_cleaned_and_the_claim_retried_elsewhere(
+        lab_factory, celery_worker_process, apply):
+    lab_factory(hosts=2, gpu_hosts=2, tenants=["one"], faults={"gpu-01": "corrupt-image"})
+    wait_hosts("available", 2)
+    BareMetalHost.objects.filter(name="gpu-02").update(state="maintenance")  # gpu-01 is taken first
+    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    wait_for(lambda: Event.objects.filter(host__name="gpu-01", step="write_image",
+                                          message__startswith="failed").exists(), timeout=60)
+    failure = Event.objects.get(host__name="gpu-01", step="write_image", message__startswith="failed")
+    assert "checksum mismatch" in failure.message
+    wait_for(lambda: BareMetalHost.objects.get(name="gpu-01").state == "available", timeout=60)  # cleaned
+    BareMetalHost.objects.filter(name="gpu-02").update(state="available")
+    call_command("reconcile")
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=90)
+    assert NodeClaim.objects.get().host.name == "gpu-02"
+
+
+def test_a_wrong_bmc_password_is_a_clear_error_and_fixing_the_secret_recovers(
+        lab_factory, celery_worker_process, apply):
+    site = lab_factory(hosts=1, gpu_hosts=1)
+    wait_hosts("available", 1)
+    from hosts.services import host_set_maintenance
+
+    host = BareMetalHost.objects.get()
+    apply(site.manifests().replace(
+        "password: " + __import__("base64").b64encode(site.hosts["gpu-01"].password.encode()).decode(),
+        "password: d3Jvbmc="))  # "wrong"
+    host_set_maintenance(host=host, on=True, actor="user:test")
+    host_set_maintenance(host=BareMetalHost.objects.get(), on=False, actor="user:test")  # registers again
+    wait_hosts("error", 1, timeout=30)
+    assert BareMetalHost.objects.get().error_message == "register failed at bmc_check: BMC rejected credentials (401)"
+    apply(site.manifests())  # the right Secret again
+    from hosts.services import host_retry
+
+    host_retry(host=BareMetalHost.objects.get(), actor="user:test")
+    wait_hosts("available", 1)
