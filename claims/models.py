@@ -30,6 +30,7 @@ class NodeClaim(models.Model):
     reason = models.CharField(max_length=64, blank=True)  # machine-readable: NoCapacity, NoNodeType, ...
     message = models.TextField(blank=True)  # for people
     attempts = models.PositiveIntegerField(default=0)  # hosts tried; capped by CLAIM_MAX_ATTEMPTS
+    failed_hosts = models.JSONField(default=list, blank=True)  # names of hosts that failed it: tried last
     # Snapshot of the pool at creation: what this claim asks for.
     requirements = models.JSONField(default=list, blank=True)
     properties = models.JSONField(default=dict, blank=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Case, Count, F, Q, When
 from django.utils import timezone
 
 from events.choices import EventKind
@@ -192,7 +192,8 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
 def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str) -> NodeClaim:
     """The claim's host failed (error, deadline): free the claim and try another host, up to the cap."""
     cap = settings.CLAIM_MAX_ATTEMPTS
-    fields = {"host": None, "ip_address": None, "node_name": ""}
+    failed = [*claim.failed_hosts, claim.host_name] if claim.host_name else claim.failed_hosts
+    fields = {"host": None, "ip_address": None, "node_name": "", "failed_hosts": failed}
     if claim.phase == P.RELEASING:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                           message=f"released; its host failed: {reason}", fields=fields)
@@ -281,7 +282,10 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                                                     state=HostState.AVAILABLE)
                 if pinned:
                     free = free.filter(name=pinned)
-                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by("pk")[: len(claims)])
+                # Hosts that already failed one of these claims come last: retry elsewhere first.
+                tried = sorted({name for claim in claims for name in claim.failed_hosts})
+                order = [Case(When(name__in=tried, then=1), default=0), "pk"] if tried else ["pk"]
+                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
                 if not hosts:
                     return 0
                 chosen = claims[: len(hosts)]
@@ -336,6 +340,18 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
     if len(candidates) == 1:
         return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1]
     return f"no free host{where} of {noun} " + "; ".join(parts)
+
+
+def host_freed() -> None:
+    """A host joined the free pool: pending claims may take it now rather than at the next beat."""
+    if NodeClaim.objects.filter(phase=P.PENDING).exists():
+        transaction.on_commit(lambda: live.enqueue(_reconcile_task(), pool_ids=None))
+
+
+def _reconcile_task():
+    from . import tasks
+
+    return tasks.reconcile_pools
 
 
 def pools_changed(*, pool_ids: list[int]) -> None:

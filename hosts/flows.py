@@ -206,6 +206,10 @@ def _finish(run: Run, flow_name: str) -> None:
         except ConcurrentTransition:
             return
         claim_flows.host_flow_finished(run, flow_name)
+        if target == HostState.AVAILABLE:
+            from claims.services import host_freed
+
+            host_freed()
 
 
 def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
