@@ -1,14 +1,16 @@
 """The seed's "one claim, step by step", end to end in the lab: real Celery worker on the real broker,
 sushy-tools BMCs driven through sushy, the agent on file-backed disks, tenant APIs through the official
 kubernetes client."""
+import base64
+
 import pytest
-from django.core.management import call_command
 
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
 from hosts.models import BareMetalHost
+from hosts.services import host_retry, host_set_maintenance
 from lab.site import IMAGE_NAME
 from pools.models import NodePool
 from pools.services import pool_set_quantity
@@ -134,15 +136,14 @@ def test_a_corrupt_image_is_reported_the_host_cleaned_and_the_claim_retried_else
         lab_factory, celery_worker_process, apply):
     lab_factory(hosts=2, gpu_hosts=2, tenants=["one"], faults={"gpu-01": "corrupt-image"})
     wait_hosts("available", 2)
-    BareMetalHost.objects.filter(name="gpu-02").update(state="maintenance")  # gpu-01 is taken first
+    host_set_maintenance(host=BareMetalHost.objects.get(name="gpu-02"), on=True, actor="user:test")  # gpu-01 first
     apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
     wait_for(lambda: Event.objects.filter(host__name="gpu-01", step="write_image",
                                           message__startswith="failed").exists(), timeout=60)
     failure = Event.objects.get(host__name="gpu-01", step="write_image", message__startswith="failed")
     assert "checksum mismatch" in failure.message
     wait_for(lambda: BareMetalHost.objects.get(name="gpu-01").state == "available", timeout=60)  # cleaned
-    BareMetalHost.objects.filter(name="gpu-02").update(state="available")
-    call_command("reconcile")
+    host_set_maintenance(host=BareMetalHost.objects.get(name="gpu-02"), on=False, actor="user:test")
     wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=90)
     assert NodeClaim.objects.get().host.name == "gpu-02"
 
@@ -151,18 +152,14 @@ def test_a_wrong_bmc_password_is_a_clear_error_and_fixing_the_secret_recovers(
         lab_factory, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1)
     wait_hosts("available", 1)
-    from hosts.services import host_set_maintenance
-
     host = BareMetalHost.objects.get()
     apply(site.manifests().replace(
-        "password: " + __import__("base64").b64encode(site.hosts["gpu-01"].password.encode()).decode(),
+        "password: " + base64.b64encode(site.hosts["gpu-01"].password.encode()).decode(),
         "password: d3Jvbmc="))  # "wrong"
     host_set_maintenance(host=host, on=True, actor="user:test")
     host_set_maintenance(host=BareMetalHost.objects.get(), on=False, actor="user:test")  # registers again
     wait_hosts("error", 1, timeout=30)
     assert BareMetalHost.objects.get().error_message == "register failed at bmc_check: BMC rejected credentials (401)"
     apply(site.manifests())  # the right Secret again
-    from hosts.services import host_retry
-
     host_retry(host=BareMetalHost.objects.get(), actor="user:test")
     wait_hosts("available", 1)
