@@ -13,16 +13,6 @@ from agent import __version__
 USER_AGENT = f"vmetal-agent/{__version__}"
 
 
-def user_agent() -> str:
-    return USER_AGENT
-
-
-def identify(mac: str) -> None:
-    """Name the server in the User-Agent of every request (console and image server logs say who)."""
-    global USER_AGENT
-    USER_AGENT = f"vmetal-agent/{__version__} (mac {mac})"
-
-
 class ConsoleError(Exception):
     """Base of everything the console client raises."""
 
@@ -76,7 +66,7 @@ class ConsoleClient:
             f"{self.base_url}{path}",
             data=json.dumps(body).encode(),
             method="POST",
-            headers={"Content-Type": "application/json", "Accept": "application/json", "User-Agent": user_agent()},
+            headers={"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT},
         )
         if token:
             request.add_header("Authorization", f"Bearer {token}")

@@ -16,7 +16,6 @@ from typing import Callable
 from agent.client import (
     Backoff, ConsoleClient, NotFound, ProtocolError, Session, TokenRejected, TransientError,
 )
-from agent import client as client_module
 from agent.commands import Context, Outcome, execute
 from agent.hardware import Hardware
 
@@ -54,7 +53,6 @@ class Agent:
         if not self.macs:
             log.error("no network interface with a MAC address: nothing to look up with")
             return 1
-        client_module.identify(self.macs[0])
         log.info("agent starting: boot id %s, console %s, MACs %s", self.boot_id, self.client.base_url, ", ".join(self.macs))
         while not self._stop.is_set():
             command = self._request("heartbeat", lambda s: self.client.heartbeat(s, status="idle", message="idle"))

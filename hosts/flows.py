@@ -259,47 +259,67 @@ def step_bmc_check(run: Run) -> dict:
     return {"system": found.get("system_id"), "power": power}
 
 
-def step_power_on_ramdisk(run: Run) -> dict:
-    """One-time boot into the agent's ramdisk (PXE, or virtual media for redfish-virtualmedia://), then power on."""
-    run.data["ramdisk_boot_at"] = timezone.now().isoformat()  # an agent calling after this is this boot's
-    run.save_flow()
+def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
+    """Bring the host's power to `want` ("off", or "on" booting `boot` once) without holding a worker:
+    send the change once, then poll on later drives (power lands seconds to minutes later). On the way
+    to "on" the host is first powered off, so it really boots what was asked. Returns None when done."""
+    scratch = run.data.setdefault(run.flow["step"], {})
     with run.bmc() as bmc:
-        if bmc.virtual_media_boot:
-            _bmc_call(lambda: bmc.insert_virtual_media(settings.AGENT_ISO_URL), run)
-            _bmc_call(lambda: bmc.set_boot_once("cd"), run)
-        else:
-            _bmc_call(lambda: bmc.set_boot_once("pxe"), run)
-        if _bmc_call(bmc.power_state, run) == "on":
-            _bmc_call(bmc.reset, run)
-        else:
-            _bmc_call(bmc.power_on, run)
-        _bmc_call(lambda: bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S), run)
-    BareMetalHost.objects.filter(pk=run.host.pk).update(power_state="on")
-    return {"boot": "virtual media" if bmc.virtual_media_boot else "pxe"}
+        state = _bmc_call(bmc.power_state, run)
+        if want == "on" and not scratch.get("was_off"):
+            if state != "off":
+                _send_once(run, scratch, "off", bmc.power_off)
+                raise Waiting("powering off first", recheck_s=settings.POWER_POLL_S)
+            scratch["was_off"] = True
+            run.save_flow()
+        if state == want and (want == "off" or "on" in scratch):
+            BareMetalHost.objects.filter(pk=run.host.pk).update(power_state=want)
+            return None
+
+        def switch():
+            if want == "off":
+                bmc.power_off()
+                return
+            if bmc.virtual_media_boot and boot != "disk":
+                bmc.insert_virtual_media(settings.AGENT_ISO_URL)
+                bmc.set_boot_once("cd")
+            else:
+                if bmc.virtual_media_boot:
+                    bmc.eject_virtual_media()
+                bmc.set_boot_once(boot)
+            if boot != "disk":
+                run.data["ramdisk_boot_at"] = timezone.now().isoformat()  # an agent calling after this is ours
+            bmc.power_on()
+
+        _send_once(run, scratch, want, switch)
+    raise Waiting(f"waiting for power {want}", recheck_s=settings.POWER_POLL_S)
+
+
+def _send_once(run: Run, scratch: dict, key: str, fn) -> None:
+    """A power request, sent once; again only if it has not landed within POWER_DEADLINE_S."""
+    sent = scratch.get(key)
+    if sent and (timezone.now() - parse_datetime(sent)).total_seconds() < settings.POWER_DEADLINE_S:
+        return
+    if sent:
+        run.flow["last_error"] = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
+    _bmc_call(fn, run)
+    scratch[key] = timezone.now().isoformat()
+    run.save_flow()
+
+
+def step_power_on_ramdisk(run: Run) -> dict:
+    """One-time boot into the agent's ramdisk (PXE, or virtual media for redfish-virtualmedia://)."""
+    _power(run, "on", boot="pxe")
+    return {"boot": "ramdisk"}
 
 
 def step_power_off(run: Run) -> dict:
-    with run.bmc() as bmc:
-        if _bmc_call(bmc.power_state, run) != "off":
-            _bmc_call(bmc.power_off, run)
-            _bmc_call(lambda: bmc.wait_power("off", deadline_s=settings.POWER_DEADLINE_S), run)
-        if bmc.virtual_media_boot:
-            _bmc_call(bmc.eject_virtual_media, run)
-    BareMetalHost.objects.filter(pk=run.host.pk).update(power_state="off")
+    _power(run, "off")
     return {}
 
 
 def step_boot_from_disk(run: Run) -> dict:
-    with run.bmc() as bmc:
-        if bmc.virtual_media_boot:
-            _bmc_call(bmc.eject_virtual_media, run)
-        _bmc_call(lambda: bmc.set_boot_once("disk"), run)
-        if _bmc_call(bmc.power_state, run) == "on":
-            _bmc_call(bmc.reset, run)
-        else:
-            _bmc_call(bmc.power_on, run)
-        _bmc_call(lambda: bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S), run)
-    BareMetalHost.objects.filter(pk=run.host.pk).update(power_state="on")
+    _power(run, "on", boot="disk")
     return {}
 
 

@@ -54,7 +54,7 @@ class LabHost:
     password: str
     directory: Path
     fault: str = ""
-    agent: subprocess.Popen | None = None
+    agent: "subprocess.Popen | _AgentThread | None" = None
     node: tuple[TenantAPIServer, str] | None = None  # the installed OS's kubelet: (tenant API, node name)
 
     @property
@@ -93,7 +93,11 @@ class LabImage:
 class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
-                 power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None):
+                 power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
+                 agent_mode: str = "process"):
+        # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
+        # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
+        self.agent_mode = agent_mode
         self.console_url = console_url.rstrip("/")
         self.var_dir = Path(var_dir)
         self.power_delay = power_delay
@@ -311,6 +315,9 @@ class LabSite:
                 self._boot_installed_os(host)
 
     def _start_agent(self, host: LabHost) -> None:
+        if self.agent_mode == "thread" and host.fault != "agent-crash":
+            host.agent = _AgentThread(self.console_url, host.profile_path)
+            return
         log_file = host.directory / "agent.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         host.agent = subprocess.Popen(
@@ -335,7 +342,9 @@ class LabSite:
 
     def _stop_agent(self, host: LabHost) -> None:
         proc, host.agent = host.agent, None
-        if proc is not None and proc.poll() is None:
+        if isinstance(proc, _AgentThread):
+            proc.stop()
+        elif proc is not None and proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(5)
@@ -397,6 +406,22 @@ class LabSite:
         with open(self.hosts[host].disk_paths()[disk], "rb") as f:
             f.seek(offset)
             return f.read(length)
+
+
+class _AgentThread:
+    """The agent, run in a thread of the lab process (agent_mode="thread")."""
+
+    def __init__(self, console_url: str, profile: Path):
+        from agent.hardware import LabHardware
+        from agent.runner import Agent
+
+        self.agent = Agent(console_url, LabHardware.from_file(str(profile)), backoff_initial=0.2)
+        self.thread = threading.Thread(target=self.agent.run, name=f"agent-{profile.parent.name}", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.thread.join(10)
 
 
 def _sha256(path: Path) -> str:

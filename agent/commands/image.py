@@ -59,7 +59,7 @@ def write_image(args: dict, ctx: Context) -> dict:
     started = time.monotonic()
     try:
         if fmt == "raw":
-            written, digest = _write_raw(url, disk, checksum_type, ctx.progress)
+            written, digest = _write_raw(url, disk, checksum_type, ctx.progress, _user_agent(ctx))
             _verify(expected, digest)
         else:
             written = _write_qcow2(url, disk, checksum_type, expected, qemu_img, ctx)
@@ -127,8 +127,10 @@ class _Download:
     """One image download, resumed with a Range request when the connection drops."""
 
     def __init__(self, url: str, checksum_type: str, sink: Callable[[int, bytes], None], limit: int,
-                 progress: Callable[[int | None, str], None], scale: tuple[int, int] = (0, 99)):
+                 progress: Callable[[int | None, str], None], scale: tuple[int, int] = (0, 99),
+                 user_agent: str = client.USER_AGENT):
         self.url = url
+        self.user_agent = user_agent
         self.checksum_type = checksum_type
         self.sink = sink
         self.limit = limit
@@ -141,7 +143,7 @@ class _Download:
     def run(self) -> tuple[int, str]:
         opener = direct_opener()
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
-            request = urllib.request.Request(self.url, headers={"User-Agent": client.user_agent()})
+            request = urllib.request.Request(self.url, headers={"User-Agent": self.user_agent})
             if self.offset:
                 request.add_header("Range", f"bytes={self.offset}-")
             try:
@@ -199,17 +201,23 @@ class _Truncated(Exception):
     pass
 
 
-def _write_raw(url: str, disk: Disk, checksum_type: str, progress) -> tuple[int, str]:
+def _write_raw(url: str, disk: Disk, checksum_type: str, progress, user_agent: str) -> tuple[int, str]:
     # O_WRONLY without O_TRUNC/O_CREAT: a lab disk file keeps its size, a block device is a block device.
     fd = os.open(disk.path, os.O_WRONLY)
     try:
         written, digest = _Download(url, checksum_type, lambda off, data: write_all(fd, data, off),
-                                    disk.size_bytes, progress).run()
+                                    disk.size_bytes, progress, user_agent=user_agent).run()
         progress(99, f"flushing {disk.name}")
         os.fsync(fd)
     finally:
         os.close(fd)
     return written, digest
+
+
+def _user_agent(ctx: Context) -> str:
+    """Names the server in the image server's logs (the lab's image server reads it too)."""
+    macs = ctx.hardware.macs()
+    return f"{client.USER_AGENT} (mac {macs[0]})" if macs else client.USER_AGENT
 
 
 def _verify(expected: str, digest: str) -> None:
@@ -223,7 +231,7 @@ def _write_qcow2(url: str, disk: Disk, checksum_type: str, expected: str, qemu_i
     try:
         try:
             _, digest = _Download(url, checksum_type, lambda off, data: write_all(fd, data, off),
-                                  1 << 62, ctx.progress, scale=(0, 50)).run()
+                                  1 << 62, ctx.progress, scale=(0, 50), user_agent=_user_agent(ctx)).run()
         finally:
             os.close(fd)
         _verify(expected, digest)  # before the disk is touched
