@@ -19,7 +19,12 @@ os.environ.setdefault("LOG_LEVEL", "WARNING")
 def fresh_database() -> None:
     """Drop and create the bench database, then migrate it."""
     import psycopg
+    from django.conf import settings as django_settings
 
+    if django_settings.configured:
+        from django.db import connections
+
+        connections.close_all()
     url = os.environ["DATABASE_URL"]
     name = url.rsplit("/", 1)[1]
     admin_url = url.rsplit("/", 1)[0] + "/postgres"
