@@ -23,7 +23,6 @@ from _setup import ROOT, fresh_database, percentile
 
 os.environ["DATABASE_URL"] = os.environ.get("FLEET_DATABASE_URL", "postgres://root@127.0.0.1:5432/vmetal_bench_fleet")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
-os.environ.setdefault("POWER_POLL_S", "1")
 os.environ.setdefault("DRIVE_STALE_EVERY_S", "5")
 os.environ.setdefault("AGENT_SILENCE_S", "30")
 CLK = os.sysconf("SC_CLK_TCK")
@@ -167,9 +166,11 @@ def main():
     print(f"\npower changes land after {args.power_delay:g}s; console: web + {args.workers} worker(s) × {args.threads} threads")
     for n in sorted(results):
         print(f"makespan({n}) / makespan(1) = {results[n]['makespan_s'] / base:.2f}")
-    print(f"\nper-step durations at N={args.hosts} (seconds):")
+    print(f"\nper-step durations (seconds): p50 / p95 at N=1 and at N={args.hosts}")
     for step, values in results[args.hosts]["steps"].items():
-        print(f"  {step:<16} p50 {percentile(values, 50):6.2f}  p95 {percentile(values, 95):6.2f}")
+        one = results[1]["steps"].get(step, [0])
+        print(f"  {step:<16} {percentile(one, 50):6.2f} / {percentile(one, 95):6.2f}    "
+              f"{percentile(values, 50):6.2f} / {percentile(values, 95):6.2f}")
 
 
 if __name__ == "__main__":

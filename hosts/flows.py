@@ -103,7 +103,7 @@ def drive(host_id: int) -> None:
         Q(drive_lease_until__isnull=True) | Q(drive_lease_until__lt=now)).update(
         drive_lease_until=now + LEASE, driven_at=now)
     if not taken:
-        request_drive(host_id, countdown=1)  # another worker drives it; look again when it is done
+        request_drive(host_id, countdown=0.3)  # another worker drives it; look again when it is done
         return
     try:
         for _ in range(100):

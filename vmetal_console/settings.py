@@ -149,14 +149,14 @@ def env_float(name: str, default: float) -> float:
 BMC_TIMEOUT_S = env_float("BMC_TIMEOUT_S", 10)
 BMC_RETRY_S = env_float("BMC_RETRY_S", 5)  # a step whose BMC is away tries again this often, until its deadline
 POWER_DEADLINE_S = env_float("POWER_DEADLINE_S", 60)  # a power change lands (the lab: 1-11 s), else asked again
-POWER_POLL_S = env_float("POWER_POLL_S", 1)  # how often a step waiting for power looks
+POWER_POLL_S = env_float("POWER_POLL_S", 2)  # how often a step waiting for power looks
 POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
 NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
-NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 10)  # one watch; the step waits again after it
+NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 2)  # one watch holds a worker this long, then re-drives
 DRAIN_DEADLINE_S = env_float("DRAIN_DEADLINE_S", 300)
 DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
