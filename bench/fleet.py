@@ -26,14 +26,22 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
 os.environ.setdefault("DRIVE_STALE_EVERY_S", "5")
 os.environ.setdefault("AGENT_SILENCE_S", "30")
 CLK = os.sysconf("SC_CLK_TCK")
+NETWORK = """\
+apiVersion: management.loft.sh/v1
+kind: NodeEnvironment
+metadata: {name: servers, namespace: p-default}
+spec:
+  providerRef: metal3
+  properties:
+    metal3.vcluster.com/network-cidr: 10.10.0.1/16
+    metal3.vcluster.com/network-ip-range: 10.10.1.0-10.10.250.255
+"""
 
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of these processes and their children (from /proc)."""
     total = 0.0
     for pid in pids:
-        for tid_stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-            pass
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except FileNotFoundError:
@@ -105,6 +113,7 @@ def run_once(n: int, args) -> dict:
     from events.models import Event
     from hosts.models import BareMetalHost
     from lab.site import IMAGE_NAME, LabSite
+    from manifests.apply import apply_files
     from pools.models import NodePool
 
     console = Console(args.workers, args.threads)
@@ -113,6 +122,7 @@ def run_once(n: int, args) -> dict:
                    var_dir=Path(tempfile.mkdtemp(prefix="vmetal-fleet-lab-"))).start()
     try:
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
+        apply_files([("network", NETWORK)], actor="bench")  # room for every node's address
         site.register()
         t0 = time.monotonic()
         while BareMetalHost.objects.filter(state="available").count() < n:
@@ -121,7 +131,6 @@ def run_once(n: int, args) -> dict:
             time.sleep(0.5)
         registered = time.monotonic() - t0
         cpu_before = console.cpu()
-        from manifests.apply import apply_files
 
         pool = (f"privateNodes:\n  autoNodes:\n    - provider: metal3\n      properties:\n"
                 f"        vcluster.com/os-image: {IMAGE_NAME}\n      static:\n        - name: gpu\n"

@@ -98,7 +98,8 @@ def claim_assign_address(claim: NodeClaim):
         free = next((ip for first, last in network.ranges
                      for ip in _addresses(first, last) if str(ip) not in used), None)
         if free is None:
-            raise StepFailed(f"NodeEnvironment {env} has no free address left")
+            # Not the host's fault: it goes back to the pool (cleaned), the claim waits for an address.
+            raise StepFailed(f"NodeEnvironment {env} has no free address left", clean=True)
         try:
             with transaction.atomic():
                 NodeClaim.objects.filter(pk=claim.pk).update(environment=env, ip_address=str(free))
