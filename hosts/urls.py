@@ -1,9 +1,13 @@
 from django.urls import path
 
-from . import agent_api
+from . import agent_api, images
 
 urlpatterns = [
     path("agent/lookup", agent_api.lookup, name="agent-lookup"),
     path("agent/heartbeat", agent_api.heartbeat, name="agent-heartbeat"),
     path("agent/result", agent_api.result, name="agent-result"),
+    path("images/SHA256SUMS", images.checksums, {"kind": "SHA256SUMS"}),
+    path("images/SHA512SUMS", images.checksums, {"kind": "SHA512SUMS"}),
+    path("images/MD5SUMS", images.checksums, {"kind": "MD5SUMS"}),
+    path("images/<str:filename>", images.image, name="image"),
 ]

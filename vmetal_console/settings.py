@@ -161,6 +161,7 @@ DRAIN_DEADLINE_S = env_float("DRAIN_DEADLINE_S", 300)
 DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
 BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
+IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
 AGENT_ISO_URL = os.environ.get("AGENT_ISO_URL", "http://127.0.0.1:8000/static/agent.iso")
 
 CHANNEL_LAYERS = {
@@ -196,3 +197,12 @@ for _module in (settings_api, settings_console):
         if _name.isupper() and _name not in ("APPS", "MIDDLEWARE_FIRST", "MIDDLEWARE_AFTER_AUTH", "MIDDLEWARE_LAST",
                                               "AUTH_BACKENDS"):
             globals()[_name] = getattr(_module, _name)
+
+# The release gate (hosts/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
+# with HMAC-SHA256 under CERTIFICATE_SIGNING_KEY, or a key derived from SECRET_KEY when it is unset.
+CERTIFICATE_SIGNING_KEY = os.environ.get("CERTIFICATE_SIGNING_KEY", "")
+CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # for a host no NodeType matches
+ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
+VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)
+HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)
+HOST_STATE_DEADLINES.setdefault("retesting", timedelta(minutes=int(os.environ.get("DEADLINE_RETESTING_MIN", "480"))))
