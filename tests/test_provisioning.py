@@ -163,3 +163,29 @@ def test_a_wrong_bmc_password_is_a_clear_error_and_fixing_the_secret_recovers(
     apply(site.manifests())  # the right Secret again
     host_retry(host=BareMetalHost.objects.get(), actor="user:test")
     wait_hosts("available", 1)
+
+
+def test_an_agent_that_crashes_is_noticed_and_the_host_goes_to_error_with_the_reason(
+        lab_factory, celery_worker_process):
+    lab_factory(hosts=1, gpu_hosts=1, faults={"gpu-01": "agent-crash"})
+    wait_hosts("error", 1, timeout=60)
+    message = BareMetalHost.objects.get().error_message
+    assert message.startswith("inspect failed at inspect: the agent stopped answering"), message
+
+
+def test_a_redfish_virtualmedia_host_boots_the_agent_from_virtual_media(
+        lab_factory, celery_worker_process, worker_settings, live_server, settings, tmp_path, apply):
+    worker_settings["AGENT_ISO_URL"] = f"{live_server.url}/images/agent.iso"
+    settings.IMAGE_DIR = tmp_path
+    (tmp_path / "agent.iso").write_bytes(b"\0" * 4096)  # the emulator downloads it on insert
+    celery_worker_process.kill()
+    celery_worker_process.start()
+    site = lab_factory(hosts=1, gpu_hosts=1)
+    wait_hosts("available", 1)
+    host = BareMetalHost.objects.get()
+    apply(site.manifests().replace("address: redfish+http://", "address: redfish-virtualmedia+http://"))
+    host_set_maintenance(host=host, on=True, actor="user:test")
+    host_set_maintenance(host=BareMetalHost.objects.get(), on=False, actor="user:test")
+    wait_hosts("available", 1)
+    boots = [e for e in site.redfish.events() if e["power_state"] == "On"]
+    assert boots[-2]["boot_target"] == "Cd" and boots[-2]["virtual_media"]["inserted"]
