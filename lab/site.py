@@ -320,25 +320,14 @@ class LabSite:
             return
         log_file = host.directory / "agent.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # agent-crash: the same agent, started through a wrapper that kills it when it gets its first command.
+        program = "lab.crashing_agent" if host.fault == "agent-crash" else "agent"
         host.agent = subprocess.Popen(
-            [sys.executable, "-m", "agent", "--console", self.console_url, "--hardware", f"lab:{host.profile_path}",
+            [sys.executable, "-m", program, "--console", self.console_url, "--hardware", f"lab:{host.profile_path}",
              "--log-file", str(log_file)],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         log.info("%s: powered on into PXE, agent started (pid %s)", host.name, host.agent.pid)
-        if host.fault == "agent-crash":
-            threading.Thread(target=self._crash_agent_soon, args=(host, host.agent), daemon=True).start()
-
-    def _crash_agent_soon(self, host: LabHost, proc: subprocess.Popen) -> None:
-        """agent-crash: the agent dies as soon as it has been given its first command."""
-        log_file = host.directory / "agent.log"
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not self._stop.is_set():
-            if log_file.exists() and re.search(r"running command c-\d+: \w+", log_file.read_text()):
-                os.killpg(proc.pid, signal.SIGKILL)
-                log.info("%s: agent crashed (fault)", host.name)
-                return
-            time.sleep(0.1)
 
     def _stop_agent(self, host: LabHost) -> None:
         proc, host.agent = host.agent, None
