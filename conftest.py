@@ -91,15 +91,16 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     queue = f"test-{uuid.uuid4().hex[:12]}"
     previous = app.conf.task_default_queue
     app.conf.task_default_queue = queue
-    env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
-           "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
-    beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
 
     class Worker:
         proc = None
         log = tmp_path / "worker.log"
 
         def start(self):
+            # Read worker_settings now: a test may change them and restart the worker.
+            env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
+                   "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
+            beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", queue, "-P", "threads",
                  "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info", *beat],
