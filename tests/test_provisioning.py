@@ -83,8 +83,8 @@ def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
     assert host.state == "available"
     steps = list(Event.objects.filter(host=host, kind="step", message="done", data__flow="deprovision")
                  .values_list("step", flat=True))
-    assert {"drain_node", "delete_node", "erase_metadata"} <= set(steps)
-    assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # partition table and signatures gone
+    assert {"drain_node", "delete_node", "erase", "verify_erase", "gpu_reset", "health_dcgm"} <= set(steps)
+    assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # the default policy overwrote the disk with zeros
 
     apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="two")
     wait_for(lambda: NodeClaim.objects.filter(tenant__name="two", phase=ClaimPhase.AVAILABLE).exists(), timeout=90)
@@ -188,4 +188,5 @@ def test_a_redfish_virtualmedia_host_boots_the_agent_from_virtual_media(
     host_set_maintenance(host=BareMetalHost.objects.get(), on=False, actor="user:test")
     wait_hosts("available", 1)
     boots = [e for e in site.redfish.events() if e["power_state"] == "On"]
-    assert boots[-2]["boot_target"] == "Cd" and boots[-2]["virtual_media"]["inserted"]
+    assert boots[0]["boot_target"] == "Pxe"  # registered first with redfish+http://
+    assert boots[-1]["boot_target"] == "Cd" and boots[-1]["virtual_media"]["inserted"]
