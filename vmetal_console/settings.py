@@ -24,6 +24,7 @@ FIELD_ENCRYPTION_KEYS = [k for k in os.environ.get("FIELD_ENCRYPTION_KEY", "").s
 ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [
+    "daphne",  # an ASGI runserver (websockets); must come before django.contrib.staticfiles
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -1,0 +1,82 @@
+"""Claim pages: the list with phases, one claim's step timeline, and the fleet's timings."""
+from django.core.paginator import Paginator
+from django.http import Http404
+
+from events.views import STAFF, console_view, live_cursor, page
+from pools.models import Tenant
+from vmetal_console import scoping
+
+from . import tables
+from .choices import ClaimPhase
+from .models import NodeClaim
+
+
+@console_view()
+def claim_list(request):
+    """Claims in the user's scope, newest first, by phase and tenant; rows update live."""
+    cursor = live_cursor()
+    claims = scoping.claims(request.user)
+    phase = request.GET.get("phase", "")
+    if phase == "live":
+        claims = claims.exclude(phase=ClaimPhase.RELEASED)
+    elif phase:
+        claims = claims.filter(phase=phase)
+    tenant = request.GET.get("tenant", "")
+    if tenant:
+        claims = claims.filter(tenant__name=tenant)
+    q = request.GET.get("q", "").strip()
+    if q:
+        claims = claims.filter(name__icontains=q)
+    pager = Paginator(tables.claims_rows_queryset(claims).order_by("-created_at", "-pk"), 50)
+    current = pager.get_page(request.GET.get("page"))
+    rows = tables.with_progress(list(current.object_list))
+    tenants = list(scoping.tenants(request.user, Tenant.objects.all()).values_list("name", flat=True))
+    params = request.GET.copy()
+    params.pop("page", None)
+    return page(request, "claims/claim_list.html", {
+        "cursor": cursor, "page_obj": current, "rows": rows, "phases": ClaimPhase.choices, "phase": phase,
+        "tenant": tenant, "q": q, "tenants": tenants, "show_tenant": len(tenants) != 1,
+        "paging_query": params.urlencode(), "ws_url": "/ws/claims/", "nav": "claims"})
+
+
+def claim_for_page(user, name: str) -> NodeClaim:
+    claim = (scoping.claims(user).select_related("tenant", "pool", "node_type", "host", "provider", "environment")
+             .defer("host__bmc_username", "host__bmc_password").filter(name=name).first())
+    if claim is None:
+        raise Http404("no such claim")
+    return claim
+
+
+def claim_context(user, claim: NodeClaim) -> dict:
+    from events.models import Event
+
+    transitions = list(scoping.events(user, Event.objects.filter(claim_id=claim.pk, object_type="claim"))
+                       .order_by("-pk")[:50])
+    return {"claim": claim, "timeline": tables.claim_timeline(claim), "transitions": transitions,
+            "total_s": tables.claim_total(claim), "may_see_host": claim.host is not None}
+
+
+@console_view()
+def claim_detail(request, name: str):
+    cursor = live_cursor()
+    claim = claim_for_page(request.user, name)
+    return page(request, "claims/claim.html", {"cursor": cursor, **claim_context(request.user, claim),
+                                               "ws_url": f"/ws/claims/{claim.pk}/", "nav": "claims"})
+
+
+@console_view(*STAFF)
+def timing(request):
+    """Per step, p50 / p95 across recent provisions and releases; hosts per state over time."""
+    try:
+        recent = max(10, min(int(request.GET.get("recent", 5000)), 50000))
+    except ValueError:
+        recent = 5000
+    try:
+        hours = max(1, min(int(request.GET.get("hours", 24)), 24 * 14))
+    except ValueError:
+        hours = 24
+    timings = tables.step_timings(recent)
+    history = tables.state_history(hours=hours)
+    return page(request, "claims/timing.html", {
+        "timings": timings, "chart": tables.timing_chart(timings), "recent": recent, "hours": hours,
+        "history": tables.history_chart(history), "nav": "timing"})

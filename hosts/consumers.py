@@ -1,0 +1,146 @@
+"""Live views of hosts: the fleet board (hosts by state) and one host's page."""
+import threading
+import time
+
+from django.http import QueryDict
+
+from events.consumers import FragmentCache, LiveConsumer, latest_event_id
+from vmetal_console import scoping
+
+from . import tables
+from .filtersets import HostFilterSet, without_state
+from .models import BareMetalHost
+
+
+FRAGMENTS = FragmentCache()  # fleet rows and counts: the same for every admin and auditor
+FETCH = threading.Lock()
+
+
+class FleetConsumer(LiveConsumer):
+    """Counts by state for the board's filters, and the rows the page shows. Admins and auditors only."""
+
+    def authorize(self) -> bool:
+        return scoping.sees_everything(self.user)
+
+    def wanted_groups(self) -> set[str]:
+        return {"fleet"}
+
+    def keys_for_message(self, message: dict) -> set:
+        if message.get("object") != "host":
+            return set()
+        keys = {("host", i) for i in message.get("ids", ()) if i in self.visible}
+        if message.get("to_state"):
+            keys.add(("counts",))
+        FRAGMENTS.want([k for k in keys if k[0] == "host"], time.monotonic())
+        return keys
+
+    def events_in_scope(self, events):
+        return events.filter(object_type="host")
+
+    def keys_for_events(self, rows: list[dict]) -> set:
+        return {("counts",)} | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible}
+
+    def all_keys(self) -> set:
+        return {("counts",)} | {("host", i) for i in self.visible}
+
+    def render(self, keys: dict) -> list[str]:
+        parts = []
+        if ("counts",) in keys:
+            data = QueryDict(mutable=True)
+            for key, value in self.query.items():
+                data[key] = value
+            query = without_state(data).urlencode()
+            need = keys[("counts",)]
+            with FETCH:  # one consumer reads, the others waiting here take its fragment
+                cached = FRAGMENTS.get(("counts", query), need)
+                if cached is None:
+                    read_at, upto = time.monotonic(), latest_event_id()
+                    counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
+                    html = tables.render_counts(tables.state_counts(counted.qs), query)
+                    FRAGMENTS.put(("counts", query), read_at, upto, html)
+                else:
+                    html = cached[1]
+            parts.append(html)
+        wanted = {key: need for key, need in keys.items() if key[0] == "host"}
+        rows = {}
+        with FETCH:
+            missing = []
+            for key, need in wanted.items():
+                cached = FRAGMENTS.get(key, need)
+                if cached is None:
+                    missing.append(key)
+                else:
+                    self.sent[key] = max(self.sent.get(key, 0), cached[0])
+                    rows[key[1]] = cached[1]
+            if missing:
+                # The rows other consumers of this process were told about too, in the same query.
+                # Tagged with the newest Event id: a later re-sync finds the row current and sends nothing.
+                read_at, upto = time.monotonic(), latest_event_id()
+                fetch = {k[1] for k in missing} | {k[1] for k in FRAGMENTS.take_wanted("host")}
+                hosts = list(tables.row_queryset(BareMetalHost.objects.filter(pk__in=fetch)))
+                tables.decorate_rows(hosts, node_types())
+                mine = {k[1] for k in missing}
+                for host, html in zip(hosts, tables.render_rows(hosts, may_see_bmc=True)):
+                    FRAGMENTS.put(("host", host.pk), read_at, upto, html)
+                    if host.pk in mine:
+                        self.sent[("host", host.pk)] = max(self.sent.get(("host", host.pk), 0), upto)
+                        rows[host.pk] = html
+        return parts + [rows[i] for i in sorted(rows)]
+
+
+_node_types = {"at": 0.0, "types": []}
+
+
+def node_types():
+    """NodeTypes (to name each row's type), re-read every few seconds: they change rarely."""
+    if time.monotonic() - _node_types["at"] > 5:
+        _node_types.update(types=tables.node_types_by_selector(), at=time.monotonic())
+    return _node_types["types"]
+
+
+class HostConsumer(LiveConsumer):
+    """One host: its summary (state, power, step, progress) and its timeline."""
+
+    async def connect(self):
+        self.host_id = int(self.scope["url_route"]["kwargs"]["host_id"])
+        await super().connect()
+
+    def authorize(self) -> bool:
+        return scoping.hosts(self.user).filter(pk=self.host_id).exists()
+
+    def wanted_groups(self) -> set[str]:
+        groups = {f"host-{self.host_id}"}
+        if scoping.sees_everything(self.user):
+            groups.add("fleet")  # host transitions are published to the fleet group
+        tenant_id = (BareMetalHost.objects.filter(pk=self.host_id).values_list("claim__tenant_id", flat=True)
+                     .first())
+        if tenant_id:
+            groups.add(f"tenant-{tenant_id}")  # its claim's phase shows in the summary
+        return groups
+
+    def keys_for_message(self, message: dict) -> set:
+        if message.get("object") == "host" and self.host_id in message.get("ids", ()):
+            return {("host",)}
+        if message.get("object") == "claim":
+            return {("host",)}  # cheap: the summary shows the claim's phase
+        return set()
+
+    def events_in_scope(self, events):
+        return events.filter(host_id=self.host_id)
+
+    def keys_for_events(self, rows: list[dict]) -> set:
+        return {("host",)}
+
+    def all_keys(self) -> set:
+        return {("host",)}
+
+    def followed_hosts(self) -> set[int]:
+        return {self.host_id}
+
+    def render(self, keys: set) -> list[str]:
+        host = (scoping.hosts(self.user).select_related("claim__tenant", "claim__node_type")
+                .defer(*tables.SECRETS).filter(pk=self.host_id).first())
+        if host is None:
+            return []
+        tables.decorate_rows([host], tables.node_types_by_selector())
+        return tables.render_host_live(self.user, host)

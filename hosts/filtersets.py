@@ -1,0 +1,66 @@
+"""Filters for the host list, shared by the fleet board (hosts.views, hosts.consumers) and the REST API
+(django-filter)."""
+import re
+
+import django_filters as filters
+from django import forms
+from django.db.models import Q
+
+from pools.models import NodeType
+from pools.selectors import label_selector_q
+
+from .choices import HostState, PowerState
+from .models import BareMetalHost
+
+LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
+
+
+class HostFilterSet(filters.FilterSet):
+    q = filters.CharFilter(method="filter_q", label="Name / MAC")
+    state = filters.MultipleChoiceFilter(choices=HostState.choices)
+    power_state = filters.ChoiceFilter(choices=PowerState.choices)
+    online = filters.BooleanFilter()
+    node_type = filters.CharFilter(method="filter_node_type", label="NodeType",
+                                   help_text="hosts the NodeType's host selector matches")
+    label = filters.CharFilter(method="filter_label", label="Labels",
+                               help_text="key=value or key, comma separated, all must match: role=gpu, rack=r1")
+    tenant = filters.CharFilter(field_name="claim__tenant__name", label="Tenant",
+                                help_text="hosts serving this tenant's claims")
+
+    class Meta:
+        model = BareMetalHost
+        fields = {"name": ["exact"]}
+
+    def filter_q(self, queryset, name, value):
+        value = value.strip()
+        return queryset.filter(Q(name__icontains=value) | Q(boot_mac__icontains=value.lower())) if value else queryset
+
+    def filter_node_type(self, queryset, name, value):
+        node_type = NodeType.objects.filter(name=value.strip()).only("host_selector").first()
+        if node_type is None:
+            return queryset.none()
+        return queryset.filter(label_selector_q(node_type.host_selector))
+
+    def filter_label(self, queryset, name, value):
+        labels, present = {}, []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            key, eq, val = part.partition("=")
+            key = key.strip()
+            if not LABEL_KEY.match(key):
+                raise forms.ValidationError(f"{key!r} is not a label key")
+            if eq:
+                labels[key] = val.strip()
+            else:
+                present.append({"key": key, "operator": "Exists"})
+        return queryset.filter(label_selector_q({"matchLabels": labels, "matchExpressions": present}))
+
+
+BareMetalHostFilterSet = HostFilterSet
+
+
+def without_state(data):
+    """The same filters without the state choice (and page): for the per-state counts and their links."""
+    params = data.copy()
+    for key in ("state", "page"):
+        params.pop(key, None)
+    return params

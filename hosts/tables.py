@@ -1,0 +1,162 @@
+"""What the console shows of hosts: fleet board rows and counts, the host page's parts. The pages and
+their live consumers render through these, so a websocket frame is the same HTML as the page."""
+from django.apps import apps
+from django.db.models import Count
+from django.template.loader import render_to_string
+
+from events.models import Event
+from pools.models import NodeType
+from pools.selectors import label_selector_matches
+from vmetal_console import scoping
+
+from .choices import HostState
+from .models import BareMetalHost, CommandStatus, HostCommand
+
+SECRETS = ("bmc_username", "bmc_password")
+ROW_DEFER = (*SECRETS, "inventory", "flow", "root_device_hints")
+SHOWN_LABELS = ("rack", "rail-group", "rail_group", "railGroup", "role")
+
+
+def node_types_by_selector() -> list[NodeType]:
+    return list(NodeType.objects.only("name", "host_selector").order_by("name"))
+
+
+def node_type_of(host: BareMetalHost, node_types: list[NodeType]) -> str:
+    """The NodeType a host counts for: its claim's when it serves one, else the first whose selector matches."""
+    claim = getattr(host, "claim", None) if _claim_cached(host) else None
+    if claim is not None and claim.node_type_id:
+        for t in node_types:
+            if t.pk == claim.node_type_id:
+                return t.name
+    for t in node_types:
+        if t.host_selector and label_selector_matches(t.host_selector, host.labels or {}):
+            return t.name
+    return ""
+
+
+def _claim_cached(host) -> bool:
+    return BareMetalHost.claim.is_cached(host)
+
+
+def row_queryset(qs=None):
+    qs = BareMetalHost.objects.all() if qs is None else qs
+    return qs.select_related("claim__tenant").defer(*ROW_DEFER, "claim__requirements", "claim__properties",
+                                                     "claim__node_labels", "claim__taints")
+
+
+def decorate_rows(hosts: list[BareMetalHost], node_types: list[NodeType]) -> list[BareMetalHost]:
+    for host in hosts:
+        host.node_type_name = node_type_of(host, node_types)
+        host.shown_labels = [(k, v) for k, v in sorted((host.labels or {}).items()) if k != "role"]
+    return hosts
+
+
+def state_counts(qs) -> list[dict]:
+    """Hosts per state (every state, 0 included) in one aggregate."""
+    counts = dict.fromkeys(HostState.values, 0)
+    for row in qs.order_by().values("state").annotate(n=Count("pk")):
+        counts[row["state"]] = row["n"]
+    return [{"state": s, "label": HostState(s).label, "colour": HostState.colour(s), "count": counts[s]}
+            for s in HostState.values]
+
+
+def render_rows(hosts: list[BareMetalHost], *, may_see_bmc: bool) -> list[str]:
+    return [render_to_string("hosts/partials/host_row.html", {"h": h, "may_see_bmc": may_see_bmc, "oob": True})
+            for h in hosts]
+
+
+def render_counts(counts: list[dict], query: str) -> str:
+    return render_to_string("hosts/partials/state_counts.html", {"counts": counts, "query": query, "oob": True})
+
+
+# --- the host page ----------------------------------------------------------------------------------
+
+def optional_model(name: str):
+    """Erase certificates and health-check runs arrive with cleaning; the page shows them once they exist."""
+    try:
+        return apps.get_model("hosts", name)
+    except LookupError:
+        return None
+
+
+def host_for_page(user, name: str) -> BareMetalHost | None:
+    return (scoping.hosts(user).select_related("claim__tenant", "claim__node_type").defer(*SECRETS)
+            .filter(name=name).first())
+
+
+def host_events(user, host: BareMetalHost, limit: int = 100) -> list[Event]:
+    """The host's timeline. A tenant member sees only the events of their own tenant's use of it."""
+    return list(scoping.events(user, Event.objects.filter(host_id=host.pk)).order_by("-pk")[:limit])
+
+
+def current_command(host: BareMetalHost) -> HostCommand | None:
+    return (HostCommand.objects.filter(host=host, status__in=[CommandStatus.QUEUED, CommandStatus.SENT])
+            .defer("secret_args").order_by("-pk").first())
+
+
+def host_summary_context(user, host: BareMetalHost) -> dict:
+    command = current_command(host)
+    flow = host.flow or {}
+    is_admin = scoping.is_admin(user)
+    return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
+            "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
+            "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
+            "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
+
+
+ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
+                 "power-cycle": "Power cycle"}
+
+
+def host_actions(host: BareMetalHost) -> list[dict]:
+    allowed = []
+    if host.state == HostState.MAINTENANCE:
+        allowed.append("maintenance-off")
+    elif HostState.MAINTENANCE in _next_states(host.state):
+        allowed.append("maintenance-on")
+    if host.state == HostState.ERROR:
+        allowed.append("retry")
+    if power_cycle_service() is not None:
+        allowed.append("power-cycle")
+    return [{"slug": slug, "label": ACTION_LABELS[slug]} for slug in allowed]
+
+
+def _next_states(state: str):
+    from .lifecycle import TRANSITIONS
+
+    return TRANSITIONS.get(state, ())
+
+
+def power_cycle_service():
+    """hosts.services.host_power_cycle(host=, actor=), once it exists (a BMC reset, run by the worker)."""
+    from . import services
+
+    return getattr(services, "host_power_cycle", None)
+
+
+def inventory_view(inventory: dict) -> dict:
+    """The agent's inventory and Metal3's imported `hardware` status, in one shape for the page."""
+    inv = inventory or {}
+    cpu = inv.get("cpu") or {}
+    ram_mib = inv.get("ram_mib") or inv.get("ramMebibytes")
+    disks = [{"name": d.get("name") or d.get("path"), "type": d.get("type", ""), "model": d.get("model") or "",
+              "serial": d.get("serial") or d.get("serialNumber") or "",
+              "size_bytes": d.get("size_bytes") or d.get("sizeBytes") or 0}
+             for d in (inv.get("disks") or inv.get("storage") or []) if isinstance(d, dict)]
+    nics = [{"name": n.get("name", ""), "mac": n.get("mac", ""), "speed_gbps": n.get("speed_gbps") or n.get("speedGbps")}
+            for n in inv.get("nics") or [] if isinstance(n, dict)]
+    gpus = inv.get("gpus")
+    gpu_list = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+    gpu_count = len(gpu_list) if isinstance(gpus, list) else (gpus if isinstance(gpus, int) else 0)
+    return {"cpu": cpu if isinstance(cpu, dict) else {}, "ram_gib": round(ram_mib / 1024) if ram_mib else None,
+            "disks": disks, "nics": nics, "gpus": gpu_list, "gpu_count": gpu_count,
+            "system": inv.get("system") or {}, "warnings": inv.get("warnings") or [], "known": bool(inv)}
+
+
+def render_host_live(user, host: BareMetalHost) -> list[str]:
+    ctx = host_summary_context(user, host)
+    return [
+        render_to_string("hosts/partials/host_summary.html", {**ctx, "oob": True}),
+        render_to_string("events/partials/timeline.html",
+                         {"events": host_events(user, host), "timeline_id": "host-timeline", "oob": True}),
+    ]

@@ -1,0 +1,183 @@
+"""Console forms for providers, NodeTypes, NodeEnvironments, OS images and tenants, the pool quantity and
+the YAML apply page. Validation is the models' own (`clean()`, the same that apply runs); writes go
+through events.services.object_update, which records each change in the Event log."""
+import yaml
+from django import forms
+from django.core.exceptions import ValidationError
+
+from events.services import object_update
+
+from .models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+
+
+class YAMLField(forms.CharField):
+    """A mapping (or list) edited as YAML; JSON is YAML too."""
+
+    widget = forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "code"})
+
+    def __init__(self, *, empty=None, **kwargs):
+        self.empty = {} if empty is None else empty
+        kwargs.setdefault("required", False)
+        super().__init__(strip=False, **kwargs)
+
+    def prepare_value(self, value):
+        if isinstance(value, (dict, list)):
+            return "" if not value else yaml.safe_dump(value, sort_keys=False, default_flow_style=False).rstrip()
+        return value
+
+    def to_python(self, value):
+        if value in (None, "") or (isinstance(value, str) and not value.strip()):
+            return type(self.empty)()
+        if isinstance(value, (dict, list)):
+            return value
+        try:
+            data = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark else ""
+            raise ValidationError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        if data is None:
+            return type(self.empty)()
+        if not isinstance(data, type(self.empty)):
+            raise ValidationError(f"must be a {'mapping' if isinstance(self.empty, dict) else 'list'}")
+        return data
+
+    def has_changed(self, initial, data):
+        return self.to_python(data) != (initial or type(self.empty)())
+
+
+class RecordedForm(forms.ModelForm):
+    """A model form whose save goes through object_update (validated again, saved only when something
+    changed, and recorded with the user as the actor)."""
+
+    object_type = ""
+
+    def save_as(self, actor: str):
+        model = self._meta.model
+        fresh = model.objects.get(pk=self.instance.pk) if self.instance.pk else model()
+        values = {name: self.cleaned_data[name] for name in self._meta.fields if name in self.cleaned_data}
+        values.update(self.extra_values())
+        try:
+            object_update(fresh, values, actor=actor, object_type=self.object_type, **self.links(fresh))
+        except ValidationError as exc:
+            self._add_model_errors(exc)
+            return None
+        return fresh
+
+    def extra_values(self) -> dict:
+        return {}
+
+    def links(self, obj) -> dict:
+        return {}
+
+    def _add_model_errors(self, exc: ValidationError) -> None:
+        if hasattr(exc, "error_dict"):
+            for name, errors in exc.message_dict.items():
+                self.add_error(name if name in self.fields else None, errors)
+        else:
+            self.add_error(None, exc.messages)
+
+
+class NodeProviderForm(RecordedForm):
+    object_type = "nodeprovider"
+    properties = YAMLField(help_text="string map, e.g. vcluster.com/os-image: ubuntu2404-20260926")
+
+    class Meta:
+        model = NodeProvider
+        fields = ["name", "kind", "display_name", "properties"]
+
+
+class NodeTypeForm(RecordedForm):
+    object_type = "nodetype"
+    properties = YAMLField(help_text="string map; vcluster.com/node-type and the provider are added")
+    resources = YAMLField(help_text='e.g. cpu: "192", memory: 2Ti, nvidia.com/gpu: "8"')
+    host_selector = YAMLField(help_text="Kubernetes label selector over host labels, e.g. matchLabels: {role: gpu}")
+
+    class Meta:
+        model = NodeType
+        fields = ["name", "provider", "display_name", "zone", "region", "properties", "resources", "cost",
+                  "host_selector"]
+
+    def clean_resources(self):
+        resources = self.cleaned_data["resources"]
+        # Quantities are strings in Kubernetes; YAML reads 192 as a number.
+        return {str(k): str(v) for k, v in resources.items()} if isinstance(resources, dict) else resources
+
+
+class NodeEnvironmentForm(RecordedForm):
+    object_type = "nodeenvironment"
+    properties = YAMLField(help_text="metal3.vcluster.com/network-cidr, network-ip-range, dns-servers")
+
+    class Meta:
+        model = NodeEnvironment
+        fields = ["name", "namespace", "display_name", "provider", "tenant", "properties"]
+
+    def links(self, obj) -> dict:
+        return {"tenant": self.cleaned_data.get("tenant")}
+
+
+class OSImageForm(RecordedForm):
+    object_type = "osimage"
+    properties = YAMLField(help_text="any further properties, kept as written")
+
+    class Meta:
+        model = OSImage
+        fields = ["name", "display_name", "description", "url", "checksum", "checksum_type", "format", "size_bytes",
+                  "properties"]
+
+
+class TenantForm(RecordedForm):
+    object_type = "tenant"
+    kubeconfig = forms.CharField(
+        required=False, strip=False, widget=forms.Textarea(attrs={"rows": 4, "class": "code", "autocomplete": "off"}),
+        help_text="the tenant API's kubeconfig; stored encrypted, never shown again. Leave empty to keep it.")
+
+    class Meta:
+        model = Tenant
+        fields = ["name", "namespace", "display_name", "api_endpoint", "join_mode", "quota_nodes"]
+
+    def extra_values(self) -> dict:
+        kubeconfig = self.cleaned_data.get("kubeconfig") or ""
+        return {"kubeconfig": kubeconfig} if kubeconfig.strip() else {}
+
+    def clean_kubeconfig(self):
+        text = self.cleaned_data.get("kubeconfig") or ""
+        if text.strip():
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ValidationError("not valid YAML") from None
+            if not isinstance(data, dict) or not data.get("clusters"):
+                raise ValidationError("a kubeconfig needs at least one cluster")
+        return text
+
+    def links(self, obj) -> dict:
+        return {"self_link": "tenant"}
+
+
+class QuantityForm(forms.Form):
+    quantity = forms.IntegerField(min_value=0, max_value=10000)
+    version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+
+class ApplyForm(forms.Form):
+    text = forms.CharField(required=False, strip=False, label="YAML",
+                           widget=forms.Textarea(attrs={"rows": 18, "class": "code", "spellcheck": "false"}))
+    file = forms.FileField(required=False, label="or upload a file")
+    tenant = forms.CharField(required=False, max_length=63,
+                             help_text="for a tenant's vcluster.yaml (privateNodes); created when missing")
+
+    def clean(self):
+        data = super().clean()
+        upload = data.get("file")
+        if upload:
+            try:
+                data["text"] = upload.read().decode("utf-8")
+            except UnicodeDecodeError:
+                self.add_error("file", "not UTF-8 text")
+            data["file_name"] = upload.name
+        else:
+            data["file_name"] = "pasted.yaml"
+        if not (data.get("text") or "").strip() and not self.errors:
+            self.add_error("text", "paste YAML or upload a file")
+        return data

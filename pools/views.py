@@ -1,0 +1,309 @@
+"""Pages of what can be ordered and who orders it: providers, NodeTypes, NodeEnvironments, OS images and
+tenants (lists, create / edit forms), the tenant's self-service page, and the YAML apply page."""
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Q, Sum
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from claims import tables as claim_tables
+from claims.choices import ClaimPhase
+from claims.lifecycle import LIVE
+from claims.models import NodeClaim
+from events.services import event_record
+from events.views import STAFF, console_view, is_htmx, live_cursor, page
+from manifests.apply import apply_files
+from manifests.source import ManifestError
+from vmetal_console import scoping
+
+from . import forms
+from .capacity import node_type_capacity
+from .choices import PoolKind
+from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
+from .services import StaleVersion, pool_set_quantity
+
+# --- the tenant's page --------------------------------------------------------------------------------
+
+SHOWN_PHASES = [p for p in ClaimPhase.values if p != ClaimPhase.RELEASED]
+
+
+def tenant_for(user, name: str) -> Tenant:
+    """A tenant in the user's scope, else 404: a member of another tenant learns nothing, not even that
+    it exists."""
+    tenant = scoping.tenants(user).filter(name=name).first()
+    if tenant is None:
+        raise Http404("no such tenant")
+    return tenant
+
+
+def tenant_context(user, tenant: Tenant) -> dict:
+    """Pools with their claims by phase, live claims with progress, nodes, quota. Five queries."""
+    pools = list(tenant.pools.select_related("provider").order_by("name"))
+    counts = {}
+    for row in (NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED).order_by()
+                .values("pool_id", "phase").annotate(n=Count("pk"))):
+        counts.setdefault(row["pool_id"], {})[row["phase"]] = row["n"]
+    for pool in pools:
+        by_phase = counts.get(pool.pk, {})
+        pool.phase_counts = [(p, by_phase[p], ClaimPhaseColour.of(p)) for p in SHOWN_PHASES if by_phase.get(p)]
+        pool.live = sum(n for p, n in by_phase.items() if p in LIVE)
+    claims = list(claim_tables.claims_rows_queryset(
+        NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED)).order_by("-created_at", "-pk")[:200])
+    claim_tables.with_progress(claims)
+    nodes = [c for c in claims if c.phase == ClaimPhase.AVAILABLE]
+    used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
+    return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
+            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {}}
+
+
+class ClaimPhaseColour:
+    @staticmethod
+    def of(phase: str) -> str:
+        from claims.choices import PHASE_COLOURS
+
+        return PHASE_COLOURS.get(phase, "secondary")
+
+
+def render_tenant_live(user, tenant: Tenant) -> list[str]:
+    ctx = {**tenant_context(user, tenant), "oob": True}
+    parts = [render_to_string("pools/partials/pool_claims.html", {**ctx, "pool": pool}) for pool in ctx["pools"]]
+    parts.append(render_to_string("pools/partials/tenant_quota.html", ctx))
+    parts.append(render_to_string("pools/partials/tenant_claims.html", ctx))
+    parts.append(render_to_string("pools/partials/tenant_nodes.html", ctx))
+    return parts
+
+
+@console_view()
+def tenant_page(request, name: str):
+    cursor = live_cursor()
+    tenant = tenant_for(request.user, name)
+    return page(request, "pools/tenant.html", {"cursor": cursor, **tenant_context(request.user, tenant),
+                                               "ws_url": f"/ws/tenants/{tenant.pk}/", "nav": "tenants"})
+
+
+@console_view()
+@require_POST
+def pool_quantity(request, name: str, pool: str):
+    """Change a static pool's quantity, within the tenant's quota; a refusal changes nothing."""
+    tenant = tenant_for(request.user, name)
+    if not scoping.may_change_tenant(request.user, tenant):
+        raise Http404("no such tenant") if not scoping.may_see_tenant(request.user, tenant) else \
+            _forbidden("auditors see tenants but change nothing")
+    target = get_object_or_404(NodePool, tenant=tenant, name=pool)
+    form = forms.QuantityForm(request.POST)
+    saved = None
+    if target.kind != PoolKind.STATIC:
+        form.is_valid()
+        form.add_error(None, "a dynamic pool has limits, not a quantity")
+    elif form.is_valid():
+        before = target.quantity
+        try:
+            target = pool_set_quantity(pool=target, quantity=form.cleaned_data["quantity"],
+                                       actor=f"user:{request.user.get_username()}",
+                                       expected_version=form.cleaned_data.get("version"))
+        except ValidationError as exc:
+            for message in exc.message_dict.get("quantity", exc.messages) if hasattr(exc, "error_dict") else exc.messages:
+                form.add_error("quantity", message)
+        except StaleVersion:
+            target.refresh_from_db()
+            form.add_error("quantity", f"pool {target.name} was changed meanwhile (it is now {target.quantity}); "
+                                       "look again and retry")
+        else:
+            saved = f"{target.name}: {before} → {target.quantity}"
+    target.refresh_from_db()
+    ok = saved is not None
+    if is_htmx(request):
+        html = render_to_string("pools/partials/pool_quantity.html",
+                                {"pool": target, "form": None if ok else form, "saved": saved, "may_change": True,
+                                 "tenant": tenant}, request=request)
+        return HttpResponse(html)
+    if ok:
+        messages.success(request, f"quantity of {saved}")
+        return redirect("tenant", name=tenant.name)
+    context = tenant_context(request.user, tenant)
+    context["errors_for"] = {target.pk: form}
+    return page(request, "pools/tenant.html", {"cursor": live_cursor(), **context, "nav": "tenants",
+                                               "ws_url": f"/ws/tenants/{tenant.pk}/"}, status=400)
+
+
+def _forbidden(message: str):
+    from django.core.exceptions import PermissionDenied
+
+    raise PermissionDenied(message)
+
+
+@console_view()
+@require_POST
+def join_command(request, name: str):
+    """'Join Node…': a bootstrap token from the tenant's API and the command that joins a machine by hand.
+    Network I/O on an explicit POST, outside any transaction; the token shows in this response only."""
+    tenant = tenant_for(request.user, name)
+    if not scoping.may_change_tenant(request.user, tenant):
+        _forbidden("auditors see tenants but change nothing")
+    result = {"tenant": tenant}
+    if not tenant.kubeconfig:
+        result["error"] = (f"Tenant {tenant.name} has no API credentials (kubeconfig) yet, so no join token can be "
+                           "made. A platform admin adds them on the tenant's edit page or with apply.")
+    else:
+        from claims.tenant_api import TenantAPI, TenantAPIError, join_command as make_command
+
+        try:
+            api = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
+            token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
+                                               description=f"manual join by {request.user.get_username()}")
+            endpoint = tenant.api_endpoint or api.server.split("://", 1)[-1]
+            ca_hash = api.ca_cert_hash() if tenant.join_mode == "kubeadm" else None
+            result["command"] = make_command(tenant.join_mode, endpoint, token.token, ca_hash)
+            result["expires_at"] = token.expires_at
+            event_record(kind="action", object_type="tenant", object_name=tenant.name, tenant=tenant,
+                         actor=f"user:{request.user.get_username()}",
+                         message=f"join token {token.id} created for a manual node")
+        except (TenantAPIError, ValueError) as exc:
+            result["error"] = f"The tenant API did not give a join token: {exc}"
+    if is_htmx(request):
+        return HttpResponse(render_to_string("pools/partials/join_command.html", result, request=request))
+    context = tenant_context(request.user, tenant)
+    return page(request, "pools/tenant.html", {"cursor": live_cursor(), **context, "join": result, "nav": "tenants",
+                                               "ws_url": f"/ws/tenants/{tenant.pk}/"},
+                status=200 if "command" in result else 400)
+
+
+# --- lists and forms of the catalogue -----------------------------------------------------------------
+
+KINDS = {
+    "providers": {"model": NodeProvider, "form": forms.NodeProviderForm, "title": "Node providers",
+                  "noun": "NodeProvider"},
+    "node-types": {"model": NodeType, "form": forms.NodeTypeForm, "title": "Node types", "noun": "NodeType"},
+    "environments": {"model": NodeEnvironment, "form": forms.NodeEnvironmentForm, "title": "Node environments",
+                     "noun": "NodeEnvironment"},
+    "images": {"model": OSImage, "form": forms.OSImageForm, "title": "OS images", "noun": "OSImage"},
+    "tenants": {"model": Tenant, "form": forms.TenantForm, "title": "Tenants", "noun": "Tenant"},
+}
+
+
+@console_view(*STAFF)
+def provider_list(request):
+    providers = list(NodeProvider.objects.annotate(types=Count("node_types", distinct=True),
+                                                   pools_n=Count("pools", distinct=True)))
+    return page(request, "pools/provider_list.html", {"objects": providers, "kind": "providers", **_kind("providers")})
+
+
+@console_view(*STAFF)
+def node_type_list(request):
+    types = list(NodeType.objects.select_related("provider"))
+    capacity = node_type_capacity(types)
+    for t in types:
+        t.capacity = capacity.get(t.pk, {"total": 0, "available": 0, "provisioned": 0})
+        t.cost_shown = t.effective_cost()
+    return page(request, "pools/node_type_list.html", {"objects": types, "kind": "node-types", **_kind("node-types")})
+
+
+@console_view(*STAFF)
+def environment_list(request):
+    envs = list(NodeEnvironment.objects.select_related("provider", "tenant"))
+    for env in envs:
+        env.cidr = env.properties.get(NodeEnvironment.CIDR, "")
+        env.ip_range = env.properties.get(NodeEnvironment.IP_RANGE, "")
+        env.dns = env.properties.get(NodeEnvironment.DNS, "")
+    return page(request, "pools/environment_list.html", {"objects": envs, "kind": "environments",
+                                                          **_kind("environments")})
+
+
+@console_view(*STAFF)
+def image_list(request):
+    return page(request, "pools/image_list.html", {"objects": list(OSImage.objects.all()), "kind": "images",
+                                                    **_kind("images")})
+
+
+@console_view()
+def tenant_list(request):
+    tenants = list(scoping.tenants(request.user).annotate(
+        pools_n=Count("pools", distinct=True),
+        quantity=Sum("pools__quantity", filter=Q(pools__kind=PoolKind.STATIC)),
+        members=Count("memberships", distinct=True)))
+    live = dict(NodeClaim.objects.filter(tenant__in=tenants).exclude(phase=ClaimPhase.RELEASED).order_by()
+                .values("tenant_id").annotate(n=Count("pk")).values_list("tenant_id", "n"))
+    for t in tenants:
+        t.live_claims = live.get(t.pk, 0)
+    return page(request, "pools/tenant_list.html", {"objects": tenants, "kind": "tenants", **_kind("tenants")})
+
+
+def _kind(kind: str) -> dict:
+    spec = KINDS[kind]
+    return {"title": spec["title"], "noun": spec["noun"], "create_url": reverse("catalogue-create", args=[kind]),
+            "nav": kind}
+
+
+def _lookup(kind: str, key: str):
+    model = KINDS[kind]["model"]
+    if kind == "tenants":
+        return get_object_or_404(model, name=key)
+    if not key.isdigit():
+        raise Http404("no such object")
+    return get_object_or_404(model, pk=int(key))
+
+
+@console_view(scoping.ADMIN)
+def catalogue_edit(request, kind: str, key: str | None = None):
+    """Create or edit one object; the model's validation (the same as apply's) shows next to each field."""
+    if kind not in KINDS:
+        raise Http404("no such kind")
+    spec = KINDS[kind]
+    instance = _lookup(kind, key) if key else None
+    form_class = spec["form"]
+    if request.method == "POST":
+        form = form_class(request.POST, instance=instance)
+        if instance is not None and "name" in form.fields:
+            form.fields["name"].disabled = True  # names are identities: manifests refer to them
+        if form.is_valid():
+            saved = form.save_as(f"user:{request.user.get_username()}")
+            if saved is not None:
+                messages.success(request, f"{spec['noun']} {saved} {'saved' if instance else 'created'}")
+                if kind == "tenants":
+                    return redirect("tenant", name=saved.name)
+                return redirect(f"{kind}")
+    else:
+        form = form_class(instance=instance)
+        if instance is not None and "name" in form.fields:
+            form.fields["name"].disabled = True
+    return page(request, "pools/catalogue_form.html", {
+        "form": form, "instance": instance, "kind": kind, "noun": spec["noun"], "title": spec["title"],
+        "list_url": reverse(kind), "nav": kind}, status=400 if request.method == "POST" else 200)
+
+
+# --- YAML apply ------------------------------------------------------------------------------------------
+
+@console_view(scoping.ADMIN)
+def apply_page(request):
+    """Paste or upload manifests. "Preview" runs a dry run and shows what would change; "Apply" applies the
+    same text, all or nothing, as `manage.py apply`."""
+    result = None
+    error = None
+    applied = False
+    if request.method == "POST":
+        form = forms.ApplyForm(request.POST, request.FILES)
+        if form.is_valid():
+            dry_run = request.POST.get("action") != "apply"
+            try:
+                result = apply_files([(form.cleaned_data["file_name"], form.cleaned_data["text"])],
+                                     actor=f"user:{request.user.get_username()}",
+                                     tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run)
+            except ManifestError as exc:
+                error = str(exc)
+                form.add_error("text", error)
+            else:
+                applied = not dry_run
+                if applied:
+                    form = forms.ApplyForm(initial={"tenant": form.cleaned_data.get("tenant")})
+                else:
+                    form = forms.ApplyForm(initial={"text": form.cleaned_data["text"],
+                                                    "tenant": form.cleaned_data.get("tenant")})
+    else:
+        form = forms.ApplyForm()
+    return page(request, "pools/apply.html", {"form": form, "result": result, "error": error, "applied": applied,
+                                              "nav": "apply"},
+                status=400 if error else 200)

@@ -1,0 +1,180 @@
+"""Fixtures of the console's tests: named users (an admin, an auditor, a member of `one`, a member of
+`two`), a site with both tenants, the console served by a real ASGI server (daphne) and Chromium.
+Load with `pytest_plugins = ["tests.console_conftest"]`."""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.db import connection
+
+from hosts.models import BareMetalHost
+from pools.models import NodePool, Tenant, TenantMembership
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+PASSWORD = "console-test-password-7f3a"
+
+TWO_YAML = """privateNodes:
+  enabled: true
+  autoNodes:
+    - provider: metal3
+      static:
+        - name: cpu
+          quantity: 1
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              value: cpu-server
+      properties:
+        vcluster.com/os-image: ubuntu2404-20260926
+"""
+
+
+@pytest.fixture
+def console_site(demo_site, apply, seed_block):
+    """The demo site; tenant `one` with the seed's pools at quantity 0 (gpu, cpu) and a quota of 2 nodes;
+    tenant `two` with one cpu pool (quantity 1: a live claim on a host of its own once reconciled)."""
+    apply(seed_block.replace("quantity: 1", "quantity: 0"), tenant="one")
+    apply(TWO_YAML, tenant="two")
+    Tenant.objects.filter(name="one").update(quota_nodes=2)
+    return {"one": Tenant.objects.get(name="one"), "two": Tenant.objects.get(name="two")}
+
+
+def _user(username: str, **flags) -> User:
+    return User.objects.create_user(username, f"{username}@example.invalid", PASSWORD, **flags)
+
+
+@pytest.fixture
+def users(console_site):
+    admin = _user("root-admin", is_staff=True, is_superuser=True)
+    auditor = _user("audrey")
+    auditor.groups.add(Group.objects.get_or_create(name="auditors")[0])
+    alice = _user("alice")  # member of one
+    bob = _user("bob")  # member of two
+    TenantMembership.objects.create(tenant=console_site["one"], user=alice)
+    TenantMembership.objects.create(tenant=console_site["two"], user=bob)
+    return {"admin": admin, "auditor": auditor, "alice": alice, "bob": bob}
+
+
+def pool(tenant: str, name: str) -> NodePool:
+    return NodePool.objects.get(tenant__name=tenant, name=name)
+
+
+def bmc_addresses() -> list[str]:
+    return list(BareMetalHost.objects.values_list("bmc_address", flat=True))
+
+
+# --- the console served over ASGI (websockets), against the test database ---------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class ConsoleServer:
+    """daphne serving vmetal_console.asgi in a child process. pytest-django's live_server is WSGI-only and
+    cannot carry websockets. The child sees committed rows only: use it from transactional tests."""
+
+    def __init__(self, env: dict, log: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "vmetal_console.asgi:application"],
+            cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"daphne did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def console_server(django_db_setup, django_db_blocker, tmp_path_factory):
+    with django_db_blocker.unblock():
+        url = database_url()
+    env = {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
+           "DJANGO_SETTINGS_MODULE": "vmetal_console.settings",
+           # Pool changes enqueue a reconcile; no worker listens on this queue: the tests drive the claims.
+           "CELERY_TASK_DEFAULT_QUEUE": f"console-test-{os.getpid()}",
+           "CONSOLE_LIVE_TAIL_S": "0.3", "CONSOLE_LIVE_FLUSH_S": "0.05", "AXES_ENABLED": "False"}
+    server = ConsoleServer(env, tmp_path_factory.mktemp("daphne") / "daphne.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium for one test module. Module scope: Playwright's sync API keeps an event loop running in this
+    thread while it is open, which asyncio tests of other modules cannot share."""
+    # Django's ORM, called by the tests between browser steps, would refuse to run "from an async context".
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    try:
+        with sync_playwright() as p:
+            chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            yield chromium
+            chromium.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def browser_page(browser, console_server):
+    context = browser.new_context(base_url=console_server.url, viewport={"width": 1360, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15000)
+    yield page
+    context.close()
+
+
+def log_in(page, username: str, password: str = PASSWORD) -> None:
+    page.goto("/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+
+
+def wait_live(page) -> None:
+    """The page's websocket is open and has re-synced once (its status says so)."""
+    page.wait_for_selector("#live-status.on")
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / name
+    page.screenshot(path=str(path), full_page=True)
+    return path

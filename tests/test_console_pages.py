@@ -1,0 +1,350 @@
+"""The console's pages over HTTP, as each role sees them: what loads, what is refused, what changes."""
+import io
+from html import unescape
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from events.models import Event
+from hosts.choices import HostState
+from hosts.models import BareMetalHost
+from hosts.services import host_set_maintenance
+from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+
+pytest.register_assert_rewrite("tests.console_conftest")
+from .console_conftest import PASSWORD, bmc_addresses, pool  # noqa: E402
+
+pytest_plugins = ["tests.console_conftest"]
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def reconciled(users):
+    """Tenant two's cpu claim holds a host; tenant one asks for one gpu node and has it."""
+    from pools.services import pool_set_quantity
+
+    pool_set_quantity(pool=pool("one", "gpu"), quantity=1, actor="test")
+    call_command("reconcile", stdout=io.StringIO())
+    return users
+
+
+def as_user(client, user):
+    client.force_login(user)
+    return client
+
+
+def staff_urls():
+    host = BareMetalHost.objects.order_by("name").first()
+    return [reverse("fleet"), reverse("repair"), reverse("timing"), reverse("providers"), reverse("node-types"),
+            reverse("environments"), reverse("images"), reverse("apply"),
+            reverse("catalogue-create", args=["providers"]), reverse("catalogue-edit", args=["tenants", "one"]),
+            reverse("host-action", args=[host.name, "maintenance-on"])]
+
+
+# --- every page loads for the admin ------------------------------------------------------------------------
+
+def test_the_admin_sees_every_page(client, reconciled):
+    as_user(client, reconciled["admin"])
+    claim = NodeClaim.objects.filter(tenant__name="one").first()
+    host = claim.host
+    urls = staff_urls() + [reverse("tenants"), reverse("tenant", args=["one"]), reverse("tenant", args=["two"]),
+                           reverse("claims"), reverse("claim", args=[claim.name]), reverse("host", args=[host.name]),
+                           reverse("events")]
+    for kind in ("providers", "node-types", "environments", "images", "tenants"):
+        urls.append(reverse("catalogue-create", args=[kind]))
+    for url in urls:
+        response = client.get(url)
+        assert response.status_code == 200, url
+    page = client.get(reverse("host", args=[host.name])).content.decode()
+    assert host.bmc_address in page
+    assert "demo-password" not in page
+
+
+def test_home_sends_staff_to_the_fleet_and_members_to_their_tenant(client, users):
+    assert client.get("/").url.startswith(reverse("login"))
+    as_user(client, users["auditor"])
+    assert client.get("/").url == reverse("fleet")
+    as_user(client, users["alice"])
+    assert client.get("/").url == reverse("tenant", args=["one"])
+
+
+def test_login_and_logout_through_the_forms(client, users):
+    response = client.post(reverse("login"), {"username": "alice", "password": PASSWORD}, follow=True)
+    assert response.redirect_chain[-1][0] == reverse("tenant", args=["one"])
+    assert "alice" in response.content.decode()
+    response = client.post(reverse("logout"), follow=True)
+    assert response.redirect_chain[-1][0] == reverse("login")
+    assert client.get(reverse("tenant", args=["one"])).status_code == 302
+
+
+# --- tenant isolation ------------------------------------------------------------------------------------
+
+def test_a_member_of_two_gets_nothing_of_one_and_no_admin_page(client, reconciled):
+    as_user(client, reconciled["bob"])
+    one_claim = NodeClaim.objects.filter(tenant__name="one").first()
+    for url in (reverse("tenant", args=["one"]), reverse("claim", args=[one_claim.name]),
+                reverse("host", args=[one_claim.host.name])):
+        assert client.get(url).status_code == 404, url
+    assert client.post(reverse("pool-quantity", args=["one", "gpu"]), {"quantity": 2}).status_code == 404
+    assert client.post(reverse("tenant-join", args=["one"])).status_code == 404
+    for url in staff_urls():
+        assert client.get(url).status_code == 403, url
+    assert client.post(reverse("host-action", args=[one_claim.host.name, "maintenance-on"])).status_code == 403
+    assert pool("one", "gpu").quantity == 1
+
+
+def test_no_page_shows_a_member_a_bmc_address_or_another_tenant(client, reconciled):
+    as_user(client, reconciled["bob"])
+    own = NodeClaim.objects.get(tenant__name="two")
+    pages = [reverse("tenant", args=["two"]), reverse("tenants"), reverse("claims"), reverse("claim", args=[own.name]),
+             reverse("host", args=[own.host.name]), reverse("events")]
+    addresses = bmc_addresses()
+    for url in pages:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        html = response.content.decode()
+        for address in addresses:
+            assert address not in html, url
+        assert "one-" not in html and ">one<" not in html, url
+    host_page = client.get(reverse("host", args=[own.host.name])).content.decode()
+    assert 'id="host-bmc"' not in host_page
+
+
+def test_members_see_only_hosts_that_serve_them(client, reconciled):
+    as_user(client, reconciled["bob"])
+    free = BareMetalHost.objects.filter(state=HostState.AVAILABLE).first()
+    assert client.get(reverse("host", args=[free.name])).status_code == 404
+
+
+def test_an_auditor_sees_everything_and_changes_nothing(client, reconciled):
+    as_user(client, reconciled["auditor"])
+    assert client.get(reverse("fleet")).status_code == 200
+    assert client.get(reverse("tenant", args=["one"])).status_code == 200
+    assert client.get(reverse("apply")).status_code == 403
+    assert client.post(reverse("pool-quantity", args=["one", "gpu"]), {"quantity": 2}).status_code == 403
+    assert pool("one", "gpu").quantity == 1
+
+
+# --- the tenant's self-service page ------------------------------------------------------------------------
+
+def test_a_member_changes_a_pool_quantity_within_the_quota(client, users):
+    as_user(client, users["alice"])
+    gpu = pool("one", "gpu")
+    response = client.post(reverse("pool-quantity", args=["one", "gpu"]), {"quantity": 2, "version": gpu.version})
+    assert response.status_code == 302
+    assert pool("one", "gpu").quantity == 2
+    event = Event.objects.filter(object_type="pool", object_name="one/gpu").latest("pk")
+    assert event.actor == "user:alice" and "quantity: 0 → 2" in event.message
+
+
+def test_quota_exceeded_is_a_clear_error_next_to_the_field_and_nothing_changes(client, users):
+    as_user(client, users["alice"])
+    gpu = pool("one", "gpu")
+    events = Event.objects.count()
+    response = client.post(reverse("pool-quantity", args=["one", "gpu"]), {"quantity": 3, "version": gpu.version})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert f'id="pool-{gpu.pk}-error"' in html
+    assert "tenant one may have at most 2 node(s); these pools ask for 3" in html
+    assert pool("one", "gpu").quantity == 0 and pool("one", "gpu").version == gpu.version
+    assert Event.objects.count() == events
+    assert not NodeClaim.objects.filter(tenant__name="one").exists()
+    # The same through htmx: the pool's quantity cell comes back with the error, ready to retry.
+    response = client.post(reverse("pool-quantity", args=["one", "gpu"]), {"quantity": 3, "version": gpu.version},
+                           HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert response.content.decode().lstrip().startswith(f'<td id="pool-{gpu.pk}-quantity">')
+    assert "at most 2 node(s)" in response.content.decode()
+
+
+def test_a_stale_quantity_form_is_refused(client, users):
+    as_user(client, users["alice"])
+    gpu = pool("one", "gpu")
+    response = client.post(reverse("pool-quantity", args=["one", "gpu"]), {"quantity": 1, "version": gpu.version + 5})
+    assert response.status_code == 400
+    assert "changed meanwhile" in response.content.decode()
+    assert pool("one", "gpu").quantity == 0
+
+
+def test_the_join_button_says_clearly_when_the_tenant_has_no_api_credentials(client, users):
+    as_user(client, users["alice"])
+    response = client.post(reverse("tenant-join", args=["one"]), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert "has no API credentials (kubeconfig)" in response.content.decode()
+
+
+def test_the_join_button_shows_a_fresh_token_once(client, users, monkeypatch):
+    from claims import tenant_api
+
+    made = []
+
+    def fake_token(self, ttl_s=3600, description=""):
+        import datetime
+
+        token = tenant_api.BootstrapToken(id="abcdef", secret="0123456789abcdef",
+                                          expires_at=datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC))
+        made.append(description)
+        return token
+
+    monkeypatch.setattr(tenant_api.TenantAPI, "create_bootstrap_token", fake_token)
+    Tenant.objects.filter(name="one").update(api_endpoint="10.0.0.5:443")
+    tenant = Tenant.objects.get(name="one")
+    tenant.kubeconfig = "apiVersion: v1\nclusters:\n- name: one\n  cluster:\n    server: https://10.0.0.5:443\n"
+    tenant.save(update_fields=["kubeconfig"])
+    as_user(client, users["alice"])
+    page = client.get(reverse("tenant", args=["one"])).content.decode()
+    assert "0123456789abcdef" not in page
+    response = client.post(reverse("tenant-join", args=["one"]), HTTP_HX_REQUEST="true")
+    html = unescape(response.content.decode())
+    assert 'curl -fsSLk "https://10.0.0.5:443/node/join?token=abcdef.0123456789abcdef" | sh -' in html
+    assert made == ["manual join by alice"]
+    event = Event.objects.filter(object_type="tenant", kind="action").latest("pk")
+    assert "abcdef" in event.message and "0123456789abcdef" not in event.message
+    assert "0123456789abcdef" not in client.get(reverse("tenant", args=["one"])).content.decode()
+
+
+# --- host actions ------------------------------------------------------------------------------------------
+
+def test_host_actions_ask_for_confirmation_then_go_through_the_services(client, users):
+    as_user(client, users["admin"])
+    host = BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()
+    url = reverse("host-action", args=[host.name, "maintenance-on"])
+    confirm = client.get(url)
+    assert confirm.status_code == 200 and "Maintenance on" in confirm.content.decode()
+    host.refresh_from_db()
+    assert host.state == HostState.AVAILABLE  # a GET changes nothing
+    response = client.post(url, {"reason": "fan swap"}, follow=True)
+    host.refresh_from_db()
+    assert host.state == HostState.MAINTENANCE
+    assert "Maintenance on: done" in response.content.decode()
+    assert Event.objects.filter(host_id=host.pk, to_state="maintenance", actor="user:root-admin",
+                                message="fan swap").exists()
+    refused = client.post(reverse("host-action", args=[host.name, "retry"]), follow=True)
+    assert "only a host in error can be retried" in refused.content.decode()
+
+
+# --- catalogue forms: the same validation as apply, errors next to the field ---------------------------------
+
+def test_forms_show_the_models_errors_next_to_the_field(client, users):
+    as_user(client, users["admin"])
+    provider = NodeProvider.objects.get(name="metal3")
+    response = client.post(reverse("catalogue-create", args=["node-types"]), {
+        "name": "Bad_Name", "provider": provider.pk, "resources": "cpu: lots", "host_selector": "matchLabels: [1",
+        "properties": "", "cost": ""})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="error-name"' in html
+    assert 'id="error-host_selector"' in html and "not valid YAML" in html
+    response = client.post(reverse("catalogue-create", args=["node-types"]), {
+        "name": "big-gpu", "provider": provider.pk, "resources": "cpu: lots", "host_selector": "", "properties": ""})
+    assert 'id="error-resources"' in response.content.decode() and "is not a quantity" in response.content.decode()
+    response = client.post(reverse("catalogue-create", args=["images"]), {
+        "name": "img", "url": "ftp://x", "checksum": "abc", "format": "raw", "properties": ""})
+    html = response.content.decode()
+    assert 'id="error-url"' in html and 'id="error-checksum"' in html
+    assert not NodeType.objects.filter(name="big-gpu").exists() and not OSImage.objects.filter(name="img").exists()
+    response = client.post(reverse("catalogue-create", args=["environments"]), {
+        "name": "net", "namespace": "p-default",
+        "properties": "metal3.vcluster.com/network-cidr: 10.0.0.1/24\nmetal3.vcluster.com/network-ip-range: 10.9.0.1-10.9.0.5"})
+    assert 'id="error-properties"' in response.content.decode() and "is outside" in response.content.decode()
+
+
+def test_forms_create_and_edit_through_the_event_log(client, users):
+    as_user(client, users["admin"])
+    provider = NodeProvider.objects.get(name="metal3")
+    response = client.post(reverse("catalogue-create", args=["node-types"]), {
+        "name": "big-gpu", "provider": provider.pk, "resources": 'cpu: 256\nnvidia.com/gpu: "8"',
+        "host_selector": "matchLabels:\n  role: big", "properties": "", "cost": "90000"})
+    assert response.status_code == 302
+    big = NodeType.objects.get(name="big-gpu")
+    assert big.resources == {"cpu": "256", "nvidia.com/gpu": "8"} and big.host_selector == {"matchLabels": {"role": "big"}}
+    assert Event.objects.filter(object_type="nodetype", object_name="big-gpu", actor="user:root-admin").exists()
+    page = client.get(reverse("node-types")).content.decode()
+    assert 'data-node-type="gpu-server"' in page
+    edit = reverse("catalogue-edit", args=["tenants", "one"])
+    response = client.post(edit, {"namespace": "p-default", "display_name": "Team One", "api_endpoint": "10.0.0.9:443",
+                                  "join_mode": "vcluster", "quota_nodes": "4", "kubeconfig": ""})
+    assert response.status_code == 302
+    one = Tenant.objects.get(name="one")
+    assert (one.display_name, one.quota_nodes, one.name) == ("Team One", 4, "one")
+    assert NodeEnvironment.objects.exists()
+
+
+def test_node_type_capacity_counts_hosts(client, reconciled):
+    as_user(client, reconciled["admin"])
+    html = client.get(reverse("node-types")).content.decode()
+    gpu = NodeType.objects.get(name="gpu-server")
+    row = html[html.index(f'id="node-type-{gpu.pk}"'):]
+    row = row[: row.index("</tr>")]
+    assert '<td class="cap-total">4</td>' in row
+    assert '<td class="cap-provisioned">1</td>' in row and '<td class="cap-available">3</td>' in row
+
+
+# --- YAML apply --------------------------------------------------------------------------------------------
+
+APPLY_IMAGE = """apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata:
+  name: ubuntu2404-20261201
+spec:
+  properties:
+    metal3.vcluster.com/image-url: http://127.0.0.1:8000/images/new.raw
+    metal3.vcluster.com/image-checksum: 3f1c0c3a2f1e8b7d6a5c4b3a29180706f5e4d3c2b1a09f8e7d6c5b4a39281706
+"""
+
+
+def test_apply_shows_the_dry_run_first_then_applies(client, users):
+    as_user(client, users["admin"])
+    preview = client.post(reverse("apply"), {"text": APPLY_IMAGE, "action": "preview"})
+    html = preview.content.decode()
+    assert "osimage/ubuntu2404-20261201 created (dry run)" in html and 'id="apply-button"' in html
+    assert not OSImage.objects.filter(name="ubuntu2404-20261201").exists()
+    applied = client.post(reverse("apply"), {"text": APPLY_IMAGE, "action": "apply"})
+    assert "osimage/ubuntu2404-20261201 created" in applied.content.decode()
+    assert OSImage.objects.get(name="ubuntu2404-20261201")
+    upload = io.BytesIO(APPLY_IMAGE.replace("new.raw", "newer.raw").encode())
+    upload.name = "image.yaml"
+    diff = client.post(reverse("apply"), {"file": upload, "action": "preview"}).content.decode()
+    assert "osimage/ubuntu2404-20261201 configured (url: http://127.0.0.1:8000/images/new.raw → " \
+           "http://127.0.0.1:8000/images/newer.raw" in diff and "(dry run)" in diff
+
+
+def test_apply_errors_show_next_to_the_text_and_change_nothing(client, users):
+    as_user(client, users["admin"])
+    bad = APPLY_IMAGE.replace("kind: OSImage", "kind: OSImagez")
+    response = client.post(reverse("apply"), {"text": bad, "action": "apply"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="error-text"' in html and "unknown kind" in html
+    assert not OSImage.objects.filter(name="ubuntu2404-20261201").exists()
+    vcluster = "privateNodes:\n  enabled: true\n  autoNodes: []\n"
+    response = client.post(reverse("apply"), {"text": vcluster, "action": "preview"})
+    assert "give --tenant NAME" in response.content.decode()
+
+
+# --- claims and timing ------------------------------------------------------------------------------------
+
+def test_claims_list_filters_by_phase(client, reconciled):
+    as_user(client, reconciled["admin"])
+    html = client.get(reverse("claims"), {"phase": ClaimPhase.PROVISIONING}).content.decode()
+    assert html.count('data-phase="Provisioning"') >= 2
+    assert client.get(reverse("claims"), {"phase": ClaimPhase.AVAILABLE}).content.decode().count("<tr id=\"claim-") == 0
+
+
+def test_the_timing_page_charts_p50_and_p95_per_step(client, users):
+    from events.services import event_record
+
+    host = BareMetalHost.objects.first()
+    for i, seconds in enumerate([10, 20, 30, 40, 100]):
+        event_record(kind="step", object_type="host", object_name=host.name, host=host, step="write_image",
+                     message="done", duration_s=seconds, actor="system:flow", data={"flow": "provision"})
+    host_set_maintenance(host=host, on=True, actor="test")
+    as_user(client, users["auditor"])
+    html = client.get(reverse("timing")).content.decode()
+    assert '<svg id="timing-chart"' in html and 'data-step="write_image"' in html
+    row = html[html.index('<tr data-step="write_image">'):]
+    assert "<td>5</td><td>30.00 s</td><td>88.00 s</td>" in row[: row.index("</tr>")]
+    assert '<svg id="state-history"' in html and 'data-state="maintenance"' in html

@@ -1,0 +1,113 @@
+"""Query counts: the fleet board, the host, claim and tenant pages run as many queries for 10,000 hosts (or
+hundreds of events and claims) as for a handful."""
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from claims.models import NodeClaim
+from events.models import Event
+from hosts.choices import HostState
+from hosts.models import BareMetalHost, HostCommand
+
+pytest.register_assert_rewrite("tests.console_conftest")
+from .console_conftest import pool  # noqa: E402
+
+pytest_plugins = ["tests.console_conftest"]
+pytestmark = pytest.mark.django_db
+
+STATES = [HostState.AVAILABLE, HostState.PROVISIONED, HostState.REPAIR, HostState.ERROR, HostState.MAINTENANCE]
+
+
+def add_hosts(n: int, start: int = 0) -> None:
+    BareMetalHost.objects.bulk_create([
+        BareMetalHost(name=f"node-{i:05d}", bmc_address=f"redfish://10.1.{i // 250}.{i % 250}/redfish/v1/Systems/1",
+                      boot_mac=f"52:54:01:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}",
+                      labels={"role": "gpu" if i % 2 else "cpu", "rack": f"r{i % 40}", "rail-group": f"g{i % 8}"},
+                      state=STATES[i % len(STATES)], inventory={"gpus": 8})
+        for i in range(start, start + n)], batch_size=2000)
+
+
+def queries(client, url, params=None) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url, params or {})
+    assert response.status_code == 200, url
+    return len(ctx.captured_queries)
+
+
+@pytest.fixture
+def admin_client_(client, users):
+    client.force_login(users["admin"])
+    return client
+
+
+FLEET_VIEWS = [{}, {"page": "2"}, {"state": "available"}, {"node_type": "gpu-server", "label": "rack=r3"},
+               {"tenant": "two", "per_page": "200"}, {"q": "node-0000"}]
+
+
+def test_the_fleet_board_runs_a_constant_number_of_queries(admin_client_):
+    call_command("reconcile", stdout=io.StringIO())  # tenant two's claim holds a host: rows with claims
+    add_hosts(10)
+    small = [queries(admin_client_, reverse("fleet"), params) for params in FLEET_VIEWS]
+    add_hosts(9990, start=10)
+    assert BareMetalHost.objects.count() > 10000
+    big = [queries(admin_client_, reverse("fleet"), params) for params in FLEET_VIEWS]
+    assert big == small
+    assert max(big) <= 12
+    html = admin_client_.get(reverse("fleet"), {"state": "repair", "per_page": "100"}).content.decode()
+    assert html.count('data-state="repair"') == 101  # 100 rows and the count card
+    assert 'id="count-repair">2000<' in html
+
+
+def test_the_repair_page_runs_a_constant_number_of_queries(admin_client_):
+    add_hosts(10)
+    small = queries(admin_client_, reverse("repair"))
+    add_hosts(2000, start=10)
+    assert queries(admin_client_, reverse("repair")) == small
+
+
+def test_the_host_page_runs_a_constant_number_of_queries(admin_client_):
+    call_command("reconcile", stdout=io.StringIO())
+    host = BareMetalHost.objects.get(claim__tenant__name="two")
+    url = reverse("host", args=[host.name])
+    small = queries(admin_client_, url)
+    Event.objects.bulk_create([Event(kind="step", object_type="host", object_name=host.name, host=host, step="s",
+                                     message="done", duration_s=1, actor="test") for _ in range(300)])
+    HostCommand.objects.create(host=host, flow_id="f", step="write_image", name="write_image", progress=40)
+    assert queries(admin_client_, url) == small
+
+
+def test_the_claim_and_tenant_pages_run_a_constant_number_of_queries(admin_client_):
+    from pools.services import pool_set_quantity
+
+    call_command("reconcile", stdout=io.StringIO())
+    claim = NodeClaim.objects.get(tenant__name="two")
+    claim_url, tenant_url = reverse("claim", args=[claim.name]), reverse("tenant", args=["two"])
+    running = Event(kind="step", object_type="host", object_name=claim.host_name, host_id=claim.host_id, claim=claim,
+                    tenant_id=claim.tenant_id, step="write_image", message="started", actor="system:flow",
+                    data={"flow": "provision"})
+    Event.objects.bulk_create([running])
+    HostCommand.objects.create(host_id=claim.host_id, flow_id="f", step="write_image", name="write_image", progress=10)
+    small = (queries(admin_client_, claim_url), queries(admin_client_, tenant_url))
+    steps = []
+    for name in ("power_on_pxe", "agent_lookup", "inspect", "write_image", "write_seed", "reboot_to_disk"):
+        for message in ("started", "done"):
+            steps.append(Event(kind="step", object_type="host", object_name=claim.host_name, host_id=claim.host_id,
+                               claim=claim, tenant_id=claim.tenant_id, step=name, message=message,
+                               duration_s=None if message == "started" else 3.0, actor="system:flow",
+                               data={"flow": "provision"}))
+    steps.append(Event(kind="step", object_type="host", object_name=claim.host_name, host_id=claim.host_id,
+                       claim=claim, tenant_id=claim.tenant_id, step="boot_from_disk", message="started",
+                       actor="system:flow", data={"flow": "provision"}))
+    Event.objects.bulk_create(steps * 20)
+    HostCommand.objects.create(host_id=claim.host_id, flow_id="f2", step="boot_from_disk", name="x", progress=10)
+    from pools.models import Tenant
+
+    Tenant.objects.filter(name="two").update(quota_nodes=None)
+    pool_set_quantity(pool=pool("two", "cpu"), quantity=3, actor="test")
+    call_command("reconcile", stdout=io.StringIO())
+    assert NodeClaim.objects.filter(tenant__name="two").count() == 3
+    assert (queries(admin_client_, claim_url), queries(admin_client_, tenant_url)) == small
