@@ -101,8 +101,9 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
             env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
                    "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
             beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
+            queues = ",".join([queue, *filter(None, worker_settings.get("EXTRA_QUEUES", "").split(","))])
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", queue, "-P", "threads",
+                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", queues, "-P", "threads",
                  "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info", *beat],
                 cwd=ROOT, env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + 30

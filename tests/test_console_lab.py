@@ -1,0 +1,81 @@
+"""The console's acceptance run, end to end: an admin sets tenant one's gpu pool 0 → 1 in Chromium and
+watches the claim go Pending → … → Available without a reload, while a real Celery worker provisions a
+lab server (Redfish BMC, the agent on file-backed disks, the tenant's Kubernetes API)."""
+import os
+import re
+
+import pytest
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from conftest import DEMO, wait_for
+from lab.site import IMAGE_NAME, LabSite
+
+from .console_conftest import PASSWORD, log_in, pool, wait_live  # noqa: F401
+from .lab_conftest import FAST, wait_hosts
+
+pytest_plugins = ["tests.console_conftest"]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SEED_AT_ZERO = """\
+privateNodes:
+  autoNodes:
+    - provider: metal3
+      properties:
+        vcluster.com/os-image: {image}
+      static:
+        - name: gpu
+          quantity: 0
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              value: gpu-server
+          nodeLabels:
+            workload: gpu
+"""
+
+
+@pytest.fixture
+def lab(console_server, worker_settings, tmp_path, apply, django_user_model):
+    # The daphne console enqueues the pool's reconcile on its own queue: the worker listens there too.
+    worker_settings.update(FAST, EXTRA_QUEUES=f"console-test-{os.getpid()}")
+    apply((DEMO / "site.yaml").read_text())
+    apply(SEED_AT_ZERO.format(image=IMAGE_NAME), tenant="one")
+    django_user_model.objects.create_user("root-admin", "a@example.invalid", PASSWORD, is_staff=True,
+                                          is_superuser=True)
+    site = LabSite(hosts=1, gpu_hosts=1, tenants=["one"], console_url=console_server.url,
+                   power_delay=(0.3, 0.6), var_dir=tmp_path / "lab").start()
+    site.register()
+    yield site
+    site.stop()
+
+
+def test_an_admin_watches_a_real_claim_become_available_without_a_reload(lab, celery_worker_process, browser_page):
+    wait_hosts("available", 1)  # registered and inspected through the agent
+    page = browser_page
+    log_in(page, "root-admin")
+    page.goto("/tenants/one/")
+    wait_live(page)
+    page.evaluate("window.sameDocument = 'not reloaded'")
+    gpu = pool("one", "gpu")
+    cell = f"#pool-{gpu.pk}-quantity"
+    page.fill(f"{cell} input[name=quantity]", "1")
+    page.click(f"{cell} button")
+    page.wait_for_selector(f"#pool-{gpu.pk}-saved")
+    claim = wait_for(lambda: NodeClaim.objects.filter(tenant__name="one", pool_name="gpu").first(), timeout=30)
+    row = f"#tenant-claims #claim-{claim.pk}"
+    seen = []
+    for phase in (ClaimPhase.PROVISIONING, ClaimPhase.JOINING, ClaimPhase.AVAILABLE):
+        page.wait_for_selector(f'{row}[data-phase="{phase}"]', timeout=120_000)
+        seen.append(phase)
+    assert seen == ["Provisioning", "Joining", "Available"]
+    page.wait_for_selector('#tenant-nodes tr[data-node="gpu-01"]')
+    assert page.evaluate("window.sameDocument") == "not reloaded"  # every change came over the websocket
+    assert "gpu-01" in {n["metadata"]["name"] for n in lab.tenants["one"].objects("nodes")}
+
+    page.goto(f"/claims/{claim.name}/")
+    wait_live(page)
+    for step in ("power_on_pxe", "agent_lookup", "write_image", "write_seed", "reboot_to_disk", "boot_from_disk",
+                 "node_ready", "node_labels"):
+        bar = page.locator(f"#step-provision-{step}")
+        assert bar.get_attribute("data-status") == "done", step
+        assert re.fullmatch(r"\d+\.\d s", bar.locator(".step-duration").inner_text()), step
