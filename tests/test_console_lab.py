@@ -35,9 +35,10 @@ privateNodes:
 
 
 @pytest.fixture
-def lab(console_server, worker_settings, tmp_path, apply, django_user_model):
+def lab(console_server, worker_settings, tmp_path, apply, django_user_model, request):
     # The daphne console enqueues the pool's reconcile on its own queue: the worker listens there too.
     worker_settings.update(FAST, EXTRA_QUEUES=f"console-test-{os.getpid()}")
+    request.getfixturevalue("celery_worker_process")  # started with those settings, before anything is enqueued
     apply((DEMO / "site.yaml").read_text())
     apply(SEED_AT_ZERO.format(image=IMAGE_NAME), tenant="one")
     django_user_model.objects.create_user("root-admin", "a@example.invalid", PASSWORD, is_staff=True,
@@ -49,7 +50,7 @@ def lab(console_server, worker_settings, tmp_path, apply, django_user_model):
     site.stop()
 
 
-def test_an_admin_watches_a_real_claim_become_available_without_a_reload(lab, celery_worker_process, browser_page):
+def test_an_admin_watches_a_real_claim_become_available_without_a_reload(lab, browser_page):
     wait_hosts("available", 1)  # registered and inspected through the agent
     page = browser_page
     log_in(page, "root-admin")
