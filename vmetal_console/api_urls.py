@@ -1,2 +1,39 @@
-"""REST API under /api/v1/ (issue: REST API, tenant isolation)."""
-urlpatterns = []
+"""REST API under /api/v1/ (issue: REST API, tenant isolation), its OpenAPI 3 schema at /api/schema/ and
+browsable docs at /api/docs/ (Swagger UI) and /api/redoc/."""
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from claims.api.views import NodeClaimViewSet
+from events.api.views import EventViewSet
+from hosts.api.views import HostViewSet
+from pools.api.apply import ApplyView
+from pools.api.tokens import TokenViewSet
+from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
+                             OSImageViewSet, TenantViewSet)
+
+# The trailing slash is optional (/api/v1/pools and /api/v1/pools/ both work; the schema shows the latter).
+router = DefaultRouter(trailing_slash="/?")
+router.register("tenants", TenantViewSet, basename="tenant")
+router.register("pools", NodePoolViewSet, basename="pool")
+router.register("claims", NodeClaimViewSet, basename="claim")
+router.register("hosts", HostViewSet, basename="host")
+router.register("nodeproviders", NodeProviderViewSet, basename="nodeprovider")
+router.register("nodetypes", NodeTypeViewSet, basename="nodetype")
+router.register("nodeenvironments", NodeEnvironmentViewSet, basename="nodeenvironment")
+router.register("osimages", OSImageViewSet, basename="osimage")
+router.register("events", EventViewSet, basename="event")
+router.register("tokens", TokenViewSet, basename="token")
+
+v1 = [
+    re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
+    *router.urls,
+]
+
+urlpatterns = [
+    path("v1/", include((v1, "api"), namespace="api")),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("auth/", include("rest_framework.urls")),  # the browsable API's login and logout (django-axes guards it)
+]

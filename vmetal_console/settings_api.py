@@ -1,1 +1,90 @@
 """Settings of the REST API and web security (kept apart so that they are read in one place)."""
+import os
+from datetime import timedelta
+
+_debug = os.environ.get("DEBUG", "True").lower() in {"1", "true", "yes", "on"}
+_redis_url = os.environ.get("REDIS_URL", "")
+
+APPS = [
+    "rest_framework",
+    "rest_framework.authtoken",
+    "pools.api.apps.ApiConfig",  # after authtoken: its admin never shows a key
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
+    "axes",
+]
+# django-axes wants to be the last middleware and the first authentication backend.
+MIDDLEWARE_LAST = ["axes.middleware.AxesMiddleware"]
+AUTH_BACKENDS = ["axes.backends.AxesStandaloneBackend"]
+
+REST_FRAMEWORK = {
+    # Token first: an anonymous caller gets 401 with `WWW-Authenticate: Token`, not 403.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",  # the browser; enforces CSRF on writes
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "pools.api.base.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "pools.api.base.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "vMetal Console API",
+    "DESCRIPTION": "Pools of bare-metal GPU servers for many tenants. Authenticate with `Authorization: Token <key>` "
+                   "(POST /api/v1/tokens/ from a logged-in browser session shows a key once).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,  # request bodies without read-only fields, responses without write-only
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# One cache for the agent rate limits (and anything else that needs one): per process by default,
+# shared by every web process through Redis when REDIS_URL is set.
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _redis_url, "KEY_PREFIX": "vmetal"}
+        if _redis_url
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "vmetal"}
+    )
+}
+
+# Agent endpoints (hosts/agent_api.py): (requests, window in seconds). Lookup is counted per client address
+# and many lab agents share 127.0.0.1, so it is generous; heartbeat and result are counted per token
+# (one agent heartbeats every second: 60 a minute).
+AGENT_RATE_LIMITS = {
+    "lookup": (int(os.environ.get("AGENT_LOOKUP_LIMIT", "600")), 60),
+    "call": (int(os.environ.get("AGENT_CALL_LIMIT", "300")), 60),
+}
+
+# Login throttling (django-axes): 10 failures for one username from one address lock that pair out for an
+# hour; a success resets the count. The admin login and the browsable API's login both go through it.
+AXES_ENABLED = os.environ.get("AXES_ENABLED", "True").lower() in {"1", "true", "yes", "on"}
+AXES_FAILURE_LIMIT = int(os.environ.get("AXES_FAILURE_LIMIT", "10"))
+AXES_COOLOFF_TIME = timedelta(hours=1)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_SENSITIVE_PARAMETERS = ["password", "token", "key"]
+
+# Cookies and transport. settings.py already sets secure cookies and HSTS when DEBUG is off; these hold in
+# both modes.
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+if not _debug:
+    # Opt in where nothing but HTTPS should be served; agents on the provisioning network speak plain HTTP.
+    SECURE_SSL_REDIRECT = os.environ.get("SECURE_SSL_REDIRECT", "").lower() in {"1", "true", "yes", "on"}
+    SECURE_REDIRECT_EXEMPT = [r"^agent/"]
+    SECURE_HSTS_PRELOAD = os.environ.get("SECURE_HSTS_PRELOAD", "").lower() in {"1", "true", "yes", "on"}
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (opt in: a spoofable header otherwise).
+    if os.environ.get("SECURE_PROXY_SSL_HEADER", "").lower() in {"1", "true", "yes", "on"}:
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -1,0 +1,1 @@
+"""REST API (DRF) for the Event log (read only)."""

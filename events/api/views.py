@@ -1,0 +1,40 @@
+"""The Event log over HTTP, read only, scoped: a member sees its tenants' events."""
+from urllib.parse import urlsplit
+
+from rest_framework import viewsets
+
+from events.filtersets import EventFilterSet
+from hosts.models import BareMetalHost
+from pools.api.base import ScopedViewMixin
+from vmetal_console import scoping
+
+from .serializers import EventSerializer, TenantEventSerializer
+
+
+class EventViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = EventSerializer
+    filterset_class = EventFilterSet
+
+    def get_queryset(self):
+        return scoping.events(self.request.user)
+
+    def get_serializer_class(self):
+        if getattr(self, "swagger_fake_view", False) or scoping.may_see_bmc(self.request.user):
+            return EventSerializer
+        return TenantEventSerializer
+
+    def get_serializer(self, *args, **kwargs):
+        if args and args[0] is not None and not scoping.may_see_bmc(self.request.user):
+            events = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs["context"] = {**self.get_serializer_context(), "bmc_addresses": _bmc_addresses(events)}
+        return super().get_serializer(*args, **kwargs)
+
+
+def _bmc_addresses(events) -> dict[int, tuple[str, ...]]:
+    """{host id: (BMC address, its host:port)} for the hosts these events name: what a message may quote."""
+    ids = {e.host_id for e in events if e.host_id}
+    out = {}
+    for pk, address in BareMetalHost.objects.filter(pk__in=ids).values_list("pk", "bmc_address"):
+        netloc = urlsplit(address).netloc
+        out[pk] = tuple(a for a in (address, netloc) if a)
+    return out

@@ -1,0 +1,1 @@
+"""REST API (DRF) for bare-metal hosts."""

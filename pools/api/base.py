@@ -1,0 +1,199 @@
+"""What every API view shares: who may do what (asked of vmetal_console.scoping, never decided here),
+pagination, strict serializers that run Model.clean(), and one mapping from domain errors to HTTP answers."""
+import copy
+import logging
+from collections.abc import Mapping
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
+from django.db.models import ProtectedError
+from rest_framework import exceptions, serializers, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from hosts.lifecycle import ConcurrentTransition, IllegalTransition
+from manifests.source import ManifestError
+from pools.services import StaleVersion
+from vmetal_console import scoping
+
+log = logging.getLogger(__name__)
+
+
+def actor(request) -> str:
+    """The Event log's actor for a change made through the API (token or session alike)."""
+    return f"user:{request.user.username}"
+
+
+class Pagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+# --- permissions ----------------------------------------------------------------------------------
+
+class ScopedPermission(BasePermission):
+    """Reads: admins, auditors and tenant members (the view's queryset, from scoping, narrows what each sees);
+    anonymous callers nothing. Writes: admins; tenant members only the actions a view lists in
+    `member_actions`, and only on objects of their own tenants; auditors never."""
+
+    message = "you may not change this"
+
+    def has_permission(self, request, view) -> bool:
+        role = scoping.role(request.user)
+        if role == scoping.NOBODY:
+            return False
+        if request.method in SAFE_METHODS or role == scoping.ADMIN:
+            return True
+        if getattr(view, "action", "") is None:
+            return True  # no such action: DRF answers 405, the same for everyone signed in
+        if role == scoping.AUDITOR:
+            self.message = "auditors read only"
+            return False
+        return getattr(view, "action", None) in getattr(view, "member_actions", ())
+
+    def has_object_permission(self, request, view, obj) -> bool:
+        if request.method in SAFE_METHODS or scoping.is_admin(request.user):
+            return True
+        tenant = view.tenant_of(obj)
+        return tenant is not None and scoping.may_change_tenant(request.user, tenant)
+
+
+# --- serializers ----------------------------------------------------------------------------------
+
+class NoNulJSONField(serializers.JSONField):
+    """A JSON field whose strings carry no NUL character (PostgreSQL's jsonb cannot store one)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if _has_nul(value):
+            raise serializers.ValidationError("Null characters are not allowed.")
+        return value
+
+
+def _has_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def reject_unknown_fields(serializer, data) -> None:
+    if isinstance(data, Mapping):
+        unknown = sorted(set(data) - set(serializer.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+
+
+class StrictSerializer(serializers.Serializer):
+    """A request body whose unknown fields are an error, not silently dropped."""
+
+    def to_internal_value(self, data):
+        reject_unknown_fields(self, data)
+        return super().to_internal_value(data)
+
+
+class StrictModelSerializer(serializers.ModelSerializer):
+    """Unknown fields are an error, not silently dropped (read-only fields are ignored, as DRF does, so
+    that what a GET returned can be sent back). Before anything is written, the model's own rules run:
+    the instance as it would be is checked with full_clean(), the same Model.clean() that `apply` and the
+    admin use, and its errors come back as 400 with field errors."""
+
+    def build_standard_field(self, field_name, model_field):
+        field_class, kwargs = super().build_standard_field(field_name, model_field)
+        if field_class is serializers.JSONField:
+            field_class = NoNulJSONField
+        return field_class, kwargs
+
+    def to_internal_value(self, data):
+        reject_unknown_fields(self, data)
+        return super().to_internal_value(data)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        model_attrs = {k: v for k, v in attrs.items() if k in self.model_field_names()}
+        candidate = copy.copy(self.instance) if self.instance is not None else self.Meta.model()
+        for name, value in model_attrs.items():
+            setattr(candidate, name, value)
+        try:
+            candidate.full_clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(field_errors(exc)) from None
+        except (TypeError, AttributeError, KeyError, ValueError, OverflowError):
+            # clean() met a value of a shape it does not expect: refuse it rather than fail (and log where).
+            log.warning("%s.clean() failed on malformed input", self.Meta.model.__name__, exc_info=True)
+            raise serializers.ValidationError({"non_field_errors": ["a value has the wrong shape"]}) from None
+        return attrs
+
+    def model_field_names(self) -> set[str]:
+        return {f.name for f in self.Meta.model._meta.get_fields() if getattr(f, "concrete", False)}
+
+
+def field_errors(exc: DjangoValidationError) -> dict:
+    if hasattr(exc, "error_dict"):
+        return {("non_field_errors" if k == "__all__" else k): v for k, v in exc.message_dict.items()}
+    return {"non_field_errors": exc.messages}
+
+
+# --- views ----------------------------------------------------------------------------------------
+
+class ScopedViewMixin:
+    """A view whose queryset comes from vmetal_console.scoping and whose objects belong to a tenant."""
+
+    permission_classes = [ScopedPermission]
+    member_actions: frozenset = frozenset()
+    lookup_value_regex = r"[0-9]+"
+
+    def tenant_of(self, obj):
+        return getattr(obj, "tenant", None)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+class PreconditionFailed(exceptions.APIException):
+    status_code = status.HTTP_412_PRECONDITION_FAILED
+    default_detail = "the object changed meanwhile"
+    default_code = "stale_version"
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "conflict with the object's current state"
+    default_code = "conflict"
+
+
+def exception_handler(exc, context):
+    """Domain errors as HTTP: model validation → 400 with field errors, a stale version → 412, a state
+    change that is not allowed now or an object still in use → 409, a manifest error → 400 naming the
+    file, document and line. Nothing else is added: messages name objects, never secrets."""
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(field_errors(exc))
+    elif isinstance(exc, StaleVersion):
+        exc = PreconditionFailed(str(exc))
+    elif isinstance(exc, (IllegalTransition, ConcurrentTransition)):
+        exc = Conflict(str(exc))
+    elif isinstance(exc, ProtectedError):
+        exc = Conflict(_protected_message(exc))
+    elif isinstance(exc, IntegrityError):
+        exc = Conflict("conflicts with an existing object (changed meanwhile?)")
+    elif isinstance(exc, ManifestError):
+        return Response({"detail": str(exc), "file": exc.file, "document": exc.document, "line": exc.line,
+                         "message": exc.message}, status=status.HTTP_400_BAD_REQUEST)
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, PreconditionFailed):
+        response.data["code"] = exc.default_code
+    return response
+
+
+def _protected_message(exc: ProtectedError) -> str:
+    counts = {}
+    for obj in exc.protected_objects:
+        name = obj._meta.verbose_name_plural
+        counts[name] = counts.get(name, 0) + 1
+    uses = ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
+    return f"still in use by other objects ({uses}); remove those first"

@@ -1,0 +1,261 @@
+"""Tenants, pools and the site's configuration over HTTP. Every write goes through a service
+(pools.services, events.services.object_update), so it is validated by Model.clean() and recorded in the
+Event log with the caller as actor."""
+import copy
+import re
+
+from django.db import transaction
+from django.db.models import F, Q
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, viewsets
+from rest_framework.response import Response
+
+from events.services import object_delete, object_update
+from pools.capacity import node_type_capacity
+from pools.choices import PoolKind
+from pools.filtersets import (NodeEnvironmentFilterSet, NodePoolFilterSet, NodeProviderFilterSet, NodeTypeFilterSet,
+                              OSImageFilterSet, TenantFilterSet)
+from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
+from pools.services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota
+from vmetal_console import scoping
+
+from .base import ScopedViewMixin, actor
+from .serializers import (NodeEnvironmentSerializer, NodePoolSerializer, NodeProviderSerializer, NodeTypeSerializer,
+                          OSImageSerializer, TenantSerializer)
+
+
+class ConfigViewSet(ScopedViewMixin, viewsets.ModelViewSet):
+    """Objects written with object_update: validated, saved only when something changed, one Event each.
+    Everyone signed in reads them (members need to know what can be ordered); admins write (no
+    member_actions)."""
+
+    object_type = ""  # the Event log's name for these objects
+    self_link = ""
+
+    def event_tenant(self, obj, values: dict | None = None):
+        """The tenant an Event about this object belongs to (members see their tenants' Events)."""
+        values = values or {}
+        return values["tenant"] if "tenant" in values else getattr(obj, "tenant", None)
+
+    def perform_create(self, serializer):
+        self._write(serializer.Meta.model(), serializer)
+
+    def perform_update(self, serializer):
+        self._write(serializer.instance, serializer)
+
+    def _write(self, obj, serializer):
+        values = dict(serializer.validated_data)
+        with transaction.atomic():
+            object_update(obj, values, actor=actor(self.request), object_type=self.object_type,
+                          tenant=self.event_tenant(obj, values), self_link=self.self_link)
+        serializer.instance = obj
+
+    def perform_destroy(self, instance):
+        with transaction.atomic():
+            object_delete(instance, actor=actor(self.request), object_type=self.object_type,
+                          tenant=self.event_tenant(instance))
+
+
+class TenantViewSet(ConfigViewSet):
+    """Tenants (VirtualClusterInstances). Members read their own; admins create, change and delete."""
+
+    serializer_class = TenantSerializer
+    filterset_class = TenantFilterSet
+    object_type = "tenant"
+    self_link = "tenant"
+
+    def get_queryset(self):
+        return scoping.tenants(self.request.user)
+
+    def event_tenant(self, obj, values=None):
+        return None  # self_link fills it
+
+    def perform_destroy(self, instance):
+        # Pools first, through the service (their claims are released, each deletion recorded); a tenant
+        # whose claims still exist cannot go (claims are kept for the record): 409, and nothing changes.
+        with transaction.atomic():
+            for pool in instance.pools.select_related("tenant", "provider"):
+                pool_delete(pool=pool, actor=actor(self.request))
+            link = copy.copy(instance)  # the Event names the tenant by id after the row is gone
+            object_delete(instance, actor=actor(self.request), object_type="tenant", tenant=link)
+
+
+class NodeProviderViewSet(ConfigViewSet):
+    serializer_class = NodeProviderSerializer
+    filterset_class = NodeProviderFilterSet
+    queryset = NodeProvider.objects.all()
+    object_type = "nodeprovider"
+
+
+class NodeTypeViewSet(ConfigViewSet):
+    """NodeTypes with their capacity (total / available / provisioned), derived from the hosts each type's
+    selector matches: one query per page, whatever the number of types."""
+
+    serializer_class = NodeTypeSerializer
+    filterset_class = NodeTypeFilterSet
+    queryset = NodeType.objects.select_related("provider")
+    object_type = "nodetype"
+
+    def get_serializer(self, *args, **kwargs):
+        if args and args[0] is not None:
+            objects = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs["context"] = {**self.get_serializer_context(), "capacity": node_type_capacity(objects)}
+        return super().get_serializer(*args, **kwargs)
+
+    def perform_create(self, serializer):
+        super().perform_create(serializer)
+        serializer.context["capacity"] = node_type_capacity([serializer.instance])
+
+    def perform_update(self, serializer):
+        super().perform_update(serializer)
+        serializer.context["capacity"] = node_type_capacity([serializer.instance])
+
+
+class NodeEnvironmentViewSet(ConfigViewSet):
+    """Networks nodes get their addresses from. One that belongs to a tenant is seen only by those who see
+    that tenant; shared ones by everyone signed in."""
+
+    serializer_class = NodeEnvironmentSerializer
+    filterset_class = NodeEnvironmentFilterSet
+    object_type = "nodeenvironment"
+
+    def get_queryset(self):
+        environments = NodeEnvironment.objects.select_related("provider", "tenant")
+        scope = scoping.in_scope(self.request.user)
+        return environments.filter(Q(tenant__isnull=True) | scope) if scope else environments
+
+
+class OSImageViewSet(ConfigViewSet):
+    serializer_class = OSImageSerializer
+    filterset_class = OSImageFilterSet
+    queryset = OSImage.objects.all()
+    object_type = "osimage"
+
+
+# --- pools ----------------------------------------------------------------------------------------
+
+IF_MATCH = OpenApiParameter(
+    "If-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    description='The pool\'s ETag as last read (W/"<version>"); a stale one gets 412 and changes nothing.')
+ETAG = re.compile(r'^\s*(?:W/)?"(\d{1,18})"\s*$')
+
+
+def pool_etag(pool: NodePool) -> str:
+    return f'W/"{pool.version}"'
+
+
+def expected_version(request, body_version: int | None) -> int | None:
+    """The version a change is based on: If-Match (`*` means any), else the body's `version`."""
+    header = request.headers.get("If-Match")
+    if header is None or header.strip() == "*":
+        return body_version
+    match = ETAG.match(header)
+    if not match:
+        raise exceptions.ValidationError({"If-Match": ['must be one ETag such as W/"3"']})
+    version = int(match.group(1))
+    if body_version is not None and body_version != version:
+        raise exceptions.ValidationError({"version": [f"differs from If-Match ({version})"]})
+    return version
+
+
+def _stale(pool: NodePool, expected: int) -> StaleVersion:
+    return StaleVersion(f"pool {pool} changed meanwhile (version {pool.version}, not {expected})")
+
+
+# Pool creation and whole-pool changes. pools.services has pool_set_quantity and pool_delete but no
+# pool_create / pool_update yet; these two belong there (see the review note).
+
+@transaction.atomic
+def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # one quota check at a time per tenant
+    pool = NodePool(tenant=tenant)
+    if values.get("kind", PoolKind.STATIC) == PoolKind.STATIC and isinstance(values.get("quantity"), int):
+        others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC)}
+        tenant_check_quota(tenant=tenant, quantities={**others, values["name"]: values["quantity"]})
+    object_update(pool, values, actor=actor, object_type="pool", tenant=tenant)
+    from claims.services import pools_changed
+
+    pools_changed(pool_ids=[pool.pk])
+    return pool
+
+
+@transaction.atomic
+def _pool_update(*, pool: NodePool, values: dict, expected: int | None, actor: str) -> NodePool:
+    from claims.services import pools_changed
+
+    if set(values) == {"quantity"} and isinstance(values["quantity"], int):
+        return pool_set_quantity(pool=pool, quantity=values["quantity"], actor=actor, expected_version=expected)
+    locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool.pk)
+    if expected is not None and locked.version != expected:
+        raise _stale(locked, expected)
+    if not values:
+        return locked
+    tenant = Tenant.objects.select_for_update().get(pk=locked.tenant_id)
+    if values.get("kind", locked.kind) == PoolKind.STATIC:
+        others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=locked.pk)}
+        tenant_check_quota(tenant=tenant, quantities={**others, locked.name: values.get("quantity", locked.quantity) or 0})
+    _, changes = object_update(locked, values, actor=actor, object_type="pool", tenant=tenant)
+    if changes:
+        NodePool.objects.filter(pk=locked.pk).update(version=F("version") + 1)
+        locked.version += 1
+        pools_changed(pool_ids=[locked.pk])
+    return locked
+
+
+@extend_schema_view(
+    retrieve=extend_schema(description="A pool; its ETag header (W/\"<version>\") goes back in If-Match."),
+    update=extend_schema(parameters=[IF_MATCH], responses={200: NodePoolSerializer, 412: OpenApiResponse(
+        description="stale version: changed meanwhile; nothing was changed")}),
+    partial_update=extend_schema(parameters=[IF_MATCH], responses={200: NodePoolSerializer, 412: OpenApiResponse(
+        description="stale version: changed meanwhile; nothing was changed")}),
+)
+class NodePoolViewSet(ScopedViewMixin, viewsets.ModelViewSet):
+    """A tenant's pools. Members create, change and delete their own tenants' pools; static quantities stay
+    within the tenant's quota (400 otherwise, nothing changed). Changes are optimistic: send the version
+    you read (If-Match or `version`); a stale one gets 412."""
+
+    serializer_class = NodePoolSerializer
+    filterset_class = NodePoolFilterSet
+    member_actions = frozenset({"create", "update", "partial_update", "destroy"})
+
+    def get_queryset(self):
+        return scoping.pools(self.request.user, NodePool.objects.select_related("tenant", "provider"))
+
+    def retrieve(self, request, *args, **kwargs):
+        pool = self.get_object()
+        return Response(self.get_serializer(pool).data, headers={"ETag": pool_etag(pool)})
+
+    def perform_create(self, serializer):
+        values = dict(serializer.validated_data)
+        tenant = values.pop("tenant")
+        if not scoping.may_change_tenant(self.request.user, tenant):
+            raise exceptions.PermissionDenied(f"you may not change tenant {tenant.name}")
+        serializer.instance = _pool_create(tenant=tenant, values=values, actor=actor(self.request))
+
+    def create(self, request, *args, **kwargs):
+        response = super().create(request, *args, **kwargs)
+        response["ETag"] = f'W/"{response.data["version"]}"'
+        return response
+
+    def update(self, request, *args, **kwargs):
+        partial = kwargs.pop("partial", False)
+        pool = self.get_object()
+        serializer = self.get_serializer(pool, data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        values = dict(serializer.validated_data)
+        expected = expected_version(request, values.pop("version", None))
+        pool = _pool_update(pool=pool, values=values, expected=expected, actor=actor(request))
+        return Response(self.get_serializer(pool).data, headers={"ETag": pool_etag(pool)})
+
+    @extend_schema(parameters=[IF_MATCH])
+    def destroy(self, request, *args, **kwargs):
+        return super().destroy(request, *args, **kwargs)
+
+    @transaction.atomic
+    def perform_destroy(self, instance):
+        expected = expected_version(self.request, None)
+        locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=instance.pk)
+        if expected is not None and locked.version != expected:
+            raise _stale(locked, expected)
+        pool_delete(pool=locked, actor=actor(self.request))

@@ -1,0 +1,233 @@
+"""Tenant isolation through the REST API: every endpoint × every role × list, retrieve, create, update, delete
+gets the expected status; lists hold exactly what the caller may see; a refused write changes nothing and
+an accepted one is in the Event log with the caller as actor."""
+pytest_plugins = ["tests.api_conftest"]
+
+import pytest  # noqa: E402
+
+from claims.models import NodeClaim  # noqa: E402
+from events.models import Event  # noqa: E402
+from hosts.models import BareMetalHost  # noqa: E402
+from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant  # noqa: E402
+
+pytestmark = pytest.mark.django_db
+
+ROLES = ("admin", "member_a", "member_b", "auditor", "anonymous")
+# Expected statuses in ROLES order: admin, member of alpha, member of bravo, auditor, anonymous. The target
+# of retrieve / update / delete belongs to tenant alpha (or is shared configuration).
+SHARED_CONFIG = {
+    "list": (200, 200, 200, 200, 401),
+    "retrieve": (200, 200, 200, 200, 401),
+    "create": (201, 403, 403, 403, 401),
+    "update": (200, 403, 403, 403, 401),
+    "delete": (204, 403, 403, 403, 401),
+}
+READ_ONLY = {"create": (405, 405, 405, 405, 401), "update": (405, 405, 405, 405, 401),
+             "delete": (405, 405, 405, 405, 401)}
+
+MATRIX = {
+    "tenants": {
+        "list": (200, 200, 200, 200, 401),
+        "retrieve": (200, 200, 404, 200, 401),
+        "create": (201, 403, 403, 403, 401),
+        "update": (200, 403, 403, 403, 401),
+        "delete": (409, 403, 403, 403, 401),  # alpha has claims: kept for the record, so it cannot go
+    },
+    "pools": {
+        "list": (200, 200, 200, 200, 401),
+        "retrieve": (200, 200, 404, 200, 401),
+        "create": (201, 201, 400, 403, 401),  # bravo's member: tenant alpha does not exist for them
+        "update": (200, 200, 404, 403, 401),
+        "delete": (204, 204, 404, 403, 401),
+    },
+    "claims": {
+        "list": (200, 200, 200, 200, 401),
+        "retrieve": (200, 200, 404, 200, 401),
+        **READ_ONLY,
+        "release": (200, 200, 404, 403, 401),
+    },
+    "hosts": {
+        "list": (200, 200, 200, 200, 401),
+        "retrieve": (200, 200, 404, 200, 401),
+        "create": (201, 403, 403, 403, 401),
+        "update": (200, 403, 403, 403, 401),
+        "delete": (405, 405, 405, 405, 401),
+        "retry": (409, 403, 403, 403, 401),  # the host is provisioning, not in error: the service says why
+    },
+    "nodeproviders": SHARED_CONFIG,
+    "nodetypes": SHARED_CONFIG,
+    "nodeenvironments": SHARED_CONFIG,
+    "osimages": SHARED_CONFIG,
+    "events": {
+        "list": (200, 200, 200, 200, 401),
+        "retrieve": (200, 200, 404, 200, 401),
+        **READ_ONLY,
+    },
+}
+
+CREATE = {
+    "tenants": {"name": "charlie", "quota_nodes": 4},
+    "pools": {"tenant": "alpha", "name": "extra", "provider": "metal3", "quantity": 0,
+              "node_type_selector": [{"property": "vcluster.com/node-type", "value": "gpu-server"}]},
+    "claims": {"name": "forged"},
+    "hosts": {"name": "gpu-09", "bmc_address": "redfish+http://127.0.0.1:8009/redfish/v1/Systems/gpu-09",
+              "boot_mac": "52:54:00:00:09:09", "bmc_username": "bmcuser-new-host", "bmc_password": "bmcpass-new-7Qx",
+              "labels": {"role": "gpu"}},
+    "nodeproviders": {"name": "extra-provider", "display_name": "Extra"},
+    "nodetypes": {"name": "extra-type", "provider": "metal3", "resources": {"cpu": "8"},
+                  "host_selector": {"matchLabels": {"role": "extra"}}},
+    "nodeenvironments": {"name": "extra-env", "namespace": "p-default"},
+    "osimages": {"name": "extra-image", "url": "http://127.0.0.1/extra.raw", "checksum": "cd" * 32},
+    "events": {"object_type": "host", "object_name": "forged", "actor": "user:nobody"},
+}
+UPDATE = {
+    "tenants": {"display_name": "Alpha Corp"},
+    "pools": {"quantity": 2},
+    "claims": {"phase": "Available"},
+    "hosts": {"labels": {"role": "gpu", "rack": "r9"}},
+    "nodeproviders": {"display_name": "Spare parts"},
+    "nodetypes": {"display_name": "Spare type"},
+    "nodeenvironments": {"display_name": "Spare network"},
+    "osimages": {"display_name": "Spare image"},
+    "events": {"message": "rewritten history"},
+}
+
+
+def target_id(world, resource: str) -> int:
+    return {
+        "tenants": world.alpha.pk, "pools": world.pool_a.pk, "claims": world.claim_a.pk, "hosts": world.host_a.pk,
+        "nodeproviders": world.spare_provider.pk, "nodetypes": world.spare_type.pk,
+        "nodeenvironments": world.spare_env.pk, "osimages": world.spare_image.pk,
+        "events": Event.objects.filter(tenant=world.alpha).order_by("pk").first().pk,
+    }[resource]
+
+
+def visible_ids(world, resource: str, role: str) -> set[int]:
+    """What each role may see, written out here rather than asked of the scoping module under test."""
+    tenant = {"member_a": world.alpha, "member_b": world.bravo}.get(role)
+    if resource == "tenants":
+        return {t.pk for t in Tenant.objects.all() if tenant is None or t == tenant}
+    if resource == "pools":
+        return set((NodePool.objects.filter(tenant=tenant) if tenant else NodePool.objects).values_list("pk", flat=True))
+    if resource == "claims":
+        return set((NodeClaim.objects.filter(tenant=tenant) if tenant else NodeClaim.objects).values_list("pk", flat=True))
+    if resource == "hosts":
+        if tenant is None:
+            return set(BareMetalHost.objects.values_list("pk", flat=True))
+        return {world.host_a.pk} if tenant == world.alpha else {world.host_b.pk}
+    if resource == "events":
+        return set((Event.objects.filter(tenant=tenant) if tenant else Event.objects).values_list("pk", flat=True))
+    if resource == "nodeenvironments":
+        envs = NodeEnvironment.objects.all()
+        if tenant is not None:
+            envs = [e for e in envs if e.tenant_id in (None, tenant.pk)]
+        return {e.pk for e in envs}
+    model = {"nodeproviders": NodeProvider, "nodetypes": NodeType, "osimages": OSImage}[resource]
+    return set(model.objects.values_list("pk", flat=True))
+
+
+def request_for(world, resource: str, op: str):
+    base = f"/api/v1/{resource}/"
+    item = f"{base}{target_id(world, resource)}/"
+    return {
+        "list": ("get", base + "?page_size=500", None),
+        "retrieve": ("get", item, None),
+        "create": ("post", base, CREATE[resource]),
+        "update": ("patch", item, UPDATE[resource]),
+        "delete": ("delete", item, None),
+        "release": ("post", item + "release/", {}),
+        "retry": ("post", item + "retry/", {}),
+    }[op]
+
+
+@pytest.mark.parametrize("resource", sorted(MATRIX))
+def test_every_role_gets_the_expected_answer_from_every_endpoint(world, api, rolled_back, resource):
+    mismatches = []
+    for op, expected_by_role in MATRIX[resource].items():
+        for role, expected in zip(ROLES, expected_by_role):
+            method, path, data = request_for(world, resource, op)
+            with rolled_back():
+                events_before = Event.objects.count()
+                actor = world.actor(role) if role != "anonymous" else None
+                mine_before = Event.objects.filter(actor=actor).count()
+                response = api(role, method, path, data)
+                if response.status_code != expected:
+                    mismatches.append(f"{role:9} {op:8} {method.upper()} {path} → {response.status_code}, "
+                                      f"expected {expected}: {response.content[:200]!r}")
+                    continue
+                if response.status_code >= 400:
+                    assert Event.objects.count() == events_before, f"{role} {op} {resource}: refused, yet recorded"
+                elif method != "get":
+                    mine = Event.objects.filter(actor=actor).count()
+                    assert mine > mine_before, f"{role} {op} {resource}: a write without an Event naming its actor"
+                if op == "list" and response.status_code == 200:
+                    body = response.json()
+                    seen = {row["id"] for row in body["results"]}
+                    want = visible_ids(world, resource, role)
+                    assert body["count"] == len(want)
+                    if seen != want:
+                        mismatches.append(f"{role:9} list {resource}: sees {sorted(seen)}, may see {sorted(want)}")
+                if response.status_code == 401:
+                    assert response["WWW-Authenticate"] == "Token"
+    assert not mismatches, "\n" + "\n".join(mismatches)
+
+
+def test_lists_of_members_hold_their_own_tenant_only(world, api):
+    for role, tenant in (("member_a", "alpha"), ("member_b", "bravo")):
+        assert {p["tenant"] for p in api(role, "get", "/api/v1/pools/").json()["results"]} == {tenant}
+        assert {c["tenant"] for c in api(role, "get", "/api/v1/claims/").json()["results"]} == {tenant}
+        assert {h["tenant"] for h in api(role, "get", "/api/v1/hosts/").json()["results"]} == {tenant}
+        tenant_id = Tenant.objects.get(name=tenant).pk
+        assert {e["tenant"] for e in api(role, "get", "/api/v1/events/?page_size=500").json()["results"]} == {tenant_id}
+
+
+def test_a_filter_cannot_widen_what_a_member_sees(world, api):
+    assert api("member_a", "get", "/api/v1/pools/?tenant=bravo").json()["count"] == 0
+    assert api("member_a", "get", "/api/v1/claims/?tenant=bravo").json()["count"] == 0
+    assert api("member_a", "get", "/api/v1/hosts/?tenant=bravo").json()["count"] == 0
+    assert api("member_a", "get", f"/api/v1/events/?tenant={world.bravo.pk}").json()["count"] == 0
+    assert api("member_a", "get", "/api/v1/nodeenvironments/?tenant=bravo").json()["count"] == 0
+
+
+def test_members_see_their_hosts_without_any_bmc_detail(world, api):
+    admin_view = api("admin", "get", f"/api/v1/hosts/{world.host_a.pk}/").json()
+    member_view = api("member_a", "get", f"/api/v1/hosts/{world.host_a.pk}/").json()
+    assert admin_view["bmc_address"] == world.host_a.bmc_address
+    assert member_view["name"] == world.host_a.name and member_view["claim"] == world.claim_a.name
+    assert not [k for k in member_view if k.startswith("bmc") or k in ("boot_mac", "error_message")]
+    auditor_view = api("auditor", "get", f"/api/v1/hosts/{world.host_a.pk}/").json()
+    assert auditor_view["bmc_address"] == world.host_a.bmc_address
+    for view in (admin_view, member_view, auditor_view):
+        assert "bmc_password" not in view and "bmc_username" not in view
+
+
+def test_members_read_event_messages_with_bmc_addresses_masked(world, api):
+    from events.services import event_record
+
+    event_record(kind="step", object_type="host", object_name=world.host_a.name, host=world.host_a,
+                 tenant=world.alpha, actor="system:flow", message=f"BMC {world.host_a.bmc_address} did not answer")
+    rows = api("member_a", "get", f"/api/v1/events/?host={world.host_a.pk}").json()["results"]
+    message = next(r["message"] for r in rows if r["message"].startswith("BMC"))
+    assert message == "BMC (BMC) did not answer" and "data" not in rows[0]
+    rows = api("auditor", "get", f"/api/v1/events/?host={world.host_a.pk}").json()["results"]
+    assert any(world.host_a.bmc_address in r["message"] for r in rows)
+
+
+def test_an_inactive_user_s_token_no_longer_works(world, api):
+    world.users["member_a"].is_active = False
+    world.users["member_a"].save()
+    assert api("member_a", "get", "/api/v1/pools/").status_code == 401
+
+
+def test_a_user_in_no_tenant_and_no_role_sees_nothing(world):
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    stranger = User.objects.create_user("stranger")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=stranger).key}")
+    for resource in ("tenants", "pools", "claims", "hosts", "events"):
+        assert client.get(f"/api/v1/{resource}/").json()["count"] == 0, resource
+    refused = client.post("/api/v1/pools/", CREATE["pools"], format="json")
+    assert refused.status_code == 400 and "tenant" in refused.json()  # alpha does not exist for them
