@@ -7,8 +7,16 @@ from django.core.management import call_command
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent
+# Every response of every test (and every log record) is checked for secrets: BMC credentials,
+# kubeconfigs, API tokens, agent and bootstrap tokens (tests/api_conftest.py).
+pytest_plugins = ["tests.api_conftest"]
 FIXTURES = ROOT / "tests" / "fixtures"
 DEMO = ROOT / "demo"
+
+
+@pytest.fixture(autouse=True)
+def _secrets_never_leave(no_secrets_leak):
+    pass
 
 
 def is_postgres() -> bool:

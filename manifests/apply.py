@@ -15,7 +15,7 @@ from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.services import host_registered
 from pools.choices import PoolKind, ProviderKind
-from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.models import CHECKSUM_LENGTHS, NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import PoolSpec, tenant_private_nodes_apply
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
@@ -277,6 +277,9 @@ def apply_os_image(ctx: Context, doc: Document) -> None:
     if not props.get(OSImage.CHECKSUM):
         raise Invalid(path, f"{OSImage.CHECKSUM} is required: an image is never written unverified")
     fmt = spec.str("format", default="raw")
+    checksum = props.get(OSImage.CHECKSUM, "").strip().lower()
+    # Detected from the length when omitted, here as in OSImage.clean(), so that applying again is a no-op.
+    props.setdefault(OSImage.CHECKSUM_TYPE, CHECKSUM_LENGTHS.get(len(checksum), ""))
     image = OSImage.objects.filter(name=name).first() or OSImage(name=name)
     ctx.update(f"osimage/{name}", image,
                {"display_name": spec.str("displayName"), "description": spec.str("description"),

@@ -82,6 +82,8 @@ def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_ver
     """Change a static pool's quantity (console, API); stale versions are refused."""
     from claims.services import pools_changed
 
+    # Lock the tenant first: two pools of one tenant changed at once must not both pass the quota check.
+    Tenant.objects.select_for_update().filter(pk=pool.tenant_id).first()
     locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool.pk)
     if expected_version is not None and locked.version != expected_version:
         raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")

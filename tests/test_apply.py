@@ -263,3 +263,18 @@ spec:
     metal3.vcluster.com/image-checksum: d41d8cd98f00b204e9800998ecf8427e
 """)
     assert OSImage.objects.get(name="tiny").checksum_type == "md5"
+
+
+def test_an_image_without_a_checksum_type_applied_twice_changes_nothing_the_second_time(apply):
+    apply(open("demo/site.yaml").read().split("---")[0])
+    image = """\
+apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata: {name: tiny}
+spec:
+  properties:
+    metal3.vcluster.com/image-url: http://127.0.0.1/tiny.img
+    metal3.vcluster.com/image-checksum: d41d8cd98f00b204e9800998ecf8427e
+"""
+    apply(image)
+    assert apply(image) == ["osimage/tiny unchanged"]
