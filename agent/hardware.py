@@ -99,6 +99,14 @@ class Hardware:
     def macs(self) -> list[str]:
         return [nic.mac for nic in self.nics() if nic.mac]
 
+    def erase_fault(self, disk: Disk) -> str | None:
+        """A simulated fault of the agent's own erase writes (the lab's); real hardware has none to declare."""
+        return None
+
+    def tool_env(self) -> dict | None:
+        """The environment for the tools the agent runs (nvme, hdparm, nvidia-smi, dcgmi…); None: the agent's."""
+        return None
+
     def disk(self, name: str) -> Disk:
         for disk in self.disks():
             if name in (disk.name, disk.path):
@@ -254,7 +262,7 @@ class LabHardware(Hardware):
 
     Profile: {"system": {vendor, product, serial}, "cpu": {arch, model, count}, "ram_mib": N,
     "nics": [{name, mac, speed_gbps}], "gpus": [{index, name, uuid, memory_mib, pci_bus}],
-    "disks": [{name, path, size_bytes, type, model, serial, rotational?}]}.
+    "disks": [{name, path, size_bytes, type, model, serial, rotational?, fault?}]}.
     Relative disk paths are relative to the profile's folder. A disk file that does not exist
     yet is created sparse with `size_bytes`; an existing one reports its real size. Without a
     "gpus" key the GPUs come from `nvidia-smi` on PATH (the lab's fake one), as on real hardware.
@@ -267,6 +275,7 @@ class LabHardware(Hardware):
             raise HardwareError("hardware profile must be a JSON object")
         self.profile = profile
         self.base_dir = Path(base_dir)
+        self.path: Path | None = None  # the profile file, when read from one
         for key in ("nics", "disks"):
             if not isinstance(profile.get(key), list):
                 raise HardwareError(f"hardware profile needs a list {key!r}")
@@ -278,7 +287,9 @@ class LabHardware(Hardware):
             profile = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise HardwareError(f"cannot read hardware profile {path}: {exc}") from exc
-        return cls(profile, base_dir=path.resolve().parent)
+        hardware = cls(profile, base_dir=path.resolve().parent)
+        hardware.path = path.resolve()
+        return hardware
 
     def cpu(self) -> dict:
         cpu = self.profile.get("cpu") or {}
@@ -317,6 +328,24 @@ class LabHardware(Hardware):
                 wwn=spec.get("wwn"),
             ))
         return disks
+
+    def tool_env(self) -> dict | None:
+        """The lab's fake tools (lab/fake_tools.py) first on PATH, told which server they play."""
+        tools = (self.profile.get("lab") or {}).get("tools")
+        if not tools:
+            return None
+        env = dict(os.environ)
+        env["PATH"] = f"{tools}{os.pathsep}{env.get('PATH', '')}"
+        if self.path is not None:
+            env["VMETAL_LAB_PROFILE"] = str(self.path)
+        return env
+
+    def erase_fault(self, disk: Disk) -> str | None:
+        """`erase-skips-region` or `erase-fails` from the disk's "fault" in the profile (the lab's faults)."""
+        for spec in self.profile["disks"]:
+            if spec.get("name") == disk.name:
+                return spec.get("fault") or None
+        return None
 
     def nics(self) -> list[Nic]:
         return [

@@ -6,7 +6,11 @@ import hashlib
 import json
 import logging
 import secrets
+import time
+from functools import wraps
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
 from django.http import JsonResponse
@@ -20,7 +24,7 @@ from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 
 log = logging.getLogger(__name__)
 # States in which a host runs the agent (booted into the ramdisk by one of its flows).
-AGENT_STATES = (HostState.INSPECTING, HostState.PROVISIONING, HostState.DEPROVISIONING)
+AGENT_STATES = (HostState.INSPECTING, HostState.PROVISIONING, HostState.DEPROVISIONING, HostState.RETESTING)
 HEARTBEAT_S = 1
 
 
@@ -68,6 +72,60 @@ def _endpoint(view):
     return wrapper
 
 
+# --- Rate limits -----------------------------------------------------------------------------------
+# A fixed window per key in the cache (shared by every web process when it is Redis). Lookup is counted per
+# client address: many lab agents share 127.0.0.1, so its limit is generous. Heartbeat and result are
+# counted per token (a hash of it: tokens never go into cache keys); an agent heartbeats once a second.
+# Over the limit: 429 with Retry-After, and the call changes nothing; the agent backs off and retries.
+
+DEFAULT_RATE_LIMITS = {"lookup": (600, 60), "call": (300, 60)}
+
+
+def _rate_key(request, scope: str) -> str:
+    if scope == "lookup":
+        return request.META.get("REMOTE_ADDR", "")
+    return hash_token(request.headers.get("Authorization", "")[:200])
+
+
+def _retry_after(scope: str, key: str) -> int:
+    """0 when the call may go on; otherwise the seconds until the window ends."""
+    limit, window = getattr(settings, "AGENT_RATE_LIMITS", DEFAULT_RATE_LIMITS)[scope]
+    now = time.time()
+    start = int(now // window * window)
+    cache_key = f"agent-rate:{scope}:{key}:{start}"
+    cache.add(cache_key, 0, timeout=window + 5)
+    try:
+        count = cache.incr(cache_key)
+    except ValueError:  # expired between add and incr
+        cache.add(cache_key, 1, timeout=window + 5)
+        count = 1
+    return 0 if count <= limit else max(1, int(start + window - now + 0.999))
+
+
+def rate_limited(scope: str):
+    def decorate(view):
+        @wraps(view)
+        def wrapper(request, *args, **kwargs):
+            try:
+                retry = _retry_after(scope, _rate_key(request, scope))
+            except Exception:  # the cache is down: serve the agent rather than fail it
+                log.warning("agent rate limit not checked: cache unavailable", exc_info=True)
+                retry = 0
+            if retry:
+                log.warning("agent %s calls over the rate limit from %s", scope, request.META.get("REMOTE_ADDR"))
+                response = JsonResponse({"error": "too many requests; retry later"}, status=429)
+                response["Retry-After"] = str(retry)
+                return response
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+# --- Endpoints -------------------------------------------------------------------------------------
+
+@rate_limited("lookup")
 @_endpoint
 def lookup(request, body):
     macs = body.get("macs")
@@ -86,6 +144,7 @@ def lookup(request, body):
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S}
 
 
+@rate_limited("call")
 @_endpoint
 def heartbeat(request, body):
     session = _session(request, body)
@@ -110,6 +169,7 @@ def heartbeat(request, body):
     return {"command": {"id": command.public_id, "name": command.name, "args": args}}
 
 
+@rate_limited("call")
 @_endpoint
 def result(request, body):
     session = _session(request, body)

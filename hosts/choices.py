@@ -9,6 +9,8 @@ class HostState(models.TextChoices):
     PROVISIONED = "provisioned", "Provisioned"
     DEPROVISIONING = "deprovisioning", "Deprovisioning"
     REPAIR = "repair", "Repair"
+    RETESTING = "retesting", "Retesting"  # in repair: cleaned and checked again (hosts.services.host_retest)
+    RETIRED = "retired", "Retired"  # taken out of the fleet for good
     ERROR = "error", "Error"
     MAINTENANCE = "maintenance", "Maintenance"
 
@@ -20,7 +22,7 @@ class HostState(models.TextChoices):
 STATE_COLOURS = {
     "registering": "secondary", "inspecting": "secondary", "available": "info",
     "provisioning": "warning", "provisioned": "success", "deprovisioning": "warning",
-    "repair": "orange", "error": "danger", "maintenance": "dark",
+    "repair": "orange", "retesting": "warning", "retired": "dark", "error": "danger", "maintenance": "dark",
 }
 
 
@@ -41,3 +43,8 @@ class BMCScheme(models.TextChoices):
 class CleaningMode(models.TextChoices):
     METADATA = "metadata", "metadata"
     DISABLED = "disabled", "disabled"
+
+
+class Verdict(models.TextChoices):
+    PASS = "pass", "Pass"
+    FAIL = "fail", "Fail"

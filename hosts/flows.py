@@ -44,11 +44,12 @@ class Waiting(Exception):
 
 class StepFailed(Exception):
     """The step cannot succeed. `clean`: the disks may hold a tenant's data or half an image, so the
-    host is cleaned (deprovisioned) rather than parked in error."""
+    host is cleaned (deprovisioned) rather than parked in error. `repair`: the release gate failed (erase,
+    verification, GPU reset, health suite): the host goes to the repair pool with `evidence`."""
 
-    def __init__(self, message: str, *, clean: bool = False):
+    def __init__(self, message: str, *, clean: bool = False, repair: bool = False, evidence: dict | None = None):
         super().__init__(message)
-        self.message, self.clean = message, clean
+        self.message, self.clean, self.repair, self.evidence = message, clean, repair, evidence or {}
 
 
 @dataclass
@@ -198,11 +199,15 @@ def _finish(run: Run, flow_name: str) -> None:
     from claims import flows as claim_flows
     from .services import host_transition
 
-    target = {"register": HostState.INSPECTING, "inspect": HostState.AVAILABLE,
-              "provision": HostState.PROVISIONED, "deprovision": HostState.AVAILABLE}[flow_name]
+    target = {"register": HostState.INSPECTING, "inspect": HostState.AVAILABLE, "provision": HostState.PROVISIONED,
+              "deprovision": HostState.AVAILABLE, "retest": HostState.REPAIR}[flow_name]
+    reason, data = f"{flow_name} done", {}
+    if flow_name == "retest":  # back in the repair pool, now with a passing retest: it may return to service
+        reason = "retest passed: erase verified, GPU reset and health suite passed"
+        data = {"retest": "passed", "flow_id": run.flow["id"]}
     with transaction.atomic():
         try:
-            host_transition(host=run.host, to_state=target, actor="system:flow", reason=f"{flow_name} done")
+            host_transition(host=run.host, to_state=target, actor="system:flow", reason=reason, data=data)
         except ConcurrentTransition:
             return
         claim_flows.host_flow_finished(run, flow_name)
@@ -221,6 +226,13 @@ def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
         try:
             if failure.clean and flow_name == "provision":
                 host_transition(host=run.host, to_state=HostState.DEPROVISIONING, actor="system:flow", reason=reason)
+            elif flow_name in GATE_FLOWS and (failure.repair or step in GATE_STEPS):
+                # The release gate failed: never back to the pool; to repair, with the evidence.
+                evidence = {"flow": flow_name, "flow_id": run.flow["id"], "step": step, "message": failure.message,
+                            **({"retest": "failed"} if flow_name == "retest" else {}),
+                            "evidence": _trim(failure.evidence)}
+                host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
+                                step=step, data=evidence)
             else:
                 host_transition(host=run.host, to_state=HostState.ERROR, actor="system:flow", reason=reason,
                                 error_type=f"{flow_name} error")
@@ -346,7 +358,8 @@ def agent_command(run: Run, name: str, args: dict | None = None, secret_args: di
     if command.status == CommandStatus.DONE:
         return command.result
     if command.status == CommandStatus.FAILED:
-        raise StepFailed(f"agent: {command.error}", clean=name in ("write_image", "write_seed"))
+        raise StepFailed(f"agent: {command.error}", clean=name in ("write_image", "write_seed"),
+                         evidence=command.result or {})
     session = AgentSession.objects.filter(host=run.host, active=True).first()
     silence = settings.AGENT_SILENCE_S
     if session and (timezone.now() - session.last_seen_at).total_seconds() > silence:
@@ -365,6 +378,182 @@ def step_inspect(run: Run) -> dict:
 def step_erase_metadata(run: Run) -> dict:
     result = agent_command(run, "erase_metadata", {"mib": 2})
     return {"disks": [d.get("name") for d in result.get("disks", [])]}
+
+
+# --- the release gate: erase → verify → GPU reset → health suite (hosts/cleaning.py decides) ---------
+
+GATE_FLOWS = ("deprovision", "inspect", "retest")
+GATE_STEPS = frozenset({"erase", "verify_erase", "gpu_reset", "health_dcgm", "health_nccl"})
+
+
+def _trim(value, limit: int = 4000):
+    """Evidence for the Event log: the structure, with long strings (raw tool output) shortened."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:200] + f" … ({len(value)} characters) … " + value[-limit:]
+    if isinstance(value, dict):
+        return {k: _trim(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_trim(v, limit) for v in value[:64]]
+    return value
+
+
+def _gate(run: Run) -> dict:
+    """The policy and health suite of this flow run, decided at its first gate step and kept."""
+    from . import cleaning
+
+    gate = run.data.get("gate")
+    if gate is None:
+        gate = cleaning.gate_for(run.host, run.claim)
+        gate["previous"] = cleaning.previous_use(run.host, run.claim)
+        run.data["gate"] = gate
+        run.save_flow()
+    return gate
+
+
+def _boot_id(run: Run) -> str:
+    session = AgentSession.objects.filter(host=run.host, active=True).first()
+    return session.boot_id if session else ""
+
+
+def step_erase(run: Run) -> dict:
+    """Plant canaries, fingerprint a sample, erase every disk by the policy (agent: `erase`)."""
+    from . import cleaning
+
+    gate = _gate(run)
+    policy = gate["policy"]
+    args = {"erase_id": run.flow["id"], "method": policy["method"], "fallback": policy["fallback"],
+            "concurrency": policy["concurrency"], "verify": {"share": policy["verify_share"]}}
+    try:
+        result = agent_command(run, "erase", args, secret_args={"key": cleaning.canary_key(run.flow["id"])})
+    except StepFailed as failure:
+        if failure.evidence.get("disks"):
+            certs = cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate,
+                                                previous=gate["previous"], erase=failure.evidence, verify=None,
+                                                boot_id=_boot_id(run))
+            failure.evidence = {**failure.evidence, "certificates": [c.pk for c in certs]}
+        failure.repair = True
+        raise
+    run.data["erase"] = result
+    run.save_flow()
+    return {"policy": policy, "disks": [{k: d.get(k) for k in ("name", "method", "method_type", "fallback_from",
+                                                                "bytes_written", "canaries_planted")}
+                                        for d in result.get("disks", [])]}
+
+
+def step_verify_erase(run: Run) -> dict:
+    """Read the canaries and the sample back (agent: `verify_erase`); judge; one certificate per disk."""
+    from . import cleaning
+
+    gate = _gate(run)
+    key = cleaning.canary_key(run.flow["id"])
+    args = {"erase_id": run.flow["id"], "mode": gate["policy"]["verify_mode"],
+            "concurrency": gate["policy"]["concurrency"]}
+    try:
+        result = agent_command(run, "verify_erase", args, secret_args={"key": key})
+    except StepFailed as failure:
+        failure.repair = True
+        raise
+    certs = cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate, previous=gate["previous"],
+                                        erase=run.data.get("erase"), verify=result, boot_id=_boot_id(run))
+    failed = [c for c in certs if c.result != "pass"]
+    if failed or not certs:
+        why = "; ".join(f"{c.disk}: {', '.join(c.document['verification']['findings'][:2])}" for c in failed)
+        raise StepFailed(f"erase verification failed: {why or 'no disk was verified'}", repair=True,
+                         evidence={"certificates": [c.pk for c in certs], "verify": result})
+    return {"certificates": [str(c.certificate_id) for c in certs],
+            "bytes_read": sum(d.get("bytes_read") or 0 for d in result.get("disks", []))}
+
+
+def _gpus(run: Run) -> int:
+    return _gate(run)["health"]["expected_gpus"]
+
+
+def step_gpu_reset(run: Run) -> dict:
+    """`nvidia-smi --gpu-reset -i N` for each GPU; refused (and failed) while a process holds one."""
+    from . import cleaning
+
+    gate = _gate(run)
+    expected = _gpus(run)
+    if not expected:
+        return {"skipped": "no GPU on this host or its NodeType"}
+    try:
+        result = agent_command(run, "gpu_reset", {"expected_gpus": expected})
+    except StepFailed as failure:
+        raw = _joined_runs(failure.evidence.get("runs"))
+        listed = [g for g in failure.evidence.get("gpus") or [] if "index" in g]
+        gpus = {str(g["index"]): {"status": "fail" if g.get("exit_code") else "pass", "reset": g.get("reset"),
+                                  "bus": g.get("pci_bus")} for g in listed}
+        index_of = {g.get("uuid"): str(g["index"]) for g in listed}
+        for proc in failure.evidence.get("processes") or []:
+            held = index_of.get(proc.get("gpu_uuid"))
+            if held is not None:
+                gpus[held].update(status="fail", held_by=f"pid {proc.get('pid')} ({proc.get('process_name')})")
+        row = cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite="gpu-reset", gate=gate,
+                                     parsed={"verdict": "fail", "reasons": [failure.message.removeprefix("agent: ")],
+                                             "gpus": gpus}, raw=raw, thresholds={"expected_gpus": expected})
+        failure.repair = True
+        failure.evidence = {"health_run": row.pk, **failure.evidence}
+        raise
+    gpus = {str(g["index"]): {"status": "pass", "reset": g.get("reset"), "bus": g.get("pci_bus")}
+            for g in result.get("gpus", [])}
+    row = cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite="gpu-reset", gate=gate,
+                                 parsed={"verdict": "pass", "reasons": [], "gpus": gpus},
+                                 raw=_joined_runs(result.get("runs")), thresholds={"expected_gpus": expected})
+    return {"gpus": len(gpus), "health_run": row.pk}
+
+
+def _joined_runs(runs) -> dict:
+    runs = runs or []
+    return {"command": "; ".join(r.get("command", "") for r in runs),
+            "exit_code": next((r.get("exit_code") for r in runs if r.get("exit_code")), 0 if runs else None),
+            "stdout": "\n".join(f"$ {r.get('command')}\n{r.get('stdout', '')}{r.get('stderr', '')}" for r in runs)}
+
+
+def step_health_dcgm(run: Run) -> dict:
+    """`dcgmi diag -r N -j`, judged by hosts.health.parse_dcgmi."""
+    from . import cleaning, health
+
+    gate = _gate(run)
+    level = gate["health"]["dcgm_level"]
+    if not _gpus(run) or not level:
+        return {"skipped": "no GPU" if not _gpus(run) else "the NodeType runs no DCGM diagnostic"}
+    try:
+        raw = agent_command(run, "health_check", {"suite": "dcgm", "level": level})
+    except StepFailed as failure:
+        failure.repair = True
+        raise
+    text = raw.get("stdout") or ""
+    parsed = health.parse_dcgmi(text if "{" in text else text + "\n" + (raw.get("stderr") or ""), raw.get("exit_code"))
+    row = cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite="dcgmi", gate=gate, parsed=parsed,
+                                 raw=raw, thresholds={"dcgm_level": level})
+    if parsed["verdict"] != "pass":
+        raise StepFailed(f"dcgmi diag -r {level}: " + "; ".join(parsed["reasons"][:3]), repair=True,
+                         evidence={"health_run": row.pk, "reasons": parsed["reasons"], "gpus": parsed["gpus"]})
+    return {"health_run": row.pk, "verdict": "pass", "tests": len(parsed["tests"]), "version": parsed.get("version")}
+
+
+def step_health_nccl(run: Run) -> dict:
+    """`all_reduce_perf` over every GPU, judged on large-message busbw against the NodeType's threshold."""
+    from . import cleaning, health
+
+    gate = _gate(run)
+    threshold = gate["health"]["nccl_min_busbw_gbps"]
+    gpus = _gpus(run)
+    if not gpus or threshold is None:
+        return {"skipped": "no GPU" if not gpus else "the NodeType sets no NCCL threshold"}
+    try:
+        raw = agent_command(run, "health_check", {"suite": "nccl", "gpus": gpus, "min_bytes": "1G", "max_bytes": "8G"})
+    except StepFailed as failure:
+        failure.repair = True
+        raise
+    parsed = health.parse_nccl((raw.get("stdout") or "") + (raw.get("stderr") or ""), json_text=raw.get("json"),
+                               exit_code=raw.get("exit_code"), min_busbw=threshold)
+    row = cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite="nccl", gate=gate, parsed=parsed,
+                                 raw=raw, thresholds={"min_busbw_gbps": threshold})
+    if parsed["verdict"] != "pass":
+        raise StepFailed("all_reduce_perf: " + "; ".join(parsed["reasons"][:3]), repair=True,
+                         evidence={"health_run": row.pk, "reasons": parsed["reasons"], "busbw_gbps": parsed["busbw_gbps"]})
+    return {"health_run": row.pk, "busbw_gbps": parsed["busbw_gbps"], "message_bytes": parsed["message_bytes"]}
 
 
 def step_reboot_to_disk(run: Run) -> dict:
@@ -386,18 +575,26 @@ def _s(name: str) -> Callable[[], float]:
     return lambda: getattr(settings, name)
 
 
-# Cleaning is pluggable: the steps a release (and a first registration) runs between the agent's boot
-# and the host's return to the pool.
-CLEANING_STEPS = [Step("erase_metadata", step_erase_metadata, _s("AGENT_COMMAND_DEADLINE_S"))]
+# The release gate: what a release, a first registration and a retest run between the agent's boot and the
+# host's return to the pool. A failure of any of these steps sends the host to repair with the evidence.
+CLEANING_STEPS = [
+    Step("erase", step_erase, _s("ERASE_DEADLINE_S")),
+    Step("verify_erase", step_verify_erase, _s("VERIFY_DEADLINE_S")),
+    Step("gpu_reset", step_gpu_reset, _s("AGENT_COMMAND_DEADLINE_S")),
+    Step("health_dcgm", step_health_dcgm, _s("HEALTH_DEADLINE_S")),
+    Step("health_nccl", step_health_nccl, _s("HEALTH_DEADLINE_S")),
+]
 
 FLOW_FOR_STATE = {HostState.REGISTERING: "register", HostState.INSPECTING: "inspect",
-                  HostState.PROVISIONING: "provision", HostState.DEPROVISIONING: "deprovision"}
+                  HostState.PROVISIONING: "provision", HostState.DEPROVISIONING: "deprovision",
+                  HostState.RETESTING: "retest"}
 FLOWS: dict[str, list[Step]] = {
     "register": [Step("bmc_check", step_bmc_check, _s("POWER_DEADLINE_S"))],
     "inspect": [
         Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
         Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
         Step("inspect", step_inspect, _s("AGENT_COMMAND_DEADLINE_S")),
+        *CLEANING_STEPS,  # the initial clean and health check, as on every release
         Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
     ],
     "provision": [
@@ -417,6 +614,16 @@ FLOWS: dict[str, list[Step]] = {
         Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
         Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
         Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
+        *CLEANING_STEPS,
+        Step("power_off_after_clean", step_power_off, _s("POWER_STEP_DEADLINE_S")),
+    ],
+    # A host in repair, cleaned and checked again; it stays in repair (with the verdict) until an admin
+    # returns it to service (hosts.services.host_return_to_service).
+    "retest": [
+        Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
+        Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
+        Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
+        Step("inspect", step_inspect, _s("AGENT_COMMAND_DEADLINE_S")),
         *CLEANING_STEPS,
         Step("power_off_after_clean", step_power_off, _s("POWER_STEP_DEADLINE_S")),
     ],

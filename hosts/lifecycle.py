@@ -8,17 +8,22 @@ from .choices import HostState as S
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.REGISTERING: frozenset({S.INSPECTING, S.ERROR, S.MAINTENANCE}),
     # After inspection a host is cleaned and checked once (deprovisioning) before it joins the pool.
-    S.INSPECTING: frozenset({S.AVAILABLE, S.DEPROVISIONING, S.ERROR, S.MAINTENANCE}),
+    # Registration's initial clean and health check fail into repair, as a release's do.
+    S.INSPECTING: frozenset({S.AVAILABLE, S.DEPROVISIONING, S.REPAIR, S.ERROR, S.MAINTENANCE}),
     S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE}),
     S.PROVISIONING: frozenset({S.PROVISIONED, S.DEPROVISIONING, S.ERROR}),
     S.PROVISIONED: frozenset({S.DEPROVISIONING, S.ERROR}),
     S.DEPROVISIONING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR}),
-    S.REPAIR: frozenset({S.DEPROVISIONING, S.AVAILABLE, S.MAINTENANCE}),
-    S.ERROR: frozenset({S.REGISTERING, S.DEPROVISIONING, S.REPAIR, S.MAINTENANCE}),
-    S.MAINTENANCE: frozenset({S.REGISTERING}),
+    # Repair: retest (clean and check again), back to service (after a passing retest or an admin override,
+    # hosts.services.host_return_to_service), retire.
+    S.REPAIR: frozenset({S.RETESTING, S.DEPROVISIONING, S.AVAILABLE, S.RETIRED, S.MAINTENANCE}),
+    S.RETESTING: frozenset({S.REPAIR, S.ERROR, S.MAINTENANCE}),
+    S.RETIRED: frozenset(),
+    S.ERROR: frozenset({S.REGISTERING, S.DEPROVISIONING, S.REPAIR, S.RETIRED, S.MAINTENANCE}),
+    S.MAINTENANCE: frozenset({S.REGISTERING, S.RETIRED}),
 }
 
-IN_PROGRESS = frozenset({S.REGISTERING, S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING})
+IN_PROGRESS = frozenset({S.REGISTERING, S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING})
 # States in which a host serves (or is being made ready for) a tenant's claim.
 CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 

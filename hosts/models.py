@@ -8,7 +8,9 @@ from django.db import models
 from pools.validators import validate_object_name, validate_string_map
 from vmetal_console.crypto import EncryptedTextField
 
-from .choices import BMCScheme, CleaningMode, HostState, PowerState
+from pools.choices import CleaningPolicy
+
+from .choices import BMCScheme, CleaningMode, HostState, PowerState, Verdict
 
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
 
@@ -39,6 +41,8 @@ class BareMetalHost(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     automated_cleaning_mode = models.CharField(max_length=16, choices=CleaningMode.choices,
                                                default=CleaningMode.METADATA)
+    # Overrides its NodeType's cleaning method (hosts/cleaning.py); blank: the NodeType's.
+    cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="")
     inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
     power_state = models.CharField(max_length=8, choices=PowerState.choices, default=PowerState.UNKNOWN)
     # Written only by hosts.services.hosts_transition.
@@ -143,3 +147,67 @@ class HostCommand(models.Model):
     @property
     def public_id(self) -> str:
         return f"c-{self.pk}"
+
+
+class EraseCertificate(models.Model):
+    """One disk's erase, verified: the fields of NIST SP 800-88 Rev. 2 Appendix G plus host, previous tenant and
+    claim, as a document signed by the console (hosts/certificates.py). A failed erase or verification is kept
+    the same way, with result "fail": it is the evidence that sent the host to repair."""
+
+    host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="erase_certificates")
+    host_name = models.CharField(max_length=253)  # the certificate outlives the host row
+    flow_id = models.CharField(max_length=36)  # the flow run (release, registration, retest) that erased
+    disk = models.CharField(max_length=64)
+    serial = models.CharField(max_length=128, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    method = models.CharField(max_length=16, blank=True)  # the method performed (metadata, full, secure)
+    method_type = models.CharField(max_length=16, blank=True)  # Clear, Purge, None
+    result = models.CharField(max_length=4, choices=Verdict.choices)
+    previous_tenant = models.CharField(max_length=253, blank=True)
+    claim_name = models.CharField(max_length=253, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    document = models.JSONField()  # the signed certificate body
+    signature = models.CharField(max_length=128)
+    key_id = models.CharField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "disk"]
+        constraints = [models.UniqueConstraint(fields=["flow_id", "disk"], name="uniq_certificate_per_disk_and_run")]
+
+    def __str__(self) -> str:
+        return f"{self.host_name} {self.disk} ({self.serial or 'no serial'}): {self.method or '?'} {self.result}"
+
+    @property
+    def certificate_id(self) -> str:
+        return self.document.get("certificate_id", "")
+
+
+class HealthCheckRun(models.Model):
+    """One health suite on one host: the tool's raw output, the parsed verdict and per-GPU detail, and the
+    thresholds of the NodeType it was judged against (hosts/health.py)."""
+
+    host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="health_runs")
+    host_name = models.CharField(max_length=253)
+    flow_id = models.CharField(max_length=36)
+    suite = models.CharField(max_length=16)  # gpu-reset, dcgmi, nccl
+    node_type = models.CharField(max_length=253, blank=True)
+    command = models.TextField(blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    raw_output = models.TextField(blank=True)
+    raw_json = models.TextField(blank=True)  # all_reduce_perf -J report, when there is one
+    verdict = models.CharField(max_length=4, choices=Verdict.choices)
+    reasons = models.JSONField(default=list, blank=True)  # in the tool's own words
+    gpus = models.JSONField(default=dict, blank=True)  # per GPU: status, tests, reasons
+    parsed = models.JSONField(default=dict, blank=True)  # the parser's whole answer
+    thresholds = models.JSONField(default=dict, blank=True)
+    duration_s = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "suite"]
+        constraints = [models.UniqueConstraint(fields=["flow_id", "suite"], name="uniq_health_run_per_suite_and_run")]
+
+    def __str__(self) -> str:
+        return f"{self.suite}: {self.verdict}" + (f" ({self.reasons[0]})" if self.reasons and self.verdict == "fail" else "")

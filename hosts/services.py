@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 # The task that drives a host on from each state it enters: {state: "app.tasks.name"}.
 STATE_TASKS: dict[str, str] = {state: "hosts.tasks.drive_host" for state in
                                (HostState.REGISTERING, HostState.INSPECTING, HostState.PROVISIONING,
-                                HostState.DEPROVISIONING)}
+                                HostState.DEPROVISIONING, HostState.RETESTING)}
 
 
 def host_transition(*, host: BareMetalHost, to_state: str, actor: str, reason: str = "", error_type: str = "",
@@ -72,11 +72,12 @@ def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: st
                 setattr(host, key, value)
         if to_state == HostState.ERROR:
             host.error_count += 1
-    transaction.on_commit(lambda: _after_transition(ids, from_state, to_state))
+    tenants = sorted({t for t in tenant_ids.values() if t})
+    transaction.on_commit(lambda: _after_transition(ids, from_state, to_state, tenants))
     return hosts
 
 
-def _after_transition(ids: list[int], from_state: str, to_state: str) -> None:
+def _after_transition(ids: list[int], from_state: str, to_state: str, tenants: list[int]) -> None:
     task_name = STATE_TASKS.get(to_state)
     if task_name:
         from vmetal_console.celery import app
@@ -86,7 +87,8 @@ def _after_transition(ids: list[int], from_state: str, to_state: str) -> None:
                 app.send_task(task_name, kwargs={"host_id": host_id})
             except Exception:
                 log.warning("could not enqueue %s for host %s", task_name, host_id, exc_info=True)
-    live.publish(["fleet"], {"object": "host", "ids": ids, "from_state": from_state, "to_state": to_state})
+    groups = ["fleet", *(f"host-{i}" for i in ids), *(f"tenant-{t}" for t in tenants)]
+    live.publish(groups, {"object": "host", "ids": ids, "from_state": from_state, "to_state": to_state})
 
 
 def host_set_maintenance(*, host: BareMetalHost, on: bool, actor: str, reason: str = "") -> BareMetalHost:
@@ -146,3 +148,55 @@ def host_registered(*, host: BareMetalHost) -> None:
     from .flows import request_drive
 
     request_drive(host.pk)
+
+
+# --- the repair pool: retest, return to service, retire ------------------------------------------------
+
+def host_last_repair_verdict(*, host: BareMetalHost) -> dict:
+    """What the latest move into repair says: {"retest": "passed"} after a passing retest, else the failure."""
+    event = (Event.objects.filter(host_id=host.pk, kind=EventKind.TRANSITION, to_state=HostState.REPAIR)
+             .order_by("-id").first())
+    return {"message": event.message, **(event.data or {})} if event else {}
+
+
+def host_retest(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMetalHost:
+    """Clean and check a host in repair again: power cycle into the agent, erase, verify, GPU reset, health suite.
+    It comes back to repair with the verdict; only a passing retest lets it return to service."""
+    if host.state != HostState.REPAIR:
+        raise IllegalTransition(f"{host.name} is {host.state}; only a host in repair can be retested")
+    return host_transition(host=host, to_state=HostState.RETESTING, actor=actor,
+                           reason=reason or "retest: clean and health suite again")
+
+
+def host_return_to_service(*, host: BareMetalHost, actor: str, override_reason: str = "") -> BareMetalHost:
+    """Back to the pool of available hosts: only after a passing retest, or by an admin override that says why.
+    The override and its reason are in the Event log."""
+    from claims.services import host_freed
+
+    if host.state != HostState.REPAIR:
+        raise IllegalTransition(f"{host.name} is {host.state}; only a host in repair can return to service")
+    verdict = host_last_repair_verdict(host=host)
+    override_reason = (override_reason or "").strip()
+    if verdict.get("retest") == "passed":
+        data, reason = {"retest": "passed", "retest_flow_id": verdict.get("flow_id")}, "returned to service after a passing retest"
+        if override_reason:
+            reason += f" ({override_reason})"
+    elif override_reason:
+        data = {"override": True, "override_reason": override_reason, "without_passing_retest": True,
+                "last_repair": {k: verdict.get(k) for k in ("message", "step", "flow_id") if verdict.get(k)}}
+        reason = f"returned to service by admin override without a passing retest: {override_reason}"
+    else:
+        why = verdict.get("message") or "it was set aside"
+        raise IllegalTransition(f"{host.name} has no passing retest since it went to repair ({why}): retest it, "
+                                "or override with a reason")
+    with transaction.atomic():
+        host_transition(host=host, to_state=HostState.AVAILABLE, actor=actor, reason=reason, data=data)
+        host_freed()
+    return host
+
+
+def host_retire(*, host: BareMetalHost, actor: str, reason: str) -> BareMetalHost:
+    """Take a host out of the fleet for good (from repair, error or maintenance). The reason is required."""
+    if not (reason or "").strip():
+        raise IllegalTransition(f"retiring {host.name} needs a reason")
+    return host_transition(host=host, to_state=HostState.RETIRED, actor=actor, reason=f"retired: {reason.strip()}")

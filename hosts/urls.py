@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import agent_api, images
+from . import agent_api, certificate_views, images
 
 urlpatterns = [
     path("agent/lookup", agent_api.lookup, name="agent-lookup"),
@@ -10,4 +10,7 @@ urlpatterns = [
     path("images/SHA512SUMS", images.checksums, {"kind": "SHA512SUMS"}),
     path("images/MD5SUMS", images.checksums, {"kind": "MD5SUMS"}),
     path("images/<str:filename>", images.image, name="image"),
+    # erase certificates: the signed file and a printable page
+    path("certificates/<int:pk>.json", certificate_views.certificate_json, name="certificate-json"),
+    path("certificates/<int:pk>/", certificate_views.certificate_page, name="certificate"),
 ]

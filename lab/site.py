@@ -12,7 +12,14 @@
 
 Faults per host: bmc-500 (the BMC answers 500 for a few requests), bmc-down (its port closed),
 slow-power (power changes land after 60 s), agent-crash (the agent dies after its first command),
-corrupt-image (the image reaches that server with a flipped byte).
+corrupt-image (the image reaches that server with a flipped byte); disk faults erase-skips-region (the erase
+reports success but leaves the middle quarter of the disk untouched) and erase-fails (the erase command
+fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy (on GPU 0 or on
+`KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
+the agent finds on its PATH. Several faults: `KIND,KIND:TARGET`.
+
+While a server runs its installed OS, `write_pattern` plays its tenant writing data across its disks, and
+`scan_disks` looks for bytes afterwards (the isolation tests).
 """
 from __future__ import annotations
 
@@ -40,8 +47,19 @@ from .redfish import RedfishLab
 
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
-FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image")
+ERASE_FAULTS = ("erase-skips-region", "erase-fails")
+GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow")
+FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", *ERASE_FAULTS, *GPU_FAULTS)
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
+SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB
+# The lab's gpu-server is an 8x H200 SXM: it runs `dcgmi diag -r 2` and must reach 400 GB/s all-reduce busbw.
+LAB_GPU_HEALTH = {"health_dcgm_level": 2, "health_nccl_min_busbw_gbps": 400.0}
+
+
+def parse_faults(text: str) -> list[tuple[str, str]]:
+    """"gpu-xid:3,erase-fails" → [("gpu-xid", "3"), ("erase-fails", "")]."""
+    return [(kind.strip(), target.strip()) for kind, _, target in
+            (item.partition(":") for item in (text or "").split(",")) if kind.strip()]
 IMAGE_NAME = "ubuntu2404-20260926"
 IMAGE_BYTES = 8 * 1024 * 1024
 
@@ -54,6 +72,9 @@ class LabHost:
     password: str
     directory: Path
     fault: str = ""
+    disk_bytes: int = DISK_BYTES
+    dcgm_version: str = "3.3.9"
+    tools_dir: str = ""
     agent: "subprocess.Popen | _AgentThread | None" = None
     node: tuple[TenantAPIServer, str] | None = None  # the installed OS's kubelet: (tenant API, node name)
 
@@ -61,14 +82,29 @@ class LabHost:
     def profile_path(self) -> Path:
         return self.directory / "hardware.json"
 
+    def faults(self) -> list[tuple[str, str]]:
+        return parse_faults(self.fault)
+
+    def has_fault(self, kind: str) -> bool:
+        return any(k == kind for k, _ in self.faults())
+
     def profile(self) -> dict:
         gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
                  "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0"}
                 for i in range(8 if self.role == "gpu" else 0)]
-        disks = [{"name": f"nvme{i}n1", "path": str(self.directory / f"nvme{i}n1.img"), "size_bytes": DISK_BYTES,
+        disks = [{"name": f"nvme{i}n1", "path": str(self.directory / f"nvme{i}n1.img"), "size_bytes": self.disk_bytes,
                   "type": "nvme", "model": "SAMSUNG MZWLO3T8HCLS" if self.role == "gpu" else "SAMSUNG MZQL21T9HCJR",
                   "serial": f"S7{self.name.upper().replace('-', '')}{i}"}
                  for i in range(2 if self.role == "gpu" else 1)]
+        gpu_faults = []
+        for kind, target in self.faults():
+            if kind in ERASE_FAULTS:
+                disk = next((d for d in disks if d["name"] == (target or disks[0]["name"])), None)
+                if disk is None:
+                    raise ValueError(f"{self.name}: fault {kind}: no disk {target!r}")
+                disk["fault"] = kind
+            elif kind in GPU_FAULTS:
+                gpu_faults.append({"kind": kind, **({"gpu": int(target or 0)} if kind != "nccl-slow" else {})})
         return {
             "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}"},
             "cpu": {"arch": "x86_64", "model": "AMD EPYC 9654" if self.role == "gpu" else "AMD EPYC 9354",
@@ -76,6 +112,8 @@ class LabHost:
             "ram_mib": 2 * 1024 * 1024 if self.role == "gpu" else 512 * 1024,
             "nics": [{"name": "eth0", "mac": self.mac, "speed_gbps": 100 if self.role == "gpu" else 25}],
             "gpus": gpus, "disks": disks,
+            # For the fake tools (lab/fake_tools.py) and the agent's LabHardware.tool_env, never real hardware.
+            "lab": {"faults": gpu_faults, "dcgm_version": self.dcgm_version, "tools": self.tools_dir},
         }
 
     def disk_paths(self) -> list[Path]:
@@ -94,7 +132,7 @@ class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
-                 agent_mode: str = "process"):
+                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
@@ -104,9 +142,11 @@ class LabSite:
         self.bmc_port = bmc_port
         self.tenant_names = tenants or []
         faults = faults or {}
-        for host, kind in faults.items():
-            if kind not in FAULTS:
-                raise ValueError(f"unknown fault {kind!r} for {host}; expected one of {', '.join(FAULTS)}")
+        self.disk_bytes = disk_bytes
+        for host, text in faults.items():
+            for kind, _ in parse_faults(text):
+                if kind not in FAULTS:
+                    raise ValueError(f"unknown fault {kind!r} for {host}; expected one of {', '.join(FAULTS)}")
         gpu_count = hosts // 2 if gpu_hosts is None else gpu_hosts
         self.hosts: dict[str, LabHost] = {}
         for i in range(hosts):
@@ -115,7 +155,9 @@ class LabSite:
             name = f"{role}-{n:02d}"
             self.hosts[name] = LabHost(name=name, role=role, mac=f"52:54:00:1a:{i >> 8:02x}:{i & 255:02x}",
                                        password=secrets.token_urlsafe(12), directory=self.var_dir / name,
-                                       fault=faults.get(name, ""))
+                                       fault=faults.get(name, ""), disk_bytes=disk_bytes,
+                                       dcgm_version="4.2.3" if i % 2 == 0 else "3.3.9",  # both formats
+                                       tools_dir=str(self.var_dir / "tools"))
         unknown = set(faults) - set(self.hosts)
         if unknown:
             raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
@@ -130,17 +172,21 @@ class LabSite:
     # --- life cycle ---------------------------------------------------------------------------------
 
     def start(self) -> "LabSite":
+        from .fake_tools import install
+
         self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.tools_dir = install(self.var_dir / "tools")
         for host in self.hosts.values():
             host.directory.mkdir(parents=True, exist_ok=True)
             host.profile_path.write_text(json.dumps(host.profile(), indent=1))
             for path in host.disk_paths():
                 with open(path, "ab") as f:
-                    f.truncate(DISK_BYTES)
+                    f.truncate(host.disk_bytes)
         self._make_images()
         self._start_image_server()
         systems = [{"name": h.name, "mac": h.mac, "password": h.password,
-                    **({"fault": self._bmc_fault(h.fault)} if h.fault in ("bmc-500", "bmc-down", "slow-power") else {})}
+                    **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
+                            if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]
         self.redfish = RedfishLab(systems, username="admin", password=secrets.token_urlsafe(12),
                                   power_delay=self.power_delay, port=self.bmc_port).start()
@@ -212,7 +258,18 @@ class LabSite:
         for name, server in self.tenants.items():
             tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
             tenant_set_api(tenant=tenant, api_endpoint=server.endpoint, kubeconfig=server.kubeconfig(), actor=actor)
+        self.configure_node_types()
         return result.lines
+
+    def configure_node_types(self) -> None:
+        """The lab's GPU servers are 8x H200: gpu-server gets their health suite, unless someone set one. A
+        thread-mode lab (hundreds of servers on one disk, for the fleet benchmark) wipes metadata only, still
+        verified, instead of overwriting hundreds of disk files."""
+        from pools.models import NodeType
+
+        NodeType.objects.filter(name="gpu-server", health_nccl_min_busbw_gbps__isnull=True).update(**LAB_GPU_HEALTH)
+        if self.agent_mode == "thread":
+            NodeType.objects.update(cleaning_policy="metadata", cleaning_fallback="")
 
     # --- images -------------------------------------------------------------------------------------
 
@@ -256,7 +313,7 @@ class LabSite:
                 data = path.read_bytes()
                 mac = re.search(r"mac ([0-9a-f:]{17})", self.headers.get("User-Agent", ""))
                 host = next((h for h in site.hosts.values() if mac and h.mac == mac.group(1)), None)
-                if host is not None and host.fault == "corrupt-image" and path.suffix != "" and "SUMS" not in path.name:
+                if host is not None and host.has_fault("corrupt-image") and path.suffix != "" and "SUMS" not in path.name:
                     data = bytearray(data)
                     data[len(data) // 2] ^= 0xFF  # one flipped byte in transit
                     data = bytes(data)
@@ -315,16 +372,19 @@ class LabSite:
                 self._boot_installed_os(host)
 
     def _start_agent(self, host: LabHost) -> None:
-        if self.agent_mode == "thread" and host.fault != "agent-crash":
+        if self.agent_mode == "thread" and not host.has_fault("agent-crash"):
             host.agent = _AgentThread(self.console_url, host.profile_path)
             return
         log_file = host.directory / "agent.log"
+        ramdisk = host.directory / "ramdisk"  # the agent's tmp dir: a fresh "ramdisk" on every PXE boot
+        shutil.rmtree(ramdisk, ignore_errors=True)
+        ramdisk.mkdir(parents=True)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         # agent-crash: the same agent, started through a wrapper that kills it when it gets its first command.
-        program = "lab.crashing_agent" if host.fault == "agent-crash" else "agent"
+        program = "lab.crashing_agent" if host.has_fault("agent-crash") else "agent"
         host.agent = subprocess.Popen(
             [sys.executable, "-m", program, "--console", self.console_url, "--hardware", f"lab:{host.profile_path}",
-             "--log-file", str(log_file)],
+             "--log-file", str(log_file), "--tmp-dir", str(ramdisk)],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         log.info("%s: powered on into PXE, agent started (pid %s)", host.name, host.agent.pid)
@@ -395,6 +455,59 @@ class LabSite:
         with open(self.hosts[host].disk_paths()[disk], "rb") as f:
             f.seek(offset)
             return f.read(length)
+
+    def set_fault(self, host: str, fault: str) -> None:
+        """Break (or mend, with "") a server while the lab runs: the fake tools and the next agent boot see it."""
+        for kind, _ in parse_faults(fault):
+            if kind not in FAULTS:
+                raise ValueError(f"unknown fault {kind!r}; expected one of {', '.join(FAULTS)}")
+        lab_host = self.hosts[host]
+        lab_host.fault = fault
+        lab_host.profile_path.write_text(json.dumps(lab_host.profile(), indent=1))
+
+    def write_pattern(self, host: str, pattern: bytes, *, image_bytes: int = 16 * 1024 * 1024) -> int:
+        """The tenant's workload writing its data across the server's disks while the installed OS runs: every
+        disk, whole, except where the OS lives on the first (its image at the start, the seed at the end).
+        Returns the bytes written. Refused when the server is not running its installed OS."""
+        lab_host = self.hosts[host]
+        if lab_host.node is None:
+            raise RuntimeError(f"{host} is not running its installed OS: no tenant can write to it")
+        block = (pattern * (1024 * 1024 // len(pattern) + 1))[:1024 * 1024]
+        written = 0
+        for i, path in enumerate(lab_host.disk_paths()):
+            size = os.path.getsize(path)
+            start, end = (image_bytes, size - SEED_REGION) if i == 0 else (0, size)
+            with open(path, "r+b") as f:
+                offset = start
+                while offset < end:
+                    n = min(len(block), end - offset)
+                    f.seek(offset)
+                    f.write(block[:n])
+                    offset += n
+                    written += n
+                f.flush()
+                os.fsync(f.fileno())
+        return written
+
+    def scan_disks(self, host: str, needle: bytes) -> list[tuple[str, int]]:
+        """Every place (disk file, offset) where `needle` occurs on the server's disks, each read whole."""
+        hits = []
+        overlap = len(needle) - 1
+        for path in self.hosts[host].disk_paths():
+            with open(path, "rb") as f:
+                offset, tail = 0, b""
+                while True:
+                    chunk = f.read(8 * 1024 * 1024)
+                    if not chunk:
+                        break
+                    data = tail + chunk
+                    at = data.find(needle)
+                    while at >= 0:
+                        hits.append((path.name, offset - len(tail) + at))
+                        at = data.find(needle, at + 1)
+                    tail = data[-overlap:] if overlap else b""
+                    offset += len(chunk)
+        return hits
 
 
 class _AgentThread:

@@ -46,3 +46,10 @@ class TaintEffect(models.TextChoices):
     NO_SCHEDULE = "NoSchedule", "NoSchedule"
     PREFER_NO_SCHEDULE = "PreferNoSchedule", "PreferNoSchedule"
     NO_EXECUTE = "NoExecute", "NoExecute"
+
+
+class CleaningPolicy(models.TextChoices):
+    """How a released host's disks are erased (hosts/cleaning.py, agent/sanitize.py)."""
+    METADATA = "metadata", "metadata (partition tables and signatures, first and last 2 MiB)"
+    FULL = "full", "full (overwrite every block with zeros: NIST Clear)"
+    SECURE = "secure", "secure (the drive's own erase: NVMe format/sanitize, ATA security erase: NIST Purge)"

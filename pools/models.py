@@ -8,7 +8,7 @@ from django.db import models
 
 from vmetal_console.crypto import EncryptedTextField
 
-from .choices import ChecksumType, ConsolidationPolicy, ImageFormat, JoinMode, PoolKind, ProviderKind, TaintEffect
+from .choices import ChecksumType, CleaningPolicy, ConsolidationPolicy, ImageFormat, JoinMode, PoolKind, ProviderKind, TaintEffect
 from .selectors import validate_label_selector, validate_requirements
 from .validators import (parse_ip_ranges, validate_dns_label, validate_duration, validate_object_name,
                          validate_string_map)
@@ -53,6 +53,17 @@ class NodeType(models.Model):
     host_selector = models.JSONField(default=dict, blank=True)
     # Declared inside its NodeProvider's spec.metal3.nodeTypes (exported there again).
     declared_in_provider = models.BooleanField(default=False)
+    # The release gate (hosts/cleaning.py): how a host of this type is erased and verified before it is
+    # handed to anyone again, and which GPU health suite it must pass. A host may override the method.
+    cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, default=CleaningPolicy.FULL)
+    cleaning_fallback = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="",
+                                         help_text="used, and recorded, when the method cannot run; blank: none")
+    erase_concurrency = models.PositiveSmallIntegerField(default=4, help_text="disks erased at once")
+    erase_verify_share = models.FloatField(default=0.01, help_text="share of each disk read back (0.01 = 1%)")
+    erase_verify_full = models.BooleanField(default=False, help_text="read every byte back instead of a sample")
+    health_dcgm_level = models.PositiveSmallIntegerField(default=2, help_text="dcgmi diag -r N; 0: not run")
+    health_nccl_min_busbw_gbps = models.FloatField(null=True, blank=True,
+                                                   help_text="all_reduce_perf busbw at 8 GiB; blank: not run")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -63,6 +74,12 @@ class NodeType(models.Model):
         return self.name
 
     def clean(self):
+        if self.cleaning_fallback and self.cleaning_fallback == self.cleaning_policy:
+            raise ValidationError({"cleaning_fallback": "a fallback must differ from the method"})
+        if not 0 < (self.erase_verify_share or 0) <= 1:
+            raise ValidationError({"erase_verify_share": "between 0 (excluded) and 1, e.g. 0.01 for 1%"})
+        if self.health_dcgm_level > 4:
+            raise ValidationError({"health_dcgm_level": "dcgmi diag levels are 1 to 4 (0: not run)"})
         validate_string_map(self.properties, "properties")
         validate_label_selector(self.host_selector, "host_selector")
         if not isinstance(self.resources, dict):

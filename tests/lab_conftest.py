@@ -37,7 +37,7 @@ def lab_factory(live_server, tmp_path, worker_settings, settings):
         site.stop()
 
 
-def wait_hosts(state: str, count: int, timeout: float = 60):
+def wait_hosts(state: str, count: int, timeout: float = 120):
     from hosts.models import BareMetalHost
 
     try:

@@ -56,7 +56,7 @@ def test_the_fleet_board_runs_a_constant_number_of_queries(admin_client_):
     assert BareMetalHost.objects.count() > 10000
     big = [queries(admin_client_, reverse("fleet"), params) for params in FLEET_VIEWS]
     assert big == small
-    assert max(big) <= 12
+    assert max(big) <= 16  # a handful: session, user, counts, the page of hosts and what it shows
     html = admin_client_.get(reverse("fleet"), {"state": "repair", "per_page": "100"}).content.decode()
     assert html.count('data-state="repair"') == 101  # 100 rows and the count card
     assert 'id="count-repair">2000<' in html

@@ -53,7 +53,8 @@ def require(args: dict, name: str, command: str):
 
 
 def _registry() -> dict[str, Callable[[dict, Context], dict]]:
-    from agent.commands.erase import erase_metadata
+    from agent.commands.erase import erase, erase_metadata, verify_erase
+    from agent.commands.gpu import gpu_reset, health_check
     from agent.commands.image import write_image
     from agent.commands.inspection import inspect
     from agent.commands.power import reboot_to_disk
@@ -64,6 +65,10 @@ def _registry() -> dict[str, Callable[[dict, Context], dict]]:
         "write_image": write_image,
         "write_seed": write_seed,
         "erase_metadata": erase_metadata,
+        "erase": erase,
+        "verify_erase": verify_erase,
+        "gpu_reset": gpu_reset,
+        "health_check": health_check,
         "reboot_to_disk": reboot_to_disk,
     }
 

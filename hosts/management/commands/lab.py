@@ -16,7 +16,8 @@ class Command(BaseCommand):
         parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: half)")
         parser.add_argument("--tenants", default="one", help="comma-separated tenants that get an API of their own")
         parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
-                            help=f"inject a fault: {', '.join(FAULTS)}")
+                            help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*) or a "
+                                 "GPU index (gpu-*), e.g. gpu-01=gpu-xid:3")
         parser.add_argument("--console-url", default="http://127.0.0.1:8000", help="where the agents call home")
         parser.add_argument("--power-delay", default="1-11", help="seconds for a power change to land, lo-hi")
         parser.add_argument("--print-manifests", action="store_true",
@@ -28,7 +29,7 @@ class Command(BaseCommand):
             host, _, kind = item.partition("=")
             if not kind:
                 raise CommandError(f"--fault {item!r}: expected HOST=KIND")
-            faults[host] = kind
+            faults[host] = ",".join(filter(None, [faults.get(host), kind]))  # several faults on one host
         lo, _, hi = options["power_delay"].partition("-")
         try:
             site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"],

@@ -1,0 +1,265 @@
+"""The release gate's console side: which policy and health suite apply to a host, the per-erase canary key,
+judging what the agent read back, and the records it leaves (EraseCertificate, HealthCheckRun).
+
+The agent erases and reads back (agent/sanitize.py, agent/verify.py); the console decides. It never takes
+the agent's `passed` on trust: it recounts the canaries and samples it reports, and a disk without a
+verification record is a failed disk."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from pools.choices import CleaningPolicy
+
+from . import certificates
+from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+
+STRENGTH = {CleaningPolicy.METADATA: 0, CleaningPolicy.FULL: 1, CleaningPolicy.SECURE: 2}
+GPU_RESOURCE = "nvidia.com/gpu"
+MEDIA = {"nvme": "NVMe SSD", "ssd": "SATA/SAS SSD", "hdd": "hard disk"}
+
+
+def node_type_for(host: BareMetalHost, claim=None):
+    """The claim's NodeType, else the one the host's labels select (the strictest cleaning when several do)."""
+    from pools.models import NodeType
+    from pools.selectors import label_selector_matches
+
+    if claim is not None and claim.node_type_id:
+        return claim.node_type
+    matching = [t for t in NodeType.objects.all() if t.host_selector and
+                label_selector_matches(t.host_selector, host.labels or {})]
+    if not matching:
+        return None
+    return max(matching, key=lambda t: (STRENGTH.get(t.cleaning_policy, 1), t.health_dcgm_level,
+                                        t.health_nccl_min_busbw_gbps or 0, t.name))
+
+
+def gate_for(host: BareMetalHost, claim=None) -> dict:
+    """Everything the gate's steps need, decided once per flow run (kept in the flow's data)."""
+    node_type = node_type_for(host, claim)
+    method = host.cleaning_policy or (node_type.cleaning_policy if node_type else settings.CLEANING_DEFAULT_POLICY)
+    gpus_inventory = len((host.inventory or {}).get("gpus") or [])
+    expected = 0
+    if node_type is not None:
+        try:
+            expected = int(float(node_type.resources.get(GPU_RESOURCE, 0) or 0))
+        except (TypeError, ValueError):
+            expected = 0
+    gate = {
+        "node_type": node_type.name if node_type else "",
+        "policy": {"method": method, "fallback": node_type.cleaning_fallback if node_type else "",
+                   "source": "host override" if host.cleaning_policy else
+                   (f"NodeType {node_type.name}" if node_type else "settings.CLEANING_DEFAULT_POLICY"),
+                   "concurrency": node_type.erase_concurrency if node_type else 4,
+                   "verify_share": node_type.erase_verify_share if node_type else 0.01,
+                   "verify_mode": "full" if node_type and node_type.erase_verify_full else "sampled"},
+        "health": {"expected_gpus": max(expected, gpus_inventory),
+                   "dcgm_level": node_type.health_dcgm_level if node_type else 2,
+                   "nccl_min_busbw_gbps": node_type.health_nccl_min_busbw_gbps if node_type else None},
+    }
+    if host.automated_cleaning_mode == "disabled":
+        gate["policy"]["note"] = ("automatedCleaningMode: disabled is not honoured: no host returns to the pool "
+                                  "without a verified erase")
+    return gate
+
+
+def canary_key(flow_id: str) -> str:
+    """The erase's key: the same for every retry of one flow run (canaries are never planted twice under
+    different keys), different for every run, and unknown outside the console."""
+    return hmac.new(certificates.signing_key(), f"canary:{flow_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def previous_use(host: BareMetalHost, claim=None) -> dict:
+    """Whose data the erase removes: the releasing claim, else the last claim that ran on the host since its
+    last verified erase (a provisioning failure that was cleaned), else nobody."""
+    from claims.models import NodeClaim
+    from events.models import Event
+
+    if claim is not None:
+        return {"tenant": claim.tenant.name, "claim": claim.name}
+    last_clean = (EraseCertificate.objects.filter(host=host, result="pass").order_by("-created_at")
+                  .values_list("created_at", flat=True).first())
+    events = Event.objects.filter(host=host, claim__isnull=False)
+    if last_clean:
+        events = events.filter(created_at__gt=last_clean)
+    event = events.order_by("-id").values("claim_id").first()
+    if event is None:
+        return {"tenant": "", "claim": ""}
+    used = NodeClaim.objects.select_related("tenant").filter(pk=event["claim_id"]).first()
+    return {"tenant": used.tenant.name, "claim": used.name} if used else {"tenant": "", "claim": f"#{event['claim_id']}"}
+
+
+# --- judging the read-back ------------------------------------------------------------------------
+
+def judge_disk(erased: dict | None, verified: dict | None) -> tuple[bool, list[str]]:
+    """Recount what the agent reports; anything missing or inconsistent fails. (passed, findings)"""
+    problems = []
+    if erased is None or not erased.get("ok", False):
+        problems.append(f"erase failed: {(erased or {}).get('error', 'no erase record')}")
+    if verified is None:
+        problems.append("not verified")
+        return False, problems
+    if verified.get("error"):
+        problems.append(f"verification could not be done: {verified['error']}")
+    canaries = verified.get("canaries") or {}
+    samples = verified.get("samples") or {}
+    if not canaries.get("checked"):
+        problems.append("no canary was read back")
+    if canaries.get("survived"):
+        problems.append(f"{canaries['survived']} of {canaries.get('checked')} canaries survived the erase")
+    if samples.get("dirty"):
+        problems.append(f"{samples['dirty']} sampled region(s) hold data after an erase that writes zeros")
+    if samples.get("unchanged"):
+        problems.append(f"{samples['unchanged']} sampled chunk(s) hold what they held before the erase")
+    if verified.get("canary_blocks_found"):
+        problems.append(f"{verified['canary_blocks_found']} block(s) of canary data found in the full read-back")
+    if not verified.get("direct_io"):
+        problems.append("the read-back did not use O_DIRECT")
+    if not problems and verified.get("passed") is not True:
+        problems.append("the agent reported a failed verification")
+    details = [f for f in verified.get("findings") or [] if f not in problems]
+    return not problems, problems + details
+
+
+def _verification_method(verified: dict | None) -> str:
+    if not verified:
+        return "none (the erase failed before it could be verified)"
+    c, s = verified.get("canaries") or {}, verified.get("samples") or {}
+    if verified.get("mode") == "full":
+        how = "full read-back of every claimed byte"
+    elif s.get("share", 0) >= 1:
+        how = "full read-back of the erased regions"
+    else:
+        how = (f"pseudorandom stratified sample of {100 * s.get('share', 0):g}% of the address space in "
+               f"{s.get('chunk', 0) // 1024} KiB chunks ({s.get('count', 0)} chunks)")
+    expect = ("all zeros expected" if verified.get("expectation") == "zeros" else
+              "content indeterminate after the erase: zeros not expected, sampled chunks must differ from "
+              "what they held before")
+    return (f"{c.get('checked', 0)} keyed canaries (4 KiB each, incl. first and last MiB) planted before the "
+            f"erase and read back after it; {how}; {expect}; all I/O with O_DIRECT")
+
+
+@transaction.atomic
+def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previous: dict, erase: dict | None,
+                       verify: dict | None, boot_id: str = "") -> list[EraseCertificate]:
+    """One signed certificate per disk (pass or fail). Idempotent per flow run and disk."""
+    erased_disks = {d["name"]: d for d in (erase or {}).get("disks", [])}
+    verified_disks = {d["name"]: d for d in (verify or {}).get("disks", [])} if verify else {}
+    names = list(dict.fromkeys([*erased_disks, *verified_disks]))
+    issued = []
+    now = timezone.now()
+    for name in names:
+        existing = EraseCertificate.objects.filter(flow_id=flow_id, disk=name).first()
+        erased, verified = erased_disks.get(name), verified_disks.get(name)
+        if existing is not None and (existing.result == "pass" or verify is None):
+            issued.append(existing)
+            continue
+        passed, findings = judge_disk(erased, verified)
+        body = certificate_body(host=host, flow_id=flow_id, gate=gate, previous=previous, disk=name,
+                                erased=erased or {}, verified=verified, passed=passed, findings=findings,
+                                boot_id=boot_id, at=now)
+        signature, signed_with = certificates.sign(body)
+        fields = {"host": host, "host_name": host.name, "serial": (erased or verified or {}).get("serial") or "",
+                  "model": (erased or verified or {}).get("model") or "",
+                  "method": (erased or {}).get("method") or (verified or {}).get("method") or "",
+                  "method_type": (erased or {}).get("method_type") or "", "result": "pass" if passed else "fail",
+                  "previous_tenant": previous.get("tenant", ""), "claim_name": previous.get("claim", ""),
+                  "started_at": parse_datetime((erased or {}).get("started_at") or ""),
+                  "ended_at": parse_datetime((erased or {}).get("ended_at") or ""),
+                  "document": body, "signature": signature, "key_id": signed_with}
+        if existing is not None:  # a failed-erase record completed by its verification
+            EraseCertificate.objects.filter(pk=existing.pk).update(**fields)
+            existing.refresh_from_db()
+            issued.append(existing)
+            continue
+        try:
+            with transaction.atomic():
+                issued.append(EraseCertificate.objects.create(flow_id=flow_id, disk=name, **fields))
+        except IntegrityError:
+            issued.append(EraseCertificate.objects.get(flow_id=flow_id, disk=name))
+    return issued
+
+
+def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, passed, findings, boot_id, at) -> dict:
+    """The fields of NIST SP 800-88 Rev. 2 Appendix G, plus host, previous tenant and claim."""
+    from agent import __version__ as agent_version
+
+    location = ", ".join(f"{k}={v}" for k, v in sorted((host.labels or {}).items()) if k in ("rack", "zone", "site"))
+    fallback = ({"from": erased.get("fallback_from"), "reason": erased.get("fallback_reason")}
+                if erased.get("fallback_from") else None)
+    media_type = MEDIA.get(erased.get("type") or "", erased.get("type") or "unknown")
+    return {
+        "certificate_id": str(uuid.uuid4()),
+        "standard": "NIST SP 800-88 Rev. 2, Appendix G: certificate of sanitization",
+        "issued_at": at.isoformat(),
+        "host": {"name": host.name, "system_serial": ((host.inventory or {}).get("system") or {}).get("serial"),
+                 "node_type": gate.get("node_type") or None, "location": location or None},
+        "previous_tenant": previous.get("tenant") or None,
+        "claim": previous.get("claim") or None,
+        "flow_id": flow_id,
+        "media": {"manufacturer": erased.get("vendor") or _manufacturer(erased.get("model")),
+                  "model": erased.get("model"), "serial": erased.get("serial") or (verified or {}).get("serial"),
+                  "media_type": media_type, "size_bytes": erased.get("size_bytes") or (verified or {}).get("size_bytes"),
+                  "source": f"bare-metal host {host.name}, disk {disk}"},
+        "classification": "tenant data (its confidentiality is the tenant's to set; the operator treats it as "
+                          "confidential)",
+        "sanitization": {
+            "method_type": erased.get("method_type") or None,
+            "method": erased.get("method"),
+            "method_details": erased.get("method_details") or erased.get("error"),
+            "requested_policy": erased.get("requested") or gate.get("policy", {}).get("method"),
+            "policy_source": gate.get("policy", {}).get("source"),
+            "fallback": fallback,
+            "attempts": erased.get("attempts") or [],
+            "tool": erased.get("tool"), "tool_version": erased.get("tool_version"),
+            "commands": erased.get("commands") or [],
+            "started_at": erased.get("started_at"), "ended_at": erased.get("ended_at"),
+        },
+        "verification": {
+            "method": _verification_method(verified),
+            "mode": (verified or {}).get("mode"),
+            "expectation": (verified or {}).get("expectation"),
+            "canaries": (verified or {}).get("canaries"),
+            "samples": {k: v for k, v in ((verified or {}).get("samples") or {}).items()},
+            "bytes_read": (verified or {}).get("bytes_read"),
+            "direct_io": (verified or {}).get("direct_io"),
+            "result": "pass" if passed else "fail",
+            "findings": findings,
+        },
+        "post_sanitization_classification": ("no tenant data remains (verified)" if passed
+                                             else "tenant data may remain: not cleared for reuse"),
+        "destination": ("reuse within the vMetal fleet, once the host's GPU health suite passes" if passed
+                        else "the repair pool, with this record as evidence"),
+        "sanitized_by": {"name": f"vmetal-agent {agent_version}", "title": "ramdisk agent (automated)",
+                         "date": erased.get("ended_at"), "location": host.name,
+                         "boot_id": boot_id or None},
+        "validated_by": {"name": "vMetal Console", "title": "release gate (system:flow)", "date": at.isoformat(),
+                         "location": location or None},
+        "result": "pass" if passed else "fail",
+    }
+
+
+def _manufacturer(model: str | None) -> str | None:
+    if not model:
+        return None
+    first = model.split()[0]
+    return first if first.isalpha() and first.isupper() else None
+
+
+def record_health(*, host: BareMetalHost, flow_id: str, suite: str, gate: dict, parsed: dict, raw: dict,
+                  thresholds: dict) -> HealthCheckRun:
+    fields = {"host": host, "host_name": host.name, "node_type": gate.get("node_type", ""),
+              "command": raw.get("command", ""), "exit_code": raw.get("exit_code"),
+              "raw_output": ((raw.get("stdout") or "") + (("\n--- stderr ---\n" + raw["stderr"])
+                                                         if raw.get("stderr") else ""))[-1_000_000:],
+              "raw_json": (raw.get("json") or "")[-1_000_000:], "verdict": parsed["verdict"],
+              "reasons": parsed.get("reasons", []), "gpus": parsed.get("gpus") or {}, "parsed": parsed,
+              "thresholds": thresholds, "duration_s": raw.get("duration_s")}
+    run, _ = HealthCheckRun.objects.update_or_create(flow_id=flow_id, suite=suite, defaults=fields)
+    return run

@@ -1,0 +1,49 @@
+"""python manage.py repair [HOST {retest,return,retire}] [--override-reason R] [--reason R] [--actor A]"""
+from django.core.management.base import BaseCommand, CommandError
+
+from hosts import services
+from hosts.choices import HostState
+from hosts.lifecycle import ConcurrentTransition, IllegalTransition
+from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
+
+
+class Command(BaseCommand):
+    help = ("The repair pool: without arguments, list the hosts in repair with why; with HOST and an action, "
+            "retest it (clean and health suite again), return it to service (after a passing retest, or with "
+            "--override-reason), or retire it (--reason). Every action goes in the Event log.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("host", nargs="?")
+        parser.add_argument("action", nargs="?", choices=["retest", "return", "retire"])
+        parser.add_argument("--override-reason", default="", help="return to service without a passing retest")
+        parser.add_argument("--reason", default="", help="why (required to retire)")
+        parser.add_argument("--actor", default="admin:cli")
+
+    def handle(self, *args, **options):
+        if not options["host"]:
+            return self._list()
+        host = BareMetalHost.objects.filter(name=options["host"]).first()
+        if host is None:
+            raise CommandError(f"no host {options['host']!r}")
+        actor = options["actor"]
+        try:
+            if options["action"] == "retest":
+                services.host_retest(host=host, actor=actor, reason=options["reason"])
+            elif options["action"] == "return":
+                services.host_return_to_service(host=host, actor=actor, override_reason=options["override_reason"])
+            elif options["action"] == "retire":
+                services.host_retire(host=host, actor=actor, reason=options["reason"])
+            else:
+                raise CommandError("give an action: retest, return or retire")
+        except (IllegalTransition, ConcurrentTransition) as exc:
+            raise CommandError(str(exc)) from None
+        host.refresh_from_db()
+        self.stdout.write(f"{host.name}: {host.state}")
+
+    def _list(self):
+        for host in BareMetalHost.objects.filter(state__in=[HostState.REPAIR, HostState.RETESTING]):
+            verdict = services.host_last_repair_verdict(host=host)
+            failed_certs = EraseCertificate.objects.filter(host=host, result="fail").count()
+            failed_runs = HealthCheckRun.objects.filter(host=host, verdict="fail").count()
+            self.stdout.write(f"{host.name}\t{host.state}\t{verdict.get('message', '')}\t"
+                              f"failed certificates: {failed_certs}, failed health runs: {failed_runs}")

@@ -1,0 +1,153 @@
+"""Erase certificates: NIST SP 800-88 Rev. 2 Appendix G fields, signed by the console; `verify-certificate` says
+valid for the file as downloaded and tampered for any changed byte; the console recounts what the agent
+reports instead of trusting its verdict; who may download which certificate."""
+import json
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+
+from hosts import certificates, cleaning
+from hosts.models import BareMetalHost, EraseCertificate
+from pools.models import Tenant, TenantMembership
+
+pytestmark = pytest.mark.django_db
+
+GATE = {"node_type": "gpu-server", "policy": {"method": "secure", "fallback": "full", "source": "NodeType gpu-server"}}
+
+
+def erased(**changes) -> dict:
+    """One disk as the agent's `erase` reports it: NVMe crypto erase."""
+    disk = {"name": "nvme0n1", "ok": True, "serial": "S7GPU011", "model": "SAMSUNG MZWLO3T8HCLS", "vendor": None,
+            "type": "nvme", "size_bytes": 3840755982336, "requested": "secure", "method": "secure",
+            "method_type": "Purge", "method_details": "NVMe Format NVM, Secure Erase Setting 2: cryptographic erase",
+            "tool": "nvme-cli", "tool_version": "nvme version 2.8", "attempts": [], "fallback_from": None,
+            "commands": ["nvme id-ctrl /dev/nvme0n1 -o json", "nvme format /dev/nvme0n1 --ses=2 --force"],
+            "started_at": "2026-11-29T10:00:00Z", "ended_at": "2026-11-29T10:00:09Z", "expectation": "changed"}
+    disk.update(changes)
+    return {"disks": [disk]}
+
+
+def verified(**changes) -> dict:
+    disk = {"name": "nvme0n1", "serial": "S7GPU011", "expectation": "changed", "mode": "sampled", "direct_io": True,
+            "canaries": {"planted": 64, "checked": 64, "survived": 0, "survivors": []},
+            "samples": {"count": 586, "chunk": 65536, "share": 0.01, "dirty": 0, "unchanged": 0},
+            "bytes_read": 38666240, "passed": True, "findings": []}
+    disk.update(changes)
+    return {"disks": [disk], "passed": disk["passed"]}
+
+
+@pytest.fixture
+def host(db):
+    return BareMetalHost.objects.create(name="gpu-01", bmc_address="redfish+http://127.0.0.1:1/redfish/v1/Systems/1",
+                                        boot_mac="52:54:00:00:00:01", labels={"role": "gpu", "rack": "r1"},
+                                        inventory={"system": {"serial": "LAB-gpu-01"}})
+
+
+def issue(host, *, erase=None, verify=None, flow_id="f-1") -> EraseCertificate:
+    return cleaning.issue_certificates(host=host, flow_id=flow_id, gate=GATE,
+                                       previous={"tenant": "alpha", "claim": "alpha-gpu-7k2x"},
+                                       erase=erase or erased(), verify=verify or verified(), boot_id="boot-1")[0]
+
+
+def test_a_certificate_carries_the_appendix_g_fields_and_the_tenancy(host):
+    doc = issue(host).document
+    assert doc["media"] == {"manufacturer": "SAMSUNG", "model": "SAMSUNG MZWLO3T8HCLS", "serial": "S7GPU011",
+                            "media_type": "NVMe SSD", "size_bytes": 3840755982336,
+                            "source": "bare-metal host gpu-01, disk nvme0n1"}
+    s = doc["sanitization"]
+    assert (s["method_type"], s["method"], s["tool"], s["tool_version"]) == ("Purge", "secure", "nvme-cli",
+                                                                             "nvme version 2.8")
+    assert s["method_details"].startswith("NVMe Format NVM") and s["started_at"] and s["ended_at"]
+    assert doc["verification"]["result"] == "pass" and "O_DIRECT" in doc["verification"]["method"]
+    assert "zeros not expected" in doc["verification"]["method"]  # NVMe: content indeterminate after the erase
+    assert doc["sanitized_by"]["name"].startswith("vmetal-agent") and doc["validated_by"]["name"] == "vMetal Console"
+    assert doc["classification"] and doc["post_sanitization_classification"] and doc["destination"]
+    assert (doc["host"]["name"], doc["host"]["system_serial"], doc["host"]["location"]) == ("gpu-01", "LAB-gpu-01",
+                                                                                            "rack=r1")
+    assert (doc["previous_tenant"], doc["claim"], doc["result"]) == ("alpha", "alpha-gpu-7k2x", "pass")
+
+
+def test_the_downloaded_file_verifies_and_every_changed_byte_is_tampered(host, tmp_path, capsys):
+    text = certificates.render_certificate(issue(host))
+    path = tmp_path / "cert.json"
+    path.write_text(text)
+    call_command("verify-certificate", str(path))
+    out = capsys.readouterr().out
+    assert out.startswith("valid: certificate ") and "serial S7GPU011" in out and "previous tenant alpha" in out
+
+    raw = text.encode()
+    for i in range(len(raw)):  # every single byte, changed
+        changed = bytearray(raw)
+        changed[i] = changed[i] ^ 0x01 if changed[i] not in (0x22, 0x5C) else changed[i] ^ 0x02
+        valid, reasons, _ = certificates.verify_text(changed.decode("utf-8", "replace"))
+        assert not valid and reasons, f"a change at byte {i} ({chr(raw[i])!r}) went unnoticed"
+
+    doc = json.loads(text)
+    doc["certificate"]["previous_tenant"] = "beta"
+    path.write_text(certificates.render(doc["certificate"], doc["signature"]["value"], doc["signature"]["key_id"]))
+    with pytest.raises(SystemExit) as exit_status:
+        call_command("verify-certificate", str(path))
+    assert exit_status.value.code == 1
+    assert capsys.readouterr().out == ("tampered: the signature does not match the content: the certificate was "
+                                       "changed after signing\n")
+    path.write_text(json.dumps(json.loads(text), indent=4))  # same content, other bytes
+    assert certificates.verify_text(path.read_text())[1] == [
+        "the file differs from the signed rendering: bytes were changed outside the signed content"]
+
+
+def test_another_console_s_key_is_not_this_one_s(host, settings):
+    text = certificates.render_certificate(issue(host))
+    settings.CERTIFICATE_SIGNING_KEY = "a different console"
+    valid, reasons, _ = certificates.verify_text(text)
+    assert not valid and reasons[0].startswith("signed with key ")
+
+
+def test_the_console_recounts_instead_of_trusting_the_agent_s_verdict(host):
+    lying = verified(passed=True, canaries={"planted": 64, "checked": 64, "survived": 3, "survivors": []})
+    cert = issue(host, verify=lying, flow_id="f-2")
+    assert cert.result == "fail"
+    assert cert.document["verification"]["findings"][0] == "3 of 64 canaries survived the erase"
+    nothing_read = verified(canaries={"planted": 64, "checked": 0, "survived": 0})
+    assert issue(host, verify=nothing_read, flow_id="f-3").result == "fail"
+    buffered = verified(direct_io=False)
+    assert issue(host, verify=buffered, flow_id="f-4").document["verification"]["findings"] == [
+        "the read-back did not use O_DIRECT"]
+    agent_says_no = verified(passed=False)
+    assert issue(host, verify=agent_says_no, flow_id="f-5").result == "fail"
+
+
+def test_a_fallback_and_a_failed_erase_are_on_the_certificate(host):
+    fell_back = erased(method="full", method_type="Clear", fallback_from="secure", expectation="zeros",
+                       fallback_reason="nvme: every NVMe secure erase command failed")
+    doc = issue(host, erase=fell_back, verify=verified(expectation="zeros"), flow_id="f-6").document
+    assert doc["sanitization"]["fallback"] == {"from": "secure",
+                                               "reason": "nvme: every NVMe secure erase command failed"}
+    assert doc["sanitization"]["requested_policy"] == "secure" and doc["sanitization"]["method_type"] == "Clear"
+    failed = cleaning.issue_certificates(host=host, flow_id="f-7", gate=GATE, previous={"tenant": "alpha"},
+                                         erase=erased(ok=False, error="writing zeros failed: Input/output error"),
+                                         verify=None)[0]
+    assert failed.result == "fail" and failed.document["verification"]["findings"] == [
+        "erase failed: writing zeros failed: Input/output error", "not verified"]
+    assert certificates.verify_text(certificates.render_certificate(failed))[0]  # evidence is signed too
+
+
+def test_certificates_are_downloadable_by_staff_and_by_the_previous_tenant_only(host, client, admin_client):
+    cert = issue(host)
+    response = admin_client.get(f"/certificates/{cert.pk}.json")
+    assert response.status_code == 200 and response.content.decode() == certificates.render_certificate(cert)
+    assert response["Content-Disposition"].startswith('attachment; filename="erase-certificate-gpu-01-nvme0n1-')
+    page = admin_client.get(f"/certificates/{cert.pk}/").content.decode()
+    assert "Certificate of sanitization" in page and "S7GPU011" in page and '<span class="pass">valid</span>' in page
+
+    alpha, beta = Tenant.objects.create(name="alpha"), Tenant.objects.create(name="beta")
+    member_a = User.objects.create_user("ann", password="pw")
+    member_b = User.objects.create_user("bob", password="pw")
+    TenantMembership.objects.create(tenant=alpha, user=member_a)
+    TenantMembership.objects.create(tenant=beta, user=member_b)
+    client.force_login(member_a)
+    assert client.get(f"/certificates/{cert.pk}.json").status_code == 200
+    client.force_login(member_b)
+    assert client.get(f"/certificates/{cert.pk}.json").status_code == 404
+    client.logout()
+    assert client.get(f"/certificates/{cert.pk}.json").status_code == 302  # to the login page

@@ -1,0 +1,289 @@
+"""Each cleaning method with its verification, on file-backed disks, through the agent's own commands: what
+the erase leaves on the disk, what the read-back finds, O_DIRECT for every canary, NVMe's indeterminate
+content, fallbacks that are recorded and never silent, planted faults caught. The drive commands are the
+lab's fake `nvme` / `hdparm` (lab/fake_tools.py) acting on the disk files."""
+import json
+import math
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import sanitize, verify
+from agent.commands import Context, execute
+from agent.hardware import LabHardware
+from lab.fake_tools import install
+
+MiB = 1024 * 1024
+KEY = "5e" * 32
+
+
+def make_disks(tmp_path: Path, *specs: dict, size: int = 32 * MiB) -> LabHardware:
+    """Disk files full of "tenant data" (random), described by a lab profile with the fake tools."""
+    tools = install(tmp_path / "tools")
+    disks = []
+    for i, spec in enumerate(specs):
+        path = tmp_path / f"disk{i}.img"
+        with open(path, "wb") as f:
+            for _ in range(size // MiB):
+                f.write(os.urandom(MiB))
+        disks.append({"name": spec.get("name", f"nvme{i}n1"), "path": str(path), "type": "nvme",
+                      "serial": f"S{i}", "model": "SAMSUNG MZWLO3T8HCLS", **spec})
+    profile = tmp_path / "hardware.json"
+    profile.write_text(json.dumps({"nics": [{"mac": "52:54:00:00:00:01"}], "disks": disks,
+                                   "lab": {"tools": str(tools), "faults": []}}))
+    return LabHardware.from_file(profile)
+
+
+def erase_and_verify(hw, tmp_path, mode="sampled", **args):
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    erased = execute("erase", {"erase_id": "e1", "key": KEY, **args}, ctx)
+    assert erased.ok, erased.error
+    checked = execute("verify_erase", {"erase_id": "e1", "key": KEY, "mode": mode}, ctx)
+    assert checked.ok, checked.error
+    return erased.result, checked.result
+
+
+def read(path, offset=0, length=None) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length) if length else f.read()
+
+
+def test_full_overwrites_every_byte_and_reads_canaries_and_a_one_percent_sample_back(tmp_path):
+    hw = make_disks(tmp_path, {})
+    erased, checked = erase_and_verify(hw, tmp_path, method="full")
+    disk = erased["disks"][0]
+    assert (disk["method"], disk["method_type"], disk["fallback_from"]) == ("full", "Clear", None)
+    assert read(hw.disks()[0].path).count(0) == 32 * MiB  # every byte
+    result = checked["disks"][0]
+    assert result["passed"] and result["direct_io"] and result["expectation"] == "zeros"
+    assert result["canaries"]["checked"] == result["canaries"]["planted"] == 64
+    assert result["samples"]["count"] == math.ceil(32 * MiB * 0.01 / (64 * 1024))
+    assert result["samples"]["count"] * 64 * 1024 >= 0.01 * 32 * MiB
+
+
+def test_canaries_include_the_first_and_the_last_mib_and_are_keyed_per_erase():
+    plan = verify.plan(b"k" * 32, 64 * MiB, "full")
+    assert min(plan.canaries) < MiB and max(plan.canaries) >= 63 * MiB
+    again = verify.plan(b"k" * 32, 64 * MiB, "full")
+    other = verify.plan(b"j" * 32, 64 * MiB, "full")
+    assert again.canaries == plan.canaries and again.samples == plan.samples  # a retry plants the same canaries
+    assert other.canaries != plan.canaries and verify.canary_bytes(b"k" * 32, 0) != verify.canary_bytes(b"j" * 32, 0)
+
+
+def test_metadata_zeroes_both_ends_leaves_the_middle_and_verifies_the_ends_whole(tmp_path):
+    hw = make_disks(tmp_path, {})
+    path = hw.disks()[0].path
+    middle = read(path, 2 * MiB, 28 * MiB)
+    erased, checked = erase_and_verify(hw, tmp_path, method="metadata")
+    assert erased["disks"][0]["method_type"] == "None"  # not a sanitisation, and the certificate says so
+    assert read(path, 0, 2 * MiB) == bytes(2 * MiB) and read(path, 30 * MiB, 2 * MiB) == bytes(2 * MiB)
+    assert read(path, 2 * MiB, 28 * MiB) == middle
+    result = checked["disks"][0]
+    assert result["passed"] and result["samples"]["share"] == 1.0 and result["canaries"]["checked"] == 16
+    assert result["regions"] == [[0, 2 * MiB], [30 * MiB, 2 * MiB]] or result["regions"] == [(0, 2 * MiB),
+                                                                                             (30 * MiB, 2 * MiB)]
+
+
+def test_nvme_secure_erase_leaves_indeterminate_content_and_is_not_judged_by_zeros(tmp_path):
+    hw = make_disks(tmp_path, {})
+    path = hw.disks()[0].path
+    before = read(path)
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure")
+    disk = erased["disks"][0]
+    assert (disk["method"], disk["method_type"], disk["tool"]) == ("secure", "Purge", "nvme-cli")
+    assert disk["commands"][-1].endswith("--ses=2 --force")  # the lab drive offers cryptographic erase
+    after = read(path)
+    assert after != before and after.count(0) < len(after) // 100  # neither the old data nor zeros
+    result = checked["disks"][0]
+    assert result["passed"] and result["expectation"] == "changed" and result["samples"]["unchanged"] == 0
+    # Judged by zeros, the same healthy erase would "fail": that is why NVMe content is never judged so.
+    state = json.loads((tmp_path / "vmetal-erase-e1.json").read_text())["disks"]["nvme0n1"]
+    wrong = verify.verify(path, verify.disk_key(bytes.fromhex(KEY), "S0"),
+                          verify.Prepared.from_dict(state["prepared"]), expectation=verify.ZEROS)
+    assert wrong["samples"]["dirty"] == wrong["samples"]["count"]
+
+
+@pytest.mark.parametrize("fna, sanicap, command", [(0x0, 0x2, "nvme sanitize {path} --sanact=2"),
+                                                   (0x0, 0x0, "nvme format {path} --ses=1 --force")])
+def test_nvme_without_crypto_erase_uses_sanitize_else_a_user_data_erase(tmp_path, fna, sanicap, command):
+    hw = make_disks(tmp_path, {"fna": fna, "sanicap": sanicap})
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure")
+    disk = erased["disks"][0]
+    assert command.format(path=disk["path"]) in disk["commands"] and checked["passed"]
+    assert "--ses=2" not in " ".join(disk["commands"])
+
+
+def test_ata_secure_erase_is_enhanced_when_the_drive_supports_it(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd"})
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure")
+    disk = erased["disks"][0]
+    assert (disk["tool"], disk["method_type"]) == ("hdparm", "Purge")
+    assert any("--security-erase-enhanced ********" in c for c in disk["commands"])  # the password is masked
+    assert checked["passed"] and checked["disks"][0]["expectation"] == "changed"
+
+
+def test_a_frozen_drive_falls_back_only_as_the_policy_says_and_the_fallback_is_recorded(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "frozen": True})
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    refused = execute("erase", {"erase_id": "e0", "key": KEY, "method": "secure", "allow_suspend": False}, ctx)
+    assert not refused.ok and "sda is frozen" in refused.error and "allows no fallback from secure" in refused.error
+    assert refused.result["disks"][0]["ok"] is False
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure", fallback="full", allow_suspend=False)
+    disk = erased["disks"][0]
+    assert (disk["requested"], disk["method"], disk["fallback_from"]) == ("secure", "full", "secure")
+    assert "frozen" in disk["fallback_reason"] and disk["attempts"][0]["method"] == "secure"
+    assert checked["passed"] and checked["disks"][0]["expectation"] == "zeros"
+
+
+@pytest.mark.parametrize("method", ["metadata", "full", "secure"])
+def test_an_erase_that_skips_a_region_is_caught_by_the_read_back(tmp_path, method):
+    hw = make_disks(tmp_path, {"fault": "erase-skips-region"})
+    erased, checked = erase_and_verify(hw, tmp_path, method=method)
+    assert erased["disks"][0]["ok"]  # the erase itself reported success
+    result = checked["disks"][0]
+    assert not result["passed"] and not checked["passed"]
+    assert result["canaries"]["survived"] >= 1
+    assert any("canaries survived" in f for f in result["findings"])
+
+
+def test_an_erase_that_fails_fails_the_command_with_the_device_s_words(tmp_path):
+    hw = make_disks(tmp_path, {"fault": "erase-fails"}, {})
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, Context(hardware=hw))
+    assert not outcome.ok and "nvme0n1: full: writing zeros" in outcome.error and "Input/output error" in outcome.error
+    assert [d["ok"] for d in outcome.result["disks"]] == [False, True]
+
+
+def test_any_untouched_run_two_strata_long_is_caught_wherever_it_is(tmp_path, monkeypatch):
+    hw = make_disks(tmp_path, {}, size=64 * MiB)
+    path = hw.disks()[0].path
+    snapshot = {}
+    real_full = sanitize.METHOD_FUNCTIONS["full"]
+
+    def full(disk, policy, hardware, progress):  # the disk as the erase found it: tenant data and canaries
+        snapshot["before"] = read(disk.path)
+        return real_full(disk, policy, hardware, progress)
+
+    monkeypatch.setitem(sanitize.METHOD_FUNCTIONS, "full", full)
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    assert execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx).ok
+    original = snapshot["before"]
+    erased_bytes = read(path)
+    # 62 canaries stratified over 64 MiB (plus the first and last MiB): a hole two strata long always holds
+    # a whole stratum, so its canary, wherever the hole is.
+    hole = (2 * 64 * MiB // 62 // 4096 + 1) * 4096
+    rng = random.Random(7)
+    for _ in range(12):
+        start = rng.randrange(0, 64 * MiB - hole, 4096)
+        with open(path, "r+b") as f:
+            f.seek(start)
+            f.write(original[start:start + hole])  # as if the erase had skipped it
+        result = execute("verify_erase", {"erase_id": "e1", "key": KEY}, ctx).result["disks"][0]
+        assert result["canaries"]["survived"] >= 1, start
+        assert not result["passed"]
+        with open(path, "r+b") as f:
+            f.seek(start)
+            f.write(erased_bytes[start:start + hole])
+    assert execute("verify_erase", {"erase_id": "e1", "key": KEY}, ctx).result["passed"]
+
+
+def test_the_full_read_back_finds_what_a_sample_can_miss(tmp_path):
+    hw = make_disks(tmp_path, {})
+    path = hw.disks()[0].path
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    assert execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx).ok
+    state = json.loads((tmp_path / "vmetal-erase-e1.json").read_text())["disks"]["nvme0n1"]["prepared"]
+    taken = {o // 4096 for o in state["canaries"]} | {b for o in state["samples"] for b in range(o // 4096, (o + state["chunk"]) // 4096)}
+    block = next(b for b in range(300, 8000) if b not in taken)
+    with open(path, "r+b") as f:
+        f.seek(block * 4096)
+        f.write(b"left over" * 100)
+    sampled = execute("verify_erase", {"erase_id": "e1", "key": KEY}, ctx).result
+    full = execute("verify_erase", {"erase_id": "e1", "key": KEY, "mode": "full"}, ctx).result
+    assert sampled["passed"]
+    assert not full["passed"] and full["disks"][0]["samples"]["dirty_at"] == [{"offset": block * 4096, "length": 4096}]
+    assert full["disks"][0]["bytes_read"] >= 32 * MiB
+
+
+def test_every_canary_is_written_and_read_with_o_direct(tmp_path, monkeypatch):
+    hw = make_disks(tmp_path, {})
+    path = hw.disks()[0].path
+    opened = []
+    real_open = os.open
+
+    def spy(file, flags, *args, **kwargs):
+        if str(file) == path:
+            opened.append(flags)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(verify.os, "open", spy)
+    key = b"k" * 32
+    the_plan = verify.plan(key, 32 * MiB, "full")
+    prepared = verify.prepare(path, key, the_plan)
+    assert opened and all(flags & os.O_DIRECT for flags in opened)
+    with open(path, "r+b") as f:  # a buffered overwrite, as a careless erase would do it
+        f.write(bytes(32 * MiB))
+    opened.clear()
+    result = verify.verify(path, key, prepared, expectation=verify.ZEROS)
+    assert result["passed"] and opened and all(flags & os.O_DIRECT for flags in opened)
+
+
+def test_where_o_direct_is_refused_the_erase_is_not_verified_and_nothing_falls_back(tmp_path, monkeypatch):
+    hw = make_disks(tmp_path, {})
+    real_open = os.open
+
+    def no_direct(file, flags, *args, **kwargs):  # a filesystem without O_DIRECT (older tmpfs, some FUSE)
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(verify.os, "open", no_direct)
+    before = read(hw.disks()[0].path, 0, MiB)
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, Context(hardware=hw))
+    assert not outcome.ok and "O_DIRECT refused" in outcome.error and "cannot be verified" in outcome.error
+    assert read(hw.disks()[0].path, 0, MiB) == before  # no canary written through the page cache either
+
+
+def test_a_disk_that_drops_writes_is_caught_when_the_canaries_are_planted(tmp_path, monkeypatch):
+    hw = make_disks(tmp_path, {})
+    monkeypatch.setattr(verify.DirectIO, "write", lambda self, data, offset: None)
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, Context(hardware=hw))
+    assert not outcome.ok and "does not read back" in outcome.error
+
+
+def test_a_verification_without_its_erase_record_fails(tmp_path):
+    hw = make_disks(tmp_path, {})
+    outcome = execute("verify_erase", {"erase_id": "never", "key": KEY}, Context(hardware=hw, tmp_dir=str(tmp_path)))
+    assert not outcome.ok and "no record of erase never" in outcome.error
+
+
+def test_disks_are_erased_in_parallel_under_the_concurrency_limit_with_progress(tmp_path, monkeypatch):
+    hw = make_disks(tmp_path, {}, {}, {}, {}, size=4 * MiB)
+    running, peak, lock = [0], [0], threading.Lock()
+    real = sanitize.erase_disk
+
+    def slow(disk, policy, hardware, progress):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.3)
+        try:
+            return real(disk, policy, hardware, progress)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(sanitize, "erase_disk", slow)
+    reports = []
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path), progress=lambda p, m: reports.append((p, m)))
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full", "concurrency": 2}, ctx)
+    assert outcome.ok and outcome.result["concurrency"] == 2
+    assert peak[0] == 2
+    assert reports[-1] == (100, "erase done")
+    assert any("nvme3n1" in m and "nvme0n1" in m for _, m in reports)
+    percents = [p for p, _ in reports]
+    assert percents == sorted(percents) or max(percents) == 100
