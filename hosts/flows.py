@@ -354,7 +354,8 @@ def agent_command(run: Run, name: str, args: dict | None = None, secret_args: di
         HostCommand.objects.get_or_create(
             host=run.host, flow_id=run.flow["id"], step=step,
             defaults={"name": name, "args": args or {}, "secret_args": json.dumps(secret_args) if secret_args else ""})
-        raise Waiting(f"{name} queued for the agent")
+        # Look again even if nothing calls back: an agent that dies with the command is noticed by its silence.
+        raise Waiting(f"{name} queued for the agent", recheck_s=settings.AGENT_SILENCE_S / 2)
     if command.status == CommandStatus.DONE:
         return command.result
     if command.status == CommandStatus.FAILED:
