@@ -11,6 +11,8 @@ Layout:
     agent/hardware.py    Hardware, LinuxHardware (/proc, /sys, nvidia-smi), LabHardware (JSON profile)
     agent/disks.py       root disk choice (Ironic's rules and root device hints), zeroing helpers
     agent/seed.py        cloud-init NoCloud seed: build the ISO, write it to the disk's last 64 MiB, read it back
+    agent/sanitize.py    the cleaning policy's erase methods (metadata, full, NVMe/ATA secure) and fallbacks
+    agent/verify.py      canaries and samples, planted and read back with O_DIRECT: did the erase happen?
     agent/commands/      one module per command; commands.execute(name, args, ctx) runs one without HTTP
 """
 

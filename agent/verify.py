@@ -27,7 +27,9 @@ import hmac
 import math
 import mmap
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -215,16 +217,21 @@ class Prepared:
     plan: Plan
     fingerprints: list[tuple[int, str, int | None]] = field(default_factory=list)  # offset, digest, fill byte
     planted_at: float = 0.0
+    key_check: str = ""  # names the key the canaries were made with (not the key)
 
     def to_dict(self) -> dict:
         return {"size": self.plan.size, "regions": self.plan.regions, "canaries": self.plan.canaries,
                 "samples": self.plan.samples, "chunk": self.plan.chunk, "share": self.plan.share,
-                "fingerprints": self.fingerprints, "planted_at": self.planted_at}
+                "fingerprints": self.fingerprints, "planted_at": self.planted_at, "key_check": self.key_check}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Prepared":
         p = Plan(d["size"], [tuple(r) for r in d["regions"]], d["canaries"], d["samples"], d["chunk"], d["share"])
-        return cls(p, [tuple(f) for f in d["fingerprints"]], d.get("planted_at", 0.0))
+        return cls(p, [tuple(f) for f in d["fingerprints"]], d.get("planted_at", 0.0), d.get("key_check", ""))
+
+
+def key_check(key: bytes) -> str:
+    return hashlib.blake2b(b"key-check", key=key[:64], digest_size=8).hexdigest()
 
 
 def prepare(path: str, key: bytes, the_plan: Plan, progress: Callable[[float], None] = lambda f: None, *,
@@ -241,7 +248,8 @@ def prepare(path: str, key: bytes, the_plan: Plan, progress: Callable[[float], N
                 raise VerifyError(f"{path}: the canary written at offset {offset} does not read back: "
                                   "the disk does not keep what is written to it")
         if not fingerprint:
-            return Prepared(the_plan, [(offset, "", None) for offset in the_plan.samples], time.time())
+            return Prepared(the_plan, [(offset, "", None) for offset in the_plan.samples], time.time(),
+                            key_check(key))
         prints = []
         total = len(the_plan.samples) or 1
         for i, offset in enumerate(the_plan.samples):
@@ -249,7 +257,7 @@ def prepare(path: str, key: bytes, the_plan: Plan, progress: Callable[[float], N
             prints.append((offset, _digest(data), _uniform(data)))
             if i % 64 == 0:
                 progress(i / total)
-    return Prepared(the_plan, prints, time.time())
+    return Prepared(the_plan, prints, time.time(), key_check(key))
 
 
 # --- after the erase ------------------------------------------------------------------------------
@@ -258,6 +266,10 @@ def verify(path: str, key: bytes, prepared: Prepared, *, expectation: str, mode:
            progress: Callable[[float], None] = lambda f: None) -> dict:
     """Read the canaries and the sample (or every claimed byte in `full` mode) back with O_DIRECT."""
     the_plan = prepared.plan
+    if prepared.key_check and prepared.key_check != key_check(key):
+        # Another key would look for other canaries and find none: a false pass. Refuse instead.
+        raise VerifyError(f"{path}: the key differs from the one the canaries were planted with "
+                          "(the console's signing key changed?): the erase cannot be verified")
     started = time.monotonic()
     findings: list[str] = []
     bytes_read = 0
@@ -322,34 +334,59 @@ def verify(path: str, key: bytes, prepared: Prepared, *, expectation: str, mode:
     }
 
 
+SCAN_CHUNK = 4 * MiB
+SCAN_QUEUE_DEPTH = 8
+
+
 def _scan_all(dio: DirectIO, key: bytes, the_plan: Plan, canaries: list[int], expectation: str,
               progress: Callable[[float], None]) -> dict:
-    """Full read-back of the claimed regions: zeros everywhere (when promised) and no canary block anywhere."""
+    """Full read-back of the claimed regions: zeros everywhere (when promised) and no canary block anywhere.
+    Several O_DIRECT reads in flight, each reader with its own aligned buffer; findings merged in disk order."""
     canary_heads = {canary_bytes(key, o)[:64] for o in the_plan.canaries}
-    zero = bytes(READ_CHUNK)
+    zero = bytes(SCAN_CHUNK)
+    chunks = [(o, min(SCAN_CHUNK, start + length // BLOCK * BLOCK - o)) for start, length in the_plan.regions
+              for o in range(start, start + length // BLOCK * BLOCK, SCAN_CHUNK)]
+    total = sum(n for _, n in chunks) or 1
+    local = threading.local()
+    readers: list[DirectIO] = []
+    lock = threading.Lock()
+    done = [0]
+
+    def scan(chunk: tuple[int, int]) -> tuple[list[int], int]:
+        reader = getattr(local, "reader", None)
+        if reader is None:
+            reader = local.reader = DirectIO(dio.path, buffer=SCAN_CHUNK)
+            with lock:
+                readers.append(reader)
+        offset, n = chunk
+        data = reader.read(offset, n)
+        dirty_at, canary_count = [], 0
+        if data != zero[:n]:
+            for b in range(0, n, BLOCK):
+                block = data[b:b + BLOCK]
+                if block[:64] in canary_heads:
+                    canary_count += 1
+                if expectation == ZEROS and block.count(0) != BLOCK:
+                    dirty_at.append(offset + b)
+        with lock:
+            done[0] += n
+            progress(0.5 * done[0] / total)
+        return dirty_at, canary_count
+
     dirty: list[dict] = []
     dirty_blocks = canary_blocks = 0
-    total = sum(n for _, n in the_plan.regions) or 1
-    done = 0
-    for start, length in the_plan.regions:
-        end = start + length // BLOCK * BLOCK
-        offset = start
-        while offset < end:
-            n = min(READ_CHUNK, end - offset)
-            data = dio.read(offset, n)
-            clean_zero = data == zero[:n]
-            if not clean_zero:
-                for b in range(0, n, BLOCK):
-                    block = data[b:b + BLOCK]
-                    if block[:64] in canary_heads:
-                        canary_blocks += 1
-                    if expectation == ZEROS and block.count(0) != BLOCK:
-                        dirty_blocks += 1
-                        if dirty and dirty[-1]["offset"] + dirty[-1]["length"] == offset + b:
-                            dirty[-1]["length"] += BLOCK
-                        elif len(dirty) < MAX_FINDINGS:
-                            dirty.append({"offset": offset + b, "length": BLOCK})
-            offset += n
-            done += n
-            progress(0.5 * done / total)
-    return {"bytes_read": done, "dirty": dirty, "dirty_blocks": dirty_blocks, "canary_blocks": canary_blocks}
+    try:
+        with ThreadPoolExecutor(max_workers=SCAN_QUEUE_DEPTH, thread_name_prefix="scan") as pool:
+            for dirty_at, canary_count in pool.map(scan, chunks):
+                canary_blocks += canary_count
+                for at in dirty_at:
+                    dirty_blocks += 1
+                    if dirty and dirty[-1]["offset"] + dirty[-1]["length"] == at:
+                        dirty[-1]["length"] += BLOCK
+                    elif len(dirty) < MAX_FINDINGS:
+                        dirty.append({"offset": at, "length": BLOCK})
+    finally:
+        for reader in readers:
+            reader.close()
+    return {"bytes_read": total if chunks else 0, "dirty": dirty, "dirty_blocks": dirty_blocks,
+            "canary_blocks": canary_blocks}

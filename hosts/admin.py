@@ -9,8 +9,8 @@ from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_lin
 from pools.selectors import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
-from .models import BareMetalHost
-from .services import host_retry, host_set_maintenance
+from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from .services import host_retest, host_retry, host_return_to_service, host_set_maintenance
 
 SECRETS = ("bmc_username", "bmc_password")
 
@@ -57,13 +57,13 @@ class BareMetalHostAdmin(RecordedAdmin):
     list_filter = ("state", "power_state", "online", LabelFilter, "automated_cleaning_mode")
     search_fields = ("name", "bmc_address", "boot_mac", "claim__name", "claim__tenant__name", "error_message")
     list_select_related = ("claim", "claim__tenant")
-    actions = ("maintenance_on", "maintenance_off", "retry")
+    actions = ("maintenance_on", "maintenance_off", "retry", "retest", "return_to_service")
     readonly_fields = ("state", "state_changed_at", "deadline_at", "power_state", "error_type", "error_message",
                        "error_count", "bmc_credentials", "claim_text", "event_log", "inventory", "created_at",
                        "updated_at")
     fieldsets = (
         (None, {"fields": ("name", "namespace", "labels", "online", "boot_mac", "root_device_hints",
-                           "automated_cleaning_mode")}),
+                           "automated_cleaning_mode", "cleaning_policy")}),
         ("BMC", {"fields": ("bmc_address", "bmc_disable_certificate_verification", "bmc_credentials_name",
                             "bmc_credentials", "new_bmc_username", "new_bmc_password")}),
         ("Life cycle (changed only by the services: use the actions)", {
@@ -152,3 +152,40 @@ class BareMetalHostAdmin(RecordedAdmin):
     @admin.action(description="Retry (hosts in error)", permissions=["change"])
     def retry(self, request, queryset):
         self._act(request, queryset, "Retry", lambda host, actor: host_retry(host=host, actor=actor))
+
+
+    @admin.action(description="Retest (hosts in repair): clean and health suite again", permissions=["change"])
+    def retest(self, request, queryset):
+        self._act(request, queryset, "Retest", lambda host, actor: host_retest(host=host, actor=actor))
+
+    @admin.action(description="Return to service (hosts in repair, after a passing retest)", permissions=["change"])
+    def return_to_service(self, request, queryset):
+        self._act(request, queryset, "Return to service",
+                  lambda host, actor: host_return_to_service(host=host, actor=actor))
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Evidence: looked at, never changed or deleted by hand."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(EraseCertificate)
+class EraseCertificateAdmin(ReadOnlyAdmin):
+    list_display = ("host_name", "disk", "serial", "method", "method_type", "result", "previous_tenant", "created_at")
+    list_filter = ("result", "method", "method_type")
+    search_fields = ("host_name", "serial", "previous_tenant", "claim_name", "flow_id")
+
+
+@admin.register(HealthCheckRun)
+class HealthCheckRunAdmin(ReadOnlyAdmin):
+    list_display = ("host_name", "suite", "verdict", "node_type", "exit_code", "created_at")
+    list_filter = ("verdict", "suite")
+    search_fields = ("host_name", "flow_id", "node_type")

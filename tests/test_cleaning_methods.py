@@ -287,3 +287,11 @@ def test_disks_are_erased_in_parallel_under_the_concurrency_limit_with_progress(
     assert any("nvme3n1" in m and "nvme0n1" in m for _, m in reports)
     percents = [p for p, _ in reports]
     assert percents == sorted(percents) or max(percents) == 100
+
+
+def test_another_key_at_verification_is_refused_not_read_as_canaries_gone(tmp_path):
+    hw = make_disks(tmp_path, {"fault": "erase-skips-region"})
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    assert execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx).ok
+    result = execute("verify_erase", {"erase_id": "e1", "key": "77" * 32}, ctx).result
+    assert not result["passed"] and "the key differs" in result["disks"][0]["error"]

@@ -255,3 +255,20 @@ def test_health_parse_prints_the_verdict_as_json(tmp_path, capsys):
     for tool in ("dcgmi", "nccl"):
         status, out = run_command(capsys, tool, str(junk))
         assert status == 1 and out["verdict"] == "fail" and "not a result document" in out["reasons"][-1]
+
+
+@pytest.mark.parametrize("version, fmt, name", [("3.3.9", "3.x", "GPU Memory"), ("4.2.3", "4.x", "memory")])
+def test_the_lab_s_fake_dcgmi_speaks_both_formats_the_way_the_real_ones_read(version, fmt, name):
+    from lab import fake_tools
+
+    failures = {("memory", 5): {"warning": "Found 12 faulty memory elements on GPU 5", "error_id": 52,
+                                "error_category": 10, "error_severity": 2}}
+    tests = [("Integration", "pcie", "PCIe"), ("Hardware", "memory", "GPU Memory")]
+    make = fake_tools._dcgm4 if version.startswith("4") else fake_tools._dcgm3
+    result = parse_dcgmi(json.dumps(make(version, list(range(8)), tests, failures)), 205)
+    assert result["format"] == fmt and result["version"] == version and result["verdict"] == "fail"
+    assert result["gpus"]["5"]["tests"][name] == "fail" and result["gpus"]["4"]["status"] == "pass"
+    assert f"{name} (GPU 5): Found 12 faulty memory elements on GPU 5" in result["reasons"]
+    healthy = parse_dcgmi(json.dumps(make(version, list(range(8)), tests, {})), 0)
+    every = {str(i) for i in range(8)} | ({"all"} if fmt == "3.x" else set())  # 3.x Deployment names no GPU
+    assert healthy["verdict"] == "pass" and set(healthy["gpus"]) == every

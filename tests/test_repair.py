@@ -110,3 +110,16 @@ def test_a_mended_host_passes_its_retest_and_then_may_return_to_service(lab_fact
                             ("repair", "retesting", "user:ops"), ("retesting", "repair", "system:flow"),
                             ("repair", "retesting", "user:ops"), ("retesting", "repair", "system:flow"),
                             ("repair", "available", "user:ops")]
+
+
+@pytest.mark.django_db
+def test_admins_retest_from_the_admin_and_the_action_is_in_the_event_log(broken_host, admin_client):
+    response = admin_client.post("/admin/hosts/baremetalhost/", {"action": "retest",
+                                                                  "_selected_action": [broken_host.pk]})
+    assert response.status_code == 302
+    assert BareMetalHost.objects.get().state == "retesting"
+    event = Event.objects.get(host=broken_host, to_state="retesting")
+    assert event.actor.startswith("admin:") or event.actor.startswith("user:")
+    admin_client.post("/admin/hosts/baremetalhost/", {"action": "return_to_service",
+                                                      "_selected_action": [broken_host.pk]})
+    assert BareMetalHost.objects.get().state == "retesting"  # refused: not in repair, no passing retest
