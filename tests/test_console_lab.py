@@ -57,6 +57,17 @@ def test_an_admin_watches_a_real_claim_become_available_without_a_reload(lab, br
     page.goto("/tenants/one/")
     wait_live(page)
     page.evaluate("window.sameDocument = 'not reloaded'")
+    # Every data-phase the claims table shows, recorded as the websocket's partials land. A partial is
+    # rendered from the claim as it is when it is sent, so a phase shorter than a message's trip may be
+    # skipped, never shown out of order.
+    page.evaluate("""() => {
+        window.phasesSeen = [];
+        const record = () => document.querySelectorAll('#tenant-claims [data-phase]').forEach(row => {
+            const phase = row.getAttribute('data-phase');
+            if (window.phasesSeen[window.phasesSeen.length - 1] !== phase) window.phasesSeen.push(phase);
+        });
+        new MutationObserver(record).observe(document.body, {subtree: true, childList: true, attributes: true});
+    }""")
     gpu = pool("one", "gpu")
     cell = f"#pool-{gpu.pk}-quantity"
     page.fill(f"{cell} input[name=quantity]", "1")
@@ -64,11 +75,12 @@ def test_an_admin_watches_a_real_claim_become_available_without_a_reload(lab, br
     page.wait_for_selector(f"#pool-{gpu.pk}-saved")
     claim = wait_for(lambda: NodeClaim.objects.filter(tenant__name="one", pool_name="gpu").first(), timeout=30)
     row = f"#tenant-claims #claim-{claim.pk}"
-    seen = []
-    for phase in (ClaimPhase.PROVISIONING, ClaimPhase.JOINING, ClaimPhase.AVAILABLE):
-        page.wait_for_selector(f'{row}[data-phase="{phase}"]', timeout=120_000)
-        seen.append(phase)
-    assert seen == ["Provisioning", "Joining", "Available"]
+    page.wait_for_selector(f'{row}[data-phase="{ClaimPhase.AVAILABLE}"]', timeout=240_000)
+    seen = page.evaluate("window.phasesSeen")
+    order = [ClaimPhase.PENDING, ClaimPhase.PROVISIONING, ClaimPhase.JOINING, ClaimPhase.AVAILABLE]
+    assert seen[-1] == "Available" and len(seen) >= 2, seen  # it changed in place, at least once before Available
+    assert seen == sorted(seen, key=order.index), seen  # forward only
+    assert "Provisioning" in seen, seen  # writing the image takes seconds: never skipped
     page.wait_for_selector('#tenant-nodes tr[data-node="gpu-01"]')
     assert page.evaluate("window.sameDocument") == "not reloaded"  # every change came over the websocket
     assert "gpu-01" in {n["metadata"]["name"] for n in lab.tenants["one"].objects("nodes")}
