@@ -349,6 +349,23 @@ def test_nvidia_smi_csv_as_a_real_h200_prints_it():
     assert parse_nvidia_smi_csv("0, NVIDIA H200, GPU-1, [N/A], 00000000:19:00.0\n")[0]["memory_mib"] is None
 
 
+
+def test_gpu_listing_reads_what_a_real_h200_prints(tmp_path):
+    # Captured on an H200 host with bench/gpu_probe.sh (2026-11-29): the two queries gpu_reset runs first.
+    from agent.commands.gpu import gpu_processes, list_gpus
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$1\" in\n"
+                   "  --query-gpu=*) echo '0, 00000000:00:06.0, GPU-24f17f1b-eb07-be47-67e3-5bcdf725d8e8, NVIDIA H200';;\n"
+                   "  --query-compute-apps=*) ;;\n"
+                   "esac\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    gpus, run = list_gpus(env)
+    assert run["exit_code"] == 0
+    assert gpus == [{"index": 0, "pci_bus": "00000000:00:06.0", "uuid": "GPU-24f17f1b-eb07-be47-67e3-5bcdf725d8e8",
+                     "name": "NVIDIA H200"}]
+    assert gpu_processes(env)[0] == []  # an idle GPU prints nothing for the compute apps query
+
 # -- root disk -------------------------------------------------------------------------------------
 
 def test_root_disk_choice_follows_ironic_and_the_hints():
