@@ -20,8 +20,9 @@ from hosts.models import BareMetalHost
 from hosts.services import hosts_transition
 from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
-from pools.models import SERVER_NAME_PROPERTY, NodePool, NodeType
+from pools.models import SERVER_NAME_PROPERTY, NodePool, NodeType, Tenant
 from pools.selectors import label_selector_q, normalize_requirement, requirements_match
+from pools.services import tenants_finalize
 from vmetal_console import live
 
 from .choices import ClaimPhase as P
@@ -77,6 +78,10 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
     transaction.on_commit(lambda: live.publish(
         ["claims", *(f"tenant-{t}" for t in tenants)],
         {"object": "claim", "ids": ids, "from_state": from_phase, "to_state": to_phase}))
+    if to_phase == P.RELEASED:
+        deleting = list(Tenant.objects.filter(pk__in=tenants, deleting_since__isnull=False).values_list("pk", flat=True))
+        if deleting:  # a tenant being deleted goes once its last claim is released
+            transaction.on_commit(lambda: tenants_finalize(tenant_ids=deleting, actor=actor))
     return claims
 
 
@@ -105,6 +110,7 @@ class ReconcileResult:
     released: list[str] = field(default_factory=list)
     allocated: dict[str, str] = field(default_factory=dict)  # claim → host
     pending: dict[str, str] = field(default_factory=dict)  # claim → why
+    tenants_deleted: list[str] = field(default_factory=list)  # tenants whose deletion finished
 
 
 def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:reconciler") -> ReconcileResult:
@@ -136,6 +142,7 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
             result.released = [c.name for c in doomed]
     allocation = claims_allocate(pool_ids=pool_ids, actor=actor)
     result.allocated, result.pending = allocation.allocated, allocation.pending
+    result.tenants_deleted = tenants_finalize(actor=actor)
     return result
 
 

@@ -17,7 +17,7 @@ from events.services import object_update
 from .capacity import node_type_capacity
 from .choices import PoolKind
 from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
-from .services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota
+from .services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota, tenant_delete
 
 STAMPS = ("created_at", "updated_at")
 
@@ -179,6 +179,17 @@ class TenantAdmin(RecordedAdmin):
                 .annotate(pool_total=Count("pools", distinct=True),
                           live_claim_total=Count("claims", filter=live, distinct=True),
                           kubeconfig_empty=ExpressionWrapper(Q(kubeconfig=""), output_field=BooleanField())))
+
+    def get_deleted_objects(self, objs, request):
+        # Its claims do not block the deletion, nor need a permission of their own (claims are never
+        # deleted by hand): the service releases them and removes them with the tenant, last.
+        deleted, counts, _perms_needed, _protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), []
+
+    def delete_model(self, request, obj):
+        """Through the service: pools go, claims release, the tenant goes once they are all Released."""
+        if not tenant_delete(tenant=obj, actor=admin_actor(request)):
+            messages.warning(request, f"tenant {obj.name} is being deleted: it goes once its claims are released")
 
     def event_values(self, request, obj, form, change):
         values = super().event_values(request, obj, form, change)

@@ -255,6 +255,9 @@ class Tenant(models.Model):
     private_nodes_enabled = models.BooleanField(default=True)
     # Each autoNodes entry's properties, by provider name: {"metal3": {"vcluster.com/os-image": "..."}}.
     provider_properties = models.JSONField(default=dict, blank=True)
+    # Set when the tenant is deleted while it still holds nodes: its pools are gone, its claims release
+    # (drain, clean), and the tenant row goes once every claim is Released (pools.services.tenants_finalize).
+    deleting_since = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -306,6 +309,8 @@ class NodePool(models.Model):
 
     def clean(self):
         errors = {}
+        if self.tenant_id and self.tenant.deleting_since is not None:
+            errors["tenant"] = f"tenant {self.tenant.name} is being deleted: its pools cannot change"
         if self.kind == PoolKind.STATIC:
             if self.quantity is None:
                 errors["quantity"] = "a static pool needs a quantity"

@@ -1,10 +1,13 @@
 """Every write to tenants and pools. Pool changes trigger a reconcile on commit."""
+import copy
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
 
+from events.models import Event
 from events.services import object_delete, object_update
 
 from .choices import PoolKind
@@ -116,3 +119,42 @@ def tenant_set_api(*, tenant: Tenant, api_endpoint: str, kubeconfig: str, actor:
     object_update(tenant, {"api_endpoint": api_endpoint, "kubeconfig": kubeconfig}, actor=actor,
                   object_type="tenant", tenant=tenant if tenant.pk else None, self_link="tenant")
     return tenant
+
+
+@transaction.atomic
+def tenant_delete(*, tenant: Tenant, actor: str) -> bool:
+    """Delete a tenant the way Kubernetes deletes an owner: its pools go at once (their claims release:
+    drain, delete the Node, clean the host), and the tenant itself once every claim is Released.
+    True: the tenant is gone; False: it is being deleted. Asking again changes nothing."""
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    for pool in locked.pools.select_related("tenant", "provider"):
+        pool_delete(pool=pool, actor=actor)
+    if locked.deleting_since is None:
+        locked.deleting_since = timezone.now()
+        locked.save(update_fields=["deleting_since", "updated_at"])
+        releasing = locked.claims.exclude(phase="Released").count()
+        Event.objects.create(kind="change", object_type="tenant", object_name=locked.name, tenant=locked, actor=actor,
+                             message=f"deletion requested; {releasing} claim(s) to release first" if releasing
+                             else "deletion requested")
+    gone = tenants_finalize(tenant_ids=[locked.pk], actor=actor)
+    return bool(gone)
+
+
+def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "system:reconciler") -> list[str]:
+    """Delete the tenants being deleted whose claims are all Released (the claims go with them; the Event
+    log keeps their story). Locked rows are skipped: whoever holds them finalises."""
+    from claims.models import NodeClaim
+
+    holding = NodeClaim.objects.filter(tenant=OuterRef("pk")).exclude(phase="Released")
+    with transaction.atomic():
+        tenants = (Tenant.objects.filter(deleting_since__isnull=False).exclude(Exists(holding))
+                   .select_for_update(skip_locked=True))
+        if tenant_ids is not None:
+            tenants = tenants.filter(pk__in=tenant_ids)
+        gone = []
+        for tenant in tenants:
+            tenant.claims.all().delete()
+            link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
+            object_delete(tenant, actor=actor, object_type="tenant", tenant=link)
+            gone.append(link.name)
+        return gone

@@ -372,6 +372,18 @@ def test_deleting_a_pool_releases_its_claims_and_names_the_admin(admin_client, s
     deleted = Event.objects.get(object_type="pool", message="deleted")
     assert (deleted.object_name, deleted.actor) == ("one/cpu", "user:admin")
 
+
+def test_deleting_a_tenant_releases_its_claims_and_it_goes_when_they_are_released(admin_client, site):
+    tenant = Tenant.objects.get(name="one")
+    confirm = admin_client.get(url(Tenant, "delete", tenant.pk))
+    assert confirm.status_code == 200 and b"protected" not in confirm.content.lower()  # claims do not block it
+    response = admin_client.post(url(Tenant, "delete", tenant.pk), {"post": "yes"}, follow=True)
+    assert ("warning", "tenant one is being deleted: it goes once its claims are released") in messages_of(response)
+    tenant.refresh_from_db()
+    assert tenant.deleting_since and not tenant.pools.exists()
+    assert set(tenant.claims.values_list("phase", flat=True)) == {"Releasing"}
+    assert set(Event.objects.filter(tenant=tenant, to_state="Releasing").values_list("actor", flat=True)) == {"user:admin"}
+
 # --- Config objects: plain saves, recorded -----------------------------------------------------------------
 
 def test_editing_a_node_type_records_an_event_with_the_admin(admin_client, site):

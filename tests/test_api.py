@@ -14,6 +14,7 @@ from rest_framework.authtoken.models import Token  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
 from claims.models import NodeClaim  # noqa: E402
+from claims.services import claims_transition  # noqa: E402
 from events.models import Event  # noqa: E402
 from hosts.choices import HostState  # noqa: E402
 from hosts.models import BareMetalHost  # noqa: E402
@@ -409,10 +410,37 @@ def test_tenants_kubeconfig_is_write_only_and_a_tenant_without_claims_can_go(wor
     assert not Tenant.objects.filter(name="charlie").exists() and not NodePool.objects.filter(tenant_id=charlie.pk).exists()
     assert set(Event.objects.filter(message="deleted", actor="user:ada-admin").values_list("object_type", flat=True)) \
         == {"pool", "tenant"}
-    before = snapshot()
-    kept = api("admin", "delete", f"/api/v1/tenants/{world.alpha.pk}/")
-    assert kept.status_code == 409 and "node claims" in kept.json()["detail"]
-    assert snapshot() == before
+
+
+def test_a_tenant_holding_nodes_is_deleted_once_its_claims_are_released(world, api):
+    alpha = world.alpha
+    assert api("member_a", "delete", f"/api/v1/tenants/{alpha.pk}/").status_code == 403  # admins only
+    asked = api("admin", "delete", f"/api/v1/tenants/{alpha.pk}/")
+    assert asked.status_code == 202 and "being deleted: 1 claim(s) still release" in asked.json()["detail"]
+    world.claim_a.refresh_from_db()
+    world.host_a.refresh_from_db()
+    assert world.claim_a.phase == "Releasing" and world.host_a.state == HostState.DEPROVISIONING  # drain, clean
+    assert not NodePool.objects.filter(tenant=alpha).exists()
+    assert api("admin", "get", f"/api/v1/tenants/{alpha.pk}/").json()["deleting_since"]
+    refused = api("member_a", "post", "/api/v1/pools/", {"tenant": "alpha", "name": "again", "provider": "metal3",
+                                                         "quantity": 1})
+    assert refused.status_code == 400 and "tenant alpha is being deleted" in str(refused.json())
+    assert not NodePool.objects.filter(tenant=alpha).exists()
+    assert api("admin", "delete", f"/api/v1/tenants/{alpha.pk}/").status_code == 202  # asking again: same answer
+    assert Event.objects.filter(object_type="tenant", object_name="alpha", message__startswith="deletion requested",
+                                actor="user:ada-admin").count() == 1
+    out = io.StringIO()
+    call_command("reconcile", stdout=out)
+    assert "tenant alpha deleted" not in out.getvalue() and Tenant.objects.filter(pk=alpha.pk).exists()
+
+    # The deprovision flow ends the release as it does on its last step; the next reconcile finishes the deletion.
+    claims_transition(claims=[world.claim_a], to_phase="Released", actor="system:flow", reason="Released",
+                      fields={"host": None})
+    call_command("reconcile", stdout=out)
+    assert "tenant alpha deleted: every claim released" in out.getvalue()
+    assert not Tenant.objects.filter(pk=alpha.pk).exists() and not NodeClaim.objects.filter(tenant_id=alpha.pk).exists()
+    assert Event.objects.filter(claim_id=world.claim_a.pk).exists()  # the Event log keeps the claim's story
+    assert Tenant.objects.filter(name="bravo").exists() and NodeClaim.objects.filter(tenant=world.bravo).exists()
 
 
 def test_config_objects_are_written_through_object_update(world, api):

@@ -31,7 +31,7 @@ MATRIX = {
         "retrieve": (200, 200, 404, 200, 401),
         "create": (201, 403, 403, 403, 401),
         "update": (200, 403, 403, 403, 401),
-        "delete": (409, 403, 403, 403, 401),  # alpha has claims: kept for the record, so it cannot go
+        "delete": (202, 403, 403, 403, 401),  # alpha holds a node: its claims release first, then it goes
     },
     "pools": {
         "list": (200, 200, 200, 200, 401),

@@ -12,8 +12,8 @@ from events.models import Event
 from hosts.models import BareMetalHost
 from hosts.services import host_retry, host_set_maintenance
 from lab.site import IMAGE_NAME
-from pools.models import NodePool
-from pools.services import pool_set_quantity
+from pools.models import NodePool, Tenant
+from pools.services import pool_set_quantity, tenant_delete
 
 from .lab_conftest import wait_hosts
 
@@ -91,6 +91,13 @@ def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
     assert NodeClaim.objects.get(tenant__name="two", phase=ClaimPhase.AVAILABLE).host.name == "gpu-01"
     assert "gpu-01" in nodes(site, "two") and "gpu-01" not in nodes(site, "one")
     assert site.read_disk("gpu-01", 0, 16) == b"VMETAL-LAB-IMAGE"
+
+    # Tenant two deleted while it holds the node: released like a shrinking pool, then the tenant goes.
+    assert tenant_delete(tenant=Tenant.objects.get(name="two"), actor="user:test") is False
+    wait_for(lambda: not Tenant.objects.filter(name="two").exists(), timeout=180)
+    assert "gpu-01" not in nodes(site, "two")
+    assert BareMetalHost.objects.get(name="gpu-01").state == "available"
+    assert site.read_disk("gpu-01", 0, 16) == bytes(16)
 
 
 def test_a_worker_killed_mid_provisioning_loses_nothing(lab_factory, celery_worker_process, worker_settings, apply):

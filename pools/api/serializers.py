@@ -115,9 +115,9 @@ class TenantSerializer(StrictModelSerializer):
     class Meta:
         model = Tenant
         fields = ["id", "name", "namespace", "display_name", "api_endpoint", "kubeconfig", "has_kubeconfig",
-                  "join_mode", "quota_nodes", "private_nodes_enabled", "provider_properties", "created_at",
-                  "updated_at"]
-        read_only_fields = ["created_at", "updated_at"]
+                  "join_mode", "quota_nodes", "private_nodes_enabled", "provider_properties", "deleting_since",
+                  "created_at", "updated_at"]
+        read_only_fields = ["deleting_since", "created_at", "updated_at"]
 
     def get_has_kubeconfig(self, obj) -> bool:
         return bool(obj.kubeconfig)

@@ -1,7 +1,6 @@
 """Tenants, pools and the site's configuration over HTTP. Every write goes through a service
 (pools.services, events.services.object_update), so it is validated by Model.clean() and recorded in the
 Event log with the caller as actor."""
-import copy
 import re
 
 from django.db import transaction
@@ -17,7 +16,7 @@ from pools.choices import PoolKind
 from pools.filtersets import (NodeEnvironmentFilterSet, NodePoolFilterSet, NodeProviderFilterSet, NodeTypeFilterSet,
                               OSImageFilterSet, TenantFilterSet)
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
-from pools.services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota
+from pools.services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota, tenant_delete
 from vmetal_console import scoping
 
 from .base import ScopedViewMixin, actor
@@ -71,14 +70,16 @@ class TenantViewSet(ConfigViewSet):
     def event_tenant(self, obj, values=None):
         return None  # self_link fills it
 
-    def perform_destroy(self, instance):
-        # Pools first, through the service (their claims are released, each deletion recorded); a tenant
-        # whose claims still exist cannot go (claims are kept for the record): 409, and nothing changes.
-        with transaction.atomic():
-            for pool in instance.pools.select_related("tenant", "provider"):
-                pool_delete(pool=pool, actor=actor(self.request))
-            link = copy.copy(instance)  # the Event names the tenant by id after the row is gone
-            object_delete(instance, actor=actor(self.request), object_type="tenant", tenant=link)
+    @extend_schema(responses={204: None, 202: OpenApiResponse(description="being deleted: its claims release first")})
+    def destroy(self, request, *args, **kwargs):
+        """Its pools go at once (their claims release: drain, delete the Node, clean the host); the tenant
+        goes when every claim is Released: 204 when that is at once, 202 while claims still release."""
+        tenant = self.get_object()
+        if tenant_delete(tenant=tenant, actor=actor(request)):
+            return Response(status=204)
+        releasing = tenant.claims.exclude(phase="Released").count()
+        return Response({"detail": f"tenant {tenant.name} is being deleted: {releasing} claim(s) still release"},
+                        status=202)
 
 
 class NodeProviderViewSet(ConfigViewSet):

@@ -21,5 +21,8 @@ class Command(BaseCommand):
             self.stdout.write(f"claim {claim} allocated host {host}")
         for claim, why in result.pending.items():
             self.stdout.write(f"claim {claim} pending: {why}")
-        if not (swept or result.created or result.released or result.allocated or result.pending):
+        for name in result.tenants_deleted:
+            self.stdout.write(f"tenant {name} deleted: every claim released")
+        if not (swept or result.created or result.released or result.allocated or result.pending
+                or result.tenants_deleted):
             self.stdout.write("nothing to do")
