@@ -106,9 +106,11 @@ if not DEBUG:
 REDIS_URL = os.environ.get("REDIS_URL", "")
 
 # Celery. Embedded default: kombu's file-system transport, a broker that needs no server,
-# shared by the web, worker and beat processes through files under var/broker/.
+# shared by the web, worker and beat processes through files under var/broker/ (messages written
+# whole before they are visible: vmetal_console/broker.py).
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://localhost//")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT = "vmetal_console.broker:Transport"
     _broker_dir = VAR_DIR / "broker"
     for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
