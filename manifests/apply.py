@@ -14,7 +14,7 @@ from events.services import object_update
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.services import host_registered
-from pools.choices import PoolKind, ProviderKind
+from pools.choices import CleaningPolicy, PoolKind, ProviderKind
 from pools.models import CHECKSUM_LENGTHS, NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import PoolSpec, tenant_private_nodes_apply
 
@@ -25,6 +25,8 @@ METAL3 = "metal3.io/v1alpha1"
 ANNOTATION_PREFIX = "vmetal.dev/"
 REDACTED = "vmetal.dev/redacted"
 STATUS_ANNOTATION = "baremetalhost.metal3.io/status"
+# A host's own cleaning method, overriding its NodeType's (metadata, full or secure); absent: the NodeType's.
+CLEANING_ANNOTATION = ANNOTATION_PREFIX + "cleaning-policy"
 KINDS = {("v1", "Secret"), (LOFT, "NodeProvider"), (LOFT, "NodeType"), (LOFT, "NodeEnvironment"),
          (LOFT, "OSImage"), (LOFT, "VirtualClusterInstance"), (METAL3, "BareMetalHost")}
 # Applied in this order, whatever the order in the files: what is referred to comes first.
@@ -199,8 +201,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
                {"properties": ("spec", "properties"), "name": ("metadata", "name")}, object_type="nodeprovider")
     declared = set()
     for item in block.child("nodeTypes", []).items():
-        item.mapping({"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region"},
-                     required=("name",))
+        item.mapping(NODE_TYPE_FIELDS, required=("name",))
         type_name = item.str("name", required=True)
         if type_name in declared:
             raise Invalid(item.path + ("name",), f"node type {type_name!r} is declared twice")
@@ -214,6 +215,35 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
         ctx.result.changed += 1
 
 
+NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
+                    "cleaning", "healthCheck"}
+# spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
+# reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
+CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
+            "eraseVerifyShare": "erase_verify_share", "eraseVerifyFull": "erase_verify_full"}
+HEALTH_CHECK = {"dcgmLevel": "health_dcgm_level", "ncclMinBusbwGBps": "health_nccl_min_busbw_gbps"}
+
+
+def _release_gate(spec: Reader) -> tuple[dict, dict]:
+    """spec.cleaning and spec.healthCheck → (NodeType values, the path of each)."""
+    cleaning = spec.child("cleaning", {}).mapping(set(CLEANING))
+    health = spec.child("healthCheck", {}).mapping(set(HEALTH_CHECK))
+    default = {name: NodeType._meta.get_field(name).get_default()
+               for name in (*CLEANING.values(), *HEALTH_CHECK.values())}
+    values = {
+        "cleaning_policy": cleaning.choice("policy", CleaningPolicy.values, default=default["cleaning_policy"]),
+        "cleaning_fallback": cleaning.choice("fallback", CleaningPolicy.values),
+        "erase_concurrency": cleaning.int("eraseConcurrency", default["erase_concurrency"]),
+        "erase_verify_share": cleaning.number("eraseVerifyShare", default["erase_verify_share"]),
+        "erase_verify_full": cleaning.bool("eraseVerifyFull", default["erase_verify_full"]),
+        "health_dcgm_level": health.int("dcgmLevel", default["health_dcgm_level"]),
+        "health_nccl_min_busbw_gbps": health.number("ncclMinBusbwGBps"),
+    }
+    paths = {field: cleaning.path + (key,) for key, field in CLEANING.items()}
+    paths.update({field: health.path + (key,) for key, field in HEALTH_CHECK.items()})
+    return values, paths
+
+
 def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
     selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
     node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
@@ -222,19 +252,20 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     cost = spec.int("cost")
     if cost is not None and cost < 0:
         raise Invalid(spec.path + ("cost",), "must be 0 or more")
+    gate, gate_paths = _release_gate(spec)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
-                "declared_in_provider": declared_in_provider},
+                "declared_in_provider": declared_in_provider, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
-                "host_selector": selector.path, "name": spec.path + ("name",)}, object_type="nodetype")
+                "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
+               object_type="nodetype")
 
 
 def apply_node_type(ctx: Context, doc: Document) -> None:
     name, _, _ = _metadata(doc)
-    spec = _spec(doc, {"providerRef", "zone", "region", "properties", "resources", "cost", "displayName",
-                       "bareMetalHosts"}, required=("providerRef",))
+    spec = _spec(doc, NODE_TYPE_FIELDS - {"name"} | {"providerRef"}, required=("providerRef",))
     provider_name = spec.str("providerRef", required=True)
     provider = NodeProvider.objects.filter(name=provider_name).first()
     if provider is None:
@@ -453,6 +484,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
         "root_device_hints": spec.child("rootDeviceHints", {}).mapping().value,
         "labels": meta.string_map("labels"),
         "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
+        "cleaning_policy": Reader(meta.string_map("annotations"), meta.path + ("annotations",))
+        .choice(CLEANING_ANNOTATION, CleaningPolicy.values),
     }
     if secret is None:
         if not host.pk or host.bmc_credentials_name != credentials_name:
@@ -467,7 +500,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     status = meta.string_map("annotations").get(STATUS_ANNOTATION)
     paths = {"bmc_address": bmc.path + ("address",), "boot_mac": spec.path + ("bootMACAddress",),
              "labels": meta.path + ("labels",), "root_device_hints": spec.path + ("rootDeviceHints",),
-             "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name")}
+             "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name"),
+             "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION)}
     if creating and status:
         values.update(_imported_status(status, meta.path + ("annotations", STATUS_ANNOTATION)))
     ctx.update(f"baremetalhost/{name}", host, values, paths, object_type="host", self_link="host")

@@ -8,7 +8,7 @@ from hosts.models import BareMetalHost
 from pools.choices import PoolKind
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 
-from .apply import ANNOTATION_PREFIX, LOFT, METAL3, REDACTED
+from .apply import ANNOTATION_PREFIX, CLEANING, CLEANING_ANNOTATION, HEALTH_CHECK, LOFT, METAL3, REDACTED
 
 
 class _Dumper(yaml.SafeDumper):
@@ -42,7 +42,18 @@ def _node_type_body(t: NodeType) -> dict:
     _put(body, "properties", dict(sorted(t.properties.items())))
     if t.host_selector:
         body["bareMetalHosts"] = {"selector": t.host_selector}
+    # Written even when they are the defaults: a backup that does not depend on the defaults of the version
+    # that restores it.
+    body["cleaning"] = {key: _number(getattr(t, field)) for key, field in CLEANING.items()
+                        if getattr(t, field) not in (None, "")}
+    body["healthCheck"] = {key: _number(getattr(t, field)) for key, field in HEALTH_CHECK.items()
+                           if getattr(t, field) is not None}
     return body
+
+
+def _number(value):
+    """400.0 → 400: written as it would be typed (and read back to the same stored value)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def export_documents(*, include_secrets: bool = False) -> list[dict]:
@@ -156,6 +167,8 @@ def _secret(host: BareMetalHost, include_secrets: bool) -> dict:
 def _bare_metal_host(host: BareMetalHost) -> dict:
     metadata = {"name": host.name, "namespace": host.namespace}
     _put(metadata, "labels", dict(sorted(host.labels.items())))
+    if host.cleaning_policy:
+        metadata["annotations"] = {CLEANING_ANNOTATION: host.cleaning_policy}
     bmc = {"address": host.bmc_address, "credentialsName": host.bmc_credentials_name}
     if host.bmc_disable_certificate_verification:
         bmc["disableCertificateVerification"] = True

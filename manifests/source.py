@@ -3,6 +3,7 @@ the file, the document and the line."""
 from dataclasses import dataclass, field
 from typing import Any
 
+import math
 import re
 
 import yaml
@@ -168,6 +169,23 @@ class Reader:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
             raise Invalid(self.path + (key,), f"must be an integer, not {_kind(value)}")
+        return value
+
+    def number(self, key: str, default: "float | None" = None) -> "int | float | None":
+        """An integer or a decimal number, finite (YAML's .inf and .nan are not numbers here)."""
+        value = self.value.get(key) if isinstance(self.value, dict) else None
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid(self.path + (key,), f"must be a number, not {_kind(value)}")
+        if not math.isfinite(value):
+            raise Invalid(self.path + (key,), f"must be a finite number, not {value}")
+        return value
+
+    def choice(self, key: str, choices, default: str = "") -> str:
+        value = self.str(key, default=default)
+        if value and value not in choices:
+            raise Invalid(self.path + (key,), f"{value!r} is not one of {', '.join(choices)}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:

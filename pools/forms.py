@@ -96,7 +96,18 @@ class NodeTypeForm(RecordedForm):
     class Meta:
         model = NodeType
         fields = ["name", "provider", "display_name", "zone", "region", "properties", "resources", "cost",
-                  "host_selector"]
+                  "host_selector",
+                  # The release gate: a manifest's spec.cleaning and spec.healthCheck.
+                  "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
+                  "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps"]
+        labels = {"cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
+                  "erase_concurrency": "Disks erased at once", "erase_verify_share": "Share read back",
+                  "erase_verify_full": "Read every byte back", "health_dcgm_level": "dcgmi diag level",
+                  "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least"}
+        help_texts = {"cleaning_policy": "how a released host's disks are erased before anyone gets it again; "
+                                         "a host may override it",
+                      "cleaning_fallback": "used, and recorded on the certificate, when the method cannot run; "
+                                           "empty: none (the host goes to repair)"}
 
     def clean_resources(self):
         resources = self.cleaned_data["resources"]

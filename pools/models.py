@@ -10,8 +10,9 @@ from vmetal_console.crypto import EncryptedTextField
 
 from .choices import ChecksumType, CleaningPolicy, ConsolidationPolicy, ImageFormat, JoinMode, PoolKind, ProviderKind, TaintEffect
 from .selectors import validate_label_selector, validate_requirements
-from .validators import (parse_ip_ranges, validate_dns_label, validate_duration, validate_object_name,
-                         validate_string_map)
+from .validators import (check_disruption, check_host_selector, check_node_type_selector, check_quantities,
+                         check_taints, collect, parse_ip_ranges, validate_dns_label, validate_duration,
+                         validate_object_name, validate_string_map)
 
 NODE_TYPE_PROPERTY = "vcluster.com/node-type"
 PROVIDER_PROPERTY = "vcluster.com/node-provider"
@@ -37,7 +38,12 @@ class NodeProvider(models.Model):
         return self.name
 
     def clean(self):
-        validate_string_map(self.properties, "properties")
+        errors = {}
+        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        # Export writes it back as the provider block: a mapping such as {clusterRef: ..., deploy: ...}.
+        collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"))
+        if errors:
+            raise ValidationError(errors)
 
 
 class NodeType(models.Model):
@@ -74,21 +80,27 @@ class NodeType(models.Model):
         return self.name
 
     def clean(self):
+        errors = {}
         if self.cleaning_fallback and self.cleaning_fallback == self.cleaning_policy:
-            raise ValidationError({"cleaning_fallback": "a fallback must differ from the method"})
-        if not 0 < (self.erase_verify_share or 0) <= 1:
-            raise ValidationError({"erase_verify_share": "between 0 (excluded) and 1, e.g. 0.01 for 1%"})
-        if self.health_dcgm_level > 4:
-            raise ValidationError({"health_dcgm_level": "dcgmi diag levels are 1 to 4 (0: not run)"})
-        validate_string_map(self.properties, "properties")
-        validate_label_selector(self.host_selector, "host_selector")
-        if not isinstance(self.resources, dict):
-            raise ValidationError({"resources": "must be a mapping such as {cpu: '64', memory: '512Gi'}"})
-        for key, value in self.resources.items():
-            try:
-                parse_quantity(value)
-            except ValueError:
-                raise ValidationError({"resources": f"{key}: {value!r} is not a quantity"}) from None
+            errors["cleaning_fallback"] = ["a fallback must differ from the method"]
+        if _number(self.erase_concurrency) and self.erase_concurrency < 1:
+            errors["erase_concurrency"] = ["at least 1 disk at a time"]
+        # Values that are not numbers at all are reported by clean_fields(); here, their range.
+        if _number(self.erase_verify_share) and not 0 < self.erase_verify_share <= 1:
+            errors["erase_verify_share"] = ["between 0 (excluded) and 1, e.g. 0.01 for 1%"]
+        if _number(self.health_dcgm_level) and self.health_dcgm_level > 4:
+            errors["health_dcgm_level"] = ["dcgmi diag levels are 1 to 4 (0: not run)"]
+        busbw = self.health_nccl_min_busbw_gbps
+        if _number(busbw) and not 0 < busbw < float("inf"):
+            errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
+        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
+                lambda: validate_label_selector(self.host_selector, "host_selector"))
+        collect(errors, "resources",
+                lambda: _check_mapping(self.resources, "a mapping such as {cpu: '64', memory: '512Gi'}"),
+                lambda: check_quantities(self.resources))
+        if errors:
+            raise ValidationError(errors)
 
     def effective_properties(self) -> dict:
         """Built-in properties first (as vCluster sets them), explicit ones override."""
@@ -111,6 +123,15 @@ class NodeType(models.Model):
             else:
                 total += EXTENDED_RESOURCE_COST * amount
         return int(round(total))
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_mapping(value, what: str) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError(f"must be {what}")
 
 
 _SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
@@ -219,6 +240,7 @@ class OSImage(models.Model):
 
     def clean(self):
         errors = {}
+        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
         if not self.url.startswith(("http://", "https://", "file://")):
             errors["url"] = f"{self.url!r} is not an http(s) or file URL"
         checksum = (self.checksum or "").strip().lower()
@@ -272,7 +294,10 @@ class Tenant(models.Model):
         if not isinstance(self.provider_properties, dict):
             raise ValidationError({"provider_properties": "must map provider names to properties"})
         for provider, props in self.provider_properties.items():
-            validate_string_map(props, f"properties of {provider}")
+            try:
+                validate_string_map(props, f"properties of {provider}")
+            except ValidationError as exc:
+                raise ValidationError({"provider_properties": exc.messages}) from None
 
 
 class NodePool(models.Model):
@@ -318,15 +343,14 @@ class NodePool(models.Model):
                 errors["quantity"] = "must be 0 or more"
         elif self.quantity is not None:
             errors["quantity"] = "a dynamic pool has limits, not a quantity"
-        for name, check in (("node_type_selector", lambda: validate_requirements(self.node_type_selector)),
-                            ("node_labels", lambda: validate_string_map(self.node_labels, "nodeLabels")),
-                            ("taints", lambda: validate_taints(self.taints)),
-                            ("disruption", lambda: validate_disruption(self.disruption)),
-                            ("limits", lambda: validate_limits(self.limits))):
-            try:
-                check()
-            except ValidationError as exc:
-                errors[name] = exc.messages
+        # Shapes first (a number where a list belongs is an error, not a TypeError), then the meaning.
+        collect(errors, "node_type_selector", lambda: check_node_type_selector(self.node_type_selector),
+                lambda: validate_requirements(self.node_type_selector))
+        collect(errors, "node_labels", lambda: validate_string_map(self.node_labels, "nodeLabels"))
+        collect(errors, "taints", lambda: check_taints(self.taints), lambda: validate_taints(self.taints))
+        collect(errors, "disruption", lambda: check_disruption(self.disruption),
+                lambda: validate_disruption(self.disruption))
+        collect(errors, "limits", lambda: check_quantities(self.limits), lambda: validate_limits(self.limits))
         if errors:
             raise ValidationError(errors)
 

@@ -45,3 +45,95 @@ def parse_ip_ranges(text: str) -> list[tuple[ipaddress.IPv4Address, ipaddress.IP
             raise ValidationError(f"{part!r}: the range ends before it starts")
         ranges.append((a, b))
     return ranges
+
+
+# --- shapes of JSON fields ------------------------------------------------------------------------
+# What Model.clean() checks before it reads a JSON field's contents, so that a value of the wrong shape (a
+# number where a list belongs) is a ValidationError naming the field, never a TypeError: from the admin, a
+# form, the API or `apply` alike.
+
+SCALAR = (str, int, float)
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, SCALAR) and not isinstance(value, bool)
+
+
+def _finite_quantity(value) -> bool:
+    from math import isfinite
+
+    from .models import parse_quantity
+
+    try:
+        return _scalar(value) and isfinite(parse_quantity(value))
+    except (ValueError, OverflowError):
+        return False
+
+
+def check_node_type_selector(value) -> None:
+    if not isinstance(value, list):
+        raise ValidationError("must be a list of {property, operator, value(s)}")
+    for i, req in enumerate(value):
+        if not isinstance(req, dict):
+            raise ValidationError(f"[{i}]: must be a mapping {{property, operator, value(s)}}")
+        if "operator" in req and not isinstance(req["operator"], str):
+            raise ValidationError(f"[{i}].operator: must be a string")
+        if "value" in req and req["value"] is not None and not _scalar(req["value"]):
+            raise ValidationError(f"[{i}].value: must be a string or a number")
+        values = req.get("values")
+        if values is not None and not (isinstance(values, list) and all(_scalar(v) for v in values)):
+            raise ValidationError(f"[{i}].values: must be a list of strings")
+
+
+def check_taints(value) -> None:
+    if isinstance(value, list):
+        for i, taint in enumerate(value):
+            if isinstance(taint, dict) and not all(isinstance(v, str) for v in taint.values()):
+                raise ValidationError(f"[{i}]: key, value and effect are strings")
+
+
+def check_disruption(value) -> None:
+    if isinstance(value, dict):
+        for key in ("consolidationPolicy", "consolidateAfter"):
+            if key in value and value[key] is not None and not _scalar(value[key]):
+                raise ValidationError(f"{key}: must be a string")
+        budgets = value.get("budgets")
+        if budgets is not None and not (isinstance(budgets, list) and all(isinstance(b, dict) for b in budgets)):
+            raise ValidationError("budgets: must be a list of {nodes: ...}")
+
+
+def check_quantities(value) -> None:
+    """Resources and limits: every amount a finite quantity ('64', '2Ti')."""
+    if isinstance(value, dict):
+        for key, amount in value.items():
+            if not _finite_quantity(amount):
+                raise ValidationError(f"{key}: {amount!r} is not a quantity")
+
+
+def check_host_selector(value) -> None:
+    if isinstance(value, dict):
+        labels = value.get("matchLabels")
+        if labels is not None and not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
+            raise ValidationError("matchLabels: must map label keys to strings")
+        expressions = value.get("matchExpressions")
+        if expressions is not None:
+            if not isinstance(expressions, list):
+                raise ValidationError("matchExpressions: must be a list of {key, operator, values}")
+            for i, expr in enumerate(expressions):
+                if not isinstance(expr, dict):
+                    raise ValidationError(f"matchExpressions[{i}]: must be a mapping")
+                if not all(isinstance(expr.get(k, ""), str) for k in ("key", "operator")):
+                    raise ValidationError(f"matchExpressions[{i}]: key and operator are strings")
+                values = expr.get("values")
+                if values is not None and not (isinstance(values, list) and all(_scalar(v) for v in values)):
+                    raise ValidationError(f"matchExpressions[{i}].values: must be a list of strings")
+
+
+def collect(errors: dict, name: str, *checks) -> None:
+    """Run checks of one field in order, stopping at the first that fails; its messages go under `name`."""
+    for check in checks:
+        try:
+            check()
+        except ValidationError as exc:
+            errors.setdefault(name, []).extend(exc.messages)
+            return

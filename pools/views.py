@@ -199,6 +199,7 @@ def node_type_list(request):
     for t in types:
         t.capacity = capacity.get(t.pk, {"total": 0, "available": 0, "provisioned": 0})
         t.cost_shown = t.effective_cost()
+        t.verify_shown = "every byte" if t.erase_verify_full else f"{t.erase_verify_share * 100:g}% sampled"
     return page(request, "pools/node_type_list.html", {"objects": types, "kind": "node-types", **_kind("node-types")})
 
 

@@ -312,6 +312,10 @@ MALFORMED = [
     ("nodetypes", {"resources": {"cpu": "1e999"}}), ("nodetypes", {"resources": {"cpu": "nan"}}),
     ("nodetypes", {"properties": {"a": 5}}), ("tenants", {"provider_properties": {"metal3": 5}}),
     ("hosts", {"root_device_hints": [1]}), ("hosts", {"labels": {"a": None}}),
+    ("nodetypes", {"cleaning_policy": "shred"}), ("nodetypes", {"erase_verify_share": 5}),
+    ("nodetypes", {"erase_verify_share": "lots"}), ("nodetypes", {"health_nccl_min_busbw_gbps": -1}),
+    ("nodetypes", {"health_dcgm_level": 9}), ("nodetypes", {"erase_concurrency": 0}),
+    ("nodetypes", {"cleaning_policy": "full", "cleaning_fallback": "full"}), ("hosts", {"cleaning_policy": "shred"}),
 ]
 
 
@@ -557,7 +561,9 @@ def test_apply_refuses_values_of_a_shape_the_models_do_not_expect(world, api):
            "          nodeTypeSelector:\n            - property: vcluster.com/node-type\n              values: 5\n")
     before = snapshot()
     response = api("admin", "post", "/api/v1/apply/", {"files": [{"text": odd}], "tenant": "alpha"})
-    assert response.status_code == 400 and "nothing was applied" in response.json()["detail"]
+    # NodePool.clean() checks shapes too, so the answer names the line (not only "nothing was applied").
+    assert response.status_code == 400 and response.json()["line"] == 7, response.json()
+    assert "nodeTypeSelector: [0].values: must be a list of strings" in response.json()["message"]
     assert snapshot() == before
 
 
@@ -580,3 +586,82 @@ def test_the_reconciler_still_reads_pools_made_through_the_api(world, api):
     api("member_a", "patch", f"/api/v1/pools/{world.pool_a.pk}/", {"quantity": 2})
     call_command("reconcile", stdout=io.StringIO())
     assert NodeClaim.objects.filter(pool=world.pool_a).exclude(phase="Released").count() == 2
+
+
+# --- the release gate: NodeType cleaning and health fields, a host's effective method and its evidence --------
+
+def test_an_admin_reads_and_sets_a_node_types_cleaning_and_health_check(world, api):
+    url = f"/api/v1/nodetypes/{world.spare_type.pk}/"
+    shown = api("auditor", "get", url).json()
+    assert {k: shown[k] for k in ("cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
+                                  "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps")} == \
+        {"cleaning_policy": "full", "cleaning_fallback": "", "erase_concurrency": 4, "erase_verify_share": 0.01,
+         "erase_verify_full": False, "health_dcgm_level": 2, "health_nccl_min_busbw_gbps": None}
+    changed = api("admin", "patch", url, {"cleaning_policy": "secure", "cleaning_fallback": "full",
+                                          "health_nccl_min_busbw_gbps": 400})
+    assert changed.status_code == 200, changed.content
+    spare = NodeType.objects.get(pk=world.spare_type.pk)
+    assert (spare.cleaning_policy, spare.cleaning_fallback, spare.health_nccl_min_busbw_gbps) == ("secure", "full", 400)
+    assert Event.objects.filter(object_type="nodetype", object_name="spare-type", actor=world.actor("admin")).exists()
+    for role in ("member_a", "auditor"):
+        assert api(role, "patch", url, {"cleaning_policy": "metadata"}).status_code == 403
+    refused = api("admin", "patch", url, {"cleaning_fallback": "secure"})
+    assert refused.status_code == 400 and refused.json() == {"cleaning_fallback": ["a fallback must differ from the method"]}
+    assert NodeType.objects.get(pk=world.spare_type.pk).cleaning_policy == "secure"
+
+
+def _evidence(host, n: int) -> None:
+    from hosts.models import EraseCertificate, HealthCheckRun
+
+    for i in range(n):
+        EraseCertificate.objects.create(host=host, host_name=host.name, flow_id=f"{host.name}-{i}", disk="nvme0n1",
+                                        method="full",
+                                        method_type="Clear", result="pass", previous_tenant="alpha",
+                                        document={"certificate_id": f"cert-{host.name}-{i}"}, signature="0" * 64,
+                                        key_id="k1")
+        HealthCheckRun.objects.create(host=host, host_name=host.name, flow_id=f"{host.name}-{i}", suite="dcgmi",
+                                      verdict="fail" if i == n - 1 else "pass", reasons=["Detected XID 48 for GPU 3"]
+                                      if i == n - 1 else [], raw_output="raw dcgmi output " * 50)
+
+
+def test_a_host_shows_its_effective_cleaning_method_and_links_to_its_evidence(world, api):
+    from hosts.models import EraseCertificate
+
+    host = world.host_a
+    _evidence(host, 3)
+    shown = api("auditor", "get", f"/api/v1/hosts/{host.pk}/").json()
+    node_type = world.claim_a.node_type.name
+    assert shown["cleaning_policy"] == ""
+    assert shown["effective_cleaning"] == {"method": "full", "fallback": "", "source": f"NodeType {node_type}",
+                                           "node_type": node_type}
+    newest = EraseCertificate.objects.filter(host=host).order_by("-pk").first()
+    assert [c["certificate_id"] for c in shown["erase_certificates"]] == [f"cert-{host.name}-{i}" for i in (2, 1, 0)]
+    assert shown["erase_certificates"][0]["url"] == f"/certificates/{newest.pk}.json"
+    assert shown["erase_certificates"][0]["page"] == f"/certificates/{newest.pk}/"
+    assert [(r["suite"], r["verdict"]) for r in shown["health_runs"]] == [("dcgmi", "fail"), ("dcgmi", "pass"),
+                                                                          ("dcgmi", "pass")]
+    assert shown["health_runs"][0]["reasons"] == ["Detected XID 48 for GPU 3"]
+    assert "raw dcgmi output" not in str(shown) and "signature" not in shown["erase_certificates"][0]
+    assert world.client("admin").get(shown["erase_certificates"][0]["url"]).status_code in (200, 302)
+
+    overridden = api("admin", "patch", f"/api/v1/hosts/{host.pk}/", {"cleaning_policy": "secure"})
+    assert overridden.status_code == 200, overridden.content
+    assert overridden.json()["effective_cleaning"]["method"] == "secure"
+    assert overridden.json()["effective_cleaning"]["source"] == "host override"
+    # A tenant member sees its node, not the evidence of earlier tenants' erases.
+    mine = api("member_a", "get", f"/api/v1/hosts/{host.pk}/").json()
+    assert "erase_certificates" not in mine and "health_runs" not in mine
+
+
+def test_the_host_list_fetches_evidence_in_a_constant_number_of_queries(world, api):
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert api("admin", "get", "/api/v1/hosts/").status_code == 200
+        return len(ctx.captured_queries)
+
+    few = queries()
+    for host in BareMetalHost.objects.all():
+        _evidence(host, 25)
+    hosts = api("admin", "get", "/api/v1/hosts/").json()["results"]
+    assert all(len(h["erase_certificates"]) == 20 and len(h["health_runs"]) == 20 for h in hosts)
+    assert queries() == few

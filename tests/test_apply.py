@@ -278,3 +278,79 @@ spec:
 """
     apply(image)
     assert apply(image) == ["osimage/tiny unchanged"]
+
+
+# --- the release gate: a NodeType's spec.cleaning and spec.healthCheck, a host's own cleaning method ----------
+
+GATED_TYPE = """\
+apiVersion: management.loft.sh/v1
+kind: NodeType
+metadata:
+  name: gpu-secure
+spec:
+  providerRef: metal3
+  bareMetalHosts:
+    selector:
+      matchLabels: {role: gpu}
+  cleaning:
+    policy: secure
+    fallback: full
+    eraseConcurrency: 8
+    eraseVerifyShare: 0.05
+    eraseVerifyFull: true
+  healthCheck:
+    dcgmLevel: 3
+    ncclMinBusbwGBps: 400
+"""
+
+GATED_PROVIDER = """\
+apiVersion: management.loft.sh/v1
+kind: NodeProvider
+metadata:
+  name: rack2
+spec:
+  metal3:
+    nodeTypes:
+      - name: rack2-gpu
+        cleaning: {policy: metadata}
+        healthCheck: {dcgmLevel: 0, ncclMinBusbwGBps: 350.5}
+"""
+
+
+def gate(name: str) -> tuple:
+    return tuple(NodeType.objects.filter(name=name).values_list(
+        "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share", "erase_verify_full",
+        "health_dcgm_level", "health_nccl_min_busbw_gbps").get())
+
+
+def test_a_node_types_cleaning_and_health_check_come_from_its_manifest(apply, demo_site):
+    apply(GATED_TYPE, GATED_PROVIDER)
+    assert gate("gpu-secure") == ("secure", "full", 8, 0.05, True, 3, 400.0)
+    assert gate("rack2-gpu") == ("metadata", "", 4, 0.01, False, 0, 350.5)  # declared in its provider
+    # Left out: the model's defaults, as for any field the manifest does not give.
+    assert gate("gpu-server") == ("full", "", 4, 0.01, False, 2, None)
+
+
+def test_the_release_gate_applied_twice_changes_nothing_and_a_change_is_shown(apply, demo_site):
+    apply(GATED_TYPE, GATED_PROVIDER)
+    events = Event.objects.count()
+    assert all(line.endswith("unchanged") for line in apply(GATED_TYPE, GATED_PROVIDER))
+    assert Event.objects.count() == events
+    lines = apply(GATED_TYPE.replace("ncclMinBusbwGBps: 400", "ncclMinBusbwGBps: 380").replace("dcgmLevel: 3", ""))
+    assert "nodetype/gpu-secure configured (health_dcgm_level: 3 → 2, health_nccl_min_busbw_gbps: 400.0 → 380)" \
+        in lines, lines
+    assert gate("gpu-secure")[5:] == (2, 380.0)
+
+
+def test_a_host_overrides_its_node_types_cleaning_method_with_an_annotation(apply, demo_site):
+    hosts = open("demo/hosts.yaml").read()
+    override = hosts.replace("  labels:\n    role: gpu\n    rack: r1\n  annotations:\n",
+                             "  labels:\n    role: gpu\n    rack: r1\n  annotations:\n"
+                             "    vmetal.dev/cleaning-policy: secure\n", 1)
+    assert override != hosts
+    assert "baremetalhost/gpu-01 configured (cleaning_policy:  → secure)" in apply(override)
+    assert BareMetalHost.objects.get(name="gpu-01").cleaning_policy == "secure"
+    assert BareMetalHost.objects.filter(cleaning_policy="").count() == 7
+    assert "baremetalhost/gpu-01 unchanged" in apply(override)
+    apply(hosts)  # without the annotation: the NodeType's method again
+    assert BareMetalHost.objects.get(name="gpu-01").cleaning_policy == ""

@@ -154,3 +154,75 @@ def test_the_command_exits_non_zero_and_says_why(tmp_path, demo_site, subprocess
     assert proc.returncode != 0
     assert f"{bad}: document 1 (line 6): privateNodes.autoNodes[0].static[0].quantity: must be 0 or more" \
         in proc.stderr
+
+
+# --- the release gate: spec.cleaning, spec.healthCheck, a host's cleaning-policy annotation ---------------------
+
+GATED = """\
+---
+apiVersion: management.loft.sh/v1
+kind: NodeType
+metadata: {{name: gpu-secure}}
+spec:
+  providerRef: metal3
+  cleaning:
+    policy: {policy}
+    fallback: {fallback}
+    eraseConcurrency: {concurrency}
+    eraseVerifyShare: {share}
+  healthCheck:
+    dcgmLevel: {dcgm}
+    ncclMinBusbwGBps: {busbw}
+"""
+GOOD_GATE = {"policy": "secure", "fallback": "full", "concurrency": 4, "share": 0.01, "dcgm": 2, "busbw": 400}
+
+
+@pytest.mark.parametrize("bad, expect, line", [
+    ({"policy": "fast"}, "spec.cleaning.policy: 'fast' is not one of metadata, full, secure", 8),
+    ({"fallback": "secure"}, "spec.cleaning.fallback: a fallback must differ from the method", 9),
+    ({"concurrency": 0}, "spec.cleaning.eraseConcurrency: at least 1 disk at a time", 10),
+    ({"concurrency": 2.5}, "spec.cleaning.eraseConcurrency: must be an integer, not a number", 10),
+    ({"share": 5}, "spec.cleaning.eraseVerifyShare: between 0 (excluded) and 1", 11),
+    ({"share": 0}, "spec.cleaning.eraseVerifyShare: between 0 (excluded) and 1", 11),
+    ({"share": ".nan"}, "spec.cleaning.eraseVerifyShare: must be a finite number", 11),
+    ({"share": "'1%'"}, "spec.cleaning.eraseVerifyShare: must be a number, not a string", 11),
+    ({"dcgm": 7}, "spec.healthCheck.dcgmLevel: dcgmi diag levels are 1 to 4", 13),
+    ({"dcgm": -1}, "spec.healthCheck.dcgmLevel: Ensure this value is greater than or equal to 0", 13),
+    ({"busbw": -400}, "spec.healthCheck.ncclMinBusbwGBps: a bus bandwidth in GB/s above 0", 14),
+    ({"busbw": ".inf"}, "spec.healthCheck.ncclMinBusbwGBps: must be a finite number", 14),
+    ({"busbw": "true"}, "spec.healthCheck.ncclMinBusbwGBps: must be a number, not a boolean", 14),
+], ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_a_bad_cleaning_or_health_value_is_refused_at_its_line(refused, bad, expect, line):
+    refused(GATED.format(**{**GOOD_GATE, **bad}), expect=expect, line=line, document=1)
+    assert not NodeType.objects.filter(name="gpu-secure").exists()
+
+
+def test_an_unknown_cleaning_field_is_a_typo_not_ignored(refused):
+    refused(GATED.format(**GOOD_GATE).replace("eraseVerifyShare", "verifySamplePercent"),
+            expect="spec.cleaning.verifySamplePercent: unknown field; expected one of eraseConcurrency, "
+                   "eraseVerifyFull, eraseVerifyShare, fallback, policy", line=11, document=1)
+
+
+def test_a_bad_cleaning_method_in_a_providers_node_type_list(refused):
+    refused("apiVersion: management.loft.sh/v1\nkind: NodeProvider\nmetadata: {name: rack2}\nspec:\n  metal3:\n"
+            "    nodeTypes:\n      - name: rack2-gpu\n        cleaning:\n          policy: wipe\n",
+            expect="spec.metal3.nodeTypes[0].cleaning.policy: 'wipe' is not one of", line=9, document=1)
+
+
+def test_a_bad_cleaning_policy_annotation_on_a_host(refused):
+    bmh = BMH.format(address="redfish://10.1.1.1/redfish/v1/Systems/1", credentials="new-bmc").replace(
+        "  namespace: metal3\nspec:", "  namespace: metal3\n  annotations:\n    vmetal.dev/cleaning-policy: shred\nspec:")
+    refused(bmh, expect="metadata.annotations.vmetal.dev/cleaning-policy: 'shred' is not one of metadata, full, "
+                        "secure", line=13)
+
+
+def test_a_value_of_the_wrong_shape_is_an_error_at_its_line_not_a_crash(refused):
+    """NodePool.clean() checks shapes before meaning: `effect: [x]` is not a TypeError (a traceback)."""
+    refused("privateNodes:\n  autoNodes:\n    - provider: metal3\n      static:\n        - name: gpu\n"
+            "          quantity: 1\n          taints:\n            - {key: a, effect: [NoSchedule]}\n",
+            expect="privateNodes.autoNodes[0].static[0].taints: [0]: key, value and effect are strings", line=7,
+            document=1)
+    refused("apiVersion: management.loft.sh/v1\nkind: NodeType\nmetadata: {name: odd}\nspec:\n  providerRef: metal3\n"
+            "  bareMetalHosts:\n    selector:\n      matchExpressions:\n        - {key: a, operator: In, values: 5}\n",
+            expect="spec.bareMetalHosts.selector: matchExpressions[0].values: must be a list of strings", line=7,
+            document=1)

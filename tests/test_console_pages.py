@@ -257,7 +257,7 @@ def test_forms_create_and_edit_through_the_event_log(client, users):
     provider = NodeProvider.objects.get(name="metal3")
     response = client.post(reverse("catalogue-create", args=["node-types"]), {
         "name": "big-gpu", "provider": provider.pk, "resources": 'cpu: 256\nnvidia.com/gpu: "8"',
-        "host_selector": "matchLabels:\n  role: big", "properties": "", "cost": "90000"})
+        "host_selector": "matchLabels:\n  role: big", "properties": "", "cost": "90000", **GATE_AS_SHOWN})
     assert response.status_code == 302
     big = NodeType.objects.get(name="big-gpu")
     assert big.resources == {"cpu": "256", "nvidia.com/gpu": "8"} and big.host_selector == {"matchLabels": {"role": "big"}}
@@ -271,6 +271,49 @@ def test_forms_create_and_edit_through_the_event_log(client, users):
     one = Tenant.objects.get(name="one")
     assert (one.display_name, one.quota_nodes, one.name) == ("Team One", 4, "one")
     assert NodeEnvironment.objects.exists()
+
+
+# What a browser sends for the release gate's fields of a new NodeType, as the form shows them.
+GATE_AS_SHOWN = {"cleaning_policy": "full", "cleaning_fallback": "", "erase_concurrency": "4",
+                 "erase_verify_share": "0.01", "health_dcgm_level": "2", "health_nccl_min_busbw_gbps": ""}
+
+
+def test_the_node_type_form_shows_and_checks_cleaning_and_health_next_to_each_field(client, users):
+    as_user(client, users["admin"])
+    gpu = NodeType.objects.get(name="gpu-server")
+    edit = reverse("catalogue-edit", args=["node-types", gpu.pk])
+    html = client.get(edit).content.decode()
+    for name in GATE_AS_SHOWN:
+        assert f'name="{name}"' in html, name
+    assert '<option value="secure">' in html and 'name="erase_verify_full"' in html
+    form = {"provider": gpu.provider_id, "resources": "cpu: '192'", "host_selector": "matchLabels: {role: gpu}",
+            "properties": "", "cost": ""}
+    response = client.post(edit, {**form, **GATE_AS_SHOWN, "cleaning_policy": "secure", "cleaning_fallback": "secure",
+                                  "erase_verify_share": "5", "health_dcgm_level": "7",
+                                  "health_nccl_min_busbw_gbps": "-3", "erase_concurrency": "0"})
+    assert response.status_code == 400
+    html = unescape(response.content.decode())
+    for field, message in (("cleaning_fallback", "a fallback must differ from the method"),
+                           ("erase_verify_share", "between 0 (excluded) and 1"),
+                           ("health_dcgm_level", "dcgmi diag levels are 1 to 4"),
+                           ("health_nccl_min_busbw_gbps", "a bus bandwidth in GB/s above 0"),
+                           ("erase_concurrency", "at least 1 disk at a time")):
+        error = html[html.index(f'id="error-{field}"'):]
+        assert message in error[: error.index("</ul>")], field
+    assert NodeType.objects.get(pk=gpu.pk).cleaning_policy == "full"
+    response = client.post(edit, {**form, **GATE_AS_SHOWN, "cleaning_policy": "secure", "cleaning_fallback": "full",
+                                  "erase_verify_full": "on", "health_nccl_min_busbw_gbps": "400"})
+    assert response.status_code == 302
+    gpu.refresh_from_db()
+    assert (gpu.cleaning_policy, gpu.cleaning_fallback, gpu.erase_verify_full, gpu.health_nccl_min_busbw_gbps) == \
+        ("secure", "full", True, 400.0)
+    assert Event.objects.filter(object_type="nodetype", object_name="gpu-server", actor="user:root-admin",
+                                message__contains="cleaning_policy: full → secure").exists()
+    page = client.get(reverse("node-types")).content.decode()
+    row = page[page.index(f'id="node-type-{gpu.pk}"'):]
+    row = unescape(row[: row.index("</tr>")])
+    assert '<b class="cleaning-policy">secure</b>, else full' in row and "read back: every byte" in row
+    assert "dcgmi diag -r 2" in row and "NCCL ≥ 400 GB/s" in row
 
 
 def test_node_type_capacity_counts_hosts(client, reconciled):

@@ -10,7 +10,7 @@ from events.models import Event
 from hosts.models import BareMetalHost
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 
-from .test_apply import LIST_FORM
+from .test_apply import GATED_PROVIDER, GATED_TYPE, LIST_FORM, gate
 
 pytestmark = pytest.mark.django_db
 
@@ -28,6 +28,8 @@ spec:
   bareMetalHosts:
     selector:
       matchLabels: {role: gpu, rack: r1}
+  cleaning: {policy: secure, fallback: full, eraseVerifyShare: 0.02}
+  healthCheck: {dcgmLevel: 3, ncclMinBusbwGBps: 400}
 ---
 apiVersion: management.loft.sh/v1
 kind: VirtualClusterInstance
@@ -75,6 +77,7 @@ def test_export_then_apply_on_an_empty_database_then_export_gives_the_same_text(
     for kind in ("NodeProvider", "NodeType", "NodeEnvironment", "OSImage", "VirtualClusterInstance", "Secret",
                  "BareMetalHost"):
         assert f"kind: {kind}\n" in first
+    assert "  cleaning:\n    policy: secure\n    fallback: full\n" in first
     empty_the_database()
     apply(first)
     assert export() == first
@@ -105,3 +108,42 @@ def test_bmc_passwords_are_encrypted_at_rest_and_never_in_repr(demo_site):
     assert host.bmc_password == "demo-password-gpu-01"
     assert "demo-password" not in repr(host.bmc_password) and "demo-password" not in str(host)
     assert "demo-password" not in "".join(Event.objects.values_list("message", flat=True))
+
+
+def test_the_release_gate_and_a_hosts_own_cleaning_method_survive_export_and_apply(apply, demo_site):
+    apply(GATED_TYPE, GATED_PROVIDER)
+    BareMetalHost.objects.filter(name="gpu-02").update(cleaning_policy="metadata")
+    first = export()
+    # Written even where they are the defaults, numbers as they would be typed.
+    assert """\
+  cleaning:
+    policy: secure
+    fallback: full
+    eraseConcurrency: 8
+    eraseVerifyShare: 0.05
+    eraseVerifyFull: true
+  healthCheck:
+    dcgmLevel: 3
+    ncclMinBusbwGBps: 400
+""" in first
+    assert """\
+    - name: rack2-gpu
+      cleaning:
+        policy: metadata
+        eraseConcurrency: 4
+        eraseVerifyShare: 0.01
+        eraseVerifyFull: false
+      healthCheck:
+        dcgmLevel: 0
+        ncclMinBusbwGBps: 350.5
+""" in first
+    assert "  name: gpu-02\n  namespace: metal3\n  labels:\n    rack: r2\n    role: gpu\n  annotations:\n" \
+           "    vmetal.dev/cleaning-policy: metadata\n" in first
+    gates = {name: gate(name) for name in ("gpu-secure", "rack2-gpu", "gpu-server", "cpu-server")}
+    empty_the_database()
+    apply(first)
+    assert export() == first
+    assert {name: gate(name) for name in gates} == gates
+    assert dict(BareMetalHost.objects.exclude(cleaning_policy="").values_list("name", "cleaning_policy")) == \
+        {"gpu-02": "metadata"}
+    assert all(line.endswith("unchanged") or "not referenced" in line for line in apply(first))

@@ -1,10 +1,15 @@
 """Hosts as JSON, in two shapes: the whole host for those who may see BMC details (admins, auditors), and a
 tenant's view of its own nodes without any BMC field. BMC credentials are write-only in both: they are
 set when a host is registered (or rotated), never returned."""
+from django.conf import settings
 from django.db import models
+from django.db.models import Prefetch, prefetch_related_objects
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from hosts.models import BareMetalHost
+from hosts.cleaning import node_type_for
+from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 from pools.api.base import NoNulJSONField, StrictModelSerializer, StrictSerializer
 
 CLAIM_FIELDS = ["claim", "tenant"]
@@ -30,8 +35,62 @@ def _claim(host):
         return None
 
 
+EVIDENCE_SHOWN = 20  # the newest erase certificates and health runs of a host, as on its page
+
+
+class EraseCertificateLinkSerializer(serializers.ModelSerializer):
+    certificate_id = serializers.CharField(read_only=True, help_text="the id written on the signed certificate")
+    url = serializers.SerializerMethodField(help_text="the signed certificate, exactly as `verify-certificate` "
+                                                      "checks it")
+    page = serializers.SerializerMethodField(help_text="the printable page")
+
+    class Meta:
+        model = EraseCertificate
+        fields = ["id", "certificate_id", "disk", "serial", "method", "method_type", "result", "flow_id",
+                  "previous_tenant", "created_at", "url", "page"]
+        read_only_fields = fields
+
+    def get_url(self, obj) -> str:
+        return reverse("certificate-json", args=[obj.pk])
+
+    def get_page(self, obj) -> str:
+        return reverse("certificate", args=[obj.pk])
+
+
+class HealthRunLinkSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HealthCheckRun
+        fields = ["id", "suite", "verdict", "reasons", "node_type", "flow_id", "created_at"]
+        read_only_fields = fields
+
+
+class EffectiveCleaningSerializer(serializers.Serializer):
+    method = serializers.CharField(help_text="metadata, full or secure")
+    fallback = serializers.CharField(help_text="empty: none")
+    source = serializers.CharField(help_text="host override, the NodeType, or the site's default")
+    node_type = serializers.CharField(help_text="the NodeType whose gate applies; empty: none matches")
+
+
+class _HostList(serializers.ListSerializer):
+    """A page of hosts with their newest certificates and health runs: two queries, whatever the page size."""
+
+    def to_representation(self, data):
+        hosts = list(data.all() if isinstance(data, models.manager.BaseManager) else data)
+        prefetch_related_objects(hosts, *_evidence())
+        return super().to_representation(hosts)
+
+
+def _evidence() -> list[Prefetch]:
+    return [Prefetch("erase_certificates", queryset=EraseCertificate.objects.order_by("-pk")[:EVIDENCE_SHOWN],
+                     to_attr="newest_certificates"),
+            Prefetch("health_runs", queryset=HealthCheckRun.objects.order_by("-pk")
+                     .defer("command", "raw_output", "raw_json", "gpus", "parsed", "thresholds")[:EVIDENCE_SHOWN],
+                     to_attr="newest_health_runs")]
+
+
 class HostSerializer(StrictModelSerializer, _ClaimLinks):
-    """For admins (who write) and auditors (who read): everything but the credentials."""
+    """For admins (who write) and auditors (who read): everything but the credentials, with the host's release
+    gate (its effective cleaning method) and its newest erase certificates and health runs."""
 
     bmc_username = serializers.CharField(write_only=True, required=False, max_length=255,
                                          help_text="write-only; never returned")
@@ -39,16 +98,23 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
                                          trim_whitespace=False, style={"input_type": "password"},
                                          help_text="write-only; never returned")
     has_bmc_credentials = serializers.SerializerMethodField()
+    effective_cleaning = serializers.SerializerMethodField()
+    erase_certificates = serializers.SerializerMethodField()
+    health_runs = serializers.SerializerMethodField()
 
     class Meta:
         model = BareMetalHost
         fields = ["id", "name", "namespace", "bmc_address", "bmc_credentials_name", "bmc_username", "bmc_password",
                   "has_bmc_credentials", "bmc_disable_certificate_verification", "boot_mac", "online",
-                  "root_device_hints", "labels", "automated_cleaning_mode", "inventory", "power_state", "state",
-                  "state_changed_at", "deadline_at", "error_type", "error_message", "error_count", *CLAIM_FIELDS,
-                  "created_at", "updated_at"]
+                  "root_device_hints", "labels", "automated_cleaning_mode", "cleaning_policy", "effective_cleaning",
+                  "inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
+                  "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs", "created_at",
+                  "updated_at"]
         read_only_fields = ["inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
                             "error_message", "error_count", "created_at", "updated_at"]
+        extra_kwargs = {"cleaning_policy": {"help_text": "overrides its NodeType's cleaning method; empty: the "
+                                                         "NodeType's"}}
+        list_serializer_class = _HostList
 
     # Registered once; what identifies the server and its BMC is not changed in place (apply a
     # BareMetalHost manifest, or take it out and register it again).
@@ -62,6 +128,36 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
 
     def get_has_bmc_credentials(self, obj) -> bool:
         return bool(obj.bmc_username and obj.bmc_password)
+
+    @extend_schema_field(EffectiveCleaningSerializer)
+    def get_effective_cleaning(self, obj) -> dict:
+        """The method the gate will use at the host's next release: the host's override, else its NodeType's
+        (hosts.cleaning: the claim's, else the strictest whose selector matches), else the site's default."""
+        node_type = node_type_for(obj, _claim(obj))
+        if obj.cleaning_policy:
+            method, source = obj.cleaning_policy, "host override"
+        elif node_type is not None:
+            method, source = node_type.cleaning_policy, f"NodeType {node_type.name}"
+        else:
+            method, source = settings.CLEANING_DEFAULT_POLICY, "settings.CLEANING_DEFAULT_POLICY"
+        return {"method": method, "fallback": node_type.cleaning_fallback if node_type else "", "source": source,
+                "node_type": node_type.name if node_type else ""}
+
+    @extend_schema_field(EraseCertificateLinkSerializer(many=True))
+    def get_erase_certificates(self, obj) -> list:
+        newest = getattr(obj, "newest_certificates", None)
+        if newest is None:
+            prefetch_related_objects([obj], _evidence()[0])
+            newest = obj.newest_certificates
+        return EraseCertificateLinkSerializer(newest, many=True).data
+
+    @extend_schema_field(HealthRunLinkSerializer(many=True))
+    def get_health_runs(self, obj) -> list:
+        newest = getattr(obj, "newest_health_runs", None)
+        if newest is None:
+            prefetch_related_objects([obj], _evidence()[1])
+            newest = obj.newest_health_runs
+        return HealthRunLinkSerializer(newest, many=True).data
 
     def validate(self, attrs):
         attrs = super().validate(attrs)

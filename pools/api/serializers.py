@@ -9,96 +9,8 @@ from vmetal_console import scoping
 
 from .base import StrictModelSerializer
 
-# Shapes of the JSON fields, checked before Model.clean() runs: today's clean() assumes them and fails with a
-# TypeError on, say, `values: 5` (a 500, and for host selectors and resources a saved row that breaks the
-# allocator). Once the models check shapes themselves these become redundant (see the review note).
-SCALAR = (str, int, float)
-
-
-def _scalar(value) -> bool:
-    return isinstance(value, SCALAR) and not isinstance(value, bool)
-
-
-def _finite_quantity(value) -> bool:
-    from math import isfinite
-
-    from pools.models import parse_quantity
-
-    try:
-        return _scalar(value) and isfinite(parse_quantity(value))
-    except (ValueError, OverflowError):
-        return False
-
-
-def check_node_type_selector(value):
-    if not isinstance(value, list):
-        raise serializers.ValidationError("must be a list of {property, operator, value(s)}")
-    for i, req in enumerate(value):
-        if not isinstance(req, dict):
-            raise serializers.ValidationError(f"[{i}]: must be a mapping {{property, operator, value(s)}}")
-        if "operator" in req and not isinstance(req["operator"], str):
-            raise serializers.ValidationError(f"[{i}].operator: must be a string")
-        if "value" in req and req["value"] is not None and not _scalar(req["value"]):
-            raise serializers.ValidationError(f"[{i}].value: must be a string or a number")
-        values = req.get("values")
-        if values is not None and not (isinstance(values, list) and all(_scalar(v) for v in values)):
-            raise serializers.ValidationError(f"[{i}].values: must be a list of strings")
-    return value
-
-
-def check_taints(value):
-    if isinstance(value, list):
-        for i, taint in enumerate(value):
-            if isinstance(taint, dict) and not all(isinstance(v, str) for v in taint.values()):
-                raise serializers.ValidationError(f"[{i}]: key, value and effect are strings")
-    return value
-
-
-def check_disruption(value):
-    if isinstance(value, dict):
-        for key in ("consolidationPolicy", "consolidateAfter"):
-            if key in value and value[key] is not None and not _scalar(value[key]):
-                raise serializers.ValidationError(f"{key}: must be a string")
-        budgets = value.get("budgets")
-        if budgets is not None and not (isinstance(budgets, list) and all(isinstance(b, dict) for b in budgets)):
-            raise serializers.ValidationError("budgets: must be a list of {nodes: ...}")
-    return value
-
-
-def check_limits(value):
-    if isinstance(value, dict):
-        for key, amount in value.items():
-            if not _finite_quantity(amount):
-                raise serializers.ValidationError(f"{key}: {amount!r} is not a quantity")
-    return value
-
-
-def check_host_selector(value):
-    if isinstance(value, dict):
-        labels = value.get("matchLabels")
-        if labels is not None and not (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values())):
-            raise serializers.ValidationError("matchLabels: must map label keys to strings")
-        expressions = value.get("matchExpressions")
-        if expressions is not None:
-            if not isinstance(expressions, list):
-                raise serializers.ValidationError("matchExpressions: must be a list of {key, operator, values}")
-            for i, expr in enumerate(expressions):
-                if not isinstance(expr, dict):
-                    raise serializers.ValidationError(f"matchExpressions[{i}]: must be a mapping")
-                if not all(isinstance(expr.get(k, ""), str) for k in ("key", "operator")):
-                    raise serializers.ValidationError(f"matchExpressions[{i}]: key and operator are strings")
-                values = expr.get("values")
-                if values is not None and not (isinstance(values, list) and all(_scalar(v) for v in values)):
-                    raise serializers.ValidationError(f"matchExpressions[{i}].values: must be a list of strings")
-    return value
-
-
-def check_resources(value):
-    if isinstance(value, dict):
-        for key, amount in value.items():
-            if not _finite_quantity(amount):
-                raise serializers.ValidationError(f"{key}: {amount!r} is not a quantity")
-    return value
+# JSON fields' shapes and values are checked by each model's clean(), which StrictModelSerializer runs: the
+# same checks as the admin, the console's forms and `apply`.
 
 
 def _request_user(serializer):
@@ -155,11 +67,6 @@ class NodePoolSerializer(StrictModelSerializer):
                 if name in self.fields:
                     self.fields[name].read_only = True
 
-    validate_node_type_selector = staticmethod(check_node_type_selector)
-    validate_taints = staticmethod(check_taints)
-    validate_disruption = staticmethod(check_disruption)
-    validate_limits = staticmethod(check_limits)
-
     def validate(self, attrs):
         if self.instance is None and "version" in attrs:
             raise serializers.ValidationError({"version": ["a new pool has no version yet"]})
@@ -179,6 +86,12 @@ class CapacitySerializer(serializers.Serializer):
     provisioned = serializers.IntegerField()
 
 
+# How a host of the type is erased and verified, and the GPU health suite it must pass, before anyone gets it
+# (hosts/cleaning.py). The same fields as a manifest's spec.cleaning and spec.healthCheck.
+RELEASE_GATE_FIELDS = ["cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
+                       "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps"]
+
+
 class NodeTypeSerializer(StrictModelSerializer):
     provider = serializers.SlugRelatedField(slug_field="name", queryset=NodeProvider.objects.all())
     effective_cost = serializers.SerializerMethodField()
@@ -187,11 +100,9 @@ class NodeTypeSerializer(StrictModelSerializer):
     class Meta:
         model = NodeType
         fields = ["id", "name", "provider", "display_name", "zone", "region", "properties", "resources", "cost",
-                  "effective_cost", "host_selector", "declared_in_provider", "capacity", "created_at", "updated_at"]
+                  "effective_cost", "host_selector", "declared_in_provider", *RELEASE_GATE_FIELDS, "capacity",
+                  "created_at", "updated_at"]
         read_only_fields = ["declared_in_provider", "created_at", "updated_at"]
-
-    validate_host_selector = staticmethod(check_host_selector)
-    validate_resources = staticmethod(check_resources)
 
     def get_effective_cost(self, obj) -> int | None:
         try:
