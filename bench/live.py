@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -95,8 +96,17 @@ def run_clients(url: str, cookie: str, ids: list[int], cursor: int, clients: int
         t.start()
     for t in threads:
         t.join()
-    out.send(results)
+    out.send((results, cpu_seconds()))
     out.close()
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) a process has used so far: this one, or another by its /proc entry."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- the writer --------------------------------------------------------------------------------------------
@@ -214,12 +224,16 @@ def main() -> None:
                                       args.duration, args.gap, settle, writer_done, sender))
         clients.start()
         time.sleep(1.0)  # the clients connect and re-sync once
+        load_before, server_cpu, writer_cpu = os.getloadavg(), cpu_seconds(server.pid), cpu_seconds()
         started = time.time()
         transitions = drive(hosts_, args.rate, args.duration, args.writers)
         elapsed = time.time() - started
+        writer_cpu = cpu_seconds() - writer_cpu
         writer_done.set()
         connection.close()
-        results = receiver.recv()
+        results, clients_cpu = receiver.recv()
+        server_cpu = cpu_seconds(server.pid) - server_cpu
+        load_after = os.getloadavg()
         clients.join(30)
         final = {h: (s, c.timestamp()) for h, s, c in
                  BareMetalHost.objects.values_list("pk", "state", "state_changed_at")}
@@ -228,6 +242,9 @@ def main() -> None:
         server.wait(15)
 
     report(args, transitions, elapsed, results, final)
+    print(f"CPU seconds during the run: server (daphne) {server_cpu:.1f}, writer process {writer_cpu:.1f}, "
+          f"clients process {clients_cpu:.1f}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after "
+          f"({os.cpu_count()} CPUs)")
 
 
 def report(args, transitions, elapsed, results, final) -> None:

@@ -366,11 +366,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
             self.flush_task = asyncio.create_task(self._flush(delay))
 
     async def _flush(self, delay: float):
+        cutoff = None
         if delay:
             # On the process's common clock: every consumer told of the same changes wakes in the same tick, so
             # the first to read renders for all (FragmentCache) instead of each reading in turn.
-            await asyncio.sleep(delay - time.monotonic() % delay)
-        keys, self.dirty = self.dirty, {}
+            now = time.monotonic()
+            tick = now - now % delay + delay
+            await asyncio.sleep(tick - now)
+            cutoff = min(tick, time.monotonic())
+        keys, self.dirty = self._due(cutoff)
         resync, self.resync_due = self.resync_due, False
         try:
             parts, groups = await frame_in_thread(self._frame)(keys, resync)
@@ -387,6 +391,19 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=message)
         if self.resync_due or self.dirty:  # what came meanwhile goes at the next tick
             self.flush_task = asyncio.create_task(self._flush(0 if self.resync_due else settings.CONSOLE_LIVE_FLUSH_S))
+
+    def _due(self, cutoff: float | None) -> tuple[dict, dict]:
+        """The dirty keys this tick renders, and those it leaves for the next. Only changes announced before the
+        tick go now: the consumers of the process wake at the same tick but start in turn, and a change noted
+        after the tick by one of them would make its fragment newer than the one the first consumer read at
+        the tick, so that consumer would read and render the rows again for itself (at 200 changes a second,
+        most of them did: one read per page instead of one per process). The later change waits one tick."""
+        if cutoff is None:
+            return self.dirty, {}
+        now, later = {}, {}
+        for key, need in self.dirty.items():
+            (now if need.since <= cutoff else later)[key] = need
+        return now, later
 
     def _frame(self, keys: dict, resync: bool) -> tuple[list[str], set[str] | None]:
         new_cursor = None

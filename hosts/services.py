@@ -2,6 +2,7 @@
 import logging
 from collections.abc import Iterable
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -11,8 +12,9 @@ from events.models import Event
 from events.services import seconds_since
 from vmetal_console import live
 
+from .bmc import BMC, BMCError
 from .choices import HostState
-from .lifecycle import ConcurrentTransition, IllegalTransition, check_transition, deadline_for
+from .lifecycle import IN_PROGRESS, ConcurrentTransition, IllegalTransition, check_transition, deadline_for
 from .models import BareMetalHost
 
 log = logging.getLogger(__name__)
@@ -200,3 +202,123 @@ def host_retire(*, host: BareMetalHost, actor: str, reason: str) -> BareMetalHos
     if not (reason or "").strip():
         raise IllegalTransition(f"retiring {host.name} needs a reason")
     return host_transition(host=host, to_state=HostState.RETIRED, actor=actor, reason=f"retired: {reason.strip()}")
+
+
+# --- power cycle: a BMC reset asked for by an admin, sent by a worker ------------------------------------
+
+# A host's power is the operator's to cycle only where no flow drives it: in registering, inspecting,
+# provisioning, deprovisioning and retesting the flow's steps switch power and boot targets themselves, and a
+# reset under them would break a step (an erase, an image write) or race its own power request.
+POWER_CYCLE_STATES = frozenset({HostState.AVAILABLE, HostState.PROVISIONED, HostState.ERROR, HostState.REPAIR,
+                                HostState.MAINTENANCE})
+POWER_CYCLE_STEP = "power_cycle"
+
+
+def power_cycle_refusal(state: str) -> str:
+    """Why a host in `state` may not be power cycled; "" when it may."""
+    if state in POWER_CYCLE_STATES:
+        return ""
+    if state in IN_PROGRESS:
+        return (f"the host is {state}: a flow drives its power now; wait until it is done, or put the host in "
+                "maintenance first")
+    return f"the host is {state}: it is out of the fleet"
+
+
+def host_power_cycle(*, host: BareMetalHost, actor: str, reason: str = "") -> Event:
+    """Ask for a power cycle (a BMC reset; power on when it is off). Writes the request to the Event log with
+    the actor; on commit a worker sends it (hosts.tasks.power_cycle_host), outside any transaction, and
+    records the BMC's answer. Raises IllegalTransition in a state where a flow drives the power."""
+    with transaction.atomic():
+        # Locked until commit: a flow cannot start on the host (its state change waits) between this check
+        # and the request's Event. The worker checks the state again before it sends the reset.
+        locked = (BareMetalHost.objects.select_for_update(of=("self",)).filter(pk=host.pk)
+                  .values("state", "claim__tenant_id").first())
+        if locked is None:
+            raise IllegalTransition(f"{host.name} no longer exists")
+        refusal = power_cycle_refusal(locked["state"])
+        if refusal:
+            raise IllegalTransition(f"{host.name} cannot be power cycled now: {refusal}")
+        reason = (reason or "").strip()
+        event = Event.objects.create(
+            kind=EventKind.ACTION, object_type="host", object_name=host.name, host_id=host.pk,
+            tenant_id=locked["claim__tenant_id"], step=POWER_CYCLE_STEP, actor=actor,
+            message="power cycle requested" + (f": {reason}" if reason else ""),
+            data={"action": "power-cycle", "state": locked["state"], "reason": reason})
+        request_id, tenant_id = event.pk, locked["claim__tenant_id"]
+
+        def send():
+            from . import tasks
+
+            live.enqueue(tasks.power_cycle_host, host_id=host.pk, request_id=request_id)
+            _publish_host(host.pk, tenant_id)
+
+        transaction.on_commit(send)
+    return event
+
+
+def host_power_cycle_send(*, host_id: int, request_id: int) -> Event | None:
+    """The worker's half of a power cycle: the reset through the BMC, then its outcome in the Event log (by
+    the actor who asked for it). Idempotent: a request already answered is not sent again. No transaction
+    is open around the BMC call."""
+    request = Event.objects.filter(pk=request_id, host_id=host_id, step=POWER_CYCLE_STEP).first()
+    if request is None or Event.objects.filter(host_id=host_id, step=POWER_CYCLE_STEP,
+                                               data__request_id=request_id).exists():
+        return None
+    host = BareMetalHost.objects.filter(pk=host_id).select_related("claim").first()
+    if host is None:
+        return None
+    refusal = power_cycle_refusal(host.state)
+    outcome: dict = {"request_id": request_id}
+    if refusal:  # the host moved on between the request and now
+        return _power_cycle_outcome(host, request, ok=False, message=f"power cycle not sent: {refusal}",
+                                    data={**outcome, "error": "state", "state": host.state})
+    if not host.bmc_password:
+        return _power_cycle_outcome(host, request, ok=False,
+                                    message="power cycle failed: no BMC credentials (apply the host's Secret)",
+                                    data={**outcome, "error": "auth"})
+    started = timezone.now()
+    try:
+        with BMC(host.bmc_address, host.bmc_username, host.bmc_password,
+                 verify_tls=not host.bmc_disable_certificate_verification, timeout=settings.BMC_TIMEOUT_S,
+                 boot_mac=host.boot_mac) as bmc:
+            before = bmc.power_state()
+            if before == "off":
+                bmc.power_on()  # nothing to reset: a cycle of a host that is off is switching it on
+                how = "powered on (it was off)"
+            else:
+                bmc.reset()
+                how = "reset"
+            try:
+                # Evidence that it came back: the power is on again (a reset lands in seconds).
+                bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S, poll_s=min(1.0, settings.POWER_POLL_S))
+                after = "on"
+            except BMCError as exc:
+                if exc.kind != "timeout":
+                    raise
+                after = "unknown"
+    except BMCError as exc:
+        return _power_cycle_outcome(host, request, ok=False, message=f"power cycle failed: {exc}",
+                                    data={**outcome, "error": exc.kind})
+    BareMetalHost.objects.filter(pk=host.pk).update(power_state=after)
+    message = f"power cycle done: {how}; power {'on again' if after == 'on' else 'not seen on yet'}"
+    return _power_cycle_outcome(host, request, ok=True, message=message, started=started,
+                                data={**outcome, "how": how, "power_before": before, "power_after": after})
+
+
+def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, message: str, data: dict,
+                         started=None) -> Event:
+    now = timezone.now()
+    event = Event.objects.create(
+        kind=EventKind.ACTION, object_type="host", object_name=host.name, host_id=host.pk,
+        tenant_id=request.tenant_id, step=POWER_CYCLE_STEP, actor=request.actor, message=message,
+        duration_s=seconds_since(started, now) if started else None, data={**data, "ok": ok})
+    if not ok:
+        log.warning("host %s: %s", host.name, message)
+    _publish_host(host.pk, request.tenant_id)
+    return event
+
+
+def _publish_host(host_id: int, tenant_id: int | None) -> None:
+    """A host's page and row show its power and timeline: tell their live views (no state change)."""
+    groups = ["fleet", f"host-{host_id}", *([f"tenant-{tenant_id}"] if tenant_id else [])]
+    live.publish(groups, {"object": "host", "ids": [host_id]})

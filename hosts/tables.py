@@ -105,10 +105,15 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
 
 
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
-                 "power-cycle": "Power cycle"}
+                 "power-cycle": "Power cycle", "retest": "Retest", "return-to-service": "Return to service",
+                 "retire": "Retire"}
+DANGEROUS_ACTIONS = frozenset({"power-cycle", "retire"})
 
 
 def host_actions(host: BareMetalHost) -> list[dict]:
+    """The actions an admin may take on a host in its state (the services check again when they run)."""
+    from .services import POWER_CYCLE_STATES
+
     allowed = []
     if host.state == HostState.MAINTENANCE:
         allowed.append("maintenance-off")
@@ -116,22 +121,19 @@ def host_actions(host: BareMetalHost) -> list[dict]:
         allowed.append("maintenance-on")
     if host.state == HostState.ERROR:
         allowed.append("retry")
-    if power_cycle_service() is not None:
+    if host.state == HostState.REPAIR:
+        allowed += ["retest", "return-to-service"]
+    if HostState.RETIRED in _next_states(host.state):
+        allowed.append("retire")
+    if host.state in POWER_CYCLE_STATES:
         allowed.append("power-cycle")
-    return [{"slug": slug, "label": ACTION_LABELS[slug]} for slug in allowed]
+    return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed]
 
 
 def _next_states(state: str):
     from .lifecycle import TRANSITIONS
 
     return TRANSITIONS.get(state, ())
-
-
-def power_cycle_service():
-    """hosts.services.host_power_cycle(host=, actor=), once it exists (a BMC reset, run by the worker)."""
-    from . import services
-
-    return getattr(services, "host_power_cycle", None)
 
 
 def inventory_view(inventory: dict) -> dict:

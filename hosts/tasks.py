@@ -17,3 +17,10 @@ def drive_host(host_id: int) -> None:
 @shared_task(name="hosts.tasks.drive_stale_hosts")
 def drive_stale_hosts() -> int:
     return len(flows.drive_stale())
+
+
+# At most once (no acks_late): a reset sent twice is worse than one an admin has to ask for again. The
+# service skips a request already answered, should the task be delivered twice anyway.
+@shared_task(name="hosts.tasks.power_cycle_host", soft_time_limit=240, time_limit=300)
+def power_cycle_host(host_id: int, request_id: int) -> None:
+    services.host_power_cycle_send(host_id=host_id, request_id=request_id)

@@ -95,29 +95,46 @@ def _certificates(model, host) -> list:
 
 # --- actions ------------------------------------------------------------------------------------------
 
+POWER_CYCLE_RULE = ("Allowed when the host is available, provisioned, in error, in repair or in maintenance; refused "
+                    "while a flow drives its power (registering, inspecting, provisioning, deprovisioning, "
+                    "retesting) and once it is retired.")
 ACTIONS = {
     "maintenance-on": ("Maintenance on", "Take {host} out of service. It will not be allocated until maintenance is "
                                          "turned off."),
     "maintenance-off": ("Maintenance off", "Give {host} back: it registers again (BMC and credentials are checked "
                                            "anew) and is inspected before it joins the pool."),
     "retry": ("Retry", "Try {host} again from the start: register, inspect, clean."),
-    "power-cycle": ("Power cycle", "Reset {host} through its BMC. Whatever runs on it now stops at once."),
+    "power-cycle": ("Power cycle", "Reset {host} through its BMC (or power it on, if it is off). Whatever runs on it "
+                                   "now stops at once. A worker sends the reset; the BMC's answer appears in the "
+                                   "timeline. " + POWER_CYCLE_RULE),
+    "retest": ("Retest", "Clean and check {host} again: power cycle into the agent, erase, verify, GPU reset, health "
+                         "suite. It comes back to repair with the verdict; only a passing retest lets it return to "
+                         "service."),
+    "return-to-service": ("Return to service", "Put {host} back in the pool of available hosts."),
+    "retire": ("Retire", "Take {host} out of the fleet for good: it is never allocated again and no action brings it "
+                         "back. The reason is required and goes in the Event log."),
 }
+REASON_REQUIRED = {"retire"}
 
 
 @console_view(scoping.ADMIN)
 @require_http_methods(["GET", "POST"])
 def host_action(request, name: str, action: str):
-    """GET: the confirmation; POST: do it through hosts.services, then back to the host page."""
-    host = BareMetalHost.objects.defer(*tables.SECRETS).filter(name=name).first()
+    """GET: the confirmation; POST: do it through hosts.services, then back to the host page (or the repair
+    pool, when it was asked from there). Refusals of the services show as messages; nothing changes then."""
+    host = BareMetalHost.objects.defer(*tables.SECRETS).select_related("claim__tenant").filter(name=name).first()
     if host is None or action not in ACTIONS:
         raise Http404("no such host or action")
     label, warning = ACTIONS[action]
+    back = "repair" if request.GET.get("next", request.POST.get("next")) == "repair" else ""
     if request.method == "GET":
         return page(request, "hosts/confirm_action.html", {
-            "host": host, "action": action, "label": label, "warning": warning.format(host=host.name)})
+            "host": host, "action": action, "label": label, "warning": warning.format(host=host.name),
+            "danger": action in tables.DANGEROUS_ACTIONS, "reason_required": action in REASON_REQUIRED,
+            "next": back, **_confirmation(host, action)})
     actor = f"user:{request.user.get_username()}"
     reason = request.POST.get("reason", "").strip()[:500]
+    done = f"{label}: done for {host.name}"
     try:
         if action == "maintenance-on":
             services.host_set_maintenance(host=host, on=True, actor=actor, reason=reason)
@@ -125,16 +142,46 @@ def host_action(request, name: str, action: str):
             services.host_set_maintenance(host=host, on=False, actor=actor, reason=reason)
         elif action == "retry":
             services.host_retry(host=host, actor=actor, reason=reason)
+        elif action == "retest":
+            services.host_retest(host=host, actor=actor, reason=reason)
+            done = f"{label}: {host.name} is being cleaned and checked again"
+        elif action == "return-to-service":
+            # The reason counts as an override only when the admin ticked it: a note typed on the way is not one.
+            override = request.POST.get("override") == "on"
+            passed = services.host_last_repair_verdict(host=host).get("retest") == "passed"
+            services.host_return_to_service(host=host, actor=actor,
+                                            override_reason=reason if (override or passed) else "")
+        elif action == "retire":
+            services.host_retire(host=host, actor=actor, reason=reason)
         else:
-            cycle = tables.power_cycle_service()
-            if cycle is None:
-                raise IllegalTransition("power cycle is not available yet")
-            cycle(host=host, actor=actor)
+            services.host_power_cycle(host=host, actor=actor, reason=reason)
+            done = f"{label}: asked for {host.name}; the BMC's answer will appear in the timeline"
     except (IllegalTransition, ConcurrentTransition) as exc:
         messages.error(request, f"{label}: {exc}")
     else:
-        messages.success(request, f"{label}: done for {host.name}")
-    return redirect("host", name=host.name)
+        messages.success(request, done)
+    return redirect("repair") if back else redirect("host", name=host.name)
+
+
+def _confirmation(host: BareMetalHost, action: str) -> dict:
+    """What the confirmation page says besides the warning: why it is refused now, what else it affects."""
+    notes, refusal, override = [], "", False
+    claim = getattr(host, "claim", None)
+    if action == "power-cycle":
+        refusal = services.power_cycle_refusal(host.state)
+        if claim is not None and not refusal:
+            notes.append(f"It serves claim {claim.name} of tenant {claim.tenant.name}: that node goes down and "
+                         "boots again.")
+    elif action == "return-to-service" and host.state == HostState.REPAIR:
+        verdict = services.host_last_repair_verdict(host=host)
+        if verdict.get("retest") == "passed":
+            notes.append("It passed its retest: it joins the pool of available hosts.")
+        else:
+            override = True
+            why = verdict.get("message") or "no reason recorded"
+            notes.append(f"It has no passing retest since it went to repair ({why}). Returning it anyway is an "
+                         "admin override: tick it and say why; both go in the Event log.")
+    return {"notes": notes, "refusal": refusal, "override": override}
 
 
 # --- the repair pool ----------------------------------------------------------------------------------
@@ -150,5 +197,8 @@ def repair(request):
              .order_by("state", "-state_changed_at"))
     pager = Paginator(hosts, page_size(request)).get_page(request.GET.get("page"))
     rows = tables.decorate_rows(list(pager.object_list), tables.node_types_by_selector())
+    if scoping.is_admin(request.user):
+        for h in rows:
+            h.actions = tables.host_actions(h)
     return page(request, "hosts/repair.html", {"cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair",
                                                "paging_query": _without_page(request)})

@@ -1,0 +1,22 @@
+"""The live views' flush tick: a tick renders only the changes announced before it, so that every page of a
+process shares the first page's read (events.consumers.LiveConsumer._due)."""
+from events.consumers import LiveConsumer, Need
+
+
+def consumer_with(dirty: dict) -> LiveConsumer:
+    consumer = LiveConsumer.__new__(LiveConsumer)  # no socket: only the bookkeeping is under test
+    consumer.dirty = dirty
+    return consumer
+
+
+def test_a_tick_takes_the_changes_announced_before_it_and_leaves_the_later_ones_for_the_next():
+    before, at, after, resync_only = Need(since=9.95), Need(since=10.0), Need(since=10.003), Need(version=42)
+    consumer = consumer_with({("host", 1): before, ("host", 2): at, ("host", 3): after, ("counts",): resync_only})
+    now, later = consumer._due(10.0)
+    assert now == {("host", 1): before, ("host", 2): at, ("counts",): resync_only}
+    assert later == {("host", 3): after}
+
+
+def test_a_flush_without_a_tick_takes_everything():
+    dirty = {("host", 1): Need(since=1e12)}
+    assert consumer_with(dirty)._due(None) == (dirty, {})
