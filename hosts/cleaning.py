@@ -40,11 +40,19 @@ def node_type_for(host: BareMetalHost, claim=None):
                                         t.health_nccl_min_busbw_gbps or 0, t.name))
 
 
+def gpu_count(inventory: dict | None) -> int:
+    """GPUs in an inventory: the agent lists them; a Metal3 status imported by `apply` may give a count."""
+    gpus = (inventory or {}).get("gpus")
+    if isinstance(gpus, list):
+        return len([g for g in gpus if isinstance(g, dict)])
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
+
+
 def gate_for(host: BareMetalHost, claim=None) -> dict:
     """Everything the gate's steps need, decided once per flow run (kept in the flow's data)."""
     node_type = node_type_for(host, claim)
     method = host.cleaning_policy or (node_type.cleaning_policy if node_type else settings.CLEANING_DEFAULT_POLICY)
-    gpus_inventory = len((host.inventory or {}).get("gpus") or [])
+    gpus_inventory = gpu_count(host.inventory)
     expected = 0
     if node_type is not None:
         try:

@@ -10,6 +10,7 @@ from pools.selectors import label_selector_matches
 from vmetal_console import scoping
 
 from .choices import HostState
+from .cleaning import gpu_count
 from .models import BareMetalHost, CommandStatus, HostCommand
 
 SECRETS = ("bmc_username", "bmc_password")
@@ -149,9 +150,8 @@ def inventory_view(inventory: dict) -> dict:
             for n in inv.get("nics") or [] if isinstance(n, dict)]
     gpus = inv.get("gpus")
     gpu_list = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
-    gpu_count = len(gpu_list) if isinstance(gpus, list) else (gpus if isinstance(gpus, int) else 0)
     return {"cpu": cpu if isinstance(cpu, dict) else {}, "ram_gib": round(ram_mib / 1024) if ram_mib else None,
-            "disks": disks, "nics": nics, "gpus": gpu_list, "gpu_count": gpu_count,
+            "disks": disks, "nics": nics, "gpus": gpu_list, "gpu_count": gpu_count(inv),
             "system": inv.get("system") or {}, "warnings": inv.get("warnings") or [], "known": bool(inv)}
 
 

@@ -8,9 +8,9 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
-from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
+from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun, HostCommand
 from lab.site import IMAGE_NAME
-from pools.models import NodePool
+from pools.models import NodePool, NodeType
 from pools.services import pool_set_quantity
 
 from .lab_conftest import lab_report, wait_hosts
@@ -104,6 +104,9 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
     broken = {"gpu-02": "gpu-xid:6", "gpu-05": "gpu-dcgm-fail:0", "gpu-07": "erase-skips-region:nvme1n1"}
     for name, fault in broken.items():  # the hardware breaks while tenant one uses it
         site.set_fault(name, fault)
+    # The NodeType's erase settings reach the agent; one host's own policy wins over its NodeType's.
+    NodeType.objects.filter(name="gpu-server").update(erase_concurrency=1, erase_verify_share=0.02)
+    BareMetalHost.objects.filter(name="gpu-08").update(cleaning_policy="metadata")
     started = Event.objects.order_by("-id").values_list("id", flat=True).first()
     pool_set_quantity(pool=NodePool.objects.get(tenant__name="one"), quantity=0, actor="user:test")
     wait_for(lambda: BareMetalHost.objects.filter(state__in=["available", "repair"]).count() == 8, timeout=150)
@@ -120,7 +123,11 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
         release = certs.first().flow_id
         runs = HealthCheckRun.objects.filter(host=host, flow_id=release)
         assert {r.suite for r in runs if r.verdict == "pass"} == {"gpu-reset", "dcgmi", "nccl"}, name
-        assert erase_done.data["flow"] == "deprovision" and erase_done.data["policy"]["method"] == "full"
+        method = "metadata" if name == "gpu-08" else "full"
+        assert erase_done.data["flow"] == "deprovision" and erase_done.data["policy"]["method"] == method, name
+        erase = HostCommand.objects.get(host=host, name="erase", flow_id=release)
+        assert (erase.args["method"], erase.args["concurrency"], erase.args["verify"]) == (method, 1, {"share": 0.02})
+        assert {c.method for c in certs} == {method}, name
     for name in broken:
         assert repair_event(name).from_state == "deprovisioning"
         assert not Event.objects.filter(host__name=name, id__gt=started, to_state="available").exists()

@@ -8,6 +8,7 @@ from events.models import Event
 from hosts import services
 from hosts.lifecycle import IllegalTransition
 from hosts.models import BareMetalHost, HealthCheckRun
+from pools.models import NodeType
 
 from .lab_conftest import lab_report, wait_hosts
 
@@ -123,3 +124,22 @@ def test_admins_retest_from_the_admin_and_the_action_is_in_the_event_log(broken_
     admin_client.post("/admin/hosts/baremetalhost/", {"action": "return_to_service",
                                                       "_selected_action": [broken_host.pk]})
     assert BareMetalHost.objects.get().state == "retesting"  # refused: not in repair, no passing retest
+
+
+@pytest.mark.django_db
+def test_the_gate_reads_a_gpu_count_from_an_imported_metal3_status_and_a_hosts_policy_wins(demo_site):
+    # demo/hosts.yaml imports inventories from the Metal3 status annotation, where "gpus" is a count.
+    from hosts.cleaning import gate_for
+
+    host = BareMetalHost.objects.get(name="gpu-01")
+    assert host.inventory["gpus"] == 8
+    NodeType.objects.filter(name="gpu-server").update(cleaning_policy="secure", cleaning_fallback="full",
+                                                      erase_concurrency=3, erase_verify_full=True)
+    gate = gate_for(host)
+    assert gate["health"]["expected_gpus"] == 8
+    assert gate["policy"] | {"verify_share": None} == {
+        "method": "secure", "fallback": "full", "source": "NodeType gpu-server", "concurrency": 3,
+        "verify_share": None, "verify_mode": "full"}
+    host.cleaning_policy = "metadata"
+    assert gate_for(host)["policy"]["method"] == "metadata"
+    assert gate_for(host)["policy"]["source"] == "host override"
