@@ -21,6 +21,6 @@ def drive_stale_hosts() -> int:
 
 # At most once (no acks_late): a reset sent twice is worse than one an admin has to ask for again. The
 # service skips a request already answered, should the task be delivered twice anyway.
-@shared_task(name="hosts.tasks.power_cycle_host", soft_time_limit=240, time_limit=300)
+@shared_task(name="hosts.tasks.power_cycle_host", acks_late=False, soft_time_limit=240, time_limit=300)
 def power_cycle_host(host_id: int, request_id: int) -> None:
     services.host_power_cycle_send(host_id=host_id, request_id=request_id)
