@@ -130,6 +130,8 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     yield worker
     worker.kill(signal.SIGTERM)
     app.conf.task_default_queue = previous
+    # Shown by pytest only when the test failed ("Captured stdout teardown"): what the worker did last.
+    print("--- the Celery worker's log, last lines ---\n" + "\n".join(worker.log.read_text().splitlines()[-80:]))
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):

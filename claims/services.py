@@ -142,7 +142,8 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
             result.released = [c.name for c in doomed]
     allocation = claims_allocate(pool_ids=pool_ids, actor=actor)
     result.allocated, result.pending = allocation.allocated, allocation.pending
-    result.tenants_deleted = tenants_finalize(actor=actor)
+    if pool_ids is None:  # the periodic full pass also finishes tenant deletions (a release usually does)
+        result.tenants_deleted = tenants_finalize(actor=actor)
     return result
 
 

@@ -145,14 +145,15 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
     log keeps their story). Locked rows are skipped: whoever holds them finalises."""
     from claims.models import NodeClaim
 
+    deleting = Tenant.objects.filter(deleting_since__isnull=False)
+    if tenant_ids is not None:
+        deleting = deleting.filter(pk__in=tenant_ids)
+    if not deleting.exists():  # the common case: one cheap query
+        return []
     holding = NodeClaim.objects.filter(tenant=OuterRef("pk")).exclude(phase="Released")
     with transaction.atomic():
-        tenants = (Tenant.objects.filter(deleting_since__isnull=False).exclude(Exists(holding))
-                   .select_for_update(skip_locked=True))
-        if tenant_ids is not None:
-            tenants = tenants.filter(pk__in=tenant_ids)
         gone = []
-        for tenant in tenants:
+        for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
             object_delete(tenant, actor=actor, object_type="tenant", tenant=link)
