@@ -43,7 +43,12 @@ STRENGTH = {"metadata": 0, "full": 1, "secure": 2}
 
 
 class MethodUnavailable(Exception):
-    """The method cannot run on this disk (no tool, not supported, frozen)."""
+    """The method cannot run on this disk (no tool, not supported, frozen); `attempts`: the commands run to find
+    out (e.g. the suspend that did not unfreeze a drive), kept as evidence."""
+
+    def __init__(self, message: str, attempts: list | None = None):
+        super().__init__(message)
+        self.attempts = attempts or []
 
 
 class EraseFailed(Exception):
@@ -394,13 +399,24 @@ def ata_secure_erase(disk: Disk, policy: Policy, progress: Progress, env: dict |
     if sec.enabled or sec.locked:
         raise MethodUnavailable(f"{disk.name}: ATA security is already enabled with a password we do not know")
     if sec.frozen:
-        if policy.allow_suspend and shutil.which("rtcwake", path=(env or os.environ).get("PATH")):
-            record = run_tool(["rtcwake", "-m", "mem", "-s", "10"], 120)
-            tried.append({k: record[k] for k in ("command", "exit_code", "output")})
-            sec = identify()
+        # Each way out says what was (not) tried: "did not unfreeze it" only after a suspend that ran.
+        why = "the policy does not allow a suspend to unfreeze it"
+        if policy.allow_suspend:
+            try:
+                record = run_tool(["rtcwake", "-m", "mem", "-s", "10"], 120)
+            except (MethodUnavailable, EraseFailed) as exc:
+                why = f"no suspend to unfreeze it: {exc}"
+            else:
+                tried.append({k: record[k] for k in ("command", "exit_code", "output")})
+                if record["exit_code"] != 0:
+                    why = (f"the suspend to unfreeze it failed ({record['command']} exit {record['exit_code']}: "
+                           f"{record['output'][-200:]})")
+                else:
+                    sec = identify()
+                    why = f"still frozen after a suspend to RAM and resume ({record['command']})"
         if sec.frozen:
-            raise MethodUnavailable(f"{disk.name} is frozen (the firmware froze its security state at boot)"
-                                    + ("; a suspend/resume did not unfreeze it" if policy.allow_suspend else ""))
+            raise MethodUnavailable(f"{disk.name} is frozen (the firmware froze its security state at boot); {why}",
+                                    tried)
     version = tool_version(["hdparm", "-V"], env)
     password = "vm" + secrets.token_hex(6)
     record = run_tool(["hdparm", "--user-master", "u", "--security-set-pass", password, disk.path], 60, secret=password)

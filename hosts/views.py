@@ -2,9 +2,10 @@
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import OuterRef, Subquery
+from django.db.models import JSONField, OuterRef, Subquery
 from django.http import Http404
 from django.shortcuts import redirect
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from events.models import Event
@@ -13,10 +14,11 @@ from pools.models import Tenant
 from vmetal_console import scoping
 
 from . import services, tables
+from .certificate_views import visible_certificates
 from .choices import HostState
 from .filtersets import HostFilterSet, without_state
 from .lifecycle import ConcurrentTransition, IllegalTransition
-from .models import BareMetalHost
+from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 PAGE_SIZES = (25, 50, 100, 200)
 
@@ -68,28 +70,26 @@ def host_detail(request, name: str):
     node_types = tables.node_types_by_selector()
     tables.decorate_rows([host], node_types)
     context = tables.host_summary_context(request.user, host)
-    erase_model, health_model = tables.optional_model("EraseCertificate"), tables.optional_model("HealthCheckRun")
     context.update({
         "cursor": cursor, "inventory": tables.inventory_view(host.inventory),
         "events": tables.host_events(request.user, host),
-        # Evidence of earlier tenants' use (their names): platform staff only.
-        "erase_certificates": _certificates(erase_model, host) if erase_model and context["sees_everything"] else None,
-        "health_runs": (list(health_model.objects.filter(host=host).defer("raw_output", "raw_json", "parsed", "gpus")
-                             .order_by("-pk")[:20]) if health_model and context["sees_everything"] else None),
+        # Certificates as the certificate pages scope them: staff see all, a tenant member only the erases of
+        # their own tenant's data (never another tenant's name or proof).
+        "erase_certificates": _certificates(request.user, host),
+        # Health runs belong to no tenant's use: platform staff only.
+        "health_runs": (list(HealthCheckRun.objects.filter(host=host)
+                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20])
+                        if context["sees_everything"] else None),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
     })
     return page(request, "hosts/host.html", context)
 
 
-def _certificates(model, host) -> list:
-    from django.urls import NoReverseMatch, reverse
-
-    certificates = list(model.objects.filter(host=host).defer("document").order_by("-pk")[:20])
+def _certificates(user, host) -> list:
+    certificates = list(visible_certificates(user).filter(host=host).defer("document").order_by("-pk")[:20])
     for cert in certificates:
-        try:
-            cert.url = reverse("certificate", args=[cert.pk])
-        except NoReverseMatch:
-            cert.url = ""
+        cert.url = reverse("certificate", args=[cert.pk])
+        cert.json_url = reverse("certificate-json", args=[cert.pk])
     return certificates
 
 
@@ -193,12 +193,54 @@ def repair(request):
     last_reason = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
     hosts = (tables.row_queryset(BareMetalHost.objects.filter(state__in=[HostState.REPAIR, HostState.ERROR]))
              .annotate(reason=Subquery(last_reason.values("message")[:1]),
-                       reason_actor=Subquery(last_reason.values("actor")[:1]))
+                       reason_actor=Subquery(last_reason.values("actor")[:1]),
+                       reason_step=Subquery(last_reason.values("step")[:1]),
+                       reason_data=Subquery(last_reason.values("data")[:1], output_field=JSONField()))
              .order_by("state", "-state_changed_at"))
     pager = Paginator(hosts, page_size(request)).get_page(request.GET.get("page"))
     rows = tables.decorate_rows(list(pager.object_list), tables.node_types_by_selector())
+    _attach_evidence(rows)
     if scoping.is_admin(request.user):
         for h in rows:
             h.actions = tables.host_actions(h)
     return page(request, "hosts/repair.html", {"cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair",
                                                "paging_query": _without_page(request)})
+
+
+def _pks(value) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _attach_evidence(rows: list) -> None:
+    """Each row's failing step and links to what failed, from the data of its move into repair
+    (hosts.flows._fail: {"step", "message", "evidence": {"certificates": [pk...], "health_run": pk}}): the failed
+    certificates (printable page and signed JSON) and the health run (its row on the host page). Two queries
+    for the whole page."""
+    wanted = {}
+    for h in rows:
+        data = h.reason_data if isinstance(h.reason_data, dict) else {}
+        evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
+        h.failed_step = h.reason_step or data.get("step") or ""
+        wanted[h.pk] = (_pks(evidence.get("certificates")), _pks(evidence.get("health_run")))
+    cert_ids = {pk for certs, _ in wanted.values() for pk in certs}
+    run_ids = {pk for _, runs in wanted.values() for pk in runs}
+    certs = {c.pk: c for c in EraseCertificate.objects.filter(pk__in=cert_ids, result="fail")
+             .only("pk", "host_id", "disk", "serial", "result")} if cert_ids else {}
+    runs = {r.pk: r for r in HealthCheckRun.objects.filter(pk__in=run_ids).only("pk", "host_id", "suite", "verdict")
+            } if run_ids else {}
+    for h in rows:
+        cert_pks, run_pks = wanted[h.pk]
+        h.evidence_links = []
+        for pk in run_pks:
+            run = runs.get(pk)
+            if run is not None and run.host_id == h.pk:
+                h.evidence_links.append({"label": f"{run.suite} health run ({run.verdict})",
+                                         "url": reverse("host", args=[h.name]) + f"#health-run-{run.pk}"})
+        for pk in cert_pks:
+            cert = certs.get(pk)
+            if cert is not None and cert.host_id == h.pk:  # the failed ones: the evidence
+                h.evidence_links.append({"label": f"erase certificate {cert.disk} ({cert.result})",
+                                         "url": reverse("certificate", args=[cert.pk]),
+                                         "json_url": reverse("certificate-json", args=[cert.pk])})
+

@@ -9,6 +9,10 @@ GPU during the diagnostic: Fail, exit 226), gpu-reset-busy (a process holds the 
 --query-compute-apps, reset refused with exit 255), nccl-slow (large-message busbw well under 400 GB/s).
 Disk faults (the disk's "fault"): erase-skips-region (the erase reports success, the middle quarter of the
 disk is left untouched), erase-fails (the erase command fails).
+ATA drives (a disk that is not "nvme"): "enhanced_erase": false for a drive with only the normal SECURITY ERASE
+UNIT (it refuses the enhanced one); "frozen": true for a drive the firmware froze at boot, which a suspend to RAM
+(`rtcwake -m mem`) unfreezes, or "frozen": "always" for one frozen again on resume. The fake `rtcwake` never
+suspends anything: it records the call (rtcwake.log beside the profile) and thaws the drives that would thaw.
 
 Formats: nvidia-smi's CSV queries and --gpu-reset messages (tests/fixtures/health/nvidia-smi-gpu-reset.txt);
 dcgmi diag -j as DCGM 3.x ("DCGM GPU Diagnostic", Title Case tests, gpu_id) or 4.x ("DCGM Diagnostic",
@@ -22,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-TOOLS = ("nvidia-smi", "dcgmi", "all_reduce_perf", "nvme", "hdparm")
+# rtcwake too: a lab agent must never reach the real one (it would suspend the machine running the lab).
+TOOLS = ("nvidia-smi", "dcgmi", "all_reduce_perf", "nvme", "hdparm", "rtcwake")
 MiB = 1024 * 1024
 
 
@@ -352,17 +357,22 @@ def hdparm(args: list[str]) -> int:
         return 25
     state_file = Path(os.environ["VMETAL_LAB_PROFILE"]).with_name(f"ata-{disk['name']}.json")
     state = json.loads(state_file.read_text()) if state_file.exists() else {"password": None}
+    enhanced = disk.get("enhanced_erase", True)
     if args[0] == "-I":
-        frozen = bool(disk.get("frozen"))
+        frozen = _frozen(disk, state)
         enabled = state["password"] is not None
         print(f"\n{path}:\n\nATA device, with non-removable media\n\tModel Number:       {disk.get('model')}\n"
               f"\tSerial Number:      {disk.get('serial')}\n")
         print("Security: \n\tMaster password revision code = 65534\n\t\tsupported\n"
               f"\t{'' if enabled else 'not'}\tenabled\n\tnot\tlocked\n\t{'' if frozen else 'not'}\tfrozen\n"
-              "\tnot\texpired: security count\n\t\tsupported: enhanced erase\n"
-              "\t2min for SECURITY ERASE UNIT. 2min for ENHANCED SECURITY ERASE UNIT.")
+              f"\tnot\texpired: security count\n\t{'' if enhanced else 'not'}\tsupported: enhanced erase\n"
+              + ("\t2min for SECURITY ERASE UNIT. 2min for ENHANCED SECURITY ERASE UNIT." if enhanced else
+                 "\t4min for SECURITY ERASE UNIT."))
         print("Logical Unit WWN Device Identifier: 5002538e40000000")
         return 0
+    if _frozen(disk, state) and any(a.startswith("--security-") for a in args):
+        print("SECURITY_SET_PASS: Input/output error", file=sys.stderr)  # a frozen drive aborts security commands
+        return 5
     if "--security-set-pass" in args:
         state["password"] = args[args.index("--security-set-pass") + 1]
         state_file.write_text(json.dumps(state))
@@ -373,6 +383,9 @@ def hdparm(args: list[str]) -> int:
         if flag in args:
             if args[args.index(flag) + 1] != state["password"]:
                 print("SECURITY_ERASE: Input/output error", file=sys.stderr)
+                return 5
+            if flag == "--security-erase-enhanced" and not enhanced:
+                print("SECURITY_ERASE: Input/output error", file=sys.stderr)  # the drive aborts what it lacks
                 return 5
             if flag != "--security-disable":
                 if disk.get("fault") == "erase-fails":
@@ -387,6 +400,32 @@ def hdparm(args: list[str]) -> int:
     return 1
 
 
+def _frozen(disk: dict, state: dict) -> bool:
+    """Frozen at boot, unless a suspend to RAM thawed it since ("always": frozen again on resume)."""
+    return bool(disk.get("frozen")) and (disk.get("frozen") == "always" or not state.get("thawed"))
+
+
+def rtcwake(args: list[str]) -> int:
+    """Suspend to RAM and wake (`rtcwake -m mem -s N`), as the lab plays it: nothing is suspended; the call is
+    logged and each frozen drive that a resume thaws is thawed."""
+    prof = profile()
+    mode = args[args.index("-m") + 1] if "-m" in args else "standby"
+    base = Path(os.environ["VMETAL_LAB_PROFILE"])
+    with open(base.with_name("rtcwake.log"), "a") as log:
+        log.write(" ".join(["rtcwake", *args]) + "\n")
+    if mode != "mem":
+        print(f"rtcwake: mode {mode} is not simulated in the lab", file=sys.stderr)
+        return 1
+    for disk in prof.get("disks", []):
+        if disk.get("frozen") and disk.get("frozen") != "always":
+            state_file = base.with_name(f"ata-{disk['name']}.json")
+            state = json.loads(state_file.read_text()) if state_file.exists() else {"password": None}
+            state_file.write_text(json.dumps({**state, "thawed": True}))
+    print(f"rtcwake: assuming RTC uses UTC ...\nrtcwake: wakeup from \"{mode}\" using /dev/rtc0 at "
+          f"{time.strftime('%a %b %d %H:%M:%S %Y', time.gmtime(time.time() + 10))}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in TOOLS:
@@ -394,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tool, args = argv[0], argv[1:]
     return {"nvidia-smi": nvidia_smi, "dcgmi": dcgmi, "all_reduce_perf": all_reduce_perf, "nvme": nvme,
-            "hdparm": hdparm}[tool](args)
+            "hdparm": hdparm, "rtcwake": rtcwake}[tool](args)
 
 
 def install(directory: Path, python: str = sys.executable) -> Path:

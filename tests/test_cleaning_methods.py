@@ -140,6 +140,81 @@ def test_a_frozen_drive_falls_back_only_as_the_policy_says_and_the_fallback_is_r
     assert checked["passed"] and checked["disks"][0]["expectation"] == "zeros"
 
 
+def test_ata_secure_erase_on_a_drive_without_enhanced_erase_is_the_normal_one_and_says_so(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "enhanced_erase": False}, size=8 * MiB)
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure")
+    disk = erased["disks"][0]
+    erase_commands = [c for c in disk["commands"] if "--security-erase" in c]
+    assert erase_commands == [f"hdparm --user-master u --security-erase ******** {disk['path']}"]
+    assert (disk["method"], disk["tool"], disk["fallback_from"]) == ("secure", "hdparm", None)
+    assert disk["method_type"] == "Clear"  # never claimed as the enhanced erase's Purge
+    assert "normal mode" in disk["method_details"] and "enhanced" not in disk["method_details"]
+    assert "enhanced" not in json.dumps({k: v for k, v in disk.items() if k != "tool_output"})
+    assert checked["passed"] and checked["disks"][0]["expectation"] == "changed"
+
+
+def rtcwake_calls(tmp_path) -> list[str]:
+    log = tmp_path / "rtcwake.log"  # the lab's fake rtcwake logs beside the profile; it never suspends
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_frozen_drive_is_unfrozen_by_a_suspend_to_ram_and_then_erased_as_asked(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "frozen": True}, size=8 * MiB)
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure")  # no fallback: the secure erase itself
+    disk = erased["disks"][0]
+    assert rtcwake_calls(tmp_path) == ["rtcwake -m mem -s 10"]
+    assert (disk["method"], disk["method_type"], disk["fallback_from"], disk["attempts"]) == (
+        "secure", "Purge", None, [])
+    commands = [c.split(" /")[0].replace(" ********", "") for c in disk["commands"]]
+    assert commands == ["hdparm -I", "rtcwake -m mem -s 10", "hdparm -I",
+                        "hdparm --user-master u --security-set-pass", "hdparm --user-master u --security-erase-enhanced",
+                        "hdparm -I"]
+    identified = [t["output"] for t in disk["tool_output"] if t["command"].startswith("hdparm -I")]
+    assert "\tnot\tfrozen" not in identified[0] and "\tnot\tfrozen" in identified[1]  # frozen, then thawed
+    assert checked["passed"]
+
+
+def test_a_drive_the_suspend_does_not_unfreeze_falls_back_as_the_policy_says_with_the_suspend_recorded(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "frozen": "always"}, size=8 * MiB)
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    refused = execute("erase", {"erase_id": "e0", "key": KEY, "method": "secure"}, ctx)
+    assert not refused.ok
+    assert "sda is frozen" in refused.error and "still frozen after a suspend to RAM and resume" in refused.error
+    assert "allows no fallback from secure" in refused.error
+    assert refused.result["disks"][0]["ok"] is False
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure", fallback="full")
+    disk = erased["disks"][0]
+    assert (disk["requested"], disk["method"], disk["method_type"], disk["fallback_from"]) == (
+        "secure", "full", "Clear", "secure")
+    assert "still frozen after a suspend to RAM and resume" in disk["fallback_reason"]
+    assert "rtcwake -m mem -s 10" in [c["command"] for c in disk["attempts"][0]["commands"]]
+    assert rtcwake_calls(tmp_path) == ["rtcwake -m mem -s 10"] * 2
+    assert checked["passed"] and checked["disks"][0]["expectation"] == "zeros"
+
+
+def test_without_leave_to_suspend_a_frozen_drive_is_never_suspended_and_the_reason_says_so(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "frozen": True}, size=8 * MiB)
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    refused = execute("erase", {"erase_id": "e0", "key": KEY, "method": "secure", "allow_suspend": False}, ctx)
+    assert not refused.ok and "the policy does not allow a suspend to unfreeze it" in refused.error
+    erased, checked = erase_and_verify(hw, tmp_path, method="secure", fallback="full", allow_suspend=False)
+    disk = erased["disks"][0]
+    assert (disk["method"], disk["fallback_from"]) == ("full", "secure")
+    assert "the policy does not allow a suspend" in disk["fallback_reason"]
+    assert rtcwake_calls(tmp_path) == []
+    assert checked["passed"]
+
+
+def test_a_suspend_that_fails_is_reported_as_such_not_as_a_drive_that_stayed_frozen(tmp_path):
+    hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "frozen": True}, size=8 * MiB)
+    tools = Path(hw.profile["lab"]["tools"])
+    (tools / "rtcwake").write_text("#!/bin/sh\necho 'rtcwake: /dev/rtc0: Permission denied' >&2\nexit 1\n")
+    outcome = execute("erase", {"erase_id": "e0", "key": KEY, "method": "secure"}, Context(hardware=hw))
+    assert not outcome.ok
+    assert "the suspend to unfreeze it failed (rtcwake -m mem -s 10 exit 1: rtcwake: /dev/rtc0: Permission denied)" \
+        in outcome.error
+
+
 @pytest.mark.parametrize("method", ["metadata", "full", "secure"])
 def test_an_erase_that_skips_a_region_is_caught_by_the_read_back(tmp_path, method):
     hw = make_disks(tmp_path, {"fault": "erase-skips-region"})

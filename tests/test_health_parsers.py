@@ -257,6 +257,30 @@ def test_health_parse_prints_the_verdict_as_json(tmp_path, capsys):
         assert status == 1 and out["verdict"] == "fail" and "not a result document" in out["reasons"][-1]
 
 
+def test_health_parse_reads_dcgm_3_3_gpu_id_results_per_gpu_and_names_the_failing_gpu(tmp_path, capsys):
+    document = tmp_path / "dcgm-3.3.json"
+    document.write_text(fixture("dcgmi-3.3-r2-gpu2-memory-fail.txt"))
+    for args in (["--exit-code", "205"], []):  # the Fail in the JSON fails the run without the exit code too
+        status, out = run_command(capsys, "dcgmi", str(document), *args)
+        assert status == 1 and out["verdict"] == "fail" and out["format"] == "3.x" and out["version"] == "3.3.9"
+        assert sorted(out["gpus"]) == ["0", "1", "2", "3", "all"]  # one entry per gpu_id, none lumped into "all"
+        for healthy in ("0", "1", "3"):
+            assert out["gpus"][healthy] == {"status": "pass", "tests": {"PCIe": "pass", "GPU Memory": "pass"},
+                                            "reasons": []}
+        assert out["gpus"]["2"] == {"status": "fail", "tests": {"PCIe": "pass", "GPU Memory": "fail"},
+                                    "reasons": ["Found 12 faulty memory elements on GPU 2"]}
+        assert out["gpus"]["all"]["tests"]["Persistence Mode"] == "pass" and out["gpus"]["all"]["status"] == "pass"
+        assert out["reasons"][-1] == "GPU Memory (GPU 2): Found 12 faulty memory elements on GPU 2"
+    assert out["reasons"] == ["GPU Memory (GPU 2): Found 12 faulty memory elements on GPU 2"]
+    healed = tmp_path / "dcgm-3.3-healed.json"
+    doc = json.loads(document.read_text())
+    doc["DCGM GPU Diagnostic"]["test_categories"][2]["tests"][0]["results"][2] = {"gpu_id": "2", "status": "Pass"}
+    healed.write_text(json.dumps(doc))
+    status, out = run_command(capsys, "dcgmi", str(healed), "--exit-code", "0")
+    assert status == 0 and out["verdict"] == "pass" and out["gpus"]["2"]["tests"] == {"PCIe": "pass",
+                                                                                      "GPU Memory": "pass"}
+
+
 @pytest.mark.parametrize("version, fmt, name", [("3.3.9", "3.x", "GPU Memory"), ("4.2.3", "4.x", "memory")])
 def test_the_lab_s_fake_dcgmi_speaks_both_formats_the_way_the_real_ones_read(version, fmt, name):
     from lab import fake_tools

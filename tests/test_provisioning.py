@@ -81,9 +81,14 @@ def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
     assert "gpu-01" not in nodes(site, "one")  # drained and deleted
     host = BareMetalHost.objects.get(name="gpu-01")
     assert host.state == "available"
-    steps = list(Event.objects.filter(host=host, kind="step", message="done", data__flow="deprovision")
-                 .values_list("step", flat=True))
-    assert {"drain_node", "delete_node", "erase", "verify_erase", "gpu_reset", "health_dcgm"} <= set(steps)
+    # The release gate, in this order and one step after another (each starts after the one before is done),
+    # then the host's return to the pool: drain, delete the node, erase, verify, GPU reset, health suites.
+    gate = ["drain_node", "delete_node", "erase", "verify_erase", "gpu_reset", "health_dcgm", "health_nccl"]
+    log = list(Event.objects.filter(host=host, kind="step", data__flow="deprovision", step__in=gate,
+                                    message__in=["started", "done"]).order_by("id").values_list("id", "step", "message"))
+    assert [(step, message) for _, step, message in log] == [(s, m) for s in gate for m in ("started", "done")], log
+    available = Event.objects.filter(host=host, kind="transition", to_state="available").order_by("-id").first()
+    assert available.from_state == "deprovisioning" and available.id > log[-1][0]
     assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # the default policy overwrote the disk with zeros
 
     apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="two")
