@@ -1,6 +1,5 @@
 """What the console shows of hosts: fleet board rows and counts, the host page's parts. The pages and
 their live consumers render through these, so a websocket frame is the same HTML as the page."""
-from django.apps import apps
 from django.db.models import Count
 from django.template.loader import render_to_string
 
@@ -71,14 +70,6 @@ def render_counts(counts: list[dict], query: str) -> str:
 
 
 # --- the host page ----------------------------------------------------------------------------------
-
-def optional_model(name: str):
-    """Erase certificates and health-check runs arrive with cleaning; the page shows them once they exist."""
-    try:
-        return apps.get_model("hosts", name)
-    except LookupError:
-        return None
-
 
 def host_for_page(user, name: str) -> BareMetalHost | None:
     return (scoping.hosts(user).select_related("claim__tenant", "claim__node_type").defer(*SECRETS)
