@@ -44,7 +44,13 @@ def object_update(obj, values: dict, *, actor: str, object_type: str, tenant=Non
     obj.full_clean()
     if not (created or changes):
         return False, {}
-    obj.save()
+    if created:
+        obj.save()
+    else:
+        # Only what changed: a full save would write back every other column as it was read, undoing what
+        # a worker wrote meanwhile (a host's state, its flow, its drive lease).
+        stamps = [f.name for f in obj._meta.concrete_fields if getattr(f, "auto_now", False)]
+        obj.save(update_fields=[*changes, *stamps])
     links = {"tenant": tenant, "host": host}
     if self_link:
         links[self_link] = obj

@@ -114,3 +114,19 @@ def test_the_retry_cap_stops_an_endless_provision_loop(apply, demo_site, seed_bl
     assert NodeClaim.objects.filter(pool_name="gpu").count() == 1
     assert BareMetalHost.objects.filter(state="error").count() == 3
     assert BareMetalHost.objects.filter(labels__role="gpu", state="available").count() == 1
+
+
+def test_a_config_change_from_a_stale_read_keeps_what_a_worker_wrote_meanwhile(demo_site, apply):
+    # apply (or the admin, or the API) reads the host, a worker moves it on and takes its drive lease, then
+    # the change is saved: only the changed columns are written, never the state, flow or lease it read.
+    stale = BareMetalHost.objects.get(name="gpu-01")
+    lease = timezone.now() + timedelta(seconds=120)
+    BareMetalHost.objects.filter(pk=stale.pk).update(state=HostState.REGISTERING, drive_lease_until=None,
+                                                     flow={"name": "register", "id": "f-1", "done": {}})
+    from events.services import object_update
+
+    stale.drive_lease_until = lease  # as read while an earlier drive held it
+    object_update(stale, {"bmc_password": "changed-secret"}, actor="user:test", object_type="host", self_link="host")
+    host = BareMetalHost.objects.get(pk=stale.pk)
+    assert host.bmc_password == "changed-secret"
+    assert (host.state, host.drive_lease_until, host.flow["id"]) == (HostState.REGISTERING, None, "f-1")
