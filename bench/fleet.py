@@ -1,13 +1,20 @@
 """Provisioning at fleet scale in the lab: N servers provisioned at once.
 
-  .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 50,100,200]
+  .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
+                                  [--web-pool 10] [--profile DIR]
 
 For each N (and N = 1 as the reference) a fresh database and a fresh lab: N gpu-servers registered and
 inspected, then one tenant's pool set to N, and the time from that commit until every claim is
 Available (the makespan). Prints makespan(N) / makespan(1), per-step p50/p95, and the CPU seconds that
 the console's own processes (web server, Celery workers) spent per provisioned host; the lab (BMC
-emulator, agents, tenant API) is excluded. Power changes land after a fixed --power-delay, the same
-for every server, so that the ratio shows what the console adds and not the spread of random delays.
+emulator, agents, tenant API) is excluded, and shown beside it with PostgreSQL's and the machine's.
+Power changes land after a fixed --power-delay, the same for every server, so that the ratio shows
+what the console adds and not the spread of random delays.
+
+The console runs as in production: daphne serving vmetal_console.asgi with DEBUG off, Celery workers,
+each process with a bounded PostgreSQL pool (DATABASE_POOL_MAX: --web-pool for daphne, threads + 1 for
+a worker), so N agents heartbeating never open more than --max-connections connections.
+--profile DIR samples the console's processes with py-spy (`pip install py-spy`) at the largest N.
 """
 import argparse
 import os

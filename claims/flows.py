@@ -93,19 +93,23 @@ def claim_assign_address(claim: NodeClaim):
     if claim.ip_address and claim.environment_id == env.pk:
         return ipaddress.ip_address(claim.ip_address), network
     for _ in range(5):
-        used = set(NodeClaim.objects.filter(environment=env, ip_address__isnull=False)
-                   .values_list("ip_address", flat=True))
-        free = next((ip for first, last in network.ranges
-                     for ip in _addresses(first, last) if str(ip) not in used), None)
-        if free is None:
-            # Not the host's fault: it goes back to the pool (cleaned), the claim waits for an address.
-            raise StepFailed(f"NodeEnvironment {env} has no free address left", clean=True)
         try:
             with transaction.atomic():
+                # One claim at a time takes the lowest free address of an environment: without the lock,
+                # 16 worker threads all took the same "lowest" one, and a claim could lose the race five
+                # times running (seen at N = 50: the host went to error). No network I/O inside.
+                NodeEnvironment.objects.select_for_update().filter(pk=env.pk).exists()
+                used = set(NodeClaim.objects.filter(environment=env, ip_address__isnull=False)
+                           .values_list("ip_address", flat=True))
+                free = next((ip for first, last in network.ranges
+                             for ip in _addresses(first, last) if str(ip) not in used), None)
+                if free is None:
+                    # Not the host's fault: it goes back to the pool (cleaned), the claim waits for an address.
+                    raise StepFailed(f"NodeEnvironment {env} has no free address left", clean=True)
                 NodeClaim.objects.filter(pk=claim.pk).update(environment=env, ip_address=str(free))
             return free, network
         except IntegrityError:
-            continue  # another claim took it meanwhile
+            continue  # an address taken outside this lock (another path, a manual edit)
     raise StepFailed(f"could not reserve an address in {env}")
 
 
