@@ -1,16 +1,24 @@
 """Provisioning at fleet scale in the lab: N servers provisioned at once.
 
-  .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 50,100,200]
+  .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
+                                  [--web-pool 10] [--profile DIR]
 
 For each N (and N = 1 as the reference) a fresh database and a fresh lab: N gpu-servers registered and
 inspected, then one tenant's pool set to N, and the time from that commit until every claim is
 Available (the makespan). Prints makespan(N) / makespan(1), per-step p50/p95, and the CPU seconds that
 the console's own processes (web server, Celery workers) spent per provisioned host; the lab (BMC
-emulator, agents, tenant API) is excluded. Power changes land after a fixed --power-delay, the same
-for every server, so that the ratio shows what the console adds and not the spread of random delays.
+emulator, agents, tenant API) is excluded, and shown beside it with PostgreSQL's and the machine's.
+Power changes land after a fixed --power-delay, the same for every server, so that the ratio shows
+what the console adds and not the spread of random delays.
+
+The console runs as in production: daphne serving vmetal_console.asgi with DEBUG off, Celery workers,
+each process with a bounded PostgreSQL pool (DATABASE_POOL_MAX: --web-pool for daphne, threads + 1 for
+a worker), so N agents heartbeating never open more than --max-connections connections.
+--profile DIR samples the console's processes with py-spy (`pip install py-spy`) at the largest N.
 """
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +33,7 @@ os.environ["DATABASE_URL"] = os.environ.get("FLEET_DATABASE_URL", "postgres://ro
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
 os.environ.setdefault("DRIVE_STALE_EVERY_S", "5")
 os.environ.setdefault("AGENT_SILENCE_S", "30")
+os.environ.setdefault("SECRET_KEY", "fleet-bench-" + os.urandom(8).hex())  # the console runs with DEBUG off
 CLK = os.sysconf("SC_CLK_TCK")
 NETWORK = """\
 apiVersion: management.loft.sh/v1
@@ -58,24 +67,32 @@ def free_port() -> int:
 
 
 class Console:
-    """The console's own processes: a web server (agent endpoints) and Celery workers with beat."""
+    """The console's own processes, served as in production: daphne (the ASGI server of
+    vmetal_console.asgi) for the agent endpoints, Celery workers with beat, each process with its
+    own bounded PostgreSQL connection pool (DATABASE_POOL_MAX)."""
 
-    def __init__(self, workers: int, threads: int):
+    def __init__(self, workers: int, threads: int, web_pool: int):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logs = Path(tempfile.mkdtemp(prefix="vmetal-fleet-"))
-        env = {**os.environ, "LOG_LEVEL": "WARNING", "CELERY_BEAT_SCHEDULE_FILENAME": str(self.logs / "beat")}
+        env = {**os.environ, "LOG_LEVEL": "WARNING", "CELERY_BEAT_SCHEDULE_FILENAME": str(self.logs / "beat"),
+               "DEBUG": "False"}  # as in production: no query log kept per connection
+        # Connections: web_pool for the web server, threads + 1 per worker; the bench's own one on top.
+        self.connections = web_pool + workers * (threads + 1) + 1
         self.procs = [subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload", "--skip-checks"],
-            cwd=ROOT, env=env, stdout=open(self.logs / "web.log", "w"), stderr=subprocess.STDOUT,
-            start_new_session=True)]
+            [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(self.port),
+             "vmetal_console.asgi:application"],
+            cwd=ROOT, env={**env, "DATABASE_POOL_MAX": str(web_pool)}, stdout=open(self.logs / "web.log", "w"),
+            stderr=subprocess.STDOUT, start_new_session=True)]
         for i in range(workers):
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
                  os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", str(threads), "-n", f"w{i}@%h",
-                 "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning",
+                 "--without-heartbeat", "--without-gossip", "--without-mingle",
+                 "-l", os.environ.get("FLEET_WORKER_LOG", "warning"),
                  *(["-B"] if i == 0 else [])],
-                cwd=ROOT, env=env, stdout=open(self.logs / f"worker{i}.log", "w"), stderr=subprocess.STDOUT,
+                cwd=ROOT, env={**env, "DATABASE_POOL_MAX": str(threads + 1)},
+                stdout=open(self.logs / f"worker{i}.log", "w"), stderr=subprocess.STDOUT,
                 start_new_session=True))
         deadline = time.monotonic() + 30
         while True:
@@ -83,10 +100,30 @@ class Console:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.procs[0].poll() is not None:
                     raise RuntimeError((self.logs / "web.log").read_text())
                 time.sleep(0.2)
         time.sleep(2)  # workers connect
+        self.profilers = []
+
+    def profile(self, directory: Path, n: int) -> None:
+        """Sample the console's processes with py-spy (pip install py-spy) until stop()."""
+        spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
+        if not spy:
+            raise SystemExit("--profile needs py-spy on PATH (or PY_SPY=/path/to/py-spy)")
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, p in zip(["web"] + [f"worker{i}" for i in range(len(self.procs) - 1)], self.procs):
+            self.profilers.append(subprocess.Popen(
+                [spy, "record", "--nonblocking", "--gil", "--subprocesses", "-r", "20", "-f", "raw",
+                 "-o", str(directory / f"n{n}-{name}.txt"), "--pid", str(p.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def stop_profiling(self) -> None:
+        for p in self.profilers:
+            p.send_signal(signal.SIGINT)
+        for p in self.profilers:
+            p.wait(30)
+        self.profilers = []
 
     def cpu(self) -> float:
         return cpu_seconds([p.pid for p in self.procs])
@@ -116,7 +153,9 @@ def run_once(n: int, args) -> dict:
     from manifests.apply import apply_files
     from pools.models import NodePool
 
-    console = Console(args.workers, args.threads)
+    console = Console(args.workers, args.threads, args.web_pool)
+    if console.connections > args.max_connections:
+        raise SystemExit(f"{console.connections} PostgreSQL connections needed, more than --max-connections")
     site = LabSite(hosts=n, gpu_hosts=n, tenants=["bench"], console_url=console.url, agent_mode="thread",
                    power_delay=(args.power_delay, args.power_delay),
                    var_dir=Path(tempfile.mkdtemp(prefix="vmetal-fleet-lab-"))).start()
@@ -130,12 +169,16 @@ def run_once(n: int, args) -> dict:
                 raise RuntimeError(f"registration: {dict(BareMetalHost.objects.values_list('state').annotate(Count('pk')))}")
             time.sleep(0.5)
         registered = time.monotonic() - t0
-        cpu_before = console.cpu()
+        lab_pids = [os.getpid(), site.redfish._proc.pid]  # agents and tenant API are threads of this process
+        cpu_before, lab_before, db_before, busy_before = console.cpu(), cpu_seconds(lab_pids), backends(), busy()
 
         pool = (f"privateNodes:\n  autoNodes:\n    - provider: metal3\n      properties:\n"
                 f"        vcluster.com/os-image: {IMAGE_NAME}\n      static:\n        - name: gpu\n"
                 f"          quantity: {n}\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
                 f"              value: gpu-server\n")
+        if args.profile and n == max(args.sizes):
+            console.profile(Path(args.profile), n)
+        xact_before = transactions()
         start = time.monotonic()
         apply_files([("pool", pool)], actor="bench", tenant="bench")
         while NodeClaim.objects.filter(phase="Available").count() < n:
@@ -145,15 +188,54 @@ def run_once(n: int, args) -> dict:
             time.sleep(0.2)
         makespan = time.monotonic() - start
         cpu = console.cpu() - cpu_before
+        lab_cpu = cpu_seconds(lab_pids) - lab_before
+        db_after, busy_after = backends(), busy()
+        db_cpu = sum(t - db_before.get(pid, 0.0) for pid, t in db_after.items())
+        machine = [a - b for a, b in zip(busy_after, busy_before)]
+        console.stop_profiling()
         steps = {}
         for step, duration in Event.objects.filter(kind="step", message="done", data__flow="provision") \
                 .values_list("step", "duration_s"):
             steps.setdefault(step, []).append(duration)
         assert NodePool.objects.get().quantity == n
-        return {"n": n, "registered_s": registered, "makespan_s": makespan, "cpu_per_host": cpu / n, "steps": steps}
+        result = {"n": n, "registered_s": registered, "makespan_s": makespan, "cpu_per_host": cpu / n,
+                  "steps": steps, "cpu_s": {"console": cpu, "lab": lab_cpu, "postgres": db_cpu},
+                  "machine_busy": machine[0] / machine[1] if machine[1] else 0.0}
     finally:
         site.stop()
         console.stop()
+        shutil.rmtree(site.var_dir, ignore_errors=True)  # N servers' disk files
+    # PostgreSQL counts a backend's transactions when it exits or idles: read them once the console is gone.
+    time.sleep(1)
+    result["xact_per_host"] = (transactions() - xact_before) / n
+    return result
+
+
+def backends() -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend serving the bench database (the console's pools)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        pids = [row[0] for row in cursor.fetchall()]
+    return {pid: cpu_seconds([pid]) for pid in pids}
+
+
+def busy() -> tuple[float, float]:
+    """The whole machine's busy and total CPU time so far (every process, other people's included)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / CLK, sum(fields) / CLK
+
+
+def transactions() -> int:
+    """Committed transactions in the bench database so far (each autocommit query is one)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
 
 
 def main():
@@ -163,24 +245,42 @@ def main():
     parser.add_argument("--power-delay", type=float, default=5.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--web-pool", type=int, default=10, help="the web server's PostgreSQL connections")
+    parser.add_argument("--max-connections", type=int, default=40, help="refuse to start a console needing more")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--profile", default="", help="a folder: py-spy samples of the console at the largest N")
     args = parser.parse_args()
     sizes = [1, args.hosts] + [int(x) for x in args.sweep.split(",") if x]
+    args.sizes = sizes
     results = {}
     for n in sizes:
-        results[n] = r = run_once(n, args)
+        try:
+            results[n] = r = run_once(n, args)
+        except RuntimeError as exc:  # one N that does not finish still leaves the others' figures
+            print(f"N={n:>4}: did not finish: {exc}", flush=True)
+            continue
         print(f"N={n:>4}: registered+inspected in {r['registered_s']:.1f}s; provisioned in {r['makespan_s']:.1f}s; "
-              f"console CPU {r['cpu_per_host']:.3f} CPU-s per host", flush=True)
+              f"console CPU {r['cpu_per_host']:.3f} CPU-s and {r['xact_per_host']:.0f} DB transactions per host",
+              flush=True)
+        c = r["cpu_s"]
+        print(f"        CPU-s during the makespan: console {c['console']:.1f}, lab (BMCs, agents, tenant API) "
+              f"{c['lab']:.1f}, PostgreSQL backends {c['postgres']:.1f}; whole machine "
+              f"{100 * r['machine_busy']:.0f}% busy", flush=True)
     base = results[1]["makespan_s"]
-    print(f"\npower changes land after {args.power_delay:g}s; console: web + {args.workers} worker(s) × {args.threads} threads")
+    print(f"\npower changes land after {args.power_delay:g}s; console: daphne (pool {args.web_pool}) + "
+          f"{args.workers} worker(s) × {args.threads} threads (pool {args.threads + 1} each)")
     for n in sorted(results):
-        print(f"makespan({n}) / makespan(1) = {results[n]['makespan_s'] / base:.2f}")
-    print(f"\nper-step durations (seconds): p50 / p95 at N=1 and at N={args.hosts}")
-    for step, values in results[args.hosts]["steps"].items():
-        one = results[1]["steps"].get(step, [0])
-        print(f"  {step:<16} {percentile(one, 50):6.2f} / {percentile(one, 95):6.2f}    "
-              f"{percentile(values, 50):6.2f} / {percentile(values, 95):6.2f}")
-
+        print(f"makespan({n}) / makespan(1) = {results[n]['makespan_s'] / base:.2f}   "
+              f"({results[n]['makespan_s']:.1f}s, {results[n]['cpu_per_host']:.3f} CPU-s per host)")
+    ns = sorted(results)
+    print("\nper-step durations (seconds), p50 / p95")
+    print("  " + " " * 16 + "".join(f"{'N=' + str(n):>16}" for n in ns))
+    for step in results[ns[-1]]["steps"]:
+        cells = []
+        for n in ns:
+            values = results[n]["steps"].get(step) or [0]
+            cells.append(f"{percentile(values, 50):6.2f} / {percentile(values, 95):6.2f}")
+        print(f"  {step:<16}" + "".join(f"{c:>16}" for c in cells))
 
 if __name__ == "__main__":
     main()

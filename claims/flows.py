@@ -93,19 +93,23 @@ def claim_assign_address(claim: NodeClaim):
     if claim.ip_address and claim.environment_id == env.pk:
         return ipaddress.ip_address(claim.ip_address), network
     for _ in range(5):
-        used = set(NodeClaim.objects.filter(environment=env, ip_address__isnull=False)
-                   .values_list("ip_address", flat=True))
-        free = next((ip for first, last in network.ranges
-                     for ip in _addresses(first, last) if str(ip) not in used), None)
-        if free is None:
-            # Not the host's fault: it goes back to the pool (cleaned), the claim waits for an address.
-            raise StepFailed(f"NodeEnvironment {env} has no free address left", clean=True)
         try:
             with transaction.atomic():
+                # One claim at a time takes the lowest free address of an environment: without the lock,
+                # 16 worker threads all took the same "lowest" one, and a claim could lose the race five
+                # times running (seen at N = 50: the host went to error). No network I/O inside.
+                NodeEnvironment.objects.select_for_update().filter(pk=env.pk).exists()
+                used = set(NodeClaim.objects.filter(environment=env, ip_address__isnull=False)
+                           .values_list("ip_address", flat=True))
+                free = next((ip for first, last in network.ranges
+                             for ip in _addresses(first, last) if str(ip) not in used), None)
+                if free is None:
+                    # Not the host's fault: it goes back to the pool (cleaned), the claim waits for an address.
+                    raise StepFailed(f"NodeEnvironment {env} has no free address left", clean=True)
                 NodeClaim.objects.filter(pk=claim.pk).update(environment=env, ip_address=str(free))
             return free, network
         except IntegrityError:
-            continue  # another claim took it meanwhile
+            continue  # an address taken outside this lock (another path, a manual edit)
     raise StepFailed(f"could not reserve an address in {env}")
 
 
@@ -121,9 +125,10 @@ def step_node_ready(run: Run) -> dict:
     api = _tenant_api(claim)
     node_name = claim.node_name or run.host.name
     try:
-        node = api.wait_node_ready(node_name, deadline_s=settings.NODE_READY_POLL_S)
+        # One look, not a watch: a watch held a worker thread per joining node (16 threads, 200 nodes).
+        node = api.wait_node_ready(node_name, deadline_s=0)
     except TenantAPIError as exc:
-        raise Waiting(str(exc), recheck_s=0.2) from None
+        raise Waiting(str(exc), recheck_s=settings.NODE_READY_POLL_S) from None
     return {"node": node_name, "kubelet": node.get("status", {}).get("nodeInfo", {}).get("kubeletVersion", "")}
 
 

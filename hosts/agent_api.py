@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 # States in which a host runs the agent (booted into the ramdisk by one of its flows).
 AGENT_STATES = (HostState.INSPECTING, HostState.PROVISIONING, HostState.DEPROVISIONING, HostState.RETESTING)
 HEARTBEAT_S = 1
+# A heartbeat records the session's last_seen_at at most this often (and at least 4 times per AGENT_SILENCE_S,
+# which is tens of seconds in production): one write fewer per heartbeat is a third of the endpoint's queries.
+LAST_SEEN_EVERY_S = 5
 
 
 def hash_token(token: str) -> str:
@@ -51,7 +54,8 @@ def _session(request, body: dict) -> AgentSession:
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer ") or len(header) > 200:
         raise Refused(403, "missing or malformed token")
-    session = AgentSession.objects.select_related("host").filter(token_hash=hash_token(header[7:])).first()
+    # The hash is unique: no .first(), whose ORDER BY costs more to compile than the query costs to run.
+    session = next(iter(AgentSession.objects.select_related("host").filter(token_hash=hash_token(header[7:]))), None)
     if session is None or not session.active:
         raise Refused(403, "token is not valid for this boot")
     if body.get("host_id") != session.host_id:
@@ -149,7 +153,8 @@ def lookup(request, body):
 def heartbeat(request, body):
     session = _session(request, body)
     now = timezone.now()
-    AgentSession.objects.filter(pk=session.pk).update(last_seen_at=now)
+    if (now - session.last_seen_at).total_seconds() >= min(LAST_SEEN_EVERY_S, settings.AGENT_SILENCE_S / 4):
+        AgentSession.objects.filter(pk=session.pk).update(last_seen_at=now)
     command_id = _command_pk(body.get("command_id"))
     if command_id is not None and isinstance(body.get("progress"), (int, float)):
         HostCommand.objects.filter(pk=command_id, host_id=session.host_id, status=CommandStatus.SENT).update(

@@ -2,11 +2,16 @@
 
 It takes plain arguments and imports no Django models, so Celery tasks call it outside any
 transaction. Every HTTP call has a timeout; transient failures (connection errors, timeouts, 5xx)
-are retried with exponential back-off; a 401 never is. A BMC object is cheap and not thread-safe:
-make one per task.
+are retried with exponential back-off; a 401 never is. A BMC object is not thread-safe: one task
+uses it at a time.
 
     bmc = BMC("redfish+http://127.0.0.1:8001/redfish/v1/Systems/gpu-01", "admin", "secret")
     bmc.set_boot_once("pxe"); bmc.power_on(); bmc.wait_power("on", deadline_s=60)
+
+`BMC.kept(...)` is the same, kept in the process between uses (a worker drives a host every few
+seconds while its power changes): the service root and the system's path are read once, not on
+every drive; `close()` gives it back, with its HTTP connections closed (an idle console must not hold
+a BMC's few connection slots). Any failure discards it, so the next use reads everything anew.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from urllib.parse import urlsplit
 
 import requests
@@ -41,6 +47,10 @@ BOOT_TARGETS = {"pxe": sushy.BootSource.PXE, "disk": sushy.BootSource.HDD, "cd":
 POWER_STATES = {sushy.PowerState.ON: "on", sushy.PowerState.OFF: "off"}
 CD_MEDIA = {sushy.VirtualMediaType.CD, sushy.VirtualMediaType.DVD}
 TRANSIENT_STATUS = {500, 502, 503, 504}
+KEEP_IDLE_S = 120  # a kept BMC unused this long is read anew (replaced board, new firmware)
+KEEP_MAX = 2000  # kept BMCs per process; the least recently used go first
+_kept: "OrderedDict[tuple, BMC]" = OrderedDict()
+_kept_lock = threading.Lock()
 
 
 class BMCError(Exception):
@@ -176,6 +186,25 @@ class BMC:
         self._root = None
         self._connector = None
         self._resolved: str | None = None  # the system's path once found
+        self._system = None  # the System as last read during this use, for actions
+        self._keep_key: tuple | None = None
+        self._broken = False
+        self._idle_since = 0.0
+
+    @classmethod
+    def kept(cls, address: str, username: str, password: str, **options) -> "BMC":
+        """A BMC kept in this process between uses (see the module's doc); `close()` gives it back.
+        Taken out of the keep while in use, so two threads never share one."""
+        key = (address, username, password, tuple(sorted(options.items())))
+        with _kept_lock:
+            bmc = _kept.pop(key, None)
+        if bmc is not None and time.monotonic() - bmc._idle_since < KEEP_IDLE_S:
+            return bmc
+        if bmc is not None:
+            bmc._discard()
+        bmc = cls(address, username, password, **options)
+        bmc._keep_key = key
+        return bmc
 
     @property
     def virtual_media_boot(self) -> bool:
@@ -183,9 +212,24 @@ class BMC:
         return SCHEMES[self.scheme][1]
 
     def close(self) -> None:
+        self._system = None
+        if self._keep_key is None or self._broken or self._root is None:
+            self._discard()
+            return
+        self._connector.close()  # the HTTP connections only: requests opens new ones on the next use
+        self._idle_since = time.monotonic()
+        with _kept_lock:
+            _kept[self._keep_key] = self
+            _kept.move_to_end(self._keep_key)
+            evicted = [_kept.popitem(last=False)[1] for _ in range(len(_kept) - KEEP_MAX)]
+        for bmc in evicted:
+            bmc._discard()
+
+    def _discard(self) -> None:
         if self._connector is not None:
             self._connector.close()
-        self._root = self._connector = None
+        self._root = self._connector = self._resolved = self._system = None
+        self._keep_key = None
 
     def __enter__(self) -> "BMC":
         return self
@@ -197,7 +241,12 @@ class BMC:
 
     def system(self):
         """The sushy System, freshly read (one GET once it has been found)."""
-        return self._call(self._find_system)
+        self._system = self._call(self._find_system)
+        return self._system
+
+    def _recent_system(self):
+        """The System as read earlier in this use (actions need its links, not a fresh power state)."""
+        return self._system if self._system is not None else self.system()
 
     def check(self, boot_mac: str | None = None) -> dict:
         """Registration's test: the credentials work, the system exists and has the boot MAC."""
@@ -287,7 +336,7 @@ class BMC:
         self._reset(sushy.ResetType.FORCE_RESTART)
 
     def _reset(self, kind) -> None:
-        system = self.system()
+        system = self._recent_system()
         self._call(lambda: system.reset_system(kind))
 
     def wait_power(self, state: str, deadline_s: float, poll_s: float = 0.5) -> None:
@@ -309,7 +358,7 @@ class BMC:
             source = BOOT_TARGETS[target]
         except KeyError:
             raise ValueError(f"boot target must be one of {', '.join(BOOT_TARGETS)}, not {target!r}") from None
-        system = self.system()
+        system = self._recent_system()
         self._call(lambda: system.set_system_boot_options(
             target=source, enabled=sushy.BootSourceOverrideEnabled.ONCE))
 
@@ -346,10 +395,12 @@ class BMC:
     def _call(self, fn):
         try:
             return fn()
-        except BMCError:
-            raise
         except (sushy_exc.SushyError, requests.RequestException) as exc:
+            self._broken = True  # not kept: the next use starts from the service root
             raise self._error(exc) from exc
+        except BaseException:
+            self._broken = True
+            raise
 
     def _error(self, exc: Exception) -> BMCError:
         if isinstance(exc, sushy_exc.AccessError):

@@ -9,6 +9,7 @@ drive starts that step again, and every step is idempotent. Network I/O (BMC, te
 outside any database transaction."""
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +17,7 @@ from typing import Callable
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -75,9 +77,10 @@ class Run:
         return parse_datetime(self.flow["step_started_at"])
 
     def bmc(self) -> BMC:
-        return BMC(self.host.bmc_address, self.host.bmc_username, self.host.bmc_password,
-                   verify_tls=not self.host.bmc_disable_certificate_verification,
-                   timeout=settings.BMC_TIMEOUT_S, boot_mac=self.host.boot_mac)
+        # Kept in the worker between drives: a power step polls the same BMC every few seconds.
+        return BMC.kept(self.host.bmc_address, self.host.bmc_username, self.host.bmc_password,
+                        verify_tls=not self.host.bmc_disable_certificate_verification,
+                        timeout=settings.BMC_TIMEOUT_S, boot_mac=self.host.boot_mac)
 
     def save_flow(self) -> None:
         BareMetalHost.objects.filter(pk=self.host.pk).update(flow=self.flow)
@@ -86,10 +89,13 @@ class Run:
 # --- driving --------------------------------------------------------------------------------------
 
 def request_drive(host_id: int, countdown: float | None = None) -> None:
-    """Ask a worker to drive the host, once the current transaction (if any) commits."""
+    """Ask a worker to drive the host, once the current transaction (if any) commits. A later drive
+    (`countdown`, a step's recheck) is not sent when one is already due no later than it would be."""
     from . import tasks
 
     def send():
+        if countdown and not _recheck_needed(host_id, countdown):
+            return
         try:
             tasks.drive_host.apply_async(kwargs={"host_id": host_id}, countdown=countdown)
         except Exception:
@@ -98,7 +104,40 @@ def request_drive(host_id: int, countdown: float | None = None) -> None:
     transaction.on_commit(send)
 
 
+# Rechecks of a host already scheduled: its key holds the time the earliest one is due. Without it every
+# event that drives a waiting host (an agent's result, a state change, a lease found taken) would start
+# another chain of rechecks beside the one already polling, and a host's polls would multiply as it goes
+# (measured: 176 drives per provisioned host at N = 20, 68 at N = 1). The cache only saves work: a
+# recheck it wrongly thinks due is made up by the periodic re-drive (drive_stale).
+RECHECK_KEY = "drive-due:{}"
+RECHECK_LATE_S = 10  # a recheck this late was lost (a killed worker, a purged queue): schedule anew
+
+
+def _recheck_needed(host_id: int, countdown: float) -> bool:
+    key, due = RECHECK_KEY.format(host_id), time.time() + countdown
+    try:
+        pending = cache.get(key)
+        if pending is not None and time.time() - RECHECK_LATE_S < pending <= due:
+            return False
+        cache.set(key, due, timeout=countdown + RECHECK_LATE_S)
+    except Exception:  # no cache: every recheck goes out, as before
+        log.warning("drive recheck not deduplicated: cache unavailable", exc_info=True)
+    return True
+
+
+def _recheck_started(host_id: int) -> None:
+    """A drive starts: the recheck due by now is this one (or was overtaken by it)."""
+    key = RECHECK_KEY.format(host_id)
+    try:
+        pending = cache.get(key)
+        if pending is not None and pending <= time.time() + 0.05:
+            cache.delete(key)
+    except Exception:
+        pass
+
+
 def drive(host_id: int) -> None:
+    _recheck_started(host_id)
     now = timezone.now()
     taken = BareMetalHost.objects.filter(pk=host_id).filter(
         Q(drive_lease_until__isnull=True) | Q(drive_lease_until__lt=now)).update(
@@ -116,7 +155,9 @@ def drive(host_id: int) -> None:
 
 def _advance(host_id: int) -> bool:
     """Run the next step of the host's flow. True when there may be more to do at once."""
-    host = BareMetalHost.objects.select_related("claim__tenant", "claim__node_type").filter(pk=host_id).first()
+    # Not .first(): its ORDER BY cost a third of the worker's CPU in compiling this query (py-spy).
+    host = next(iter(BareMetalHost.objects.select_related("claim__tenant", "claim__node_type").filter(pk=host_id)),
+                None)
     if host is None:
         return False
     flow_name = FLOW_FOR_STATE.get(host.state)

@@ -72,6 +72,20 @@ DATABASES = {
         conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
     )
 }
+# PostgreSQL connection pool per process (Django's native psycopg pool): DATABASE_POOL_MAX connections at most,
+# shared by the process's threads (the web server's requests, a worker's task threads); a request that finds
+# all of them busy waits up to DATABASE_POOL_TIMEOUT_S. Without it (0, the default) every request and every
+# task opens and closes its own connection, so concurrency is bounded by nothing but PostgreSQL's
+# max_connections. Production sets it: the whole console then holds at most the sum over its processes.
+DATABASE_POOL_MAX = int(os.environ.get("DATABASE_POOL_MAX", "0"))
+if DATABASE_POOL_MAX and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django must not
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(int(os.environ.get("DATABASE_POOL_MIN", "1")), DATABASE_POOL_MAX),
+        "max_size": DATABASE_POOL_MAX,
+        "timeout": float(os.environ.get("DATABASE_POOL_TIMEOUT_S", "30")),
+        "max_idle": 60,  # give back what a burst opened
+    }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # WAL lets the web, worker and beat processes read while one writes.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
@@ -159,7 +173,7 @@ AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
 NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
-NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 2)  # one watch holds a worker this long, then re-drives
+NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 1)  # how often a joining node is looked at (one GET)
 DRAIN_DEADLINE_S = env_float("DRAIN_DEADLINE_S", 300)
 DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
