@@ -77,10 +77,9 @@ class Run:
         return parse_datetime(self.flow["step_started_at"])
 
     def bmc(self) -> BMC:
-        # Kept in the worker between drives: a power step polls the same BMC every few seconds.
-        return BMC.kept(self.host.bmc_address, self.host.bmc_username, self.host.bmc_password,
-                        verify_tls=not self.host.bmc_disable_certificate_verification,
-                        timeout=settings.BMC_TIMEOUT_S, boot_mac=self.host.boot_mac)
+        from .services import host_bmc
+
+        return host_bmc(self.host, kept=True)
 
     def save_flow(self) -> None:
         BareMetalHost.objects.filter(pk=self.host.pk).update(flow=self.flow)

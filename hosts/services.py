@@ -256,6 +256,15 @@ def host_power_cycle(*, host: BareMetalHost, actor: str, reason: str = "") -> Ev
     return event
 
 
+def host_bmc(host: BareMetalHost, *, kept: bool = False) -> BMC:
+    """The host's BMC client, from its address, credentials and TLS setting. `kept`: reuse this worker's
+    session with it (a flow's power step polls the same BMC every few seconds)."""
+    make = BMC.kept if kept else BMC
+    return make(host.bmc_address, host.bmc_username, host.bmc_password,
+                verify_tls=not host.bmc_disable_certificate_verification, timeout=settings.BMC_TIMEOUT_S,
+                boot_mac=host.boot_mac)
+
+
 def host_power_cycle_send(*, host_id: int, request_id: int) -> Event | None:
     """The worker's half of a power cycle: the reset through the BMC, then its outcome in the Event log (by
     the actor who asked for it). Idempotent: a request already answered is not sent again. No transaction
@@ -278,9 +287,7 @@ def host_power_cycle_send(*, host_id: int, request_id: int) -> Event | None:
                                     data={**outcome, "error": "auth"})
     started = timezone.now()
     try:
-        with BMC(host.bmc_address, host.bmc_username, host.bmc_password,
-                 verify_tls=not host.bmc_disable_certificate_verification, timeout=settings.BMC_TIMEOUT_S,
-                 boot_mac=host.boot_mac) as bmc:
+        with host_bmc(host) as bmc:
             before = bmc.power_state()
             if before == "off":
                 bmc.power_on()  # nothing to reset: a cycle of a host that is off is switching it on

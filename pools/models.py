@@ -3,7 +3,6 @@ from dataclasses import dataclass
 import ipaddress
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
 from django.db import models
 
 from vmetal_console.crypto import EncryptedTextField

@@ -10,7 +10,7 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from claims.services import claims_allocate, pools_reconcile
 from hosts.models import BareMetalHost
-from pools.models import NodePool, NodeProvider, NodeType, Tenant
+from pools.models import NodePool, NodeProvider, Tenant
 
 
 def make_hosts(n: int, role: str = "gpu", start: int = 0):

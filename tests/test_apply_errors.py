@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from claims.models import NodeClaim
