@@ -15,6 +15,8 @@ from django.db import connection
 from hosts.models import BareMetalHost
 from pools.models import NodePool, Tenant, TenantMembership
 
+from .lab_conftest import FAST
+
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -122,7 +124,10 @@ def console_server(django_db_setup, django_db_blocker, tmp_path_factory):
            "DJANGO_SETTINGS_MODULE": "vmetal_console.settings",
            # Pool changes enqueue a reconcile; no worker listens on this queue: the tests drive the claims.
            "CELERY_TASK_DEFAULT_QUEUE": f"console-test-{os.getpid()}",
-           "CONSOLE_LIVE_TAIL_S": "0.3", "CONSOLE_LIVE_FLUSH_S": "0.05", "AXES_ENABLED": "False"}
+           "CONSOLE_LIVE_TAIL_S": "0.3", "CONSOLE_LIVE_FLUSH_S": "0.05", "AXES_ENABLED": "False",
+           # The agent endpoints and the worker judging an agent's silence must agree on it, as one deployment's
+           # processes do: the lab's workers run with FAST's silence limit.
+           **{name: value for name, value in FAST.items() if name.startswith("AGENT_")}}
     server = ConsoleServer(env, tmp_path_factory.mktemp("daphne") / "daphne.log")
     yield server
     server.stop()
