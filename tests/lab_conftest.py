@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 
 from conftest import DEMO, wait_for
-from lab.site import LabSite
+from lab.site import IMAGE_NAME, LabSite
 
 # Short deadlines so that faults show within seconds (the worker reads them from its environment).
 FAST = {
@@ -13,6 +13,27 @@ FAST = {
     "NODE_READY_POLL_S": "2", "NODE_READY_DEADLINE_S": "60", "DRAIN_DEADLINE_S": "20", "DRAIN_GRACE_S": "1",
     "DRIVE_STALE_EVERY_S": "2", "RECONCILE_EVERY_S": "5",
 }
+
+# Tenant pool `gpu` over the lab's gpu-servers, as a tenant's vcluster.yaml declares it.
+GPU_POOL = """\
+privateNodes:
+  autoNodes:
+    - provider: metal3
+      properties:
+        vcluster.com/os-image: {image}
+      static:
+        - name: gpu
+          quantity: {quantity}
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              value: gpu-server
+          nodeLabels:
+            workload: gpu
+"""
+
+
+def gpu_pool(quantity: int) -> str:
+    return GPU_POOL.format(image=IMAGE_NAME, quantity=quantity)
 
 
 @pytest.fixture

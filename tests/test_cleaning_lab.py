@@ -9,29 +9,15 @@ from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun, HostCommand
-from lab.site import IMAGE_NAME
 from pools.models import NodePool, NodeType
 from pools.services import pool_set_quantity
 
-from .lab_conftest import lab_report, wait_hosts
+from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 DISK = 96 * 1024 * 1024  # big enough for the image and the seed, small enough to erase 16 of them quickly
-POOL = """\
-privateNodes:
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: {image}
-      static:
-        - name: gpu
-          quantity: {quantity}
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              value: gpu-server
-"""
 
 
 def became_available(name: str) -> bool:
@@ -99,7 +85,7 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
         lab_factory, celery_worker_process, apply):
     site = lab_factory(hosts=8, gpu_hosts=8, tenants=["one"], disk_bytes=DISK)
     wait_hosts("available", 8, timeout=120)
-    apply(POOL.format(image=IMAGE_NAME, quantity=8), tenant="one")
+    apply(gpu_pool(8), tenant="one")
     wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).count() == 8, timeout=120)
     broken = {"gpu-02": "gpu-xid:6", "gpu-05": "gpu-dcgm-fail:0", "gpu-07": "erase-skips-region:nvme1n1"}
     for name, fault in broken.items():  # the hardware breaks while tenant one uses it

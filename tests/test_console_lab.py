@@ -9,29 +9,13 @@ import pytest
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import DEMO, wait_for
-from lab.site import IMAGE_NAME, LabSite
+from lab.site import LabSite
 
 from .console_conftest import PASSWORD, log_in, pool, wait_live  # noqa: F401
-from .lab_conftest import FAST, wait_hosts
+from .lab_conftest import FAST, gpu_pool, wait_hosts
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-SEED_AT_ZERO = """\
-privateNodes:
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: {image}
-      static:
-        - name: gpu
-          quantity: 0
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              value: gpu-server
-          nodeLabels:
-            workload: gpu
-"""
 
 
 @pytest.fixture
@@ -40,7 +24,7 @@ def lab(console_server, worker_settings, tmp_path, apply, django_user_model, req
     worker_settings.update(FAST, EXTRA_QUEUES=f"console-test-{os.getpid()}")
     request.getfixturevalue("celery_worker_process")  # started with those settings, before anything is enqueued
     apply((DEMO / "site.yaml").read_text())
-    apply(SEED_AT_ZERO.format(image=IMAGE_NAME), tenant="one")
+    apply(gpu_pool(0), tenant="one")
     django_user_model.objects.create_user("root-admin", "a@example.invalid", PASSWORD, is_staff=True,
                                           is_superuser=True)
     site = LabSite(hosts=1, gpu_hosts=1, tenants=["one"], console_url=console_server.url,

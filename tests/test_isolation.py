@@ -9,28 +9,13 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from hosts.models import BareMetalHost, EraseCertificate
-from lab.site import IMAGE_NAME
 from pools.models import NodePool, NodeType
 from pools.services import pool_set_quantity
 
-from .lab_conftest import lab_report, wait_hosts
+from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-POOL = """\
-privateNodes:
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: {image}
-      static:
-        - name: gpu
-          quantity: {quantity}
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              value: gpu-server
-"""
 
 
 def node_available(tenant: str):
@@ -44,7 +29,7 @@ def test_tenant_b_finds_none_of_tenant_a_s_bytes_on_the_host_a_released(
     NodeType.objects.filter(name="gpu-server").update(cleaning_policy=policy)
     wait_hosts("available", 1, timeout=60)
 
-    apply(POOL.format(image=IMAGE_NAME, quantity=1), tenant="alpha")
+    apply(gpu_pool(1), tenant="alpha")
     wait_for(lambda: node_available("alpha"), timeout=90)
     secret = b"ALPHA-SECRET:" + secrets.token_hex(16).encode() + b";"
     written = site.write_pattern("gpu-01", secret)
@@ -60,7 +45,7 @@ def test_tenant_b_finds_none_of_tenant_a_s_bytes_on_the_host_a_released(
     assert {c.method for c in certs} == {policy}
     assert {c.method_type for c in certs} == {"Clear" if policy == "full" else "Purge"}
 
-    apply(POOL.format(image=IMAGE_NAME, quantity=1), tenant="beta")
+    apply(gpu_pool(1), tenant="beta")
     wait_for(lambda: node_available("beta"), timeout=90)
     assert node_available("beta").host.name == "gpu-01"
     assert site.read_disk("gpu-01", 0, 16) == b"VMETAL-LAB-IMAGE"  # B's image, on B's node

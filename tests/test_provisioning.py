@@ -15,28 +15,13 @@ from lab.site import IMAGE_NAME
 from pools.models import NodePool, Tenant
 from pools.services import pool_set_quantity, tenant_delete
 
-from .lab_conftest import wait_hosts
+from .lab_conftest import gpu_pool, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PROVISION_STEPS = ["power_on_pxe", "agent_lookup", "inspect", "write_image", "write_seed", "reboot_to_disk",
                    "boot_from_disk", "node_ready", "node_labels"]
-GPU_POOL = """\
-privateNodes:
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: {image}
-      static:
-        - name: gpu
-          quantity: {quantity}
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              value: gpu-server
-          nodeLabels:
-            workload: gpu
-"""
 
 
 def nodes(site, tenant):
@@ -70,7 +55,7 @@ def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
         lab_factory, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one", "two"])
     wait_hosts("available", 1)
-    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    apply(gpu_pool(1), tenant="one")
     wait_for(lambda: NodeClaim.objects.filter(tenant__name="one", phase=ClaimPhase.AVAILABLE).exists(), timeout=180)
     assert "gpu-01" in nodes(site, "one")
     pods = [p for p in site.tenants["one"].objects("pods") if p["spec"].get("nodeName") == "gpu-01"]
@@ -91,7 +76,7 @@ def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
     assert available.from_state == "deprovisioning" and available.id > log[-1][0]
     assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # the default policy overwrote the disk with zeros
 
-    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="two")
+    apply(gpu_pool(1), tenant="two")
     wait_for(lambda: NodeClaim.objects.filter(tenant__name="two", phase=ClaimPhase.AVAILABLE).exists(), timeout=180)
     assert NodeClaim.objects.get(tenant__name="two", phase=ClaimPhase.AVAILABLE).host.name == "gpu-01"
     assert "gpu-01" in nodes(site, "two") and "gpu-01" not in nodes(site, "one")
@@ -111,7 +96,7 @@ def test_a_worker_killed_mid_provisioning_loses_nothing(lab_factory, celery_work
     celery_worker_process.start()
     lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
     wait_hosts("available", 1)
-    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    apply(gpu_pool(1), tenant="one")
     wait_for(lambda: Event.objects.filter(kind="step", step="write_image", message="started").exists(), timeout=60)
     celery_worker_process.kill()  # SIGKILL: no goodbye, tasks unacknowledged
     celery_worker_process.start()
@@ -133,7 +118,7 @@ def test_bmc_down_past_its_deadline_puts_the_host_in_error_and_the_claim_takes_a
     wait_hosts("available", 2)
     site.redfish.set_fault("gpu-01", "bmc-down")
     site.redfish.set_fault("gpu-02", "bmc-down")
-    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    apply(gpu_pool(1), tenant="one")
     wait_hosts("error", 1, timeout=60)
     site.redfish.clear_fault("gpu-01")
     site.redfish.clear_fault("gpu-02")
@@ -154,7 +139,7 @@ def test_a_corrupt_image_is_reported_the_host_cleaned_and_the_claim_retried_else
     lab_factory(hosts=2, gpu_hosts=2, tenants=["one"], faults={"gpu-01": "corrupt-image"})
     wait_hosts("available", 2)
     host_set_maintenance(host=BareMetalHost.objects.get(name="gpu-02"), on=True, actor="user:test")  # gpu-01 first
-    apply(GPU_POOL.format(image=IMAGE_NAME, quantity=1), tenant="one")
+    apply(gpu_pool(1), tenant="one")
     wait_for(lambda: Event.objects.filter(host__name="gpu-01", step="write_image",
                                           message__startswith="failed").exists(), timeout=60)
     failure = Event.objects.filter(host__name="gpu-01", step="write_image", message__startswith="failed").first()
