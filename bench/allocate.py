@@ -83,11 +83,11 @@ def main():
               "target < 2 s)")
 
     # (c) queries per reconcile pass
-    cpu_pools = [p for p in pools if p.name == "gpu"][1:]  # (a) used the first
+    gpu_pools = [p for p in pools if p.name == "gpu"]  # each pass starts by deleting the chosen pools' claims
     print("(c) queries per reconcile pass:")
-    for n_pools in (10, 99):
+    for n_pools in (10, 100):
         for per_pool in (1, 10):
-            chosen = cpu_pools[:n_pools]
+            chosen = gpu_pools[:n_pools]
             for p in chosen:
                 NodeClaim.objects.filter(pool=p).delete()
             NodePool.objects.filter(pk__in=[p.pk for p in chosen]).update(quantity=per_pool)

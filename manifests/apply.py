@@ -18,7 +18,7 @@ from pools.choices import CleaningPolicy, PoolKind, ProviderKind
 from pools.models import CHECKSUM_LENGTHS, NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import PoolSpec, tenant_private_nodes_apply
 
-from .source import Document, Invalid, ManifestError, Reader, load_documents
+from .source import Document, Invalid, ManifestError, Reader, dotted, load_documents
 
 LOFT = "management.loft.sh/v1"
 METAL3 = "metal3.io/v1alpha1"
@@ -344,7 +344,10 @@ def apply_virtual_cluster_instance(ctx: Context, doc: Document) -> None:
         try:
             _apply_private_nodes(ctx, tenant, Reader(vdoc.data))
         except Invalid as exc:
-            raise vdoc.error(Invalid(values.path + exc.path, exc.message)) from None
+            # The line comes from the inner document, which knows the paths inside the block; the message
+            # names the whole path from the VirtualClusterInstance.
+            prefix = f"{dotted(values.path + exc.path)}: "
+            raise ManifestError(vdoc.file, vdoc.index, vdoc.line_of(exc.path), prefix + exc.message) from None
     else:
         _apply_private_nodes(ctx, tenant, values)
 

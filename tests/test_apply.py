@@ -354,3 +354,61 @@ def test_a_host_overrides_its_node_types_cleaning_method_with_an_annotation(appl
     assert "baremetalhost/gpu-01 unchanged" in apply(override)
     apply(hosts)  # without the annotation: the NodeType's method again
     assert BareMetalHost.objects.get(name="gpu-01").cleaning_policy == ""
+
+
+NODE_TYPES_BY_GPUS = """\
+apiVersion: management.loft.sh/v1
+kind: NodeType
+metadata: {{name: {name}}}
+spec:
+  providerRef: metal3
+  cost: {cost}
+  properties: {properties}
+  bareMetalHosts:
+    selector:
+      matchLabels: {{role: gpu}}
+"""
+
+
+@pytest.mark.parametrize("requirement, chosen", [
+    ({"property": "gpus", "operator": "Gt", "values": ["4"]}, "gpu-eight"),
+    ({"property": "gpus", "operator": "Lt", "values": ["8"]}, "gpu-four"),
+    ({"property": "infiniband", "operator": "Exists"}, "gpu-eight"),
+    ({"property": "infiniband", "operator": "DoesNotExist"}, "gpu-four"),
+])
+def test_exists_gt_and_lt_choose_the_node_type_by_its_properties(apply, demo_site, requirement, chosen):
+    import json
+
+    apply(NODE_TYPES_BY_GPUS.format(name="gpu-four", cost=1, properties='{gpus: "4"}'),
+          NODE_TYPES_BY_GPUS.format(name="gpu-eight", cost=2, properties='{gpus: "8", infiniband: "ndr"}'))
+    apply("privateNodes:\n  autoNodes:\n    - provider: metal3\n      static:\n        - name: p\n"
+          f"          quantity: 1\n          nodeTypeSelector: [{json.dumps(requirement)}]\n", tenant="one")
+    call_command("reconcile")
+    assert NodeClaim.objects.get(pool_name="p").node_type.name == chosen
+
+
+@pytest.mark.parametrize("address, scheme", [
+    ("redfish://10.1.1.9/redfish/v1/Systems/1", "redfish"),
+    ("redfish+http://10.1.1.9:8000/redfish/v1/Systems/1", "redfish+http"),
+    ("redfish-virtualmedia://10.1.1.9/redfish/v1/Systems/1", "redfish-virtualmedia"),
+    ("ipmi://10.1.1.9:623", "ipmi"),
+])
+def test_every_bmc_scheme_metal3_writes_is_accepted(apply, address, scheme):
+    apply(f"""\
+apiVersion: v1
+kind: Secret
+metadata: {{name: new-bmc, namespace: metal3}}
+data: {{username: YWRtaW4=, password: c2VjcmV0}}
+---
+apiVersion: metal3.io/v1alpha1
+kind: BareMetalHost
+metadata: {{name: new-host, namespace: metal3}}
+spec:
+  bmc: {{address: "{address}", credentialsName: new-bmc}}
+  bootMACAddress: 52:54:00:aa:bb:cc
+""")
+    host = BareMetalHost.objects.get(name="new-host")
+    from hosts.models import parse_bmc_address
+
+    assert host.bmc_address == address and parse_bmc_address(host.bmc_address)[0] == scheme
+    assert host.bmc_password == "secret"

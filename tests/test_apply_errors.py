@@ -225,3 +225,23 @@ def test_a_value_of_the_wrong_shape_is_an_error_at_its_line_not_a_crash(refused)
             "  bareMetalHosts:\n    selector:\n      matchExpressions:\n        - {key: a, operator: In, values: 5}\n",
             expect="spec.bareMetalHosts.selector: matchExpressions[0].values: must be a list of strings", line=7,
             document=1)
+
+
+def test_an_error_inside_a_virtual_cluster_instances_values_block_names_its_own_line(refused):
+    message = refused("""\
+apiVersion: management.loft.sh/v1
+kind: VirtualClusterInstance
+metadata:
+  name: one
+spec:
+  template:
+    helmRelease:
+      values: |
+        privateNodes:
+          autoNodes:
+            - provider: metal3
+              static:
+                - name: gpu
+                  quantity: -2
+""", expect="quantity: must be 0 or more, not -2", line=14, document=1)
+    assert "spec.template.helmRelease.values.privateNodes.autoNodes" in message

@@ -147,3 +147,20 @@ def test_the_release_gate_and_a_hosts_own_cleaning_method_survive_export_and_app
     assert dict(BareMetalHost.objects.exclude(cleaning_policy="").values_list("name", "cleaning_policy")) == \
         {"gpu-02": "metadata"}
     assert all(line.endswith("unchanged") or "not referenced" in line for line in apply(first))
+
+
+def test_a_tenants_kubeconfig_is_encrypted_at_rest_and_never_in_repr(apply, demo_site, seed_block):
+    from pools.services import tenant_set_api
+
+    apply(seed_block, tenant="one")
+    kubeconfig = "apiVersion: v1\nusers:\n- name: one\n  user: {token: sekret-bearer-token-one}\n"
+    tenant_set_api(tenant=Tenant.objects.get(name="one"), api_endpoint="127.0.0.1:6443", kubeconfig=kubeconfig,
+                   actor="test")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT kubeconfig FROM pools_tenant WHERE name = %s", ["one"])
+        (stored,) = cursor.fetchone()
+    assert "sekret-bearer-token-one" not in stored and stored.startswith("gAAAA")
+    tenant = Tenant.objects.get(name="one")
+    assert tenant.kubeconfig == kubeconfig
+    assert "sekret" not in repr(tenant) and "sekret" not in str(tenant)
+    assert "sekret" not in "".join(Event.objects.values_list("message", flat=True))

@@ -23,3 +23,13 @@ def test_a_quantity_change_is_reconciled_by_the_worker_without_a_timer(apply, de
     pool_set_quantity(pool=pool, quantity=3, actor="user:test")
     wait_for(lambda: scheduled("gpu").values("claim").distinct().count() == 3)
     assert NodeClaim.objects.filter(pool=pool).count() == 3
+
+
+def test_beat_runs_the_reconciler_the_sweeper_and_the_re_drive_as_registered_tasks(settings):
+    from vmetal_console.celery import app
+
+    app.loader.import_default_modules()
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert scheduled == {"claims.tasks.reconcile_pools", "hosts.tasks.sweep_overdue_hosts",
+                         "hosts.tasks.drive_stale_hosts"}
+    assert scheduled <= set(app.tasks)
