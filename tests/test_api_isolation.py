@@ -221,12 +221,13 @@ def test_an_inactive_user_s_token_no_longer_works(world, api):
 
 def test_a_user_in_no_tenant_and_no_role_sees_nothing(world):
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
+
+    from tests.api_conftest import issue_token
 
     stranger = User.objects.create_user("stranger")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=stranger).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(stranger)}")
     for resource in ("tenants", "pools", "claims", "hosts", "events"):
         assert client.get(f"/api/v1/{resource}/").json()["count"] == 0, resource
     refused = client.post("/api/v1/pools/", CREATE["pools"], format="json")

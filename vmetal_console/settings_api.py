@@ -7,8 +7,7 @@ _redis_url = os.environ.get("REDIS_URL", "")
 
 APPS = [
     "rest_framework",
-    "rest_framework.authtoken",
-    "pools.api.apps.ApiConfig",  # after authtoken: its admin never shows a key
+    "pools.api.apps.ApiConfig",  # API tokens (pools.api.models), stored hashed
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
@@ -21,7 +20,7 @@ AUTH_BACKENDS = ["axes.backends.AxesStandaloneBackend"]
 REST_FRAMEWORK = {
     # Token first: an anonymous caller gets 401 with `WWW-Authenticate: Token`, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "pools.api.authentication.TokenAuthentication",  # `Authorization: Token <key>`
         "rest_framework.authentication.SessionAuthentication",  # the browser; enforces CSRF on writes
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -36,7 +35,8 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "vMetal Console API",
     "DESCRIPTION": "Pools of bare-metal GPU servers for many tenants. Authenticate with `Authorization: Token <key>` "
-                   "(POST /api/v1/tokens/ from a logged-in browser session shows a key once).",
+                   "(POST /api/v1/tokens/ from a logged-in browser session, or `manage.py token create USER`, "
+                   "shows a key once).",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,  # request bodies without read-only fields, responses without write-only

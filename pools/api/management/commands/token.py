@@ -1,0 +1,33 @@
+"""python manage.py token create USER | token revoke PREFIX"""
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from manifests.management.commands.apply import _whoami
+from pools.api.models import ApiToken
+from pools.api.services import token_create, token_revoke
+
+
+class Command(BaseCommand):
+    help = ("API tokens for automation: `create USER` makes USER a new token (replacing any earlier one) and "
+            "prints its key, this once; `revoke PREFIX` revokes the token with that prefix. Both go in the "
+            "Event log.")
+
+    def add_arguments(self, parser):
+        actions = parser.add_subparsers(dest="action", required=True)
+        actions.add_parser("create", help="make USER a new token and print its key").add_argument("user")
+        actions.add_parser("revoke", help="revoke the token with this prefix").add_argument("prefix")
+
+    def handle(self, *args, action, **options):
+        actor = f"cli:{_whoami()}"
+        if action == "create":
+            user = get_user_model().objects.filter(username=options["user"]).first()
+            if user is None:
+                raise CommandError(f"no user {options['user']!r}")
+            _, key = token_create(user=user, actor=actor)
+            self.stdout.write(key)
+        else:
+            token = ApiToken.objects.select_related("user").filter(prefix=options["prefix"]).first()
+            if token is None:
+                raise CommandError(f"no token {options['prefix']!r}")
+            token_revoke(token=token, actor=actor)
+            self.stdout.write(f"revoked {token.prefix}… ({token.user.username})")
