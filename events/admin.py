@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from .models import Event
-from .services import object_delete, object_update
+from .services import object_delete, object_relations_set, object_update
 
 # The Bootstrap colour names the choices declare (HostState.colour, PHASE_COLOURS), as the admin
 # has no Bootstrap.
@@ -64,6 +64,16 @@ class RecordedAdmin(admin.ModelAdmin):
                       self_link=self.event_self_link, **self.event_links(target))
         if change:
             obj.refresh_from_db()
+
+    def save_related(self, request, form, formsets, change):
+        # Many-to-many fields (a user's groups, a group's permissions) through object_relations_set, which
+        # records what was added and removed, instead of form.save_m2m().
+        obj = form.instance
+        relations = {f.name: form.cleaned_data[f.name] for f in obj._meta.many_to_many if f.name in form.changed_data}
+        object_relations_set(obj, relations, actor=admin_actor(request), object_type=self.event_object_type,
+                             **self.event_links(obj))
+        for formset in formsets:
+            self.save_formset(request, form, formset, change=change)
 
     def delete_model(self, request, obj):
         tenant = self.event_links(obj).get("tenant")

@@ -18,7 +18,7 @@ def seconds_since(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else max(0.0, (now - moment).total_seconds())
 
 
-SECRET_FIELDS = frozenset({"bmc_username", "bmc_password", "kubeconfig"})
+SECRET_FIELDS = frozenset({"bmc_username", "bmc_password", "kubeconfig", "password"})  # password: a user's hash
 
 
 def _shown(field: str, value):
@@ -58,6 +58,24 @@ def object_update(obj, values: dict, *, actor: str, object_type: str, tenant=Non
     Event.objects.create(kind="change", object_type=object_type, object_name=str(obj), actor=actor, message=message,
                          **links, data={} if created else {k: list(v) for k, v in changes.items()})
     return created, changes
+
+
+def object_relations_set(obj, relations: dict, *, actor: str, object_type: str, tenant=None, host=None) -> dict:
+    """Set many-to-many relations ({"groups": [...]}) of a saved object and record what was added and
+    removed in the Event log. Returns {name: {"added": [...], "removed": [...]}} for those that changed."""
+    changes = {}
+    for name, values in relations.items():
+        manager = getattr(obj, name)
+        old, new = set(manager.all()), set(values)
+        if old != new:
+            manager.set(new)
+            changes[name] = {"added": sorted(map(str, new - old)), "removed": sorted(map(str, old - new))}
+    if changes:
+        message = "; ".join(f"{name}: " + ", ".join([*(f"+{v}" for v in c["added"]), *(f"-{v}" for v in c["removed"])])
+                            for name, c in changes.items())
+        Event.objects.create(kind="change", object_type=object_type, object_name=str(obj), actor=actor,
+                             message=message, tenant=tenant, host=host, data=changes)
+    return changes
 
 
 def object_delete(obj, *, actor: str, object_type: str, tenant=None) -> None:

@@ -1,8 +1,12 @@
 """Admin for providers, node types, environments, images, tenants and pools: data fixes, each
-recorded in the Event log; a pool's quantity changes only through pools.services.pool_set_quantity."""
+recorded in the Event log; a pool's quantity changes only through pools.services.pool_set_quantity.
+Also users and groups (staff, superuser, the auditors group) and who belongs to which tenant: the roles
+of vmetal_console.scoping, so every change to them is recorded too."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q
@@ -12,12 +16,13 @@ from django.utils.html import format_html_join
 
 from claims.lifecycle import LIVE
 from events.admin import RecordedAdmin, admin_actor, event_log_link
-from events.services import object_update
+from events.services import event_record, object_update
 
 from .capacity import node_type_capacity
 from .choices import PoolKind
-from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
-from .services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota, tenant_delete
+from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant, TenantMembership
+from .services import (StaleVersion, membership_add, membership_remove, pool_delete, pool_set_quantity,
+                       tenant_check_quota, tenant_delete)
 
 STAMPS = ("created_at", "updated_at")
 
@@ -155,9 +160,36 @@ class TenantForm(forms.ModelForm):
         return cleaned
 
 
+class TenantMembershipInline(admin.TabularInline):
+    """Who belongs to which tenant, on the tenant's page and on the user's: rows are added or deleted
+    (through pools.services), never edited."""
+
+    model = TenantMembership
+    extra = 0
+    readonly_fields = ("created_at",)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class MembershipsRecorded:
+    """Saves the TenantMembershipInline through membership_add / membership_remove (recorded)."""
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not TenantMembership:
+            return super().save_formset(request, form, formset, change)
+        formset.save(commit=False)  # sorts the rows into new_objects and deleted_objects; the services write
+        actor = admin_actor(request)
+        for membership in formset.deleted_objects:
+            membership_remove(tenant=membership.tenant, user=membership.user, actor=actor)
+        for membership in formset.new_objects:
+            membership_add(tenant=membership.tenant, user=membership.user, actor=actor)
+
+
 @admin.register(Tenant)
-class TenantAdmin(RecordedAdmin):
+class TenantAdmin(MembershipsRecorded, RecordedAdmin):
     form = TenantForm
+    inlines = (TenantMembershipInline,)
     event_object_type = "tenant"
     event_self_link = "tenant"
     exclude = ("kubeconfig",)
@@ -225,6 +257,44 @@ class TenantAdmin(RecordedAdmin):
     @admin.display(description="events")
     def event_log(self, tenant):
         return event_log_link(tenant__id__exact=tenant.pk) if tenant.pk else "-"
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class RecordedUserAdmin(MembershipsRecorded, RecordedAdmin, UserAdmin):
+    """Django's user admin, each change recorded with the admin's name: staff and superuser flags, groups
+    (auditors), tenants, and that the password changed (never the hash: events.services.SECRET_FIELDS)."""
+
+    event_object_type = "user"
+    inlines = (TenantMembershipInline,)
+    # Facts, not settings (and the form's date and time inputs drop the microseconds: each save would
+    # "change" date_joined).
+    readonly_fields = ("last_login", "date_joined")
+
+    def user_change_password(self, request, id, form_url=""):
+        request._changing_password = True  # log_change, called once the new password is saved, records it
+        with transaction.atomic():
+            return super().user_change_password(request, id, form_url)
+
+    def log_change(self, request, obj, message):
+        if getattr(request, "_changing_password", False):
+            event_record(kind="change", object_type="user", object_name=str(obj), actor=admin_actor(request),
+                         message="password changed" if obj.has_usable_password()
+                         else "password-based authentication disabled")
+        return super().log_change(request, obj, message)
+
+    def delete_model(self, request, obj):
+        for membership in obj.tenant_memberships.select_related("tenant"):  # each in its tenant's log
+            membership_remove(tenant=membership.tenant, user=obj, actor=admin_actor(request))
+        super().delete_model(request, obj)
+
+
+@admin.register(Group)
+class RecordedGroupAdmin(RecordedAdmin, GroupAdmin):
+    event_object_type = "group"
 
 
 class NodePoolForm(forms.ModelForm):

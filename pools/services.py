@@ -1,4 +1,4 @@
-"""Every write to tenants and pools. Pool changes trigger a reconcile on commit."""
+"""Every write to tenants, their members and their pools. Pool changes trigger a reconcile on commit."""
 import copy
 from dataclasses import dataclass, field
 
@@ -11,7 +11,7 @@ from events.models import Event
 from events.services import object_delete, object_update
 
 from .choices import PoolKind
-from .models import NodePool, NodeProvider, Tenant
+from .models import NodePool, NodeProvider, Tenant, TenantMembership
 
 
 @dataclass
@@ -159,3 +159,23 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
             object_delete(tenant, actor=actor, object_type="tenant", tenant=link)
             gone.append(link.name)
         return gone
+
+
+@transaction.atomic
+def membership_add(*, tenant: Tenant, user, actor: str) -> bool:
+    """Make a user a member of a tenant (they see and change its pools, claims and nodes). False: already one."""
+    if TenantMembership.objects.filter(tenant=tenant, user=user).exists():
+        return False
+    object_update(TenantMembership(), {"tenant": tenant, "user": user}, actor=actor, object_type="membership",
+                  tenant=tenant)
+    return True
+
+
+@transaction.atomic
+def membership_remove(*, tenant: Tenant, user, actor: str) -> bool:
+    """End a user's membership of a tenant. False: they were not a member."""
+    membership = TenantMembership.objects.select_for_update().filter(tenant=tenant, user=user).first()
+    if membership is None:
+        return False
+    object_delete(membership, actor=actor, object_type="membership", tenant=tenant)
+    return True

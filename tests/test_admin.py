@@ -5,6 +5,7 @@ import json
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Group, Permission, User
 from django.contrib.messages import get_messages
 from django.core.management import call_command
 from django.db import connection
@@ -37,9 +38,12 @@ def url(model, view, *args):
 
 
 def form_data(page) -> dict:
-    """The change form's fields as the browser would post them back unchanged."""
+    """The change form's fields, and its inlines' rows, as the browser would post them back unchanged."""
+    forms = [page.context["adminform"].form]
+    for inline in page.context["inline_admin_formsets"]:
+        forms += [inline.formset.management_form, *inline.formset.initial_forms]
     data = {}
-    for field in page.context["adminform"].form:
+    for field in (field for form in forms for field in form if not field.field.disabled):
         value = field.value()
         if isinstance(field.field.widget, CheckboxInput):
             if value:
@@ -481,3 +485,103 @@ def test_the_event_log_cannot_be_added_changed_or_deleted(admin_client, site):
     assert "delete_selected" not in admin_client.get(url(Event, "changelist")).content.decode()
     event.refresh_from_db()
     assert event.message != "rewritten" and Event.objects.count() == count
+
+
+# --- Users, groups and tenant members: roles, changed on the record ------------------------------------------
+
+NEW_PASSWORD = "staple battery horse correct"
+
+
+@pytest.fixture
+def bob(db, settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast
+    return User.objects.create_user("bob", password="correct horse battery staple")
+
+
+def recorded() -> list[tuple[str, str, str, str]]:
+    """The Event log's user, group and membership entries, oldest first."""
+    return [(e.object_type, e.object_name, e.actor, e.message) for e in
+            Event.objects.filter(object_type__in=["user", "group", "membership"]).order_by("id")]
+
+
+def test_making_a_user_staff_an_auditor_and_a_tenant_member_is_recorded_with_the_admin(admin_client, bob):
+    auditors = Group.objects.create(name="auditors")
+    one = Tenant.objects.create(name="one")
+    change = url(User, "change", bob.pk)
+    data = form_data(admin_client.get(change))
+    response = admin_client.post(change, {**data, "is_staff": "on", "groups": [auditors.pk],
+                                          "tenant_memberships-TOTAL_FORMS": 1, "tenant_memberships-0-tenant": one.pk})
+    assert response.status_code == 302
+    bob.refresh_from_db()
+    assert bob.is_staff and list(bob.groups.all()) == [auditors]
+    assert list(bob.tenant_memberships.values_list("tenant__name", flat=True)) == ["one"]
+    assert recorded() == [("user", "bob", "user:admin", "is_staff: False → True"),
+                          ("user", "bob", "user:admin", "groups: +auditors"),
+                          ("membership", "bob in one", "user:admin", "created")]
+    assert Event.objects.get(object_type="membership").tenant_id == one.pk  # in the tenant's own log
+
+
+def test_a_password_changed_in_the_admin_is_recorded_without_the_password_or_its_hash(admin_client, bob):
+    change_password = url(User, "password_change", bob.pk)
+    mismatch = admin_client.post(change_password, {"usable_password": "true", "password1": NEW_PASSWORD,
+                                                   "password2": NEW_PASSWORD + "!"})
+    assert mismatch.status_code == 200 and recorded() == []
+    old_hash = bob.password
+    response = admin_client.post(change_password, {"usable_password": "true", "password1": NEW_PASSWORD,
+                                                   "password2": NEW_PASSWORD})
+    assert response.status_code == 302
+    bob.refresh_from_db()
+    assert bob.check_password(NEW_PASSWORD)
+    assert recorded() == [("user", "bob", "user:admin", "password changed")]
+    event = Event.objects.get(object_type="user")
+    assert not any(secret in event.message + json.dumps(event.data) for secret in (NEW_PASSWORD, old_hash, bob.password))
+    admin_client.post(change_password, {"usable_password": "false", "unset-password": "1"})
+    assert recorded()[-1] == ("user", "bob", "user:admin", "password-based authentication disabled")
+
+
+def test_a_user_added_in_the_admin_is_recorded_and_deleting_them_ends_their_memberships_on_the_record(
+        admin_client, bob):
+    one = Tenant.objects.create(name="one")
+    response = admin_client.post(url(User, "add"), {
+        "username": "dave", "usable_password": "true", "password1": NEW_PASSWORD, "password2": NEW_PASSWORD,
+        "tenant_memberships-TOTAL_FORMS": 1, "tenant_memberships-INITIAL_FORMS": 0,
+        "tenant_memberships-0-tenant": one.pk})
+    assert response.status_code == 302
+    dave = User.objects.get(username="dave")
+    assert dave.check_password(NEW_PASSWORD) and dave.tenant_memberships.get().tenant == one
+    response = admin_client.post(url(User, "delete", dave.pk), {"post": "yes"})
+    assert response.status_code == 302 and not User.objects.filter(username="dave").exists()
+    assert recorded() == [("user", "dave", "user:admin", "created"),
+                          ("membership", "dave in one", "user:admin", "created"),
+                          ("membership", "dave in one", "user:admin", "deleted"),
+                          ("user", "dave", "user:admin", "deleted")]
+    assert all(dave.password not in e.message + json.dumps(e.data) for e in Event.objects.all())
+
+
+def test_tenant_members_are_added_and_removed_on_the_tenant_page_on_the_record(admin_client, bob):
+    one = Tenant.objects.create(name="one")
+    change = url(Tenant, "change", one.pk)
+    data = form_data(admin_client.get(change))
+    assert data["memberships-TOTAL_FORMS"] == 0
+    response = admin_client.post(change, {**data, "memberships-TOTAL_FORMS": 1, "memberships-0-user": bob.pk})
+    assert response.status_code == 302
+    assert list(one.memberships.values_list("user__username", flat=True)) == ["bob"]
+    page = admin_client.get(change)
+    assert 'name="memberships-0-user"' not in page.content.decode()  # a membership is ended, never edited
+    data = form_data(page)
+    twice = admin_client.post(change, {**data, "memberships-TOTAL_FORMS": 2, "memberships-1-user": bob.pk})
+    assert twice.status_code == 200 and one.memberships.count() == 1  # a form error, nothing changed
+    response = admin_client.post(change, {**data, "memberships-0-DELETE": "on"})
+    assert response.status_code == 302 and not one.memberships.exists()
+    assert recorded() == [("membership", "bob in one", "user:admin", "created"),
+                          ("membership", "bob in one", "user:admin", "deleted")]
+    assert set(Event.objects.filter(object_type="membership").values_list("tenant_id", flat=True)) == {one.pk}
+
+
+def test_a_group_and_its_permissions_are_recorded_with_the_admin(admin_client, db):
+    view_events = Permission.objects.get(codename="view_event")
+    response = admin_client.post(url(Group, "add"), {"name": "auditors", "permissions": [view_events.pk]})
+    assert response.status_code == 302
+    assert list(Group.objects.get(name="auditors").permissions.all()) == [view_events]
+    assert recorded() == [("group", "auditors", "user:admin", "created"),
+                          ("group", "auditors", "user:admin", f"permissions: +{view_events}")]

@@ -121,7 +121,7 @@ def login(client, path, password):
                        REMOTE_ADDR="192.0.2.10")
 
 
-@pytest.mark.parametrize("path", ["/admin/login/", "/api/auth/login/"])
+@pytest.mark.parametrize("path", ["/login/", "/admin/login/", "/api/auth/login/"])
 def test_ten_failed_logins_lock_the_username_out_from_that_address(person, path):
     client = Client()
     for _ in range(9):
@@ -132,6 +132,7 @@ def test_ten_failed_logins_lock_the_username_out_from_that_address(person, path)
         login(client, path, "wrong")
     locked = login(client, path, "correct horse battery staple")
     assert locked.status_code == 429 and "_auth_user_id" not in client.session
+    assert locked.content.decode() == "Account locked: too many login attempts. Please try again later."
     elsewhere = client.post(path, {"username": "carol-ops", "password": "correct horse battery staple"},
                             REMOTE_ADDR="192.0.2.99")
     assert elsewhere.status_code == 302  # only that username from that address

@@ -64,7 +64,8 @@ AGENT_RATE_LIMITS = {
 }
 
 # Login throttling (django-axes): 10 failures for one username from one address lock that pair out for an
-# hour; a success resets the count. The admin login and the browsable API's login both go through it.
+# hour; a success resets the count. The console's login, the admin login and the browsable API's login all go
+# through it (the lockout answer: 429, "Account locked: too many login attempts. Please try again later.").
 AXES_ENABLED = os.environ.get("AXES_ENABLED", "True").lower() in {"1", "true", "yes", "on"}
 AXES_FAILURE_LIMIT = int(os.environ.get("AXES_FAILURE_LIMIT", "10"))
 AXES_COOLOFF_TIME = timedelta(hours=1)

@@ -1,0 +1,34 @@
+"""python manage.py membership {add,remove} USER TENANT [--actor A]"""
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandError
+
+from manifests.management.commands.apply import _whoami
+from pools.models import Tenant
+from pools.services import membership_add, membership_remove
+
+
+class Command(BaseCommand):
+    help = ("Make a user a member of a tenant (they see and change its pools, claims and nodes), or end that. "
+            "Recorded in the Event log. Admins and auditors are not members: they are staff, or in the "
+            "auditors group (the user admin).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("action", choices=["add", "remove"])
+        parser.add_argument("user", help="username")
+        parser.add_argument("tenant", help="tenant name")
+        parser.add_argument("--actor", help="who to name in the Event log (default: cli:<login name>)")
+
+    def handle(self, *args, action, user, tenant, actor, **options):
+        member = User.objects.filter(username=user).first()
+        if member is None:
+            raise CommandError(f"no user {user!r}")
+        found = Tenant.objects.filter(name=tenant).first()
+        if found is None:
+            raise CommandError(f"no tenant {tenant!r}")
+        actor = actor or f"cli:{_whoami()}"
+        if action == "add":
+            done = membership_add(tenant=found, user=member, actor=actor)
+            self.stdout.write(f"{user} is now a member of {tenant}" if done else f"{user} was already a member of {tenant}")
+        else:
+            done = membership_remove(tenant=found, user=member, actor=actor)
+            self.stdout.write(f"{user} is no longer a member of {tenant}" if done else f"{user} was not a member of {tenant}")
