@@ -1,13 +1,29 @@
 """Filters for the claim list, shared by the HTML page and the REST API (django-filter)."""
 import django_filters as filters
+from django_filters.fields import MultipleChoiceField
 
 from .choices import ClaimPhase
 from .models import NodeClaim
 
+NOT_RELEASED = "live"  # the claims page's "not released": every phase but Released
+
+
+class OptionalChoicesField(MultipleChoiceField):
+    """An empty value (a select's "any" option) chooses nothing, rather than being an invalid choice."""
+
+    def clean(self, value):
+        return super().clean([v for v in value or () if v != ""])
+
+
+class OptionalChoicesFilter(filters.MultipleChoiceFilter):
+    field_class = OptionalChoicesField
+
 
 class NodeClaimFilterSet(filters.FilterSet):
     q = filters.CharFilter(field_name="name", lookup_expr="icontains", label="Name contains")
-    phase = filters.MultipleChoiceFilter(choices=ClaimPhase.choices)
+    phase = OptionalChoicesFilter(
+        choices=[(NOT_RELEASED, "not released"), *ClaimPhase.choices], method="filter_phase",
+        help_text=f"one or more phases; {NOT_RELEASED}: every phase but Released")
     tenant = filters.CharFilter(field_name="tenant__name", label="Tenant")
     pool = filters.CharFilter(field_name="pool_name", label="Pool")
     node_type = filters.CharFilter(field_name="node_type__name", label="NodeType")
@@ -16,3 +32,10 @@ class NodeClaimFilterSet(filters.FilterSet):
     class Meta:
         model = NodeClaim
         fields = {"name": ["exact"]}
+
+    def filter_phase(self, queryset, name, value):
+        phases = set(value)
+        if NOT_RELEASED in phases:
+            phases.discard(NOT_RELEASED)
+            phases.update(p for p in ClaimPhase.values if p != ClaimPhase.RELEASED)
+        return queryset.filter(phase__in=phases)

@@ -2,41 +2,31 @@
 from django.core.paginator import Paginator
 from django.http import Http404
 
-from events.views import STAFF, console_view, live_cursor, page
+from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
 from pools.models import Tenant
 from vmetal_console import scoping
 
 from . import tables
 from .choices import ClaimPhase
+from .filtersets import NodeClaimFilterSet
 from .models import NodeClaim
 
 
 @console_view()
 def claim_list(request):
-    """Claims in the user's scope, newest first, by phase and tenant; rows update live."""
+    """Claims in the user's scope, newest first, filtered as /api/v1/claims/ is (phase, tenant, name...);
+    rows update live."""
     cursor = live_cursor()
-    claims = scoping.claims(request.user)
-    phase = request.GET.get("phase", "")
-    if phase == "live":
-        claims = claims.exclude(phase=ClaimPhase.RELEASED)
-    elif phase:
-        claims = claims.filter(phase=phase)
-    tenant = request.GET.get("tenant", "")
-    if tenant:
-        claims = claims.filter(tenant__name=tenant)
-    q = request.GET.get("q", "").strip()
-    if q:
-        claims = claims.filter(name__icontains=q)
-    pager = Paginator(tables.claims_rows_queryset(claims).order_by("-created_at", "-pk"), 50)
+    filters = list_filter(request, NodeClaimFilterSet, scoping.claims(request.user))
+    pager = Paginator(tables.claims_rows_queryset(filters.qs).order_by("-created_at", "-pk"), 50)
     current = pager.get_page(request.GET.get("page"))
     rows = tables.with_progress(list(current.object_list))
     tenants = list(scoping.tenants(request.user, Tenant.objects.all()).values_list("name", flat=True))
-    params = request.GET.copy()
-    params.pop("page", None)
     return page(request, "claims/claim_list.html", {
-        "cursor": cursor, "page_obj": current, "rows": rows, "phases": ClaimPhase.choices, "phase": phase,
-        "tenant": tenant, "q": q, "tenants": tenants, "show_tenant": len(tenants) != 1,
-        "paging_query": params.urlencode(), "ws_url": "/ws/claims/", "nav": "claims"})
+        "cursor": cursor, "page_obj": current, "rows": rows, "filters": filters, "phases": ClaimPhase.choices,
+        "phase": request.GET.get("phase", ""), "tenant": request.GET.get("tenant", ""),
+        "q": request.GET.get("q", ""), "tenants": tenants, "show_tenant": len(tenants) != 1,
+        "paging_query": paging_query(request), "ws_url": "/ws/claims/", "nav": "claims"})
 
 
 def claim_for_page(user, name: str) -> NodeClaim:

@@ -21,7 +21,7 @@ class EventFilterSet(filters.FilterSet):
     kind = filters.ChoiceFilter(choices=EventKind.choices)
     object_type = filters.CharFilter()
     object_name = filters.CharFilter()
-    actor = filters.CharFilter()
+    actor = filters.CharFilter(lookup_expr="icontains", label="Actor contains")
     host = IdFilter(field_name="host_id", label="Host id")
     claim = IdFilter(field_name="claim_id", label="Claim id")
     tenant = IdFilter(field_name="tenant_id", label="Tenant id")

@@ -1,6 +1,7 @@
 """Console-wide view helpers (roles, the layout's context, the live cursor) and the Event log page."""
 from functools import wraps
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -9,7 +10,9 @@ from django.urls import reverse
 
 from vmetal_console import scoping
 
+from .choices import EventKind
 from .consumers import latest_event_id
+from .filtersets import EventFilterSet
 
 
 def role_of(request) -> str:
@@ -56,6 +59,23 @@ def is_htmx(request) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
+def list_filter(request, filterset_class, queryset):
+    """A list page's filters: the FilterSet its API endpoint uses, on the page's query. A value the API
+    answers 400 to filters nothing here, and the page says so; the other filters still apply."""
+    filterset = filterset_class(request.GET, queryset=queryset, request=request)
+    if not filterset.is_valid():
+        for field, errors in filterset.errors.items():
+            messages.warning(request, f"Filter {field} ignored: {' '.join(errors)}")
+    return filterset
+
+
+def paging_query(request) -> str:
+    """The page's query without its page number: what the pager's links add theirs to."""
+    params = request.GET.copy()
+    params.pop("page", None)
+    return params.urlencode()
+
+
 def live_cursor() -> int:
     """Read before a page's data: the page reflects at least every Event up to this id, and its websocket
     re-syncs from here."""
@@ -77,17 +97,12 @@ def home(request):
 
 @console_view()
 def event_log(request):
-    """The audit log, newest first, in the user's scope."""
-    events = scoping.events(request.user).order_by("-pk")
-    object_type = request.GET.get("object_type", "")
-    if object_type:
-        events = events.filter(object_type=object_type)
-    actor = request.GET.get("actor", "")
-    if actor:
-        events = events.filter(actor__icontains=actor)
-    pager = Paginator(events, 100).get_page(request.GET.get("page"))
+    """The audit log, newest first, in the user's scope, filtered as /api/v1/events/ is."""
+    filters = list_filter(request, EventFilterSet, scoping.events(request.user))
+    pager = Paginator(filters.qs.order_by("-pk"), 100).get_page(request.GET.get("page"))
     return page(request, "events/event_log.html", {
-        "events": pager, "object_type": object_type, "actor": actor,
+        "events": pager, "filters": filters, "kinds": EventKind.choices,
+        **{name: request.GET.get(name, "") for name in ("object_type", "actor", "kind")},
         "object_types": ["host", "claim", "pool", "tenant", "nodetype", "nodeprovider", "nodeenvironment", "osimage"],
-        "event_log_url": reverse("events"),
+        "event_log_url": reverse("events"), "paging_query": paging_query(request),
     })

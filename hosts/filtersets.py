@@ -15,6 +15,25 @@ from .models import BareMetalHost
 LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 
 
+class LabelsField(forms.CharField):
+    """key=value or key, comma separated, as {key: value, or None for "has the key"}. A bad key is this
+    field's error (a 400 in the API, an ignored filter on the page), not a failed query."""
+
+    def to_python(self, value):
+        labels = {}
+        for part in filter(None, (p.strip() for p in super().to_python(value).split(","))):
+            key, eq, val = part.partition("=")
+            key = key.strip()
+            if not LABEL_KEY.match(key):
+                raise forms.ValidationError(f"{key!r} is not a label key")
+            labels[key] = val.strip() if eq else None
+        return labels
+
+
+class LabelsFilter(filters.CharFilter):
+    field_class = LabelsField
+
+
 class HostFilterSet(filters.FilterSet):
     q = filters.CharFilter(method="filter_q", label="Name / MAC")
     state = filters.MultipleChoiceFilter(choices=HostState.choices)
@@ -22,8 +41,8 @@ class HostFilterSet(filters.FilterSet):
     online = filters.BooleanFilter()
     node_type = filters.CharFilter(method="filter_node_type", label="NodeType",
                                    help_text="hosts the NodeType's host selector matches")
-    label = filters.CharFilter(method="filter_label", label="Labels",
-                               help_text="key=value or key, comma separated, all must match: role=gpu, rack=r1")
+    label = LabelsFilter(method="filter_label", label="Labels",
+                         help_text="key=value or key, comma separated, all must match: role=gpu, rack=r1")
     tenant = filters.CharFilter(field_name="claim__tenant__name", label="Tenant",
                                 help_text="hosts serving this tenant's claims")
 
@@ -42,17 +61,9 @@ class HostFilterSet(filters.FilterSet):
         return queryset.filter(label_selector_q(node_type.host_selector))
 
     def filter_label(self, queryset, name, value):
-        labels, present = {}, []
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            key, eq, val = part.partition("=")
-            key = key.strip()
-            if not LABEL_KEY.match(key):
-                raise forms.ValidationError(f"{key!r} is not a label key")
-            if eq:
-                labels[key] = val.strip()
-            else:
-                present.append({"key": key, "operator": "Exists"})
-        return queryset.filter(label_selector_q({"matchLabels": labels, "matchExpressions": present}))
+        return queryset.filter(label_selector_q({
+            "matchLabels": {k: v for k, v in value.items() if v is not None},
+            "matchExpressions": [{"key": k, "operator": "Exists"} for k, v in value.items() if v is None]}))
 
 
 BareMetalHostFilterSet = HostFilterSet

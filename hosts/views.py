@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from events.models import Event
-from events.views import STAFF, console_view, live_cursor, page
+from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
 from pools.models import Tenant
 from vmetal_console import scoping
 
@@ -36,7 +36,7 @@ def fleet(request):
     """Hosts by state: counts, filters, a paginated table; live over /ws/fleet/. A constant number of
     queries whatever the fleet's size: one count, one page, one aggregate, the NodeTypes, the tenants."""
     cursor = live_cursor()
-    filters = HostFilterSet(request.GET, queryset=BareMetalHost.objects.all())
+    filters = list_filter(request, HostFilterSet, BareMetalHost.objects.all())
     counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all())
     node_types = tables.node_types_by_selector()
     pager = Paginator(tables.row_queryset(filters.qs).order_by("name"), page_size(request))
@@ -45,20 +45,15 @@ def fleet(request):
     query = without_state(request.GET)
     return page(request, "hosts/fleet.html", {
         "cursor": cursor, "counts": tables.state_counts(counted.qs), "page_obj": current, "rows": rows,
+        "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),
         "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "tenant")},
         "per_page": page_size(request), "page_sizes": PAGE_SIZES,
         "query": query.urlencode() if hasattr(query, "urlencode") else "",
         "ws_url": f"/ws/fleet/?{request.GET.urlencode()}", "nav": "fleet",
-        "paging_query": _without_page(request),
+        "paging_query": paging_query(request),
     })
-
-
-def _without_page(request) -> str:
-    params = request.GET.copy()
-    params.pop("page", None)
-    return params.urlencode()
 
 
 @console_view()
@@ -204,7 +199,7 @@ def repair(request):
         for h in rows:
             h.actions = tables.host_actions(h)
     return page(request, "hosts/repair.html", {"cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair",
-                                               "paging_query": _without_page(request)})
+                                               "paging_query": paging_query(request)})
 
 
 def _pks(value) -> list[int]:

@@ -15,7 +15,7 @@ from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
 from events.services import event_record
-from events.views import STAFF, console_view, is_htmx, live_cursor, page
+from events.views import STAFF, console_view, is_htmx, list_filter, live_cursor, page
 from manifests.apply import apply_files
 from manifests.source import ManifestError
 from vmetal_console import scoping
@@ -23,6 +23,8 @@ from vmetal_console import scoping
 from . import forms
 from .capacity import node_type_capacity
 from .choices import PoolKind
+from .filtersets import (NodeEnvironmentFilterSet, NodeProviderFilterSet, NodeTypeFilterSet, OSImageFilterSet,
+                         TenantFilterSet)
 from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 from .services import StaleVersion, pool_set_quantity
 
@@ -185,44 +187,54 @@ KINDS = {
 }
 
 
+# Each list filters as its /api/v1/ endpoint does, through the same FilterSet (pools.filtersets).
+
 @console_view(*STAFF)
 def provider_list(request):
-    providers = list(NodeProvider.objects.annotate(types=Count("node_types", distinct=True),
-                                                   pools_n=Count("pools", distinct=True)))
-    return page(request, "pools/provider_list.html", {"objects": providers, "kind": "providers", **_kind("providers")})
+    filters = list_filter(request, NodeProviderFilterSet, NodeProvider.objects.all())
+    providers = list(filters.qs.annotate(types=Count("node_types", distinct=True),
+                                         pools_n=Count("pools", distinct=True)))
+    return page(request, "pools/provider_list.html", {"objects": providers, "filters": filters, "kind": "providers",
+                                                       **_kind("providers")})
 
 
 @console_view(*STAFF)
 def node_type_list(request):
-    types = list(NodeType.objects.select_related("provider"))
+    filters = list_filter(request, NodeTypeFilterSet, NodeType.objects.select_related("provider"))
+    types = list(filters.qs)
     capacity = node_type_capacity(types)
     for t in types:
         t.capacity = capacity.get(t.pk, {"total": 0, "available": 0, "provisioned": 0})
         t.cost_shown = t.effective_cost()
         t.verify_shown = "every byte" if t.erase_verify_full else f"{t.erase_verify_share * 100:g}% sampled"
-    return page(request, "pools/node_type_list.html", {"objects": types, "kind": "node-types", **_kind("node-types")})
+    return page(request, "pools/node_type_list.html", {"objects": types, "filters": filters, "kind": "node-types",
+                                                        **_kind("node-types")})
 
 
 @console_view(*STAFF)
 def environment_list(request):
-    envs = list(NodeEnvironment.objects.select_related("provider", "tenant"))
+    environments = NodeEnvironment.objects.select_related("provider", "tenant")
+    filters = list_filter(request, NodeEnvironmentFilterSet, environments)
+    envs = list(filters.qs)
     for env in envs:
         env.cidr = env.properties.get(NodeEnvironment.CIDR, "")
         env.ip_range = env.properties.get(NodeEnvironment.IP_RANGE, "")
         env.dns = env.properties.get(NodeEnvironment.DNS, "")
-    return page(request, "pools/environment_list.html", {"objects": envs, "kind": "environments",
+    return page(request, "pools/environment_list.html", {"objects": envs, "filters": filters, "kind": "environments",
                                                           **_kind("environments")})
 
 
 @console_view(*STAFF)
 def image_list(request):
-    return page(request, "pools/image_list.html", {"objects": list(OSImage.objects.all()), "kind": "images",
+    filters = list_filter(request, OSImageFilterSet, OSImage.objects.all())
+    return page(request, "pools/image_list.html", {"objects": list(filters.qs), "filters": filters, "kind": "images",
                                                     **_kind("images")})
 
 
 @console_view()
 def tenant_list(request):
-    tenants = list(scoping.tenants(request.user).annotate(
+    filters = list_filter(request, TenantFilterSet, scoping.tenants(request.user))
+    tenants = list(filters.qs.annotate(
         pools_n=Count("pools", distinct=True),
         quantity=Sum("pools__quantity", filter=Q(pools__kind=PoolKind.STATIC)),
         members=Count("memberships", distinct=True)))
@@ -230,7 +242,8 @@ def tenant_list(request):
                 .values("tenant_id").annotate(n=Count("pk")).values_list("tenant_id", "n"))
     for t in tenants:
         t.live_claims = live.get(t.pk, 0)
-    return page(request, "pools/tenant_list.html", {"objects": tenants, "kind": "tenants", **_kind("tenants")})
+    return page(request, "pools/tenant_list.html", {"objects": tenants, "filters": filters, "kind": "tenants",
+                                                     **_kind("tenants")})
 
 
 def _kind(kind: str) -> dict:

@@ -4,12 +4,14 @@ gets 400 with field errors and changes nothing. Every response is checked for se
 pytest_plugins = ["tests.api_conftest"]
 
 import io  # noqa: E402
+import re  # noqa: E402
 
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 from django.core.management import CommandError, call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.urls import resolve, reverse  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
 from claims.models import NodeClaim  # noqa: E402
@@ -53,6 +55,9 @@ def test_the_openapi_schema_describes_every_endpoint(client):
     assert "bmc_password" not in host and "bmc_username" not in host  # write-only: request bodies only
     assert "bmc_password" in schema["components"]["schemas"]["HostRequest"]["properties"]
     assert set(schema["components"]["securitySchemes"]) == {"tokenAuth", "cookieAuth"}
+    # The claims page's "not released" is a filter of the API too, documented with the others.
+    phase = next(p for p in schema["paths"]["/api/v1/claims/"]["get"]["parameters"] if p["name"] == "phase")
+    assert "live" in phase["schema"]["items"]["enum"] and "Released" in phase["schema"]["items"]["enum"]
 
 
 def test_the_docs_pages_load_without_the_internet(client):
@@ -206,6 +211,67 @@ def test_filters_are_the_html_lists_filtersets(world, api):
     assert events and {e["object_name"] for e in events} == {world.claim_a.name}
     bad = api("admin", "get", "/api/v1/hosts/?state=flying")
     assert bad.status_code == 400 and "state" in bad.json()
+
+
+# (role, console page, the page's rows, API endpoint, query, whether it narrows the list or empties it): the page
+# and its endpoint filter through one FilterSet, so they list the same objects. {host_a}, {alpha}: the world's ids.
+HOST_ROW, CLAIM_ROW, EVENT_ROW, ROW = r'id="host-(\d+)"', r'id="claim-(\d+)"', r'data-event="(\d+)"', r'data-id="(\d+)"'
+LISTS = [
+    ("admin", "fleet", HOST_ROW, "/api/v1/hosts/", {"state": "available", "label": "role=gpu"}, "narrows"),
+    ("admin", "claims", CLAIM_ROW, "/api/v1/claims/", {"tenant": "alpha"}, "narrows"),
+    ("admin", "claims", CLAIM_ROW, "/api/v1/claims/", {"phase": "live"}, "narrows"),  # the page's, now the API's
+    ("admin", "claims", CLAIM_ROW, "/api/v1/claims/", {"phase": "Released", "q": "", "tenant": ""}, "narrows"),
+    ("admin", "claims", CLAIM_ROW, "/api/v1/claims/", {"pool": "gpu"}, "narrows"),  # the API's, now the page's
+    ("member_a", "claims", CLAIM_ROW, "/api/v1/claims/", {"tenant": "bravo"}, "empties"),
+    ("admin", "events", EVENT_ROW, "/api/v1/events/", {"kind": "transition", "host": "{host_a}"}, "narrows"),
+    ("admin", "events", EVENT_ROW, "/api/v1/events/", {"object_type": "claim", "tenant": "{alpha}"}, "narrows"),
+    ("member_b", "events", EVENT_ROW, "/api/v1/events/", {"actor": "tes", "object_type": "claim"}, "narrows"),
+    ("admin", "providers", ROW, "/api/v1/nodeproviders/", {"q": "spa"}, "narrows"),
+    ("admin", "node-types", ROW, "/api/v1/nodetypes/", {"provider": "metal3", "q": "server"}, "narrows"),
+    ("admin", "environments", ROW, "/api/v1/nodeenvironments/", {"tenant": "bravo"}, "narrows"),
+    ("admin", "images", ROW, "/api/v1/osimages/", {"q": "spare"}, "narrows"),
+    ("admin", "tenants", ROW, "/api/v1/tenants/", {"name": "bravo"}, "narrows"),
+    ("member_b", "tenants", ROW, "/api/v1/tenants/", {"q": "alp"}, "empties"),
+]
+
+
+@pytest.mark.parametrize("role, page, row, endpoint, query, effect", LISTS)
+def test_a_filter_lists_the_same_objects_on_the_page_and_in_the_api(world, api, client, role, page, row, endpoint,
+                                                                     query, effect):
+    claims_transition(claims=[world.claim_b], to_phase="Releasing", actor="test")
+    claims_transition(claims=[NodeClaim.objects.get(pk=world.claim_b.pk)], to_phase="Released", actor="test",
+                      fields={"host": None})
+    query = {k: v.format(host_a=world.host_a.pk, alpha=world.alpha.pk) for k, v in query.items()}
+    client.force_login(world.users[role])
+    response = client.get(reverse(page), query)
+    assert response.status_code == 200
+    assert type(response.context["filters"]) is resolve(endpoint).func.cls.filterset_class
+    on_page = {int(pk) for pk in re.findall(row, response.content.decode())}
+    listed = api(role, "get", endpoint, {**query, "page_size": 500}).json()
+    in_api = {o["id"] for o in listed["results"]}
+    assert listed["count"] < 50 and on_page == in_api  # both fit on one page
+    everything = {o["id"] for o in api(role, "get", endpoint, {"page_size": 500}).json()["results"]}
+    assert (bool(in_api) and in_api < everything) if effect == "narrows" else not in_api
+
+
+@pytest.mark.parametrize("page, endpoint, query, bad", [
+    ("fleet", "/api/v1/hosts/", {"label": "bad key!", "state": "available"}, "label"),
+    ("claims", "/api/v1/claims/", {"phase": "flying", "tenant": "alpha"}, "phase"),
+    ("events", "/api/v1/events/", {"host": "abc", "object_type": "claim"}, "host"),
+    ("providers", "/api/v1/nodeproviders/", {"kind": "flying", "q": "spa"}, "kind"),
+])
+def test_a_bad_filter_value_is_a_400_in_the_api_and_ignored_with_a_message_on_the_page(world, api, client, page,
+                                                                                        endpoint, query, bad):
+    refused = api("admin", "get", endpoint, query)
+    assert refused.status_code == 400 and bad in refused.json()
+    client.force_login(world.users["admin"])
+    response = client.get(reverse(page), query)
+    assert response.status_code == 200 and f"Filter {bad} ignored" in response.content.decode()
+    # The other filters still apply: the page lists what the API lists without the bad one.
+    good = {k: v for k, v in query.items() if k != bad}
+    listed = {o["id"] for o in api("admin", "get", endpoint, {**good, "page_size": 500}).json()["results"]}
+    assert {o.pk for o in response.context["filters"].qs} == listed
+    assert listed < {o["id"] for o in api("admin", "get", endpoint, {"page_size": 500}).json()["results"]}
 
 
 def test_node_types_show_their_capacity_in_a_constant_number_of_queries(world, api):

@@ -111,3 +111,32 @@ def test_the_claim_and_tenant_pages_run_a_constant_number_of_queries(admin_clien
     call_command("reconcile", stdout=io.StringIO())
     assert NodeClaim.objects.filter(tenant__name="two").count() == 3
     assert (queries(admin_client_, claim_url), queries(admin_client_, tenant_url)) == small
+
+
+LIST_VIEWS = [("claims", {}), ("claims", {"phase": "live", "tenant": "two"}), ("events", {}),
+              ("events", {"kind": "transition", "object_type": "host", "actor": "system"}),
+              ("node-types", {"provider": "metal3"}), ("providers", {"q": "metal"}), ("tenants", {"q": "t"}),
+              ("environments", {}), ("images", {"q": "ubuntu"})]
+
+
+def test_the_filtered_lists_run_a_constant_number_of_queries(admin_client_):
+    from pools.models import Tenant
+    from pools.services import pool_set_quantity
+
+    def add_events(n):
+        Event.objects.bulk_create([Event(kind="transition", object_type="host", object_name=f"node-{i:05d}",
+                                         from_state="available", to_state="repair", actor="system:test")
+                                   for i in range(n)])
+
+    call_command("reconcile", stdout=io.StringIO())
+    add_hosts(10)
+    add_events(2)
+    small = [queries(admin_client_, reverse(page), params) for page, params in LIST_VIEWS]
+    add_hosts(500, start=10)
+    add_events(300)
+    Tenant.objects.filter(name="two").update(quota_nodes=None)
+    pool_set_quantity(pool=pool("two", "cpu"), quantity=3, actor="test")
+    call_command("reconcile", stdout=io.StringIO())
+    assert NodeClaim.objects.filter(tenant__name="two").count() == 3
+    big = [queries(admin_client_, reverse(page), params) for page, params in LIST_VIEWS]
+    assert big == small and max(big) <= 12
