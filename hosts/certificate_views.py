@@ -1,7 +1,7 @@
 """Erase certificates on the web: the signed JSON file (download) and a printable page.
 
-Platform admins and auditors see every certificate; a tenant member sees the certificates of the erases of
-their own tenant's data (previous tenant), which is the proof they are owed."""
+Who sees which certificate is vmetal_console.scoping.erase_certificates: platform admins and auditors every
+one, a tenant member those of the erases of their own tenant's data (previous tenant), the proof they are owed."""
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
@@ -12,15 +12,8 @@ from . import certificates
 from .models import EraseCertificate
 
 
-def visible_certificates(user):
-    qs = EraseCertificate.objects.all()
-    if scoping.sees_everything(user):
-        return qs
-    return qs.filter(previous_tenant__in=list(scoping.tenants(user).values_list("name", flat=True)))
-
-
 def _certificate(request, pk: int) -> EraseCertificate:
-    cert = visible_certificates(request.user).filter(pk=pk).first()
+    cert = scoping.erase_certificates(request.user).filter(pk=pk).first()
     if cert is None:
         raise Http404("no such certificate")
     return cert
@@ -30,13 +23,16 @@ def filename(cert: EraseCertificate) -> str:
     return f"erase-certificate-{cert.host_name}-{cert.disk}-{cert.certificate_id[:8]}.json"
 
 
-@login_required
-def certificate_json(request, pk: int):
-    """The file `manage.py verify-certificate` checks: exactly as signed, byte for byte."""
-    cert = _certificate(request, pk)
+def signed_file(cert: EraseCertificate) -> HttpResponse:
+    """The file `manage.py verify-certificate` checks: exactly as signed, byte for byte (here and in the API)."""
     response = HttpResponse(certificates.render_certificate(cert), content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="{filename(cert)}"'
     return response
+
+
+@login_required
+def certificate_json(request, pk: int):
+    return signed_file(_certificate(request, pk))
 
 
 @login_required

@@ -1,16 +1,17 @@
 """Filters for the host list, shared by the fleet board (hosts.views, hosts.consumers) and the REST API
-(django-filter)."""
+(django-filter), and for the release gate's evidence (erase certificates, health runs) in the API."""
 import re
 
 import django_filters as filters
 from django import forms
 from django.db.models import Q
 
+from events.filtersets import IdFilter
 from pools.models import NodeType
 from pools.selectors import label_selector_q
 
-from .choices import HostState, PowerState
-from .models import BareMetalHost
+from .choices import HostState, PowerState, Verdict
+from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 
@@ -67,6 +68,38 @@ class HostFilterSet(filters.FilterSet):
 
 
 BareMetalHostFilterSet = HostFilterSet
+
+
+class EraseCertificateFilterSet(filters.FilterSet):
+    host = IdFilter(field_name="host_id", label="Host id")
+    host_name = filters.CharFilter(help_text="the host's name (kept when the host is gone)")
+    result = filters.ChoiceFilter(choices=Verdict.choices)
+    tenant = filters.CharFilter(field_name="previous_tenant", label="Tenant",
+                                help_text="the erases of this tenant's data (the previous tenant)")
+    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = EraseCertificate
+        fields = ["flow_id", "disk", "serial", "method"]
+
+
+class HealthCheckRunFilterSet(filters.FilterSet):
+    host = IdFilter(field_name="host_id", label="Host id")
+    host_name = filters.CharFilter(help_text="the host's name (kept when the host is gone)")
+    verdict = filters.ChoiceFilter(choices=Verdict.choices)
+    tenant = filters.CharFilter(method="filter_tenant", label="Tenant",
+                                help_text="the runs of the release gates that erased this tenant's data")
+    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = HealthCheckRun
+        fields = ["flow_id", "suite", "node_type"]
+
+    def filter_tenant(self, queryset, name, value):
+        erased = EraseCertificate.objects.filter(previous_tenant=value).values("flow_id")
+        return queryset.filter(flow_id__in=erased)
 
 
 def without_state(data):

@@ -14,7 +14,6 @@ from pools.models import Tenant
 from vmetal_console import scoping
 
 from . import services, tables
-from .certificate_views import visible_certificates
 from .choices import HostState
 from .filtersets import HostFilterSet, without_state
 from .lifecycle import ConcurrentTransition, IllegalTransition
@@ -68,20 +67,18 @@ def host_detail(request, name: str):
     context.update({
         "cursor": cursor, "inventory": tables.inventory_view(host.inventory),
         "events": tables.host_events(request.user, host),
-        # Certificates as the certificate pages scope them: staff see all, a tenant member only the erases of
-        # their own tenant's data (never another tenant's name or proof).
+        # Evidence as scoping gives it to the certificate pages and the API: staff see all, a tenant member only
+        # the erases of their own tenant's data and the health runs of those releases (never another tenant's).
         "erase_certificates": _certificates(request.user, host),
-        # Health runs belong to no tenant's use: platform staff only.
-        "health_runs": (list(HealthCheckRun.objects.filter(host=host)
-                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20])
-                        if context["sees_everything"] else None),
+        "health_runs": list(scoping.health_runs(request.user).filter(host=host)
+                            .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
     })
     return page(request, "hosts/host.html", context)
 
 
 def _certificates(user, host) -> list:
-    certificates = list(visible_certificates(user).filter(host=host).defer("document").order_by("-pk")[:20])
+    certificates = list(scoping.erase_certificates(user).filter(host=host).defer("document").order_by("-pk")[:20])
     for cert in certificates:
         cert.url = reverse("certificate", args=[cert.pk])
         cert.json_url = reverse("certificate-json", args=[cert.pk])

@@ -4,9 +4,10 @@
 and every log record, for secrets: the BMC usernames and passwords stored in the database (decrypted),
 tenant kubeconfigs (and the credentials inside them), API token keys (the database has only their hashes:
 those made with `issue_token` or returned by the token endpoint), agent tokens handed out by
-/agent/lookup and bootstrap tokens queued for agents. The only exceptions are the places whose job is to
-hand a secret to its owner: the token endpoint's creation response (the new key, shown once),
-/agent/lookup (the agent's own token) and /agent/heartbeat (a command's join token, for the agent).
+/agent/lookup, bootstrap tokens queued for agents and the key that signs erase certificates. The only
+exceptions are the places whose job is to hand a secret to its owner: the token endpoint's creation response
+(the new key, shown once), /agent/lookup (the agent's own token) and /agent/heartbeat (a command's join token,
+for the agent).
 
 It is autouse for tests/test_api*.py. For the whole suite, in the root conftest.py:
 
@@ -24,6 +25,7 @@ import re
 import secrets as random_secrets
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.db import transaction
@@ -49,6 +51,7 @@ class _Watch:
 
     # -- what is secret now
     def current(self, path: str) -> set[str]:
+        from hosts import certificates
         from hosts.models import BareMetalHost, HostCommand
         from pools.models import Tenant
 
@@ -60,6 +63,7 @@ class _Watch:
                 found.add(kubeconfig)
                 found.update(KUBECONFIG_SECRET.findall(kubeconfig))
         found.update(ISSUED_KEYS)
+        found.update((settings.CERTIFICATE_SIGNING_KEY, certificates.signing_key().hex()))
         if not path.startswith("/agent/"):
             found.update(self.agent_tokens)
             for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
@@ -255,6 +259,38 @@ def world(demo_site, apply) -> World:
     apply(BRAVO_POOLS, tenant="bravo")
     call_command("reconcile", stdout=io.StringIO())
     return World()
+
+
+def gate_evidence(host, *, flow_id: str, tenant: str, verdict: str = "pass"):
+    """One disk's erase certificate and a dcgmi health run of one gate run, as hosts.cleaning records them."""
+    from hosts import cleaning
+
+    gate = {"node_type": "gpu-server", "policy": {"method": "full", "fallback": "", "source": "NodeType gpu-server"}}
+    disk = {"name": "nvme0n1", "ok": True, "serial": f"S-{flow_id}", "model": "SAMSUNG MZWLO3T8HCLS", "type": "nvme",
+            "method": "full", "method_type": "Clear", "expectation": "zeros"}
+    read_back = {"name": "nvme0n1", "expectation": "zeros", "mode": "sampled", "direct_io": True, "passed": True,
+                 "canaries": {"planted": 64, "checked": 64, "survived": 0},
+                 "samples": {"count": 586, "chunk": 65536, "share": 0.01, "dirty": 0, "unchanged": 0}}
+    cert = cleaning.issue_certificates(host=host, flow_id=flow_id, gate=gate,
+                                       previous={"tenant": tenant, "claim": f"{tenant}-old" if tenant else ""},
+                                       erase={"disks": [disk]}, verify={"disks": [read_back], "passed": True})[0]
+    reasons = ["GPU Memory (GPU 3): Found 12 faulty memory elements on GPU 3"] if verdict == "fail" else []
+    run = cleaning.record_health(host=host, flow_id=flow_id, suite="dcgmi", gate=gate,
+                                 parsed={"verdict": verdict, "reasons": reasons, "gpus": {}},
+                                 raw={"command": "dcgmi diag -r 2 -j", "exit_code": 0, "stdout": "{}"},
+                                 thresholds={"dcgm_level": 2})
+    return cert, run
+
+
+@pytest.fixture
+def evidence(world) -> World:
+    """The world with the release gate's evidence: host_b, before bravo had it, erased after an alpha claim
+    (alpha's proof); host_a erased after a bravo claim (bravo's); and a registration of host_a with no previous
+    tenant, whose health run failed (staff only)."""
+    world.cert_a, world.run_a = gate_evidence(world.host_b, flow_id="release-alpha", tenant="alpha")
+    world.cert_b, world.run_b = gate_evidence(world.host_a, flow_id="release-bravo", tenant="bravo")
+    world.cert_none, world.run_none = gate_evidence(world.host_a, flow_id="register", tenant="", verdict="fail")
+    return world
 
 
 @pytest.fixture

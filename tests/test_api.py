@@ -4,6 +4,7 @@ gets 400 with field errors and changes nothing. Every response is checked for se
 pytest_plugins = ["tests.api_conftest"]
 
 import io  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 
 import pytest  # noqa: E402
@@ -49,7 +50,8 @@ def test_the_openapi_schema_describes_every_endpoint(client):
     for path in ("/api/v1/tenants/", "/api/v1/pools/{id}/", "/api/v1/claims/{id}/release/", "/api/v1/hosts/",
                  "/api/v1/hosts/{id}/maintenance/", "/api/v1/hosts/{id}/retry/", "/api/v1/nodeproviders/",
                  "/api/v1/nodetypes/", "/api/v1/nodeenvironments/", "/api/v1/osimages/", "/api/v1/events/",
-                 "/api/v1/apply/", "/api/v1/tokens/"):
+                 "/api/v1/apply/", "/api/v1/tokens/", "/api/v1/erase-certificates/",
+                 "/api/v1/erase-certificates/{id}/", "/api/v1/health-runs/", "/api/v1/health-runs/{id}/"):
         assert path in schema["paths"], path
     host = schema["components"]["schemas"]["Host"]["properties"]
     assert "bmc_password" not in host and "bmc_username" not in host  # write-only: request bodies only
@@ -58,6 +60,11 @@ def test_the_openapi_schema_describes_every_endpoint(client):
     # The claims page's "not released" is a filter of the API too, documented with the others.
     phase = next(p for p in schema["paths"]["/api/v1/claims/"]["get"]["parameters"] if p["name"] == "phase")
     assert "live" in phase["schema"]["items"]["enum"] and "Released" in phase["schema"]["items"]["enum"]
+    filters = {p["name"] for p in schema["paths"]["/api/v1/erase-certificates/"]["get"]["parameters"]}
+    assert {"host", "result", "tenant", "page", "page_size"} <= filters
+    filters = {p["name"] for p in schema["paths"]["/api/v1/health-runs/"]["get"]["parameters"]}
+    assert {"host", "verdict", "tenant", "page", "page_size"} <= filters
+    assert "signature" in schema["components"]["schemas"]["EraseCertificate"]["properties"]
 
 
 def test_the_docs_pages_load_without_the_internet(client):
@@ -766,6 +773,52 @@ def test_a_host_shows_its_effective_cleaning_method_and_links_to_its_evidence(wo
     # A tenant member sees its node, not the evidence of earlier tenants' erases.
     mine = api("member_a", "get", f"/api/v1/hosts/{host.pk}/").json()
     assert "erase_certificates" not in mine and "health_runs" not in mine
+
+
+def test_erase_certificates_and_health_runs_are_read_with_their_filters(world, evidence, api):
+    from hosts import certificates
+
+    def ids(role: str, path: str) -> set[int]:
+        response = api(role, "get", path)
+        assert response.status_code == 200, response.content
+        return {row["id"] for row in response.json()["results"]}
+
+    row = api("member_a", "get", f"/api/v1/erase-certificates/{world.cert_a.pk}/").json()
+    assert (row["host"], row["host_name"], row["previous_tenant"], row["claim_name"], row["result"]) == (
+        world.host_b.pk, world.host_b.name, "alpha", "alpha-old", "pass")
+    # The body and signature are those of the signed file its link serves (to a token, as the console's download
+    # does to a session), which verify-certificate says is valid.
+    assert (row["url"], row["page"]) == (f"/certificates/{world.cert_a.pk}.json", f"/certificates/{world.cert_a.pk}/")
+    signed = world.client("member_a").get(row["signed_file"])
+    assert signed.status_code == 200 and signed["Content-Disposition"].startswith('attachment; filename="erase-')
+    assert signed.content.decode() == certificates.render_certificate(world.cert_a)
+    assert certificates.verify_text(signed.content.decode())[0]
+    file = json.loads(signed.content)
+    assert (row["document"], row["signature"], row["key_id"]) == (file["certificate"], file["signature"]["value"],
+                                                                  file["signature"]["key_id"])
+    assert api("member_b", "get", row["signed_file"]).status_code == 404
+    assert api("anonymous", "get", row["signed_file"]).status_code == 401
+    certs = "/api/v1/erase-certificates/"
+    assert ids("auditor", certs) == {world.cert_a.pk, world.cert_b.pk, world.cert_none.pk}
+    assert ids("admin", certs + "?tenant=alpha") == {world.cert_a.pk}
+    assert ids("admin", f"{certs}?host={world.host_a.pk}") == {world.cert_b.pk, world.cert_none.pk}
+    assert ids("admin", f"{certs}?result=pass&tenant=bravo") == {world.cert_b.pk}
+    assert ids("admin", certs + "?result=fail") == set()
+
+    runs = "/api/v1/health-runs/"
+    assert ids("admin", runs + "?verdict=fail") == {world.run_none.pk}
+    assert ids("admin", runs + "?verdict=pass") == {world.run_a.pk, world.run_b.pk}
+    assert ids("admin", runs + "?tenant=bravo") == {world.run_b.pk}
+    assert ids("admin", f"{runs}?host={world.host_b.pk}&suite=dcgmi") == {world.run_a.pk}
+    listed = api("member_a", "get", runs).json()["results"]
+    assert [(r["id"], r["suite"], r["verdict"], r["flow_id"]) for r in listed] == [
+        (world.run_a.pk, "dcgmi", "pass", "release-alpha")]
+    assert "raw_output" not in listed[0]  # the tool's output on the run itself, not in lists
+    one = api("member_a", "get", f"{runs}{world.run_a.pk}/").json()
+    assert (one["command"], one["raw_output"], one["thresholds"]) == ("dcgmi diag -r 2 -j", "{}", {"dcgm_level": 2})
+    for bad in (certs + "?result=maybe", runs + "?verdict=maybe", runs + "?host=gpu-01"):
+        response = api("admin", "get", bad)
+        assert response.status_code == 400 and set(response.json()) & {"result", "verdict", "host"}, bad
 
 
 def test_the_host_list_fetches_evidence_in_a_constant_number_of_queries(world, api):

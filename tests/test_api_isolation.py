@@ -1,29 +1,40 @@
-"""Tenant isolation through the REST API: every endpoint × every role × list, retrieve, create, update, delete
-gets the expected status; lists hold exactly what the caller may see; a refused write changes nothing and
-an accepted one is in the Event log with the caller as actor."""
+"""Tenant isolation through the REST API: every endpoint × every role × list, retrieve, create, update (PATCH
+and PUT), delete and the endpoints' actions gets the expected status; lists hold exactly what the caller may
+see; a refused write changes nothing and an accepted one is in the Event log with the caller as actor."""
 pytest_plugins = ["tests.api_conftest"]
 
 import pytest  # noqa: E402
 
 from claims.models import NodeClaim  # noqa: E402
 from events.models import Event  # noqa: E402
+from hosts.models import EraseCertificate, HealthCheckRun  # noqa: E402
 from hosts.models import BareMetalHost  # noqa: E402
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant  # noqa: E402
+from rest_framework.authtoken.models import Token  # noqa: E402
+from tests.api_conftest import ALPHA_POOLS  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
 ROLES = ("admin", "member_a", "member_b", "auditor", "anonymous")
 # Expected statuses in ROLES order: admin, member of alpha, member of bravo, auditor, anonymous. The target
-# of retrieve / update / delete belongs to tenant alpha (or is shared configuration).
+# of retrieve / update / delete belongs to tenant alpha (or is shared configuration). "update" is a PATCH,
+# "replace" a PUT of the whole object as an admin reads it, with the same change.
 SHARED_CONFIG = {
     "list": (200, 200, 200, 200, 401),
     "retrieve": (200, 200, 200, 200, 401),
     "create": (201, 403, 403, 403, 401),
     "update": (200, 403, 403, 403, 401),
+    "replace": (200, 403, 403, 403, 401),
     "delete": (204, 403, 403, 403, 401),
 }
-READ_ONLY = {"create": (405, 405, 405, 405, 401), "update": (405, 405, 405, 405, 401),
-             "delete": (405, 405, 405, 405, 401)}
+NOT_ALLOWED = (405, 405, 405, 405, 401)
+READ_ONLY = {"create": NOT_ALLOWED, "update": NOT_ALLOWED, "replace": NOT_ALLOWED, "delete": NOT_ALLOWED}
+# The release gate's evidence: alpha's is the certificate (and health run) of an erase of alpha's data.
+EVIDENCE = {
+    "list": (200, 200, 200, 200, 401),
+    "retrieve": (200, 200, 404, 200, 401),
+    **READ_ONLY,
+}
 
 MATRIX = {
     "tenants": {
@@ -31,6 +42,7 @@ MATRIX = {
         "retrieve": (200, 200, 404, 200, 401),
         "create": (201, 403, 403, 403, 401),
         "update": (200, 403, 403, 403, 401),
+        "replace": (200, 403, 403, 403, 401),
         "delete": (202, 403, 403, 403, 401),  # alpha holds a node: its claims release first, then it goes
     },
     "pools": {
@@ -38,6 +50,7 @@ MATRIX = {
         "retrieve": (200, 200, 404, 200, 401),
         "create": (201, 201, 400, 403, 401),  # bravo's member: tenant alpha does not exist for them
         "update": (200, 200, 404, 403, 401),
+        "replace": (200, 200, 404, 403, 401),
         "delete": (204, 204, 404, 403, 401),
     },
     "claims": {
@@ -51,9 +64,14 @@ MATRIX = {
         "retrieve": (200, 200, 404, 200, 401),
         "create": (201, 403, 403, 403, 401),
         "update": (200, 403, 403, 403, 401),
-        "delete": (405, 405, 405, 405, 401),
-        "retry": (409, 403, 403, 403, 401),  # the host is provisioning, not in error: the service says why
+        "replace": (200, 403, 403, 403, 401),
+        "delete": NOT_ALLOWED,
+        # The host is provisioning: neither in error nor one that may go into maintenance; the service says why.
+        "retry": (409, 403, 403, 403, 401),
+        "maintenance": (409, 403, 403, 403, 401),
     },
+    "erase-certificates": {**EVIDENCE, "signed": (200, 200, 404, 200, 401)},  # the signed file
+    "health-runs": EVIDENCE,
     "nodeproviders": SHARED_CONFIG,
     "nodetypes": SHARED_CONFIG,
     "nodeenvironments": SHARED_CONFIG,
@@ -62,6 +80,24 @@ MATRIX = {
         "list": (200, 200, 200, 200, 401),
         "retrieve": (200, 200, 404, 200, 401),
         **READ_ONLY,
+    },
+    # Everyone signed in makes their own token (auditors need one to read); admins list and revoke anyone's,
+    # others only their own. The target is alpha's member's token; a token is never shown again (no retrieve).
+    "tokens": {
+        "list": (200, 200, 200, 200, 401),
+        "retrieve": NOT_ALLOWED,
+        "create": (201, 201, 201, 201, 401),
+        "update": NOT_ALLOWED,
+        "replace": NOT_ALLOWED,
+        "delete": (204, 204, 404, 404, 401),
+    },
+    # POST only: admins apply anything, a member only its own tenant's vcluster.yaml, auditors nothing.
+    "apply": {
+        "list": NOT_ALLOWED,
+        "create": (200, 200, 403, 403, 401),
+        "update": NOT_ALLOWED,
+        "replace": NOT_ALLOWED,
+        "delete": NOT_ALLOWED,
     },
 }
 
@@ -79,6 +115,16 @@ CREATE = {
     "nodeenvironments": {"name": "extra-env", "namespace": "p-default"},
     "osimages": {"name": "extra-image", "url": "http://127.0.0.1/extra.raw", "checksum": "cd" * 32},
     "events": {"object_type": "host", "object_name": "forged", "actor": "user:nobody"},
+    "erase-certificates": {"host_name": "forged", "disk": "nvme0n1", "result": "pass", "previous_tenant": "alpha"},
+    "health-runs": {"host_name": "forged", "suite": "dcgmi", "verdict": "pass"},
+    "tokens": {},
+    # Alpha's pools as they are, and one more (empty): a change that needs no node.
+    "apply": {"files": [{"name": "vcluster.yaml", "text": ALPHA_POOLS + """        - name: spare
+          quantity: 0
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              value: gpu-server
+"""}], "tenant": "alpha"},
 }
 UPDATE = {
     "tenants": {"display_name": "Alpha Corp"},
@@ -90,6 +136,10 @@ UPDATE = {
     "nodeenvironments": {"display_name": "Spare network"},
     "osimages": {"display_name": "Spare image"},
     "events": {"message": "rewritten history"},
+    "erase-certificates": {"result": "pass", "previous_tenant": "bravo"},
+    "health-runs": {"verdict": "pass"},
+    "tokens": {"user": "ada-admin"},
+    "apply": {"files": []},
 }
 
 
@@ -99,12 +149,21 @@ def target_id(world, resource: str) -> int:
         "nodeproviders": world.spare_provider.pk, "nodetypes": world.spare_type.pk,
         "nodeenvironments": world.spare_env.pk, "osimages": world.spare_image.pk,
         "events": Event.objects.filter(tenant=world.alpha).order_by("pk").first().pk,
+        "erase-certificates": world.cert_a.pk, "health-runs": world.run_a.pk, "tokens": world.tokens["member_a"][:8],
     }[resource]
 
 
-def visible_ids(world, resource: str, role: str) -> set[int]:
+def visible_ids(world, resource: str, role: str) -> set:
     """What each role may see, written out here rather than asked of the scoping module under test."""
     tenant = {"member_a": world.alpha, "member_b": world.bravo}.get(role)
+    if resource == "tokens":  # by prefix: the key itself is never shown again
+        keys = Token.objects.values_list("key", flat=True) if role == "admin" else [world.tokens[role]]
+        return {key[:8] for key in keys}
+    if resource in ("erase-certificates", "health-runs"):
+        model, theirs = ((EraseCertificate, {"member_a": world.cert_a, "member_b": world.cert_b}) if
+                         resource == "erase-certificates" else
+                         (HealthCheckRun, {"member_a": world.run_a, "member_b": world.run_b}))
+        return set(model.objects.values_list("pk", flat=True)) if tenant is None else {theirs[role].pk}
     if resource == "tenants":
         return {t.pk for t in Tenant.objects.all() if tenant is None or t == tenant}
     if resource == "pools":
@@ -128,20 +187,29 @@ def visible_ids(world, resource: str, role: str) -> set[int]:
 
 def request_for(world, resource: str, op: str):
     base = f"/api/v1/{resource}/"
-    item = f"{base}{target_id(world, resource)}/"
+    item = base if resource == "apply" else f"{base}{target_id(world, resource)}/"  # apply: one URL, POST only
     return {
         "list": ("get", base + "?page_size=500", None),
         "retrieve": ("get", item, None),
         "create": ("post", base, CREATE[resource]),
         "update": ("patch", item, UPDATE[resource]),
+        "replace": ("put", item, whole(world, item, UPDATE[resource])),
         "delete": ("delete", item, None),
         "release": ("post", item + "release/", {}),
         "retry": ("post", item + "retry/", {}),
+        "signed": ("get", item + "signed/", None),
+        "maintenance": ("post", item + "maintenance/", {"on": True, "reason": "fan swap"}),
     }[op]
 
 
+def whole(world, item: str, change: dict) -> dict:
+    """A PUT body: the object as an admin reads it (read-only fields are ignored), with the change."""
+    read = world.client("admin").get(item)
+    return {**read.json(), **change} if read.status_code == 200 else change
+
+
 @pytest.mark.parametrize("resource", sorted(MATRIX))
-def test_every_role_gets_the_expected_answer_from_every_endpoint(world, api, rolled_back, resource):
+def test_every_role_gets_the_expected_answer_from_every_endpoint(world, evidence, api, rolled_back, resource):
     mismatches = []
     for op, expected_by_role in MATRIX[resource].items():
         for role, expected in zip(ROLES, expected_by_role):
@@ -162,7 +230,7 @@ def test_every_role_gets_the_expected_answer_from_every_endpoint(world, api, rol
                     assert mine > mine_before, f"{role} {op} {resource}: a write without an Event naming its actor"
                 if op == "list" and response.status_code == 200:
                     body = response.json()
-                    seen = {row["id"] for row in body["results"]}
+                    seen = {row["prefix" if resource == "tokens" else "id"] for row in body["results"]}
                     want = visible_ids(world, resource, role)
                     assert body["count"] == len(want)
                     if seen != want:
@@ -181,12 +249,17 @@ def test_lists_of_members_hold_their_own_tenant_only(world, api):
         assert {e["tenant"] for e in api(role, "get", "/api/v1/events/?page_size=500").json()["results"]} == {tenant_id}
 
 
-def test_a_filter_cannot_widen_what_a_member_sees(world, api):
+def test_a_filter_cannot_widen_what_a_member_sees(world, evidence, api):
     assert api("member_a", "get", "/api/v1/pools/?tenant=bravo").json()["count"] == 0
     assert api("member_a", "get", "/api/v1/claims/?tenant=bravo").json()["count"] == 0
     assert api("member_a", "get", "/api/v1/hosts/?tenant=bravo").json()["count"] == 0
     assert api("member_a", "get", f"/api/v1/events/?tenant={world.bravo.pk}").json()["count"] == 0
     assert api("member_a", "get", "/api/v1/nodeenvironments/?tenant=bravo").json()["count"] == 0
+    for resource in ("erase-certificates", "health-runs"):
+        assert api("member_a", "get", f"/api/v1/{resource}/?tenant=bravo").json()["count"] == 0
+        # host_a serves alpha now, yet its evidence is of bravo's erase and of its registration: not alpha's.
+        assert api("member_a", "get", f"/api/v1/{resource}/?host={world.host_a.pk}").json()["count"] == 0
+        assert api("admin", "get", f"/api/v1/{resource}/?host={world.host_a.pk}").json()["count"] == 2
 
 
 def test_members_see_their_hosts_without_any_bmc_detail(world, api):

@@ -188,6 +188,10 @@ def test_the_secret_check_fails_a_response_or_a_log_line_that_carries_a_secret(w
         no_secrets_leak.check("GET", "/somewhere", HttpResponse(json.dumps({"kubeconfig": world.alpha.kubeconfig})))
     with pytest.raises(SecretLeak):
         no_secrets_leak.check("GET", "/somewhere", HttpResponse(world.tokens["auditor"]))
+    from hosts import certificates
+
+    with pytest.raises(SecretLeak):  # the key that signs erase certificates (its id is public, not the key)
+        no_secrets_leak.check("GET", "/somewhere", HttpResponse(certificates.signing_key().hex()))
     no_secrets_leak.check("GET", "/somewhere", HttpResponse("nothing to see"))
     logging.getLogger("hosts.bmc").warning("login failed with %s", password)
     with pytest.raises(SecretLeak):

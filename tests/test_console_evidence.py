@@ -110,18 +110,24 @@ def test_the_host_page_lists_certificates_with_their_printable_page_and_signed_j
     assert f'href="/certificates/{theirs.pk}.json"' in auditor_html and f'id="health-run-{run.pk}"' in auditor_html
 
 
-def test_a_tenant_member_sees_only_the_certificates_of_their_own_tenant_s_data_on_the_host_page(people,
-                                                                                                served_host):
+def test_a_tenant_member_sees_only_the_evidence_of_their_own_tenant_s_data_on_the_host_page(people, served_host):
     theirs = certificate(served_host, flow_id="f-two", tenant="two", claim="two-k3x9", serial="S-TWO")
     ours = certificate(served_host, flow_id="f-one", tenant="one", claim="one-p2q8", serial="S-ONE")
-    dcgm_run(served_host, flow_id="f-one")
+    our_run = dcgm_run(served_host, flow_id="f-one", verdict="pass")
+    their_run = dcgm_run(served_host, flow_id="f-two")
+    registration = dcgm_run(served_host, flow_id="f-register")  # no tenant's data was erased: staff only
     alice = as_user(people["alice"])
     html = page(alice, reverse("host", args=["gpu-01"]))
     assert f'href="/certificates/{ours.pk}/"' in html and f'href="/certificates/{ours.pk}.json"' in html
     assert "one-p2q8" in html
     assert f"/certificates/{theirs.pk}" not in html  # no link, no name, no serial of tenant two's erase
     assert "two-k3x9" not in html and "S-TWO" not in html and ">two<" not in html
-    assert "Health-check runs" not in html  # platform staff only
+    # The health runs of the release that erased tenant one's data, as the API gives them (vmetal_console.scoping).
+    assert f'id="health-run-{our_run.pk}"' in html
+    assert f'id="health-run-{their_run.pk}"' not in html and f'id="health-run-{registration.pk}"' not in html
+    assert "faulty memory" not in html
+    staff_html = page(as_user(people["auditor"]), reverse("host", args=["gpu-01"]))
+    assert all(f'id="health-run-{run.pk}"' in staff_html for run in (our_run, their_run, registration))
     assert alice.get(f"/certificates/{theirs.pk}.json").status_code == 404
     assert alice.get(f"/certificates/{theirs.pk}/").status_code == 404
     bob = as_user(people["bob"])  # tenant two no longer uses the host: no host page, and not one's proof

@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from claims.api.views import NodeClaimViewSet
 from events.api.views import EventViewSet
-from hosts.api.views import HostViewSet
+from hosts.api.views import EraseCertificateViewSet, HealthRunViewSet, HostViewSet
 from pools.api.apply import ApplyView
 from pools.api.tokens import TokenViewSet
 from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
@@ -18,6 +18,8 @@ router.register("tenants", TenantViewSet, basename="tenant")
 router.register("pools", NodePoolViewSet, basename="pool")
 router.register("claims", NodeClaimViewSet, basename="claim")
 router.register("hosts", HostViewSet, basename="host")
+router.register("erase-certificates", EraseCertificateViewSet, basename="erase-certificate")
+router.register("health-runs", HealthRunViewSet, basename="health-run")
 router.register("nodeproviders", NodeProviderViewSet, basename="nodeprovider")
 router.register("nodetypes", NodeTypeViewSet, basename="nodetype")
 router.register("nodeenvironments", NodeEnvironmentViewSet, basename="nodeenvironment")

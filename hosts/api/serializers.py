@@ -64,6 +64,46 @@ class HealthRunLinkSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class EraseCertificateSerializer(EraseCertificateLinkSerializer):
+    """A whole certificate: the signed body and its signature (what the signed file holds, and what
+    `verify-certificate` checks), never the key that signed it; `key_id` only names that key."""
+
+    host = serializers.IntegerField(source="host_id", read_only=True, allow_null=True,
+                                    help_text="the host's id; null once the host is gone (host_name stays)")
+    document = serializers.JSONField(read_only=True, help_text="the signed certificate body (NIST SP 800-88 "
+                                                               "Rev. 2, Appendix G)")
+    signed_file = serializers.SerializerMethodField(help_text="the signed file (as `url`) for token callers")
+
+    class Meta(EraseCertificateLinkSerializer.Meta):
+        fields = ["id", "certificate_id", "host", "host_name", "flow_id", "disk", "serial", "model", "method",
+                  "method_type", "result", "previous_tenant", "claim_name", "started_at", "ended_at", "created_at",
+                  "document", "signature", "key_id", "url", "page", "signed_file"]
+        read_only_fields = fields
+
+    def get_signed_file(self, obj) -> str:
+        return reverse("api:erase-certificate-signed", args=[obj.pk])
+
+
+class HealthRunSerializer(HealthRunLinkSerializer):
+    """A health run as listed: the verdict, the reasons in the tool's words, per-GPU detail and thresholds."""
+
+    host = serializers.IntegerField(source="host_id", read_only=True, allow_null=True,
+                                    help_text="the host's id; null once the host is gone (host_name stays)")
+
+    class Meta(HealthRunLinkSerializer.Meta):
+        fields = ["id", "host", "host_name", "flow_id", "suite", "node_type", "verdict", "reasons", "gpus",
+                  "thresholds", "exit_code", "duration_s", "created_at"]
+        read_only_fields = fields
+
+
+class HealthRunDetailSerializer(HealthRunSerializer):
+    """One health run with the tool's command, raw output and the parser's whole answer."""
+
+    class Meta(HealthRunSerializer.Meta):
+        fields = [*HealthRunSerializer.Meta.fields, "command", "raw_output", "raw_json", "parsed"]
+        read_only_fields = fields
+
+
 class EffectiveCleaningSerializer(serializers.Serializer):
     method = serializers.CharField(help_text="metadata, full or secure")
     fallback = serializers.CharField(help_text="empty: none")

@@ -1,20 +1,24 @@
 """Hosts over HTTP. Admins register hosts (the same checks as a BareMetalHost manifest), change their labels
 and settings, and act on them (maintenance on/off, retry) through hosts.services; auditors read every host;
-a tenant member sees only the hosts serving its claims, without BMC details."""
+a tenant member sees only the hosts serving its claims, without BMC details. The release gate's evidence
+(erase certificates, health runs) is read only, scoped by vmetal_console.scoping."""
 from django.db import transaction
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from events.services import object_update
-from hosts.filtersets import BareMetalHostFilterSet
+from hosts.certificate_views import signed_file
+from hosts.filtersets import BareMetalHostFilterSet, EraseCertificateFilterSet, HealthCheckRunFilterSet
 from hosts.models import BareMetalHost
 from hosts.services import host_retry, host_set_maintenance
 from pools.api.base import ScopedViewMixin, actor
 from vmetal_console import scoping
 
-from .serializers import HostSerializer, MaintenanceSerializer, RetrySerializer, TenantHostSerializer
+from .serializers import (EraseCertificateSerializer, HealthRunDetailSerializer, HealthRunSerializer, HostSerializer,
+                          MaintenanceSerializer, RetrySerializer, TenantHostSerializer)
 
 CONFLICT = OpenApiResponse(description="not allowed in the host's current state (the message says why)")
 
@@ -67,3 +71,39 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         body.is_valid(raise_exception=True)
         host_retry(host=host, actor=actor(request), reason=body.validated_data["reason"])
         return Response(self.get_serializer(self.get_object()).data)
+
+
+@extend_schema_view(
+    list=extend_schema(description="Admins and auditors see every certificate; a tenant member those of the erases "
+                                   "of its own tenant's data (the previous tenant), whichever host it was."),
+    retrieve=extend_schema(description="One certificate: the signed body and signature; `url` is the signed file "
+                                       "as `manage.py verify-certificate` checks it, `page` the printable page."))
+class EraseCertificateViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = EraseCertificateSerializer
+    filterset_class = EraseCertificateFilterSet
+
+    def get_queryset(self):
+        return scoping.erase_certificates(self.request.user)
+
+    @extend_schema(responses={(200, "application/json"): OpenApiTypes.OBJECT},
+                   description="The signed file, byte for byte as `manage.py verify-certificate` checks it (the "
+                               "same as the console's download, for token callers).")
+    @action(detail=True, methods=["get"])
+    def signed(self, request, pk=None):
+        return signed_file(self.get_object())
+
+
+@extend_schema_view(
+    list=extend_schema(description="Admins and auditors see every run; a tenant member those of the release gates "
+                                   "that erased its own tenant's data."),
+    retrieve=extend_schema(description="One run, with the tool's command, raw output and the parsed answer."))
+class HealthRunViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = HealthRunSerializer
+    filterset_class = HealthCheckRunFilterSet
+
+    def get_queryset(self):
+        runs = scoping.health_runs(self.request.user)
+        return runs if self.action == "retrieve" else runs.defer("command", "raw_output", "raw_json", "parsed")
+
+    def get_serializer_class(self):
+        return HealthRunDetailSerializer if self.action == "retrieve" else HealthRunSerializer

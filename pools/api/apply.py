@@ -70,7 +70,11 @@ class ApplyView(APIView):
     permission_classes = [ScopedPermission]
     parser_classes = [JSONParser, YAMLTextParser, YAMLTextAliasParser]
     member_actions = frozenset({"apply"})
-    action = "apply"
+
+    @property
+    def action(self) -> str | None:
+        """POST applies; any other method is no action here (405 for everyone signed in, as on the viewsets)."""
+        return "apply" if self.request.method == "POST" else None
 
     @extend_schema(request=ApplyRequestSerializer, responses={
         200: ApplyResultSerializer,

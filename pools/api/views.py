@@ -4,7 +4,7 @@ Event log with the caller as actor."""
 import re
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, viewsets
@@ -123,8 +123,7 @@ class NodeEnvironmentViewSet(ConfigViewSet):
 
     def get_queryset(self):
         environments = NodeEnvironment.objects.select_related("provider", "tenant")
-        scope = scoping.in_scope(self.request.user)
-        return environments.filter(Q(tenant__isnull=True) | scope) if scope else environments
+        return scoping.node_environments(self.request.user, environments)
 
 
 class OSImageViewSet(ConfigViewSet):
