@@ -9,8 +9,8 @@ from claims.models import NodeClaim  # noqa: E402
 from events.models import Event  # noqa: E402
 from hosts.models import EraseCertificate, HealthCheckRun  # noqa: E402
 from hosts.models import BareMetalHost  # noqa: E402
+from pools.api.models import ApiToken  # noqa: E402
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant  # noqa: E402
-from rest_framework.authtoken.models import Token  # noqa: E402
 from tests.api_conftest import ALPHA_POOLS  # noqa: E402
 
 pytestmark = pytest.mark.django_db
@@ -157,8 +157,9 @@ def visible_ids(world, resource: str, role: str) -> set:
     """What each role may see, written out here rather than asked of the scoping module under test."""
     tenant = {"member_a": world.alpha, "member_b": world.bravo}.get(role)
     if resource == "tokens":  # by prefix: the key itself is never shown again
-        keys = Token.objects.values_list("key", flat=True) if role == "admin" else [world.tokens[role]]
-        return {key[:8] for key in keys}
+        if role == "admin":
+            return set(ApiToken.objects.values_list("prefix", flat=True))
+        return {world.tokens[role][:8]}
     if resource in ("erase-certificates", "health-runs"):
         model, theirs = ((EraseCertificate, {"member_a": world.cert_a, "member_b": world.cert_b}) if
                          resource == "erase-certificates" else
