@@ -128,6 +128,9 @@ class Console:
     def cpu(self) -> float:
         return cpu_seconds([p.pid for p in self.procs])
 
+    def web_cpu(self) -> float:
+        return cpu_seconds([self.procs[0].pid])
+
     def stop(self):
         for p in self.procs:
             try:
@@ -171,6 +174,7 @@ def run_once(n: int, args) -> dict:
         registered = time.monotonic() - t0
         lab_pids = [os.getpid(), site.redfish._proc.pid]  # agents and tenant API are threads of this process
         cpu_before, lab_before, db_before, busy_before = console.cpu(), cpu_seconds(lab_pids), backends(), busy()
+        web_before = console.web_cpu()
 
         pool = (f"privateNodes:\n  autoNodes:\n    - provider: metal3\n      properties:\n"
                 f"        vcluster.com/os-image: {IMAGE_NAME}\n      static:\n        - name: gpu\n"
@@ -188,6 +192,7 @@ def run_once(n: int, args) -> dict:
             time.sleep(0.2)
         makespan = time.monotonic() - start
         cpu = console.cpu() - cpu_before
+        web_cpu = console.web_cpu() - web_before
         lab_cpu = cpu_seconds(lab_pids) - lab_before
         db_after, busy_after = backends(), busy()
         db_cpu = sum(t - db_before.get(pid, 0.0) for pid, t in db_after.items())
@@ -199,7 +204,7 @@ def run_once(n: int, args) -> dict:
             steps.setdefault(step, []).append(duration)
         assert NodePool.objects.get().quantity == n
         result = {"n": n, "registered_s": registered, "makespan_s": makespan, "cpu_per_host": cpu / n,
-                  "steps": steps, "cpu_s": {"console": cpu, "lab": lab_cpu, "postgres": db_cpu},
+                  "steps": steps, "cpu_s": {"console": cpu, "web": web_cpu, "lab": lab_cpu, "postgres": db_cpu},
                   "machine_busy": machine[0] / machine[1] if machine[1] else 0.0}
     finally:
         site.stop()
@@ -263,7 +268,8 @@ def main():
               f"console CPU {r['cpu_per_host']:.3f} CPU-s and {r['xact_per_host']:.0f} DB transactions per host",
               flush=True)
         c = r["cpu_s"]
-        print(f"        CPU-s during the makespan: console {c['console']:.1f}, lab (BMCs, agents, tenant API) "
+        print(f"        CPU-s during the makespan: console {c['console']:.1f} (web {c['web']:.1f}, workers "
+              f"{c['console'] - c['web']:.1f}), lab (BMCs, agents, tenant API) "
               f"{c['lab']:.1f}, PostgreSQL backends {c['postgres']:.1f}; whole machine "
               f"{100 * r['machine_busy']:.0f}% busy", flush=True)
     base = results[1]["makespan_s"]
