@@ -94,6 +94,7 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     import time
     import uuid
 
+    from tests.api_conftest import watch_child_log
     from vmetal_console.celery import app
 
     queue = f"test-{uuid.uuid4().hex[:12]}"
@@ -126,6 +127,7 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
                 self.proc.wait(10)
 
     worker = Worker()
+    watch_child_log(worker.log)  # no secret in what the worker logs (tests/api_conftest.py)
     worker.start()
     yield worker
     worker.kill(signal.SIGTERM)
