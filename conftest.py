@@ -7,8 +7,9 @@ from django.core.management import call_command
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent
-# Every response of every test (and every log record) is checked for secrets: BMC credentials,
-# kubeconfigs, API tokens, agent and bootstrap tokens (tests/api_conftest.py).
+# Every response, websocket frame and log record of every test (and what the browser, daphne and Celery
+# workers get or log) is checked for secrets: BMC credentials, kubeconfigs, API tokens, agent and bootstrap
+# tokens (tests/api_conftest.py).
 pytest_plugins = ["tests.api_conftest"]
 FIXTURES = ROOT / "tests" / "fixtures"
 DEMO = ROOT / "demo"

@@ -88,19 +88,19 @@ DEFAULT_RATE_LIMITS = {"lookup": (600, 60), "call": (300, 60), "call_per_address
 SCOPE_LIMITS = {"lookup": ("lookup",), "call": ("call", "call_per_address")}
 
 
-def _rate_key(request, limit: str) -> str:
-    if limit == "call":
+def _rate_key(request, name: str) -> str:
+    if name == "call":
         return hash_token(request.headers.get("Authorization", "")[:200])
     return request.META.get("REMOTE_ADDR", "")
 
 
-def _retry_after(limit_name: str, key: str) -> int:
+def _retry_after(name: str, key: str) -> int:
     """0 when the call may go on; otherwise the seconds until the window ends."""
     limits = {**DEFAULT_RATE_LIMITS, **getattr(settings, "AGENT_RATE_LIMITS", {})}
-    limit, window = limits[limit_name]
+    limit, window = limits[name]
     now = time.time()
     start = int(now // window * window)
-    cache_key = f"agent-rate:{limit_name}:{key}:{start}"
+    cache_key = f"agent-rate:{name}:{key}:{start}"
     cache.add(cache_key, 0, timeout=window + 5)
     try:
         count = cache.incr(cache_key)
