@@ -7,8 +7,9 @@ from django.core.management import call_command
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent
-# Every response of every test (and every log record) is checked for secrets: BMC credentials,
-# kubeconfigs, API tokens, agent and bootstrap tokens (tests/api_conftest.py).
+# Every response, websocket frame and log record of every test (and what the browser, daphne and Celery
+# workers get or log) is checked for secrets: BMC credentials, kubeconfigs, API tokens, agent and bootstrap
+# tokens (tests/api_conftest.py).
 pytest_plugins = ["tests.api_conftest"]
 FIXTURES = ROOT / "tests" / "fixtures"
 DEMO = ROOT / "demo"
@@ -94,6 +95,7 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     import time
     import uuid
 
+    from tests.api_conftest import watch_child_log
     from vmetal_console.celery import app
 
     queue = f"test-{uuid.uuid4().hex[:12]}"
@@ -126,6 +128,7 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
                 self.proc.wait(10)
 
     worker = Worker()
+    watch_child_log(worker.log)  # no secret in what the worker logs (tests/api_conftest.py)
     worker.start()
     yield worker
     worker.kill(signal.SIGTERM)

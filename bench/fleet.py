@@ -33,6 +33,8 @@ os.environ["DATABASE_URL"] = os.environ.get("FLEET_DATABASE_URL", "postgres://ro
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
 os.environ.setdefault("DRIVE_STALE_EVERY_S", "5")
 os.environ.setdefault("AGENT_SILENCE_S", "30")
+# Every agent of the lab calls from 127.0.0.1: --hosts agents heartbeating each second, plus results.
+os.environ.setdefault("AGENT_CALL_ADDRESS_LIMIT", "1000000")
 os.environ.setdefault("SECRET_KEY", "fleet-bench-" + os.urandom(8).hex())  # the console runs with DEBUG off
 CLK = os.sysconf("SC_CLK_TCK")
 NETWORK = """\

@@ -79,24 +79,28 @@ def _endpoint(view):
 # --- Rate limits -----------------------------------------------------------------------------------
 # A fixed window per key in the cache (shared by every web process when it is Redis). Lookup is counted per
 # client address: many lab agents share 127.0.0.1, so its limit is generous. Heartbeat and result are
-# counted per token (a hash of it: tokens never go into cache keys); an agent heartbeats once a second.
-# Over the limit: 429 with Retry-After, and the call changes nothing; the agent backs off and retries.
+# counted per token (a hash of it: tokens never go into cache keys), since an agent heartbeats once a second,
+# and also per client address under a separate, higher limit ("call_per_address"): a flood of random forged
+# tokens is a new key per call and would never reach the per-token limit.
+# Over a limit: 429 with Retry-After, and the call changes nothing; the agent backs off and retries.
 
-DEFAULT_RATE_LIMITS = {"lookup": (600, 60), "call": (300, 60)}
-
-
-def _rate_key(request, scope: str) -> str:
-    if scope == "lookup":
-        return request.META.get("REMOTE_ADDR", "")
-    return hash_token(request.headers.get("Authorization", "")[:200])
+DEFAULT_RATE_LIMITS = {"lookup": (600, 60), "call": (300, 60), "call_per_address": (6000, 60)}
+SCOPE_LIMITS = {"lookup": ("lookup",), "call": ("call", "call_per_address")}
 
 
-def _retry_after(scope: str, key: str) -> int:
+def _rate_key(request, name: str) -> str:
+    if name == "call":
+        return hash_token(request.headers.get("Authorization", "")[:200])
+    return request.META.get("REMOTE_ADDR", "")
+
+
+def _retry_after(name: str, key: str) -> int:
     """0 when the call may go on; otherwise the seconds until the window ends."""
-    limit, window = getattr(settings, "AGENT_RATE_LIMITS", DEFAULT_RATE_LIMITS)[scope]
+    limits = {**DEFAULT_RATE_LIMITS, **getattr(settings, "AGENT_RATE_LIMITS", {})}
+    limit, window = limits[name]
     now = time.time()
     start = int(now // window * window)
-    cache_key = f"agent-rate:{scope}:{key}:{start}"
+    cache_key = f"agent-rate:{name}:{key}:{start}"
     cache.add(cache_key, 0, timeout=window + 5)
     try:
         count = cache.incr(cache_key)
@@ -111,7 +115,8 @@ def rate_limited(scope: str):
         @wraps(view)
         def wrapper(request, *args, **kwargs):
             try:
-                retry = _retry_after(scope, _rate_key(request, scope))
+                # Every limit of the scope counts this call, so a flood stays over all of them.
+                retry = max(_retry_after(name, _rate_key(request, name)) for name in SCOPE_LIMITS[scope])
             except Exception:  # the cache is down: serve the agent rather than fail it
                 log.warning("agent rate limit not checked: cache unavailable", exc_info=True)
                 retry = 0

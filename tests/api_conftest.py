@@ -1,13 +1,33 @@
 """Fixtures of the API tests, loaded with `pytest_plugins = ["tests.api_conftest"]`.
 
-`no_secrets_leak` checks every response that django.test.Client (and DRF's APIClient, a subclass) returns,
-and every log record, for secrets: the BMC usernames and passwords stored in the database (decrypted),
-tenant kubeconfigs (and the credentials inside them), API token keys (the database has only their hashes:
-those made with `issue_token` or returned by the token endpoint), agent tokens handed out by
-/agent/lookup, bootstrap tokens queued for agents and the key that signs erase certificates. The only
-exceptions are the places whose job is to hand a secret to its owner: the token endpoint's creation response
-(the new key, shown once), /agent/lookup (the agent's own token) and /agent/heartbeat (a command's join token,
-for the agent).
+`no_secrets_leak` fails a test when a secret leaves the console: the BMC usernames and passwords stored in the
+database (decrypted), tenant kubeconfigs (and the credentials inside them), API token keys (the database has
+only their hashes: those made with `issue_token` or returned by the token endpoint), the key that signs erase
+certificates, agent tokens handed out by /agent/lookup, bootstrap (join) tokens (those queued for agents in
+HostCommand.secret_args, and every token this process made through claims.tenant_api: the whole token and its
+secret part). It checks
+
+- every response of django.test.Client (and DRF's APIClient, a subclass);
+- every websocket frame a test receives through channels' WebsocketCommunicator;
+- every text response and websocket frame of a browser context passed to `watch_browser` (the console
+  fixtures' Chromium, against daphne);
+- every log record of this process, at the end of the test against the secrets of that moment (and all seen
+  before), and what child processes (daphne, Celery workers) wrote to the logs registered with
+  `watch_child_log` while the test ran.
+
+The only exceptions are responses whose job is to hand a secret to its owner, each exactly that secret:
+
+- POST /api/v1/tokens (201): the new key, shown once;
+- POST /agent/lookup (200): the token it returns, when it is the active session's of the host it names;
+- POST /agent/heartbeat (200): the secret args of the command it returns, when that command is the calling
+  agent's own host's (the host of the session its bearer token opens); never another host's;
+- POST /tenants/<name>/join/ (200, the "Join Node…" button; django.test.Client only): the bootstrap token made
+  while serving that very request, when the logged-in user may join nodes to tenant <name>: an admin (staff) or
+  a member (TenantMembership) of it. Not an auditor, not on any later page, not in a browser (whose user the
+  check does not know).
+
+A browser event handler cannot fail a test (nor read the database safely): what the browser received is checked
+when the test ends, against every secret seen during the test and those the database holds then.
 
 It is autouse for tests/test_api*.py. For the whole suite, in the root conftest.py:
 
@@ -23,6 +43,8 @@ import json
 import logging
 import re
 import secrets as random_secrets
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -34,8 +56,17 @@ from rest_framework.test import APIClient
 
 MIN_SECRET_LENGTH = 6  # shorter values ("admin", "root") are ordinary words: a substring check means nothing
 KUBECONFIG_SECRET = re.compile(r"(?:token|client-key-data|client-certificate-data|password)\s*:\s*[\"']?([^\s\"']+)")
+BOOTSTRAP_TOKEN = re.compile(r"\b[a-z0-9]{6}\.([a-z0-9]{16})\b")  # <id>.<secret>: the id alone is no secret
 TOKEN_PATHS = ("/api/v1/tokens", "/api/v1/tokens/")
 ISSUED_KEYS: set[str] = set()  # API token keys seen in plain text: the database holds only hashes
+JOIN_PATH = re.compile(r"/tenants/([^/]+)/join/")
+TEXT_TYPES = ("text/", "application/json", "application/javascript", "application/xml")
+CHILD_LOGS: list[Path] = []  # log files of child processes (daphne, Celery workers), see watch_child_log
+
+
+def watch_child_log(path: Path) -> None:
+    """Have no_secrets_leak read what a child process writes to `path` while each test runs."""
+    CHILD_LOGS.append(Path(path))
 
 
 class SecretLeak(AssertionError):
@@ -46,16 +77,25 @@ class _Watch:
     def __init__(self):
         self.known: set[str] = set()  # every secret seen so far in this test (for the log check at the end)
         self.agent_tokens: set[str] = set()
+        self.bootstrap_tokens: set[str] = set()  # made through claims.tenant_api in this process
+        self.made_in_request: set[str] = set()  # ... while serving the current django.test.Client request
+        self.pinned: set[str] | None = None
         self.records: list[logging.LogRecord] = []
+        self.browser_texts: list[tuple[str, str, int, str]] = []  # what the browser got, checked at the end
+        self.leaks: list[str] = []  # what check_browser found
+        self.uses_db = False  # whether the database may be read at the end
+        self.offsets: dict[Path, int] = {}  # each child log's size when the test began
         self.checked = 0
 
     # -- what is secret now
-    def current(self, path: str) -> set[str]:
+    def current(self) -> set[str]:
         from hosts import certificates
         from hosts.models import BareMetalHost, HostCommand
         from pools.models import Tenant
 
-        found = set()
+        if self.pinned is not None:
+            return self.pinned
+        found = set(self.agent_tokens | self.bootstrap_tokens)
         for username, password in BareMetalHost.objects.values_list("bmc_username", "bmc_password"):
             found.update((username or "", password or ""))
         for kubeconfig in Tenant.objects.values_list("kubeconfig", flat=True):
@@ -64,32 +104,68 @@ class _Watch:
                 found.update(KUBECONFIG_SECRET.findall(kubeconfig))
         found.update(ISSUED_KEYS)
         found.update((settings.CERTIFICATE_SIGNING_KEY, certificates.signing_key().hex()))
-        if not path.startswith("/agent/"):
-            found.update(self.agent_tokens)
-            for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
-                found.update(_strings(json.loads(text)))
+        for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
+            found.update(_command_secrets(text))
         return {s for s in found if len(s) >= MIN_SECRET_LENGTH}
+
+    def pin(self) -> set[str]:
+        """From now on, check against the secrets of this moment instead of what the database holds (a fuzzer
+        sets credentials that are ordinary words, which its own error messages may well contain)."""
+        self.pinned = self.current()
+        return self.pinned
+
+    def bootstrap_token_made(self, token: str, secret: str) -> None:
+        self.bootstrap_tokens |= {token, secret}
+        self.made_in_request |= {token, secret}
+
+    # -- the exceptions (see the module's docstring)
+    def owned(self, method: str, path: str, status: int, body: str, request) -> set[str]:
+        """The secrets that this django.test.Client response may carry to the one who asked for it."""
+        from hosts.agent_api import _command_pk, hash_token
+        from hosts.models import AgentSession, HostCommand
+        from pools.models import TenantMembership
+
+        if method != "POST" or status != 200 or request is None:
+            return set()
+        if path.rstrip("/") == "/agent/lookup":
+            answer = json.loads(body)
+            token = answer.get("token") or ""
+            self.agent_tokens.add(token)
+            own = AgentSession.objects.filter(host_id=answer.get("host_id"), token_hash=hash_token(token),
+                                              active=True).exists()
+            return {token} if own else set()
+        if path.rstrip("/") == "/agent/heartbeat":
+            bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            caller = AgentSession.objects.filter(token_hash=hash_token(bearer)).values_list("host_id", flat=True)
+            command = (json.loads(body).get("command") or {}).get("id")
+            args = HostCommand.objects.filter(pk=_command_pk(command), host_id__in=list(caller)).values_list(
+                "secret_args", flat=True).first()
+            return _command_secrets(args or "")
+        join = JOIN_PATH.fullmatch(path)
+        if join and (getattr(request.user, "is_staff", False) or
+                     TenantMembership.objects.filter(tenant__name=join[1], user_id=request.user.pk).exists()):
+            return set(self.made_in_request)
+        return set()
 
     def check(self, method: str, path: str, response) -> None:
         """A django.test.Client response."""
         headers = "\n".join(f"{k}: {v}" for k, v in response.items())
-        self.check_text(method, path, response.status_code, _text(response) + "\n" + headers,
-                        getattr(response, "data", None))
+        body = _text(response)
+        owned = self.owned(method, path, response.status_code, body, getattr(response, "wsgi_request", None))
+        self.check_text(method, path, response.status_code, body + "\n" + headers, getattr(response, "data", None),
+                        allowed=owned)
 
-    def check_text(self, method: str, path: str, status: int, text: str, data=None, secrets=None) -> None:
+    def check_text(self, method: str, path: str, status: int, text: str, data=None, secrets=None,
+                   allowed=frozenset()) -> None:
         """Any response, as its status and its text (body and headers). `secrets`: check for these instead of
-        what the database holds now (a fuzzer sets credentials that are ordinary words)."""
+        what the database holds now; `allowed`: the secrets this response hands to their owner."""
         self.checked += 1
-        allowed = set()
+        allowed = set(allowed)
         if method == "POST" and path.rstrip("/") == TOKEN_PATHS[0] and status == 201:
-            allowed.add(data["token"] if isinstance(data, dict) else json.loads(text.split("\n", 1)[0])["token"])
-            ISSUED_KEYS.update(allowed)
-        if path.startswith("/agent/lookup") and status == 200:
-            match = re.search(r'"token":\s*"([^"]+)"', text)
-            if match:
-                self.agent_tokens.add(match.group(1))
-                allowed.add(match.group(1))
-        secrets = self.current(path) if secrets is None else secrets
+            key = data["token"] if isinstance(data, dict) else json.loads(text.split("\n", 1)[0])["token"]
+            ISSUED_KEYS.add(key)
+            allowed.add(key)
+        secrets = self.current() if secrets is None else secrets
         self.known |= secrets
         for secret in secrets - allowed:
             for form in _forms(secret):
@@ -105,6 +181,81 @@ class _Watch:
                 if secret in text:
                     raise SecretLeak(f"a log line of {record.name} contains a secret ({secret[:3]}…): "
                                      f"{record.levelname} {record.getMessage()[:80]}")
+
+    def check_child_logs(self, offsets: dict[Path, int]) -> None:
+        """What child processes logged since the test began (`offsets`: each log's size then; 0 for a log
+        registered meanwhile)."""
+        for path in dict.fromkeys(CHILD_LOGS):
+            if not path.exists():
+                continue
+            with path.open("rb") as f:
+                f.seek(offsets.get(path, 0))
+                text = f.read().decode("utf-8", errors="replace")
+            for secret in self.known:
+                if secret in text:
+                    line = next(line for line in text.splitlines() if secret in line)
+                    raise SecretLeak(f"{path.name}, a child process's log, contains a secret ({secret[:3]}…): "
+                                     f"{line.replace(secret, '…')[:120]}")
+
+    def finish(self) -> None:
+        """The end of the test: what the browser got, then every log line (this process's and the children's
+        since the test began) against every secret seen and those the database holds now."""
+        if self.uses_db:
+            self.known |= self.current()
+        self.check_browser()
+        self.check_logs()
+        self.check_child_logs(self.offsets)
+
+    # -- a browser (Playwright, sync API) and websockets
+    def watch_browser(self, context) -> None:
+        """Check every text response and websocket frame that pages of this browser context receive."""
+        def on_response(response):
+            kind = response.headers.get("content-type", "")
+            if 300 <= response.status < 400 or not kind.startswith(TEXT_TYPES):
+                return
+            try:
+                body = response.text()
+            except Exception:  # the page went on meanwhile and the browser dropped the body: nothing to read
+                return
+            headers = "\n".join(f"{k}: {v}" for k, v in response.headers.items())
+            self.browser_check(response.request.method, urlsplit(response.url).path, response.status,
+                               body + "\n" + headers)
+
+        def on_websocket(socket):
+            path = urlsplit(socket.url).path
+            socket.on("framereceived", lambda payload: self.browser_check(
+                "WS", path, 101, payload if isinstance(payload, str) else payload.decode("utf-8", "replace")))
+
+        context.on("response", on_response)
+        context.on("page", lambda page: page.on("websocket", on_websocket))
+        for page in context.pages:
+            page.on("websocket", on_websocket)
+
+    def browser_check(self, method: str, path: str, status: int, text: str) -> None:
+        # No database here: the handler runs in Playwright's event loop, where Django would open a connection
+        # of its own and leave it open. What the browser got is checked when the test ends.
+        self.browser_texts.append((method, path, status, text))
+
+    def check_browser(self) -> None:
+        self.leaks = []
+        for method, path, status, text in self.browser_texts:
+            try:
+                self.check_text(method, path, status, text, secrets=self.known)
+            except SecretLeak as leak:
+                self.leaks.append(str(leak))
+        self.browser_texts.clear()
+        if self.leaks:
+            raise SecretLeak(f"the browser received {len(self.leaks)} secret(s): " + "; ".join(self.leaks[:3]))
+
+
+def _command_secrets(secret_args: str) -> set[str]:
+    """A command's secret args: each string, and the bootstrap tokens inside them (a join line in user_data)."""
+    found = set()
+    for text in _strings(json.loads(secret_args)) if secret_args else []:
+        found.add(text)
+        for match in BOOTSTRAP_TOKEN.finditer(text):
+            found |= {match[0], match[1]}
+    return found
 
 
 def _strings(value) -> list[str]:
@@ -145,24 +296,54 @@ class _Recorder(logging.Handler):
 
 
 @pytest.fixture
-def no_secrets_leak(monkeypatch):
-    """Fails the test when a response or a log line carries a secret (see the module's docstring)."""
+def no_secrets_leak(request, monkeypatch):
+    """Fails the test when a response, a websocket frame, a log line or a child's log carries a secret (see
+    the module's docstring)."""
+    from channels.testing import WebsocketCommunicator
+    from channels.db import database_sync_to_async
+
+    from claims.tenant_api import BootstrapToken
+
+    # The end-of-test check reads the database: have it set up before this fixture, so torn down after it.
+    uses_db = bool(request.node.get_closest_marker("django_db")) or "_django_db_helper" in request.fixturenames
+    if uses_db:
+        request.getfixturevalue("_django_db_helper")
     watch = _Watch()
     original = django_client.Client.request
 
-    def request(self, **request):
+    def client_request(self, **request):
+        watch.made_in_request = set()
         response = original(self, **request)
         watch.check(request.get("REQUEST_METHOD", "GET"), request.get("PATH_INFO", ""), response)
         return response
 
-    monkeypatch.setattr(django_client.Client, "request", request)
+    receive_output = WebsocketCommunicator.receive_output
+
+    async def websocket_receive(self, timeout=1):
+        message = await receive_output(self, timeout)
+        if message.get("type") == "websocket.send":
+            text = message.get("text") or (message.get("bytes") or b"").decode("utf-8", errors="replace")
+            await database_sync_to_async(watch.check_text)("WS", self.scope["path"], 101, text)
+        return message
+
+    token = BootstrapToken.token
+
+    def bootstrap_token(self):
+        watch.bootstrap_token_made(token.fget(self), self.secret)
+        return token.fget(self)
+
+    monkeypatch.setattr(django_client.Client, "request", client_request)
+    monkeypatch.setattr(WebsocketCommunicator, "receive_output", websocket_receive)
+    monkeypatch.setattr(BootstrapToken, "token", property(bootstrap_token))
+    watch.uses_db = uses_db
+    watch.offsets = {path: path.stat().st_size for path in CHILD_LOGS if path.exists()}
     recorder = _Recorder(watch)
     logging.getLogger().addHandler(recorder)
     try:
         yield watch
     finally:
         logging.getLogger().removeHandler(recorder)
-    watch.check_logs()
+    watch.finish()
     ISSUED_KEYS.clear()
 
 

@@ -15,6 +15,7 @@ from django.db import connection
 from hosts.models import BareMetalHost
 from pools.models import NodePool, Tenant, TenantMembership
 
+from .api_conftest import watch_child_log
 from .lab_conftest import FAST
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +130,7 @@ def console_server(django_db_setup, django_db_blocker, tmp_path_factory):
            # processes do: the lab's workers run with FAST's silence limit.
            **{name: value for name, value in FAST.items() if name.startswith("AGENT_")}}
     server = ConsoleServer(env, tmp_path_factory.mktemp("daphne") / "daphne.log")
+    watch_child_log(server.log)  # read for secrets at the end of each test (tests/api_conftest.py)
     yield server
     server.stop()
 
@@ -157,8 +159,9 @@ def browser():
 
 
 @pytest.fixture
-def browser_page(browser, console_server):
+def browser_page(browser, console_server, no_secrets_leak):
     context = browser.new_context(base_url=console_server.url, viewport={"width": 1360, "height": 900})
+    no_secrets_leak.watch_browser(context)  # every page and websocket frame the browser gets, checked
     page = context.new_page()
     page.set_default_timeout(15000)
     yield page

@@ -5,6 +5,7 @@ pytest_plugins = ["tests.api_conftest"]
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import secrets as random_secrets  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
@@ -108,6 +109,24 @@ def test_the_default_limits_let_a_lab_of_agents_on_one_address_work(booting_host
     assert beats == {200}
 
 
+def test_a_flood_of_forged_tokens_from_one_address_gets_429_and_other_agents_go_on(booting_host, settings):
+    settings.AGENT_RATE_LIMITS = {"lookup": (600, 60), "call": (3, 3600), "call_per_address": (10, 3600)}
+    token = post(agent_client(), "/agent/lookup", {"macs": [booting_host.boot_mac], "boot_id": "b1"}).json()["token"]
+    session = AgentSession.objects.get(boot_id="b1")
+    flood = agent_client()
+    answers = [post(flood, "/agent/heartbeat", {"host_id": booting_host.pk, "status": "idle"},
+                    token=random_secrets.token_urlsafe(32)).status_code for _ in range(20)]
+    assert answers == [403] * 10 + [429] * 10  # each forged token is new: only the address's count stops them
+    assert post(flood, "/agent/heartbeat", {"host_id": booting_host.pk, "status": "idle"},
+                token=token).status_code == 429  # from that address, even a valid token waits
+    assert AgentSession.objects.get(pk=session.pk).last_seen_at == session.last_seen_at
+    assert HostCommand.objects.get(host=booting_host).status == CommandStatus.QUEUED
+
+    beat = post(agent_client(), "/agent/heartbeat", {"host_id": booting_host.pk, "status": "idle"}, token=token)
+    assert beat.status_code == 200 and beat.json()["command"]["name"] == "inspect"  # the agent elsewhere goes on
+    assert HostCommand.objects.get(host=booting_host).status == CommandStatus.SENT
+
+
 # --- logins, CSRF, cookies, passwords -------------------------------------------------------------
 
 @pytest.fixture
@@ -197,3 +216,127 @@ def test_the_secret_check_fails_a_response_or_a_log_line_that_carries_a_secret(w
     with pytest.raises(SecretLeak):
         no_secrets_leak.check_logs()
     no_secrets_leak.records.clear()
+
+
+def test_a_log_line_with_a_secret_fails_the_test_even_when_no_response_was_checked(demo_site, no_secrets_leak):
+    from tests.api_conftest import SecretLeak
+
+    password = BareMetalHost.objects.get(name="gpu-01").bmc_password
+    logging.getLogger("hosts.bmc").warning("login failed with %s", password)
+    assert no_secrets_leak.checked == 0
+    with pytest.raises(SecretLeak, match="a log line of hosts.bmc"):
+        no_secrets_leak.finish()  # what the fixture does when the test ends
+    no_secrets_leak.records.clear()
+
+
+def test_a_child_process_that_logs_a_secret_fails_the_test(demo_site, no_secrets_leak, tmp_path):
+    from tests.api_conftest import SecretLeak, watch_child_log
+
+    log = tmp_path / "child.log"
+    watch_child_log(log)  # as the Celery worker and daphne fixtures do
+    password = BareMetalHost.objects.get(name="gpu-02").bmc_password
+    with log.open("w") as out:
+        subprocess.run([sys.executable, "-c", "import sys; print('redfish login as', sys.argv[1])", password],
+                       stdout=out, check=True)
+    with pytest.raises(SecretLeak, match="child.log, a child process's log"):
+        no_secrets_leak.finish()
+    log.write_text("")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_websocket_frame_with_a_secret_fails_where_the_test_receives_it(demo_site):
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from tests.api_conftest import SecretLeak
+
+    password = await database_sync_to_async(lambda: BareMetalHost.objects.get(name="gpu-03").bmc_password)()
+
+    async def leaky(scope, receive, send):  # a consumer that sends what it must not
+        await receive()
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": "<td>ok</td>"})
+        await send({"type": "websocket.send", "text": f"<td>{password}</td>"})
+
+    communicator = WebsocketCommunicator(leaky, "/ws/fleet/")
+    assert (await communicator.connect())[0]
+    assert await communicator.receive_from() == "<td>ok</td>"
+    with pytest.raises(SecretLeak, match="WS /ws/fleet/"):
+        await communicator.receive_from()
+    await communicator.disconnect()
+
+
+def test_an_agent_gets_its_own_hosts_token_and_secret_args_never_another_hosts(booting_host, no_secrets_leak):
+    from django.test import RequestFactory
+
+    from tests.api_conftest import SecretLeak
+
+    other = BareMetalHost.objects.get(name="gpu-03")
+    host_transition(host=other, to_state=HostState.INSPECTING, actor="test")
+    BareMetalHost.objects.filter(pk=other.pk).update(flow={"id": "flow-2", "name": "inspect", "done": {}})
+    HostCommand.objects.create(host=other, flow_id="flow-2", step="inspect", name="inspect",
+                               secret_args=json.dumps({"join_token": "ghijkl.ghijklmnopqrstuv"}))
+    agent = agent_client()
+    lookup = post(agent, "/agent/lookup", {"macs": [booting_host.boot_mac], "boot_id": "b1"}).json()
+    own = post(agent, "/agent/heartbeat", {"host_id": booting_host.pk, "status": "idle"}, token=lookup["token"])
+    assert own.json()["command"]["args"] == {"join_token": "abcdef.0123456789abcdef"}  # passed the check
+    other_token = post(agent_client(), "/agent/lookup", {"macs": [other.boot_mac], "boot_id": "b2"}).json()["token"]
+    mine = HostCommand.objects.get(host=booting_host).public_id
+    theirs = HostCommand.objects.get(host=other).public_id
+
+    def heartbeat_answer(command_id, args):
+        response = HttpResponse(json.dumps({"command": {"id": command_id, "name": "inspect", "args": args}}))
+        response.wsgi_request = RequestFactory().post("/agent/heartbeat",
+                                                      HTTP_AUTHORIZATION=f"Bearer {lookup['token']}")
+        return response
+
+    no_secrets_leak.check("POST", "/agent/heartbeat", heartbeat_answer(mine, {"join_token": "abcdef.0123456789abcdef"}))
+    for command_id in (theirs, mine):  # another host's args, under its command's id or under the agent's own
+        with pytest.raises(SecretLeak):
+            no_secrets_leak.check("POST", "/agent/heartbeat",
+                                  heartbeat_answer(command_id, {"join_token": "ghijkl.ghijklmnopqrstuv"}))
+    with pytest.raises(SecretLeak):  # the bootstrap token's secret part alone is a secret too
+        no_secrets_leak.check("POST", "/agent/heartbeat", heartbeat_answer(mine, {"note": "ghijklmnopqrstuv"}))
+    foreign_lookup = HttpResponse(json.dumps({"host_id": booting_host.pk, "token": other_token}))
+    foreign_lookup.wsgi_request = RequestFactory().post("/agent/lookup")
+    with pytest.raises(SecretLeak):  # a lookup answer with another host's token
+        no_secrets_leak.check("POST", "/agent/lookup", foreign_lookup)
+    with pytest.raises(SecretLeak):  # and an agent token anywhere else
+        no_secrets_leak.check("GET", "/hosts/gpu-02/", HttpResponse(lookup["token"]))
+
+
+def test_a_join_token_is_shown_to_a_member_of_its_tenant_on_the_join_answer_only(world, no_secrets_leak, monkeypatch):
+    from django.test import RequestFactory
+    from django.utils import timezone
+
+    from claims import tenant_api
+    from pools.models import Tenant
+    from tests.api_conftest import SecretLeak
+
+    secret = "".join(random_secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(16))
+    monkeypatch.setattr(tenant_api.TenantAPI, "create_bootstrap_token", lambda self, ttl_s=0, description="":
+                        tenant_api.BootstrapToken(id="abcdef", secret=secret, expires_at=timezone.now()))
+    Tenant.objects.filter(pk=world.alpha.pk).update(
+        api_endpoint="10.0.0.5:443", kubeconfig="apiVersion: v1\nclusters:\n- name: a\n  cluster:\n    server: x\n")
+    member = Client()
+    member.force_login(world.users["member_a"])
+    answer = member.post("/tenants/alpha/join/", HTTP_HX_REQUEST="true")  # checked centrally, and allowed
+    assert f"abcdef.{secret}" in answer.content.decode()
+
+    def join_answer(path, user):
+        response = HttpResponse(f"<pre>token=abcdef.{secret}</pre>")
+        response.wsgi_request = RequestFactory().post(path)
+        response.wsgi_request.user = user
+        return response
+
+    no_secrets_leak.made_in_request = {f"abcdef.{secret}", secret}  # as if the token were made just now
+    for path, user in [("/tenants/alpha/join/", world.users["member_b"]),  # a member of another tenant
+                       ("/tenants/alpha/join/", world.users["admin"]),  # not a member
+                       ("/tenants/bravo/join/", world.users["member_a"]),  # another tenant's page
+                       ("/tenants/alpha/", world.users["member_a"])]:  # any other page
+        with pytest.raises(SecretLeak):
+            no_secrets_leak.check("POST", path, join_answer(path, user))
+    no_secrets_leak.made_in_request = set()
+    with pytest.raises(SecretLeak):  # a token made by an earlier request
+        no_secrets_leak.check("POST", "/tenants/alpha/join/", join_answer("/tenants/alpha/join/", world.users["member_a"]))

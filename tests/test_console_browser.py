@@ -199,3 +199,20 @@ def test_quota_exceeded_shows_a_clear_error_and_changes_nothing(browser_page, us
     assert error.inner_text() == "tenant one may have at most 2 node(s); these pools ask for 3"
     assert pool("one", "gpu").quantity == 0
     assert not NodeClaim.objects.filter(tenant__name="one").exists()
+
+
+def test_a_secret_that_reaches_the_browser_fails_the_test(browser_page, users, no_secrets_leak):
+    from tests.api_conftest import SecretLeak
+
+    page = browser_page
+    log_in(page, "root-admin")
+    host = BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()
+    # A BMC password that is also a word the board shows: each page and frame that names the host carries it.
+    BareMetalHost.objects.filter(pk=host.pk).update(bmc_password=f"host-{host.pk}")
+    page.reload()
+    wait_live(page)
+    with_thread(host_set_maintenance, host=host, on=True, actor="test", reason="fan swap")
+    page.wait_for_selector(f'#host-{host.pk}[data-state="maintenance"]')
+    with pytest.raises(SecretLeak, match="the browser received"):
+        no_secrets_leak.finish()  # what the fixture does when the test ends
+    assert {leak.split(" → ")[0] for leak in no_secrets_leak.leaks} >= {"GET /hosts/", "WS /ws/fleet/"}

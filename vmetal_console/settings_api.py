@@ -57,10 +57,13 @@ CACHES = {
 
 # Agent endpoints (hosts/agent_api.py): (requests, window in seconds). Lookup is counted per client address
 # and many lab agents share 127.0.0.1, so it is generous; heartbeat and result are counted per token
-# (one agent heartbeats every second: 60 a minute).
+# (one agent heartbeats every second: 60 a minute) and, against forged tokens (each a key of its own), per
+# client address too: "call_per_address" is the sum of every agent behind one address, 100 agents by
+# default. A lab or bench that runs more agents from one address raises AGENT_CALL_ADDRESS_LIMIT.
 AGENT_RATE_LIMITS = {
     "lookup": (int(os.environ.get("AGENT_LOOKUP_LIMIT", "600")), 60),
     "call": (int(os.environ.get("AGENT_CALL_LIMIT", "300")), 60),
+    "call_per_address": (int(os.environ.get("AGENT_CALL_ADDRESS_LIMIT", "6000")), 60),
 }
 
 # Login throttling (django-axes): 10 failures for one username from one address lock that pair out for an
