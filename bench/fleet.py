@@ -14,7 +14,7 @@ what the console adds and not the spread of random delays.
 The console runs as in production: daphne serving vmetal_console.asgi with DEBUG off, Celery workers,
 each process with a bounded PostgreSQL pool (DATABASE_POOL_MAX: --web-pool for daphne, threads + 1 for
 a worker), so N agents heartbeating never open more than --max-connections connections.
---profile DIR samples the console's processes with py-spy (`pip install py-spy`) at the largest N.
+--profile DIR samples the console's processes and the lab's with py-spy (`pip install py-spy`) at the largest N.
 """
 import argparse
 import os
@@ -108,16 +108,19 @@ class Console:
         time.sleep(2)  # workers connect
         self.profilers = []
 
-    def profile(self, directory: Path, n: int) -> None:
-        """Sample the console's processes with py-spy (pip install py-spy) until stop()."""
+    def profile(self, directory: Path, n: int, lab: dict[str, int]) -> None:
+        """Sample the console's processes, and the lab's (`lab`: name → pid), with py-spy (pip install py-spy)
+        until stop_profiling()."""
         spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
         if not spy:
             raise SystemExit("--profile needs py-spy on PATH (or PY_SPY=/path/to/py-spy)")
         directory.mkdir(parents=True, exist_ok=True)
-        for name, p in zip(["web"] + [f"worker{i}" for i in range(len(self.procs) - 1)], self.procs):
+        console = {name: p.pid for name, p in zip(["web"] + [f"worker{i}" for i in range(len(self.procs) - 1)],
+                                                   self.procs)}
+        for name, pid in {**console, **lab}.items():
             self.profilers.append(subprocess.Popen(
-                [spy, "record", "--nonblocking", "--gil", "--subprocesses", "-r", "20", "-f", "raw",
-                 "-o", str(directory / f"n{n}-{name}.txt"), "--pid", str(p.pid)],
+                [spy, "record", "--nonblocking", "--gil", "--subprocesses", "-r", "50", "-f", "raw",
+                 "-o", str(directory / f"n{n}-{name}.txt"), "--pid", str(pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def stop_profiling(self) -> None:
@@ -183,7 +186,7 @@ def run_once(n: int, args) -> dict:
                 f"          quantity: {n}\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
                 f"              value: gpu-server\n")
         if args.profile and n == max(args.sizes):
-            console.profile(Path(args.profile), n)
+            console.profile(Path(args.profile), n, {"lab": lab_pids[0], "lab-bmc": lab_pids[1]})
         xact_before = transactions()
         start = time.monotonic()
         apply_files([("pool", pool)], actor="bench", tenant="bench")

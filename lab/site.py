@@ -372,13 +372,13 @@ class LabSite:
                 self._boot_installed_os(host)
 
     def _start_agent(self, host: LabHost) -> None:
-        if self.agent_mode == "thread" and not host.has_fault("agent-crash"):
-            host.agent = _AgentThread(self.console_url, host.profile_path)
-            return
-        log_file = host.directory / "agent.log"
         ramdisk = host.directory / "ramdisk"  # the agent's tmp dir: a fresh "ramdisk" on every PXE boot
         shutil.rmtree(ramdisk, ignore_errors=True)
         ramdisk.mkdir(parents=True)
+        if self.agent_mode == "thread" and not host.has_fault("agent-crash"):
+            host.agent = _AgentThread(self.console_url, host.profile_path, ramdisk)
+            return
+        log_file = host.directory / "agent.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         # agent-crash: the same agent, started through a wrapper that kills it when it gets its first command.
         program = "lab.crashing_agent" if host.has_fault("agent-crash") else "agent"
@@ -513,11 +513,11 @@ class LabSite:
 class _AgentThread:
     """The agent, run in a thread of the lab process (agent_mode="thread")."""
 
-    def __init__(self, console_url: str, profile: Path):
+    def __init__(self, console_url: str, profile: Path, ramdisk: Path):
         from agent.hardware import LabHardware
         from agent.runner import Agent
 
-        self.agent = Agent(console_url, LabHardware.from_file(str(profile)), backoff_initial=0.2)
+        self.agent = Agent(console_url, LabHardware.from_file(str(profile)), backoff_initial=0.2, tmp_dir=str(ramdisk))
         self.thread = threading.Thread(target=self.agent.run, name=f"agent-{profile.parent.name}", daemon=True)
         self.thread.start()
 

@@ -209,7 +209,8 @@ def test_a_suspend_that_fails_is_reported_as_such_not_as_a_drive_that_stayed_fro
     hw = make_disks(tmp_path, {"name": "sda", "type": "ssd", "frozen": True}, size=8 * MiB)
     tools = Path(hw.profile["lab"]["tools"])
     (tools / "rtcwake").write_text("#!/bin/sh\necho 'rtcwake: /dev/rtc0: Permission denied' >&2\nexit 1\n")
-    outcome = execute("erase", {"erase_id": "e0", "key": KEY, "method": "secure"}, Context(hardware=hw))
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    outcome = execute("erase", {"erase_id": "e0", "key": KEY, "method": "secure"}, ctx)
     assert not outcome.ok
     assert "the suspend to unfreeze it failed (rtcwake -m mem -s 10 exit 1: rtcwake: /dev/rtc0: Permission denied)" \
         in outcome.error
@@ -228,7 +229,8 @@ def test_an_erase_that_skips_a_region_is_caught_by_the_read_back(tmp_path, metho
 
 def test_an_erase_that_fails_fails_the_command_with_the_device_s_words(tmp_path):
     hw = make_disks(tmp_path, {"fault": "erase-fails"}, {})
-    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, Context(hardware=hw))
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx)
     assert not outcome.ok and "nvme0n1: full: writing zeros" in outcome.error and "Input/output error" in outcome.error
     assert [d["ok"] for d in outcome.result["disks"]] == [False, True]
 
@@ -318,7 +320,8 @@ def test_where_o_direct_is_refused_the_erase_is_not_verified_and_nothing_falls_b
 
     monkeypatch.setattr(verify.os, "open", no_direct)
     before = read(hw.disks()[0].path, 0, MiB)
-    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, Context(hardware=hw))
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx)
     assert not outcome.ok and "O_DIRECT refused" in outcome.error and "cannot be verified" in outcome.error
     assert read(hw.disks()[0].path, 0, MiB) == before  # no canary written through the page cache either
 
@@ -326,7 +329,8 @@ def test_where_o_direct_is_refused_the_erase_is_not_verified_and_nothing_falls_b
 def test_a_disk_that_drops_writes_is_caught_when_the_canaries_are_planted(tmp_path, monkeypatch):
     hw = make_disks(tmp_path, {})
     monkeypatch.setattr(verify.DirectIO, "write", lambda self, data, offset: None)
-    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, Context(hardware=hw))
+    ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
+    outcome = execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx)
     assert not outcome.ok and "does not read back" in outcome.error
 
 
