@@ -55,7 +55,8 @@ def _session(request, body: dict) -> AgentSession:
     if not header.startswith("Bearer ") or len(header) > 200:
         raise Refused(403, "missing or malformed token")
     # The hash is unique: no .first(), whose ORDER BY costs more to compile than the query costs to run.
-    session = next(iter(AgentSession.objects.select_related("host").filter(token_hash=hash_token(header[7:]))), None)
+    session = next(iter(AgentSession.objects.select_related("host").filter(token_hash=hash_token(header[7:]))
+                        .order_by()), None)
     if session is None or not session.active:
         raise Refused(403, "token is not valid for this boot")
     if body.get("host_id") != session.host_id:
