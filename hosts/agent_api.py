@@ -102,12 +102,10 @@ def _retry_after(name: str, key: str) -> int:
     now = time.time()
     start = int(now // window * window)
     cache_key = f"agent-rate:{name}:{key}:{start}"
-    cache.add(cache_key, 0, timeout=window + 5)
     try:
-        count = cache.incr(cache_key)
-    except ValueError:  # expired between add and incr
-        cache.add(cache_key, 1, timeout=window + 5)
-        count = 1
+        count = cache.incr(cache_key)  # the window's key is there but for its first call: no add each time
+    except ValueError:
+        count = 1 if cache.add(cache_key, 1, timeout=window + 5) else cache.incr(cache_key)
     return 0 if count <= limit else max(1, int(start + window - now + 0.999))
 
 

@@ -522,8 +522,10 @@ class _AgentThread:
         self.thread.start()
 
     def stop(self) -> None:
+        """Power gone: the agent makes no further call (its token dies with the boot anyway). Not joined: the
+        controller handles every server's power events in turn, and waiting here for an agent's call in flight
+        (or for the reboot it asked for, which is this very event) held up every other server's boot."""
         self.agent.stop()
-        self.thread.join(10)
 
 
 def _sha256(path: Path) -> str:

@@ -306,7 +306,7 @@ def test_an_agent_gets_its_own_hosts_token_and_secret_args_never_another_hosts(b
         no_secrets_leak.check("GET", "/hosts/gpu-02/", HttpResponse(lookup["token"]))
 
 
-def test_a_join_token_is_shown_to_a_member_of_its_tenant_on_the_join_answer_only(world, no_secrets_leak, monkeypatch):
+def test_a_join_token_is_shown_to_who_may_join_nodes_to_its_tenant_on_the_join_answer_only(world, no_secrets_leak, monkeypatch):
     from django.test import RequestFactory
     from django.utils import timezone
 
@@ -332,11 +332,13 @@ def test_a_join_token_is_shown_to_a_member_of_its_tenant_on_the_join_answer_only
 
     no_secrets_leak.made_in_request = {f"abcdef.{secret}", secret}  # as if the token were made just now
     for path, user in [("/tenants/alpha/join/", world.users["member_b"]),  # a member of another tenant
-                       ("/tenants/alpha/join/", world.users["admin"]),  # not a member
+                       ("/tenants/alpha/join/", world.users["auditor"]),  # reads everything, joins nothing
                        ("/tenants/bravo/join/", world.users["member_a"]),  # another tenant's page
                        ("/tenants/alpha/", world.users["member_a"])]:  # any other page
         with pytest.raises(SecretLeak):
             no_secrets_leak.check("POST", path, join_answer(path, user))
+    # An admin may join nodes to any tenant: the join answer is theirs too.
+    no_secrets_leak.check("POST", "/tenants/alpha/join/", join_answer("/tenants/alpha/join/", world.users["admin"]))
     no_secrets_leak.made_in_request = set()
     with pytest.raises(SecretLeak):  # a token made by an earlier request
         no_secrets_leak.check("POST", "/tenants/alpha/join/", join_answer("/tenants/alpha/join/", world.users["member_a"]))
