@@ -44,7 +44,9 @@ class Session:
     host_id: int
     host: str
     token: str
-    heartbeat_s: float
+    heartbeat_s: float  # how often to ask for work while idle
+    progress_s: float  # how often to report progress while a command runs (the console's silence check is
+    # tens of seconds; progress is for people watching a bar)
 
     def __repr__(self) -> str:  # never print the token, even by accident
         return f"Session(host_id={self.host_id!r}, host={self.host!r}, heartbeat_s={self.heartbeat_s!r})"
@@ -102,6 +104,7 @@ class ConsoleClient:
                 host=str(answer.get("host", answer["host_id"])),
                 token=answer["token"],
                 heartbeat_s=float(answer.get("heartbeat_s") or 2),
+                progress_s=float(answer.get("progress_s") or answer.get("heartbeat_s") or 2),
             )
         except (KeyError, TypeError, ValueError):
             raise TransientError("POST /agent/lookup: answer lacks host_id or token") from None

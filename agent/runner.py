@@ -94,7 +94,7 @@ class Agent:
         return None
 
     def _run_busy(self, command_id: str, name: str, args: dict | None):
-        """Run the command in a thread; heartbeat `busy` with its progress every heartbeat_s until it ends."""
+        """Run the command in a thread; heartbeat `busy` with its progress every progress_s until it ends."""
         self._progress = (None, f"running {name}")
         self.ctx.progress = self._set_progress
         self.executed.append(command_id)
@@ -108,7 +108,7 @@ class Agent:
                 done.set()
 
         threading.Thread(target=work, name=f"command-{command_id}", daemon=True).start()
-        while not done.wait(self.session.heartbeat_s if self.session else 1):
+        while not done.wait(self.session.progress_s if self.session else 1):
             percent, message = self._progress
             other = self._request("heartbeat", lambda s: self.client.heartbeat(
                 s, status="busy", command_id=command_id, progress=percent, message=message))

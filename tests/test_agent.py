@@ -167,6 +167,7 @@ class FakeConsole:
     def __init__(self, port: int = 0, heartbeat_s: float = 0.03):
         self.hosts = {MAC: (12, "gpu-01")}
         self.heartbeat_s = heartbeat_s
+        self.progress_s: float | None = None  # not in the answer: the agent reports progress every heartbeat_s
         self.commands: deque = deque()
         self.lookups: list[dict] = []
         self.heartbeats: list[dict] = []
@@ -207,7 +208,8 @@ class FakeConsole:
                 return 404, {"detail": "no host with these MACs"}
             self.tokens_issued += 1
             self.token = f"secret-token-{self.tokens_issued}"  # a new token makes the old one stale
-            return 200, {"host_id": host[0], "host": host[1], "token": self.token, "heartbeat_s": self.heartbeat_s}
+            answer = {"host_id": host[0], "host": host[1], "token": self.token, "heartbeat_s": self.heartbeat_s}
+            return 200, answer | ({"progress_s": self.progress_s} if self.progress_s else {})
         if token != self.token:
             return 403, {"detail": "stale token"}
         if self.reject_next:
@@ -666,6 +668,21 @@ def test_image_write_progress_reaches_the_console_in_busy_heartbeats(tmp_path, c
     assert busy and all(h["command_id"] == "c-3" for h in busy)
     assert any(h["progress"] is not None and 0 < h["progress"] < 100 for h in busy)
     assert console.results[0]["ok"] is True and console.results[0]["result"]["bytes_written"] == len(data)
+
+
+@pytest.mark.parametrize("progress_s, fewest, most", [(None, 12, 60), (0.3, 1, 5)])
+def test_a_busy_agent_reports_progress_as_often_as_the_console_says(tmp_path, console, files, progress_s, fewest,
+                                                                      most):
+    console.progress_s = progress_s  # the idle heartbeat stays at 0.03 s
+    files.piece_delay = 0.05  # 16 pieces: a write of about 0.8 s
+    data = pattern(4 * MiB)
+    console.commands.append({"id": "c-3", "name": "write_image", "args": {
+        "url": files.add("/i.raw", data), "checksum": hashlib.sha256(data).hexdigest(), "checksum_type": "sha256",
+        "format": "raw"}})
+    agent, thread, box = start_agent(console.url, lab_hardware(tmp_path), once=True)
+    assert finish(agent, thread, box) == 0
+    busy = [h for h in console.heartbeats if h["status"] == "busy"]
+    assert fewest <= len(busy) <= most
 
 
 def test_a_failed_command_is_reported_with_its_error(tmp_path, console):

@@ -38,6 +38,7 @@ def lookup(client, host):
 def test_lookup_by_mac_gives_the_host_and_a_token_kept_only_as_a_hash(client, inspecting):
     body = lookup(client, inspecting[0])
     assert body["host"] == "gpu-01" and body["host_id"] == inspecting[0].pk and len(body["token"]) > 30
+    assert (body["heartbeat_s"], body["progress_s"]) == (1, 2)  # ask for work each second, report progress each 2
     session = AgentSession.objects.get(host=inspecting[0])
     assert body["token"] not in session.token_hash
 
