@@ -77,6 +77,22 @@ def host_detail(request, name: str):
     return page(request, "hosts/host.html", context)
 
 
+@console_view()
+def health_run_detail(request, pk: int):
+    """One health-check run as the gate recorded it: the verdict, the tool's reasons in its own words, each GPU's
+    tests, the thresholds it was judged against, the command and its raw output. Seen by whoever the API shows
+    it to (vmetal_console.scoping.health_runs); the host's page is linked only for those who may see it."""
+    run = scoping.health_runs(request.user).filter(pk=pk).first()
+    if run is None:
+        raise Http404("no such health run")
+    host_visible = run.host_id is not None and scoping.hosts(request.user).filter(pk=run.host_id).exists()
+    gpus = sorted(run.gpus.items(), key=lambda item: (len(item[0]), item[0])) if isinstance(run.gpus, dict) else []
+    return page(request, "hosts/health_run.html", {
+        "run": run, "gpus": gpus, "host_visible": host_visible,
+        "thresholds": sorted(run.thresholds.items()) if isinstance(run.thresholds, dict) else [],
+        "nav": "repair" if scoping.sees_everything(request.user) else "tenants"})
+
+
 def _certificates(user, host) -> list:
     certificates = list(scoping.erase_certificates(user).filter(host=host).defer("document").order_by("-pk")[:20])
     for cert in certificates:
@@ -228,7 +244,7 @@ def _attach_evidence(rows: list) -> None:
             run = runs.get(pk)
             if run is not None and run.host_id == h.pk:
                 h.evidence_links.append({"label": f"{run.suite} health run ({run.verdict})",
-                                         "url": reverse("host", args=[h.name]) + f"#health-run-{run.pk}"})
+                                         "url": reverse("health-run", args=[run.pk])})
         for pk in cert_pks:
             cert = certs.get(pk)
             if cert is not None and cert.host_id == h.pk:  # the failed ones: the evidence

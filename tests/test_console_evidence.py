@@ -166,12 +166,36 @@ def test_the_repair_page_shows_each_host_s_failing_step_message_and_links_to_wha
     rows = {name: html.split(f'<tr id="repair-{host.pk}">', 1)[1].split("</tr>", 1)[0]
             for name, host in (("gpu", gpu), ("disk", disk))}
     assert ">health_dcgm<" in rows["gpu"] and gpu_fail["reason"] in rows["gpu"]
-    assert f'href="/hosts/gpu-03/#health-run-{run.pk}"' in rows["gpu"] and "dcgmi health run (fail)" in rows["gpu"]
+    assert f'href="/health-runs/{run.pk}/"' in rows["gpu"] and "dcgmi health run (fail)" in rows["gpu"]
     assert ">verify_erase<" in rows["disk"] and "5 of 64 canaries survived the erase" in rows["disk"]
     assert f'href="/certificates/{bad.pk}/"' in rows["disk"] and f'href="/certificates/{bad.pk}.json"' in rows["disk"]
     assert "erase certificate nvme1n1 (fail)" in rows["disk"]
     assert f"/certificates/{good.pk}" not in rows["disk"]  # a disk that passed is not the evidence
     # Each link leads to the evidence itself.
-    host_page = page(as_user(people["auditor"]), "/hosts/gpu-03/")
-    assert f'<tr id="health-run-{run.pk}">' in host_page
+    assert "Found 12 faulty memory elements on GPU 3" in page(as_user(people["auditor"]), f"/health-runs/{run.pk}/")
     assert "5 of 64 canaries survived the erase" in page(as_user(people["auditor"]), f"/certificates/{bad.pk}/")
+
+
+def test_a_health_run_has_its_own_page_with_the_tools_words_each_gpu_and_the_raw_output(people, served_host):
+    ours = dcgm_run(served_host, flow_id="f-one")
+    certificate(served_host, flow_id="f-one", tenant="one", claim="one-p2q8")
+    theirs = dcgm_run(served_host, flow_id="f-two")
+    certificate(served_host, flow_id="f-two", tenant="two", claim="two-k3x9", serial="S-TWO")
+    html = page(as_user(people["auditor"]), reverse("health-run", args=[ours.pk]))
+    assert '<span class="badge badge-danger" id="health-run-verdict">fail</span>' in html
+    assert "<li>GPU Memory (GPU 3): Found 12 faulty memory elements on GPU 3</li>" in html
+    gpu_row = html.split('<tr id="gpu-3">', 1)[1].split("</tr>", 1)[0]
+    assert "GPU Memory: fail" in gpu_row and ">fail<" in gpu_row
+    assert "dcgmi diag -r 2 -j" in html and "<dt>dcgm_level</dt><dd>2</dd>" in html and "<dd>205</dd>" in html
+    assert 'href="/hosts/gpu-01/"' in html
+    # From the host page's row to it.
+    assert f'href="/health-runs/{ours.pk}/"' in page(as_user(people["auditor"]), reverse("host", args=["gpu-01"]))
+    # A member: the runs of their own tenant's release, no other; the host page linked only while it serves them.
+    alice = as_user(people["alice"])
+    assert "faulty memory" in page(alice, reverse("health-run", args=[ours.pk]))
+    assert alice.get(reverse("health-run", args=[theirs.pk])).status_code == 404
+    bob = as_user(people["bob"])
+    bob_html = page(bob, reverse("health-run", args=[theirs.pk]))
+    assert "faulty memory" in bob_html and 'href="/hosts/gpu-01/"' not in bob_html  # gpu-01 serves tenant one now
+    assert bob.get(reverse("health-run", args=[ours.pk])).status_code == 404
+    assert Client().get(reverse("health-run", args=[ours.pk])).status_code == 302  # to the login page

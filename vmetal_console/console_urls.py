@@ -16,6 +16,7 @@ urlpatterns = [
     path("repair/", hosts.repair, name="repair"),
     path("hosts/<str:name>/", hosts.host_detail, name="host"),
     path("hosts/<str:name>/actions/<slug:action>/", hosts.host_action, name="host-action"),
+    path("health-runs/<int:pk>/", hosts.health_run_detail, name="health-run"),
     # claims
     path("claims/", claims.claim_list, name="claims"),
     path("timing/", claims.timing, name="timing"),
