@@ -49,7 +49,8 @@ class Session:
     # tens of seconds; progress is for people watching a bar)
 
     def __repr__(self) -> str:  # never print the token, even by accident
-        return f"Session(host_id={self.host_id!r}, host={self.host!r}, heartbeat_s={self.heartbeat_s!r})"
+        return (f"Session(host_id={self.host_id!r}, host={self.host!r}, heartbeat_s={self.heartbeat_s!r}, "
+                f"progress_s={self.progress_s!r})")
 
 
 def direct_opener() -> urllib.request.OpenerDirector:

@@ -1,7 +1,16 @@
 """Writing to the Event log."""
+import getpass
 from datetime import datetime
 
 from .models import Event
+
+
+def cli_actor() -> str:
+    """The actor of a change made with manage.py: the login name of whoever ran it."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return "cli:unknown"
 
 
 def event_record(*, kind: str, object_type: str, object_name: str, actor: str, message: str = "",
@@ -73,8 +82,8 @@ def object_relations_set(obj, relations: dict, *, actor: str, object_type: str, 
     if changes:
         message = "; ".join(f"{name}: " + ", ".join([*(f"+{v}" for v in c["added"]), *(f"-{v}" for v in c["removed"])])
                             for name, c in changes.items())
-        Event.objects.create(kind="change", object_type=object_type, object_name=str(obj), actor=actor,
-                             message=message, tenant=tenant, host=host, data=changes)
+        event_record(kind="change", object_type=object_type, object_name=str(obj), actor=actor, message=message,
+                     tenant=tenant, host=host, data=changes)
     return changes
 
 

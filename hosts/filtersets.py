@@ -70,28 +70,29 @@ class HostFilterSet(filters.FilterSet):
 BareMetalHostFilterSet = HostFilterSet
 
 
-class EraseCertificateFilterSet(filters.FilterSet):
+class EvidenceFilterSet(filters.FilterSet):
+    """What the release gate's evidence (certificates, health runs) is looked up by: its host and when."""
+
     host = IdFilter(field_name="host_id", label="Host id")
     host_name = filters.CharFilter(help_text="the host's name (kept when the host is gone)")
+    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+
+class EraseCertificateFilterSet(EvidenceFilterSet):
     result = filters.ChoiceFilter(choices=Verdict.choices)
     tenant = filters.CharFilter(field_name="previous_tenant", label="Tenant",
                                 help_text="the erases of this tenant's data (the previous tenant)")
-    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = EraseCertificate
         fields = ["flow_id", "disk", "serial", "method"]
 
 
-class HealthCheckRunFilterSet(filters.FilterSet):
-    host = IdFilter(field_name="host_id", label="Host id")
-    host_name = filters.CharFilter(help_text="the host's name (kept when the host is gone)")
+class HealthCheckRunFilterSet(EvidenceFilterSet):
     verdict = filters.ChoiceFilter(choices=Verdict.choices)
     tenant = filters.CharFilter(method="filter_tenant", label="Tenant",
                                 help_text="the runs of the release gates that erased this tenant's data")
-    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = HealthCheckRun

@@ -367,8 +367,9 @@ class TenantEmulator(kmock.KubernetesEmulator):
 
     def _housekeeping(self) -> None:
         """kmock logs every request, and scans that log to route each one (every reaction looks for the request
-        in the whole log): a long log costs every request, and a lab server runs for hours. At 50 servers
-        joining at once a 256-request log made kmock a quarter of all the CPU the bench used (py-spy, bench/fleet.py)."""
+        in the whole log): a long log costs every request, and a lab server runs for hours. With 50 servers
+        joining at once, a 256-request log made kmock a quarter of all the CPU the bench used (py-spy,
+        bench/fleet.py)."""
         if len(self._requests) > 64:
             del self._requests[:-16]
             for payload in self._payloads:

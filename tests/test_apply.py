@@ -394,21 +394,10 @@ def test_exists_gt_and_lt_choose_the_node_type_by_its_properties(apply, demo_sit
     ("ipmi://10.1.1.9:623", "ipmi"),
 ])
 def test_every_bmc_scheme_metal3_writes_is_accepted(apply, address, scheme):
-    apply(f"""\
-apiVersion: v1
-kind: Secret
-metadata: {{name: new-bmc, namespace: metal3}}
-data: {{username: YWRtaW4=, password: c2VjcmV0}}
----
-apiVersion: metal3.io/v1alpha1
-kind: BareMetalHost
-metadata: {{name: new-host, namespace: metal3}}
-spec:
-  bmc: {{address: "{address}", credentialsName: new-bmc}}
-  bootMACAddress: 52:54:00:aa:bb:cc
-""")
-    host = BareMetalHost.objects.get(name="new-host")
     from hosts.models import parse_bmc_address
+    from tests.test_apply_errors import BMH
 
+    apply(BMH.format(address=address, credentials="new-bmc"))
+    host = BareMetalHost.objects.get(name="new-host")
     assert host.bmc_address == address and parse_bmc_address(host.bmc_address)[0] == scheme
     assert host.bmc_password == "secret"

@@ -3,6 +3,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from events.services import cli_actor
 from manifests.apply import apply_files
 from manifests.source import ManifestError
 
@@ -25,17 +26,8 @@ class Command(BaseCommand):
                 raise CommandError(f"{name}: {exc.strerror}") from None
             sources.append((name, text))
         try:
-            result = apply_files(sources, actor=f"cli:{_whoami()}", tenant=tenant, dry_run=dry_run)
+            result = apply_files(sources, actor=cli_actor(), tenant=tenant, dry_run=dry_run)
         except ManifestError as exc:
             raise CommandError(str(exc)) from None
         for line in result.lines:
             self.stdout.write(line)
-
-
-def _whoami() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "unknown"

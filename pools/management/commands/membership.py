@@ -2,7 +2,7 @@
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError
 
-from manifests.management.commands.apply import _whoami
+from events.services import cli_actor
 from pools.models import Tenant
 from pools.services import membership_add, membership_remove
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
         found = Tenant.objects.filter(name=tenant).first()
         if found is None:
             raise CommandError(f"no tenant {tenant!r}")
-        actor = actor or f"cli:{_whoami()}"
+        actor = actor or cli_actor()
         if action == "add":
             done = membership_add(tenant=found, user=member, actor=actor)
             self.stdout.write(f"{user} is now a member of {tenant}" if done else f"{user} was already a member of {tenant}")

@@ -2,7 +2,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from manifests.management.commands.apply import _whoami
+from events.services import cli_actor
 from pools.api.models import ApiToken
 from pools.api.services import token_create, token_revoke
 
@@ -18,7 +18,7 @@ class Command(BaseCommand):
         actions.add_parser("revoke", help="revoke the token with this prefix").add_argument("prefix")
 
     def handle(self, *args, action, **options):
-        actor = f"cli:{_whoami()}"
+        actor = cli_actor()
         if action == "create":
             user = get_user_model().objects.filter(username=options["user"]).first()
             if user is None:
