@@ -137,6 +137,46 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     print("--- the Celery worker's log, last lines ---\n" + "\n".join(worker.log.read_text().splitlines()[-80:]))
 
 
+@pytest.fixture
+def agent_client():
+    """A django.test.Client on the agent listener's URLs (the agent protocol, the boot path), which the
+    public listener, and so the plain `client`, does not serve."""
+    from django.conf import settings
+    from django.test import Client
+    from django.test.client import ClientHandler
+
+    class AgentClientHandler(ClientHandler):
+        def get_response(self, request):
+            request.urlconf = settings.AGENT_URLCONF
+            return super().get_response(request)
+
+    client = Client()
+    client.handler = AgentClientHandler()
+    return client
+
+
+@pytest.fixture
+def agent_server(transactional_db, settings, worker_settings):
+    """The agent listener, live, in a thread of the test process: what the lab's servers boot from and their
+    agents call. Its URL is AGENT_BOOT_URL here and for workers started after it."""
+    from types import SimpleNamespace
+
+    from django.test.testcases import LiveServerThread
+
+    from hosts.listener import AgentListener
+
+    thread = LiveServerThread("127.0.0.1", static_handler=lambda app: AgentListener())
+    thread.daemon = True
+    thread.start()
+    thread.is_ready.wait()
+    if thread.error:
+        raise thread.error
+    url = f"http://127.0.0.1:{thread.port}"
+    settings.AGENT_BOOT_URL = worker_settings["AGENT_BOOT_URL"] = url
+    yield SimpleNamespace(url=url)
+    thread.terminate()
+
+
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
     """Poll until predicate() is truthy; returns its value or fails with the timeout."""
     import time

@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 
-from agent import __version__
+from agent import __version__, bootconfig
 from agent.commands import Context
 from agent.commands.inspection import inspect
 from agent.hardware import HardwareError, load_hardware
@@ -18,7 +18,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m agent", description="vMetal ramdisk agent: pulls work from the console.")
-    parser.add_argument("--console", help="console base URL, e.g. http://10.0.0.1:8000")
+    parser.add_argument("--console", help="the console's agent listener, e.g. http://10.0.0.1:8001 (default: "
+                                          "vmetal.console= from the boot configuration)")
+    parser.add_argument("--boot-config", default="/proc/cmdline",
+                        help="where the boot path left vmetal.console= and vmetal.boot_secret= (default /proc/cmdline; "
+                             "virtual media: VMETAL.CFG on the CD)")
     parser.add_argument("--hardware", default="linux", help="'linux' (default) or 'lab:/path/profile.json'")
     parser.add_argument("--log-file", help="also log to this file")
     parser.add_argument("--once", action="store_true", help="exit after the first command's result is reported")
@@ -29,8 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"vmetal-agent {__version__}")
     args = parser.parse_args(argv)
+    args.boot = bootconfig.read(args.boot_config)
+    args.console = args.console or args.boot.console
     if not args.console and not args.print_inventory:
-        parser.error("--console is required")
+        parser.error("no console: give --console or boot with vmetal.console= on the kernel command line")
     return args
 
 
@@ -54,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(inspect({}, Context(hardware=hardware)), sys.stdout, indent=2)
         print()
         return 0
-    agent = Agent(args.console, hardware, allow_reboot=args.allow_reboot, once=args.once, tmp_dir=args.tmp_dir)
+    if not args.boot.boot_secret:
+        log.warning("no vmetal.boot_secret in %s: the console will refuse our lookup", args.boot_config)
+    agent = Agent(args.console, hardware, allow_reboot=args.allow_reboot, once=args.once, tmp_dir=args.tmp_dir,
+                  boot_secret=args.boot.boot_secret)
     # The lab powers a server off by ending its agent: stop at the next wait instead of dying mid-request.
     signal.signal(signal.SIGTERM, lambda signum, frame: agent.stop())
     try:

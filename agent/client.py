@@ -97,8 +97,8 @@ class ConsoleClient:
             raise TransientError(f"POST {path}: answer is not a JSON object")
         return answer
 
-    def lookup(self, macs: list[str], boot_id: str) -> Session:
-        answer = self.post("/agent/lookup", {"macs": macs, "boot_id": boot_id})
+    def lookup(self, macs: list[str], boot_id: str, boot_secret: str = "") -> Session:
+        answer = self.post("/agent/lookup", {"macs": macs, "boot_id": boot_id, "boot_secret": boot_secret})
         try:
             return Session(
                 host_id=answer["host_id"],

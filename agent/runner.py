@@ -28,8 +28,9 @@ _GAVE_UP = object()  # the console refused a request for good (a 4xx other than 
 class Agent:
     def __init__(self, console: str, hardware: Hardware, *, allow_reboot: bool = False, once: bool = False,
                  tmp_dir: str | None = None, backoff_initial: float = 0.5, backoff_cap: float = 10.0,
-                 http_timeout: float = 15.0):
+                 http_timeout: float = 15.0, boot_secret: str = ""):
         self.client = ConsoleClient(console, timeout=http_timeout)
+        self._boot_secret = boot_secret  # from the boot path (agent/bootconfig.py); proves this is the console's boot
         self.hardware = hardware
         self.allow_reboot = allow_reboot
         self.once = once
@@ -175,7 +176,7 @@ class Agent:
         backoff = Backoff(self.backoff_initial, self.backoff_cap)
         while not self._stop.is_set():
             try:
-                self.session = self.client.lookup(self.macs, self.boot_id)
+                self.session = self.client.lookup(self.macs, self.boot_id, self._boot_secret)
                 log.info("console knows us as host %s (id %s); heartbeat every %ss",
                          self.session.host, self.session.host_id, self.session.heartbeat_s)
                 return self.session

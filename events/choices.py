@@ -6,3 +6,4 @@ class EventKind(models.TextChoices):
     STEP = "step", "Step"
     CHANGE = "change", "Configuration change"
     ACTION = "action", "Action"
+    SECURITY = "security", "Security"  # a refused agent lookup, a boot script asked for twice

@@ -1,10 +1,14 @@
 """The console's side of the agent protocol: lookup, heartbeat, result (JSON over HTTP).
 
-The agent pulls; the console never connects to a server. Every call but lookup carries the per-boot token
-of the agent's session; a stale (earlier boot), forged or foreign token gets 403 and changes nothing."""
+The agent pulls; the console never connects to a server. These endpoints are served only on the agent listener
+(vmetal_console/agent_urls.py: a separate address on the provisioning network, a separate port in the lab); the
+public listener answers 404 for /agent/*. A lookup needs the secret of the boot (hosts/boot.py); every other
+call carries the per-boot token of the agent's session; a stale (earlier boot), forged or foreign token gets
+403 and changes nothing."""
 import hashlib
 import json
 import logging
+import re
 import secrets
 import time
 from functools import wraps
@@ -12,19 +16,17 @@ from functools import wraps
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Q
-from django.http import JsonResponse
+from django.http import HttpResponse, HttpResponseNotFound, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
+from . import boot as boot_path
 from . import flows
-from .choices import HostState
+from .lifecycle import AGENT_STATES
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 
 log = logging.getLogger(__name__)
-# States in which a host runs the agent (booted into the ramdisk by one of its flows).
-AGENT_STATES = (HostState.INSPECTING, HostState.PROVISIONING, HostState.DEPROVISIONING, HostState.RETESTING)
 HEARTBEAT_S = 1  # an idle agent asks for work this often: the wait between two commands
 # A busy agent reports progress this often. Every heartbeat is a request with three queries: at 200 servers
 # writing images at once, progress every second was most of the web server's work (bench/fleet.py).
@@ -60,7 +62,7 @@ def _session(request, body: dict) -> AgentSession:
     # The hash is unique: no .first(), whose ORDER BY costs more to compile than the query costs to run.
     session = next(iter(AgentSession.objects.select_related("host").filter(token_hash=hash_token(header[7:]))
                         .order_by()), None)
-    if session is None or not session.active:
+    if session is None or not session.active or session.host.state not in AGENT_STATES:
         raise Refused(403, "token is not valid for this boot")
     if body.get("host_id") != session.host_id:
         raise Refused(403, "token belongs to another host")
@@ -139,20 +141,51 @@ def rate_limited(scope: str):
 @rate_limited("lookup")
 @_endpoint
 def lookup(request, body):
+    """MACs and the boot's secret → the host and this boot's session token. Without the secret that the
+    console handed to this boot through its boot path (hosts/boot.py) nothing is given, and a second lookup
+    for a boot never replaces its session: both are refused and recorded as security events."""
     macs = body.get("macs")
     if not isinstance(macs, list) or not all(isinstance(m, str) for m in macs) or not macs:
         raise Refused(400, "macs must be a list of MAC addresses")
     macs = [m.lower() for m in macs][:64]
-    match = Q(boot_mac__in=macs)
-    host = BareMetalHost.objects.filter(match, state__in=AGENT_STATES).first()
+    secret = body.get("boot_secret")
+    secret = secret if isinstance(secret, str) and len(secret) <= 200 else ""
+    host = BareMetalHost.objects.filter(boot_mac__in=macs, state__in=AGENT_STATES).first()
     if host is None:
-        raise Refused(404, "no host is waiting for an agent with these MAC addresses")
+        raise Refused(403, REFUSED)
+    address = request.META.get("REMOTE_ADDR", "")
+    boot = boot_path.lookup_boot(host=host, secret=secret)
+    if boot is None:
+        why = ("without a boot secret" if not secret else
+               "with a secret that is not this boot's" if not _used_secret(host, secret) else
+               "again for a boot whose agent already has its session")
+        _refusal_event(host, f"agent lookup refused: {why} (from {address or '?'})", address)
+        raise Refused(403, REFUSED)
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
-        AgentSession.objects.filter(host=host, active=True).update(active=False)
         AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token))
         flows.request_drive(host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
+
+
+REFUSED = "lookup refused: no host is booting the agent with these MAC addresses and this boot secret"
+
+
+def _used_secret(host: BareMetalHost, secret: str) -> bool:
+    newest = host.ramdisk_boots.first()
+    return bool(newest and newest.looked_up_at and newest.secret_hash == boot_path.hash_secret(secret))
+
+
+def _refusal_event(host: BareMetalHost, message: str, address: str) -> None:
+    """At most one per boot, reason and minute: a flood of refused lookups is one line, not a full disk."""
+    boot = host.ramdisk_boots.values_list("secret_hash", flat=True).first() or host.created_at.isoformat()
+    key = f"agent-refusal:{host.pk}:{hash_token(boot + message.split(' (from')[0])[:16]}:{int(time.time() // 60)}"
+    try:
+        if not cache.add(key, 1, timeout=70):
+            return
+    except Exception:
+        pass
+    boot_path.security_event(host=host, message=message, data={"address": address})
 
 
 @rate_limited("call")
@@ -200,6 +233,37 @@ def result(request, body):
             finished_at=timezone.now())
         flows.request_drive(session.host_id)
     return {}
+
+
+# --- The boot path (hosts/boot.py): what the server's firmware or BMC fetches, once per boot -----------------
+
+MAC_IN_PATH = re.compile(r"^[0-9a-fA-F]{2}([-:][0-9a-fA-F]{2}){5}$")
+
+
+@rate_limited("lookup")
+@require_GET
+def boot_script(request, mac: str):
+    """`GET /boot/<mac>.ipxe`: the iPXE script of the host's ramdisk boot (chained by the DHCP/TFTP stage
+    with `${net0/mac:hexhyp}`). 404 when the console started no ramdisk boot of it, or served it already."""
+    taken = MAC_IN_PATH.match(mac) and boot_path.boot_config_take(mac=mac, via="ipxe",
+                                                                     address=request.META.get("REMOTE_ADDR", ""))
+    if not taken:
+        return HttpResponseNotFound("no ramdisk boot waiting for this MAC address\n", content_type="text/plain")
+    host, _, arguments = taken
+    return HttpResponse(boot_path.ipxe_script(host, arguments), content_type="text/plain")
+
+
+@rate_limited("lookup")
+@require_GET
+def boot_media(request, mac: str):
+    """`GET /boot/<mac>.iso`: the virtual-media image of the host's ramdisk boot, fetched by its BMC."""
+    taken = MAC_IN_PATH.match(mac) and boot_path.boot_config_take(mac=mac, via="virtual-media",
+                                                                     address=request.META.get("REMOTE_ADDR", ""))
+    if not taken:
+        return HttpResponseNotFound("no ramdisk boot waiting for this MAC address\n", content_type="text/plain")
+    response = HttpResponse(boot_path.boot_iso(taken[2]), content_type="application/x-iso9660-image")
+    response["Content-Disposition"] = 'attachment; filename="vmetal-boot.iso"'
+    return response
 
 
 def _command_pk(value) -> int | None:

@@ -27,6 +27,7 @@ from events.choices import EventKind
 from events.models import Event
 from vmetal_console import live
 
+from . import boot as boot_path
 from .bmc import BMC, BMCError
 from .choices import HostState
 from .lifecycle import ConcurrentTransition
@@ -330,11 +331,16 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
             return None
 
         def switch():
+            # Whatever boots next, the agent session of the boot that ends here ends with it.
+            boot_path.agent_sessions_end(host_ids=[run.host.pk])
             if want == "off":
                 bmc.power_off()
                 return
+            if boot != "disk":
+                # A new ramdisk boot: its secret reaches the server only through the boot path (hosts/boot.py).
+                boot_path.ramdisk_boot_start(host=run.host, flow_id=run.flow["id"])
             if bmc.virtual_media_boot and boot != "disk":
-                bmc.insert_virtual_media(settings.AGENT_ISO_URL)
+                bmc.insert_virtual_media(boot_path.virtual_media_url(run.host))
                 bmc.set_boot_once("cd")
             else:
                 if bmc.virtual_media_boot:
@@ -600,7 +606,7 @@ def step_health_nccl(run: Run) -> dict:
 
 def step_reboot_to_disk(run: Run) -> dict:
     agent_command(run, "reboot_to_disk")
-    AgentSession.objects.filter(host=run.host, active=True).update(active=False)  # that boot is over
+    boot_path.agent_sessions_end(host_ids=[run.host.pk])  # that boot is over
     return {}
 
 

@@ -26,6 +26,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 IN_PROGRESS = frozenset({S.REGISTERING, S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING})
 # States in which a host serves (or is being made ready for) a tenant's claim.
 CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
+# States in which a host may run the agent (booted into the ramdisk by one of its flows).
+AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING)
 
 
 class IllegalTransition(Exception):

@@ -111,6 +111,30 @@ class AgentSession(models.Model):
         return f"{self.host.name} boot {self.boot_id[:8]}"
 
 
+class RamdiskBoot(models.Model):
+    """One boot into the agent's ramdisk that the console started, with the secret that proves an agent is
+    that boot. The secret reaches the server only through its boot path (the per-host iPXE script, or the
+    virtual-media image), served once on the agent listener; the console keeps its hash, and the secret
+    itself (encrypted) only until that one delivery. The lookup that presents it opens the boot's one agent
+    session; a second lookup is refused. Only the host's newest boot counts."""
+
+    host = models.ForeignKey(BareMetalHost, on_delete=models.CASCADE, related_name="ramdisk_boots")
+    flow_id = models.CharField(max_length=64, blank=True)
+    secret = EncryptedTextField(blank=True)  # emptied once delivered
+    secret_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivered_via = models.CharField(max_length=16, blank=True)  # ipxe, virtual-media
+    looked_up_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["host", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.host.name} ramdisk boot {self.pk}"
+
+
 class CommandStatus(models.TextChoices):
     QUEUED = "queued", "Queued"
     SENT = "sent", "Sent"

@@ -14,7 +14,8 @@ from vmetal_console import live
 
 from .bmc import BMC, BMCError
 from .choices import HostState
-from .lifecycle import IN_PROGRESS, ConcurrentTransition, IllegalTransition, check_transition, deadline_for
+from .boot import agent_sessions_end
+from .lifecycle import AGENT_STATES, IN_PROGRESS, ConcurrentTransition, IllegalTransition, check_transition, deadline_for
 from .models import BareMetalHost
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: st
     changed = BareMetalHost.objects.filter(pk__in=ids, state=from_state).update(**fields)
     if changed != len(ids):
         raise ConcurrentTransition(f"{len(ids) - changed} of {len(ids)} host(s) left {from_state} meanwhile")
+    if to_state not in AGENT_STATES:
+        # No host outside a ramdisk flow keeps an agent session (a provisioned host runs its tenant's OS).
+        agent_sessions_end(host_ids=ids)
     tenant_ids = tenant_ids or {}
     Event.objects.bulk_create([
         Event(kind=EventKind.TRANSITION, object_type="host", object_name=h.name, host_id=h.pk,

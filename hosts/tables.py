@@ -128,8 +128,9 @@ def _next_states(state: str):
     return TRANSITIONS.get(state, ())
 
 
-def inventory_view(inventory: dict) -> dict:
-    """The agent's inventory and Metal3's imported `hardware` status, in one shape for the page."""
+def inventory_view(inventory: dict, *, macs: bool) -> dict:
+    """The agent's inventory and Metal3's imported `hardware` status, in one shape for the page. MAC addresses
+    only for those who may see the BMC (never tenant members: a MAC is what an agent lookup names)."""
     inv = inventory or {}
     cpu = inv.get("cpu") or {}
     ram_mib = inv.get("ram_mib") or inv.get("ramMebibytes")
@@ -137,7 +138,7 @@ def inventory_view(inventory: dict) -> dict:
               "serial": d.get("serial") or d.get("serialNumber") or "",
               "size_bytes": d.get("size_bytes") or d.get("sizeBytes") or 0}
              for d in (inv.get("disks") or inv.get("storage") or []) if isinstance(d, dict)]
-    nics = [{"name": n.get("name", ""), "mac": n.get("mac", ""), "speed_gbps": n.get("speed_gbps") or n.get("speedGbps")}
+    nics = [{"name": n.get("name", ""), "mac": n.get("mac", "") if macs else "", "speed_gbps": n.get("speed_gbps") or n.get("speedGbps")}
             for n in inv.get("nics") or [] if isinstance(n, dict)]
     gpus = inv.get("gpus")
     gpu_list = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []

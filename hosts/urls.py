@@ -2,14 +2,25 @@ from django.urls import path
 
 from . import agent_api, certificate_views, images
 
-urlpatterns = [
+# The agent listener's paths (vmetal_console/agent_urls.py): the agent protocol, the boot path and the images.
+# Never on the public listener.
+agent_urlpatterns = [
     path("agent/lookup", agent_api.lookup, name="agent-lookup"),
     path("agent/heartbeat", agent_api.heartbeat, name="agent-heartbeat"),
     path("agent/result", agent_api.result, name="agent-result"),
+    path("boot/<str:mac>.ipxe", agent_api.boot_script, name="boot-script"),
+    path("boot/<str:mac>.iso", agent_api.boot_media, name="boot-media"),
+]
+
+image_urlpatterns = [
     path("images/SHA256SUMS", images.checksums, {"kind": "SHA256SUMS"}),
     path("images/SHA512SUMS", images.checksums, {"kind": "SHA512SUMS"}),
     path("images/MD5SUMS", images.checksums, {"kind": "MD5SUMS"}),
     path("images/<str:filename>", images.image, name="image"),
+]
+
+urlpatterns = [
+    *image_urlpatterns,
     # erase certificates: the signed file and a printable page
     path("certificates/<int:pk>.json", certificate_views.certificate_json, name="certificate-json"),
     path("certificates/<int:pk>/", certificate_views.certificate_page, name="certificate"),

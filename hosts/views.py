@@ -1,4 +1,6 @@
 """Host pages: the fleet board, one host, its actions (behind a confirmation) and the repair pool."""
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
@@ -6,8 +8,10 @@ from django.db.models import JSONField, OuterRef, Subquery
 from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from events.choices import EventKind
 from events.models import Event
 from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
 from pools.models import Tenant
@@ -52,6 +56,9 @@ def fleet(request):
         "query": query.urlencode() if hasattr(query, "urlencode") else "",
         "ws_url": f"/ws/fleet/?{request.GET.urlencode()}", "nav": "fleet",
         "paging_query": paging_query(request),
+        # Refused agent lookups and boot scripts asked for twice (hosts/boot.py): someone may be after an agent.
+        "security_events": Event.objects.filter(kind=EventKind.SECURITY,
+                                                created_at__gte=timezone.now() - timedelta(hours=24)).count(),
     })
 
 
@@ -65,7 +72,7 @@ def host_detail(request, name: str):
     tables.decorate_rows([host], node_types)
     context = tables.host_summary_context(request.user, host)
     context.update({
-        "cursor": cursor, "inventory": tables.inventory_view(host.inventory),
+        "cursor": cursor, "inventory": tables.inventory_view(host.inventory, macs=scoping.may_see_bmc(request.user)),
         "events": tables.host_events(request.user, host),
         # Evidence as scoping gives it to the certificate pages and the API: staff see all, a tenant member only
         # the erases of their own tenant's data and the health runs of those releases (never another tenant's).

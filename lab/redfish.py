@@ -560,9 +560,11 @@ class _Site:
     def virtual_media(self, uuid: str) -> dict | None:
         try:
             info = self.app.vmedia.get_device_image_info(uuid, "Cd")
+            local = self.app.vmedia._get_device(uuid, "Cd").get("_local_file") if info.inserted else None
         except Exception:
             return None
-        return {"image": info.image_url or None, "inserted": bool(info.inserted)}
+        # file: the BMC's downloaded copy of the image (sushy-tools fetches it on insert), which the server boots
+        return {"image": info.image_url or None, "inserted": bool(info.inserted), "file": local or None}
 
 
 class _LabApp:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -367,23 +368,46 @@ class LabSite:
             if event["power_state"] != "On":
                 return
             if event.get("boot_target") in ("Pxe", "Cd"):
-                self._start_agent(host)
+                boot_config = self._boot_config(host, event)
+                if boot_config is None:
+                    log.warning("%s: powered on into %s but got no boot configuration: no agent", host.name,
+                                event.get("boot_target"))
+                    return
+                self._start_agent(host, boot_config)
             else:
                 self._boot_installed_os(host)
 
-    def _start_agent(self, host: LabHost) -> None:
+    def _boot_config(self, host: LabHost, event: dict) -> str | None:
+        """What the server's firmware gets from the boot path: the kernel command line of its iPXE script
+        (network boot), or VMETAL.CFG from the CD its BMC downloaded (virtual media). None: nothing to boot."""
+        if event.get("boot_target") == "Cd":
+            media = event.get("virtual_media") or {}
+            return _iso_config(media["file"]) if media.get("inserted") and media.get("file") else None
+        url = f"{self.console_url}/boot/{host.mac.replace(':', '-')}.ipxe"
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
+                script = resp.read().decode()
+        except (OSError, ValueError) as exc:
+            log.info("%s: iPXE script %s: %s", host.name, url, exc)
+            return None
+        kernel = next((line for line in script.splitlines() if line.startswith("kernel ")), None)
+        return kernel.split(None, 2)[2] if kernel and len(kernel.split(None, 2)) == 3 else None
+
+    def _start_agent(self, host: LabHost, boot_config: str) -> None:
         ramdisk = host.directory / "ramdisk"  # the agent's tmp dir: a fresh "ramdisk" on every PXE boot
         shutil.rmtree(ramdisk, ignore_errors=True)
         ramdisk.mkdir(parents=True)
+        cmdline = ramdisk / "cmdline"  # the ramdisk's /proc/cmdline
+        cmdline.write_text(boot_config + "\n")
         if self.agent_mode == "thread" and not host.has_fault("agent-crash"):
-            host.agent = _AgentThread(self.console_url, host.profile_path, ramdisk)
+            host.agent = _AgentThread(host.profile_path, ramdisk, cmdline)
             return
         log_file = host.directory / "agent.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         # agent-crash: the same agent, started through a wrapper that kills it when it gets its first command.
         program = "lab.crashing_agent" if host.has_fault("agent-crash") else "agent"
         host.agent = subprocess.Popen(
-            [sys.executable, "-m", program, "--console", self.console_url, "--hardware", f"lab:{host.profile_path}",
+            [sys.executable, "-m", program, "--boot-config", str(cmdline), "--hardware", f"lab:{host.profile_path}",
              "--log-file", str(log_file), "--tmp-dir", str(ramdisk)],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
@@ -513,11 +537,14 @@ class LabSite:
 class _AgentThread:
     """The agent, run in a thread of the lab process (agent_mode="thread")."""
 
-    def __init__(self, console_url: str, profile: Path, ramdisk: Path):
+    def __init__(self, profile: Path, ramdisk: Path, cmdline: Path):
+        from agent import bootconfig
         from agent.hardware import LabHardware
         from agent.runner import Agent
 
-        self.agent = Agent(console_url, LabHardware.from_file(str(profile)), backoff_initial=0.2, tmp_dir=str(ramdisk))
+        boot = bootconfig.read(str(cmdline))
+        self.agent = Agent(boot.console, LabHardware.from_file(str(profile)), backoff_initial=0.2, tmp_dir=str(ramdisk),
+                           boot_secret=boot.boot_secret)
         self.thread = threading.Thread(target=self.agent.run, name=f"agent-{profile.parent.name}", daemon=True)
         self.thread.start()
 
@@ -526,6 +553,24 @@ class _AgentThread:
         controller handles every server's power events in turn, and waiting here for an agent's call in flight
         (or for the reboot it asked for, which is this very event) held up every other server's boot."""
         self.agent.stop()
+
+
+def _iso_config(path: str) -> str | None:
+    """VMETAL.CFG of a boot ISO (hosts/boot.py makes them), as the ramdisk reads it from its CD."""
+    import io
+
+    import pycdlib
+
+    iso = pycdlib.PyCdlib()
+    try:
+        iso.open(path)
+        out = io.BytesIO()
+        iso.get_file_from_iso_fp(out, iso_path="/VMETAL.CFG;1")
+        iso.close()
+    except Exception as exc:  # not an ISO, or no VMETAL.CFG: the CD does not boot the agent
+        log.info("virtual media %s: %s", path, exc)
+        return None
+    return out.getvalue().decode(errors="replace").strip()
 
 
 def _sha256(path: Path) -> str:

@@ -60,6 +60,8 @@ BOOTSTRAP_TOKEN = re.compile(r"\b[a-z0-9]{6}\.([a-z0-9]{16})\b")  # <id>.<secret
 TOKEN_PATHS = ("/api/v1/tokens", "/api/v1/tokens/")
 ISSUED_KEYS: set[str] = set()  # API token keys seen in plain text: the database holds only hashes
 JOIN_PATH = re.compile(r"/tenants/([^/]+)/join/")
+BOOT_PATH = re.compile(r"/boot/[0-9a-fA-F:-]{17}\.(ipxe|iso)")
+BOOT_SECRET = re.compile(r"vmetal\.boot_secret=([A-Za-z0-9_-]+)")
 TEXT_TYPES = ("text/", "application/json", "application/javascript", "application/xml")
 CHILD_LOGS: list[Path] = []  # log files of child processes (daphne, Celery workers), see watch_child_log
 
@@ -90,7 +92,7 @@ class _Watch:
     # -- what is secret now
     def current(self) -> set[str]:
         from hosts import certificates
-        from hosts.models import BareMetalHost, HostCommand
+        from hosts.models import BareMetalHost, HostCommand, RamdiskBoot
         from pools.models import Tenant
 
         if self.pinned is not None:
@@ -103,6 +105,7 @@ class _Watch:
                 found.add(kubeconfig)
                 found.update(KUBECONFIG_SECRET.findall(kubeconfig))
         found.update(ISSUED_KEYS)
+        found.update(RamdiskBoot.objects.exclude(secret="").values_list("secret", flat=True))  # not delivered yet
         found.update((settings.CERTIFICATE_SIGNING_KEY, certificates.signing_key().hex()))
         for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
             found.update(_command_secrets(text))
@@ -125,6 +128,11 @@ class _Watch:
         from hosts.models import AgentSession, HostCommand
         from pools.models import TenantMembership
 
+        if method == "GET" and status == 200 and BOOT_PATH.fullmatch(path):
+            # The boot path hands the boot's secret to the server's firmware or BMC, and to nobody else.
+            secrets = set(BOOT_SECRET.findall(body))
+            self.agent_tokens |= secrets
+            return secrets
         if method != "POST" or status != 200 or request is None:
             return set()
         if path.rstrip("/") == "/agent/lookup":

@@ -1,4 +1,4 @@
-"""Fixtures for end-to-end tests in the lab: a live console (agent endpoints), a real Celery worker on
+"""Fixtures for end-to-end tests in the lab: the live agent listener (boot path, agent protocol), a real Celery worker on
 the real broker, the Redfish emulator, agents on file-backed disks and tenant Kubernetes APIs."""
 import pytest
 from django.core.management import call_command
@@ -37,7 +37,7 @@ def gpu_pool(quantity: int) -> str:
 
 
 @pytest.fixture
-def lab_factory(live_server, tmp_path, worker_settings, settings):
+def lab_factory(agent_server, tmp_path, worker_settings, settings):
     """lab_factory(hosts=2, gpu_hosts=1, tenants=[...], faults={...}) → a started, registered LabSite."""
     worker_settings.update(FAST)
     for key, value in FAST.items():
@@ -47,7 +47,7 @@ def lab_factory(live_server, tmp_path, worker_settings, settings):
 
     def make(**kwargs):
         kwargs.setdefault("power_delay", (0.2, 0.5))
-        site = LabSite(console_url=live_server.url, var_dir=tmp_path / "lab", **kwargs).start()
+        site = LabSite(console_url=agent_server.url, var_dir=tmp_path / "lab", **kwargs).start()
         sites.append(site)
         call_command("apply", "-f", str(DEMO / "site.yaml"), verbosity=0)
         site.register()

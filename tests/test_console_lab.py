@@ -19,15 +19,18 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def lab(console_server, worker_settings, tmp_path, apply, django_user_model, request):
+def lab(console_server, agent_server, worker_settings, settings, tmp_path, apply, django_user_model, request):
     # The daphne console enqueues the pool's reconcile on its own queue: the worker listens there too.
     worker_settings.update(FAST, EXTRA_QUEUES=f"console-test-{os.getpid()}")
+    for key, value in FAST.items():  # the agent listener runs in this process
+        if key.startswith("AGENT_"):
+            setattr(settings, key, float(value))
     request.getfixturevalue("celery_worker_process")  # started with those settings, before anything is enqueued
     apply((DEMO / "site.yaml").read_text())
     apply(gpu_pool(0), tenant="one")
     django_user_model.objects.create_user("root-admin", "a@example.invalid", PASSWORD, is_staff=True,
                                           is_superuser=True)
-    site = LabSite(hosts=1, gpu_hosts=1, tenants=["one"], console_url=console_server.url,
+    site = LabSite(hosts=1, gpu_hosts=1, tenants=["one"], console_url=agent_server.url,
                    power_delay=(0.3, 0.6), var_dir=tmp_path / "lab").start()
     site.register()
     yield site

@@ -178,12 +178,7 @@ def test_an_agent_that_crashes_is_noticed_and_the_host_goes_to_error_with_the_re
 
 
 def test_a_redfish_virtualmedia_host_boots_the_agent_from_virtual_media(
-        lab_factory, celery_worker_process, worker_settings, live_server, settings, tmp_path, apply):
-    worker_settings["AGENT_ISO_URL"] = f"{live_server.url}/images/agent.iso"
-    settings.IMAGE_DIR = tmp_path
-    (tmp_path / "agent.iso").write_bytes(b"\0" * 4096)  # the emulator downloads it on insert
-    celery_worker_process.kill()
-    celery_worker_process.start()
+        lab_factory, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1)
     wait_hosts("available", 1)
     host = BareMetalHost.objects.get()

@@ -179,7 +179,16 @@ DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
 BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
 IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
-AGENT_ISO_URL = os.environ.get("AGENT_ISO_URL", "http://127.0.0.1:8000/static/agent.iso")
+# The agent listener (hosts/listener.py, `manage.py agent-listener`): the agent protocol, the boot path and the
+# OS images, on an address of the provisioning network (a separate port in the embedded mode and the lab). The
+# public listener answers 404 for all of it. AGENT_BOOT_URL is that listener as the servers reach it: it goes
+# into the iPXE scripts and virtual-media URLs. The ramdisk's kernel and initrd come from AGENT_KERNEL_URL and
+# AGENT_INITRD_URL.
+AGENT_URLCONF = "vmetal_console.agent_urls"
+AGENT_LISTEN = os.environ.get("AGENT_LISTEN", "127.0.0.1:8001")
+AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
+AGENT_KERNEL_URL = os.environ.get("AGENT_KERNEL_URL", f"{AGENT_BOOT_URL}/images/agent/vmlinuz")
+AGENT_INITRD_URL = os.environ.get("AGENT_INITRD_URL", f"{AGENT_BOOT_URL}/images/agent/initrd")
 
 CHANNEL_LAYERS = {
     "default": (

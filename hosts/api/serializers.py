@@ -207,10 +207,25 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
         return attrs
 
 
-class TenantHostSerializer(_ClaimLinks, serializers.ModelSerializer):
-    """A tenant member's node: what it is and how it is doing; nothing about its BMC."""
+class TenantInventoryField(NoNulJSONField):
+    """The inventory without NIC MAC addresses: a tenant has no use for them, and a MAC is what an agent
+    lookup names (hosts/boot.py), so they stay with the platform's admins."""
 
-    inventory = NoNulJSONField(read_only=True)
+    def to_representation(self, value):
+        return without_macs(super().to_representation(value))
+
+
+def without_macs(inventory):
+    if not isinstance(inventory, dict) or not isinstance(inventory.get("nics"), list):
+        return inventory
+    return {**inventory, "nics": [{k: v for k, v in nic.items() if "mac" not in k.lower()} if isinstance(nic, dict)
+                                  else nic for nic in inventory["nics"]]}
+
+
+class TenantHostSerializer(_ClaimLinks, serializers.ModelSerializer):
+    """A tenant member's node: what it is and how it is doing; nothing about its BMC or its MAC addresses."""
+
+    inventory = TenantInventoryField(read_only=True)
 
     class Meta:
         model = BareMetalHost

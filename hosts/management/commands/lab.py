@@ -3,6 +3,7 @@ import logging
 import signal
 import threading
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from lab.site import FAULTS, LabSite
@@ -18,7 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
                             help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*) or a "
                                  "GPU index (gpu-*), e.g. gpu-01=gpu-xid:3")
-        parser.add_argument("--console-url", default="http://127.0.0.1:8000", help="where the agents call home")
+        parser.add_argument("--boot-url", "--console-url", dest="console_url", default=settings.AGENT_BOOT_URL,
+                            help="the console's agent listener, where the servers fetch their boot configuration "
+                                 "and the agents call home (default AGENT_BOOT_URL, %(default)s)")
         parser.add_argument("--power-delay", default="1-11", help="seconds for a power change to land, lo-hi")
         parser.add_argument("--print-manifests", action="store_true",
                             help="print the BareMetalHost manifests the lab registers, then stop")

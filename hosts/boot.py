@@ -1,0 +1,123 @@
+"""The boot path: how a server that the console powers into the agent's ramdisk learns the secret of that boot.
+
+When a flow powers a host on into the ramdisk, it first starts a RamdiskBoot: a fresh random secret, kept as
+a hash (and, encrypted, until it is delivered). The secret then reaches the server only through its boot:
+
+- network boot: the server's iPXE fetches its script, `GET /boot/<mac>.ipxe`, from the agent listener; the
+  script's kernel command line carries `vmetal.boot_secret=...` and `vmetal.console=...`;
+- virtual media (`redfish-virtualmedia://`): the BMC downloads `GET /boot/<mac>.iso`, a small ISO 9660
+  image whose `VMETAL.CFG` holds the same line.
+
+Each is served once, and only while the boot is new: a second fetch gets 404 and is recorded as a security
+event (someone else on the provisioning network asked first, or the boot is being replayed). Neither is on
+the console's public listener, and nothing a tenant can read names the secret. The agent presents the
+secret in its lookup (hosts/agent_api.py); the lookup that does opens the boot's one session."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import logging
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from events.choices import EventKind
+from events.services import event_record
+
+from .models import AgentSession, BareMetalHost, RamdiskBoot
+
+log = logging.getLogger(__name__)
+ISO_CONFIG = "/VMETAL.CFG;1"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def ramdisk_boot_start(*, host: BareMetalHost, flow_id: str) -> RamdiskBoot:
+    """A new ramdisk boot of `host`: earlier boots and their agent sessions end, a new secret waits for
+    its one delivery. Called just before the power-on that boots it."""
+    secret = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        agent_sessions_end(host_ids=[host.pk])
+        # An earlier boot's secret not delivered yet is never delivered now.
+        RamdiskBoot.objects.filter(host=host, delivered_at__isnull=True).update(secret="")
+        return RamdiskBoot.objects.create(host=host, flow_id=flow_id, secret=secret, secret_hash=hash_secret(secret))
+
+
+def agent_sessions_end(*, host_ids: list[int]) -> int:
+    """The boot is over (power off, boot from disk, the host left its flow): its agent's token stops working."""
+    return AgentSession.objects.filter(host_id__in=host_ids, active=True).update(active=False)
+
+
+def boot_config_take(*, mac: str, via: str, address: str) -> tuple[BareMetalHost, str, str] | None:
+    """The boot path asks for the host's boot configuration: (host, secret, kernel arguments) once per boot,
+    or None. A second request for a boot already delivered is recorded as a security event."""
+    mac = mac.lower().replace("-", ":")
+    host = BareMetalHost.objects.filter(boot_mac=mac).first()
+    if host is None:
+        return None
+    boot = RamdiskBoot.objects.filter(host=host).first()
+    fresh = timezone.now() - timedelta(seconds=settings.AGENT_LOOKUP_DEADLINE_S + settings.POWER_STEP_DEADLINE_S)
+    if boot is None or boot.created_at < fresh:
+        return None
+    with transaction.atomic():
+        taken = RamdiskBoot.objects.filter(pk=boot.pk, delivered_at__isnull=True).exclude(secret="").update(
+            delivered_at=timezone.now(), delivered_via=via, secret="")
+        if not taken:
+            security_event(host=host, message=f"boot configuration ({via}) asked for again from {address or '?'}: "
+                                              "it is served once per boot; this boot's agent may be refused",
+                           data={"via": via, "address": address, "boot": boot.pk})
+            return None
+    return host, boot.secret, kernel_arguments(host, boot.secret)
+
+
+def kernel_arguments(host: BareMetalHost, secret: str) -> str:
+    return (f"vmetal.console={settings.AGENT_BOOT_URL.rstrip('/')} vmetal.boot_secret={secret} "
+            f"vmetal.host={host.name}")
+
+
+def ipxe_script(host: BareMetalHost, arguments: str) -> str:
+    return (f"#!ipxe\n# vMetal Console: ramdisk boot of {host.name}. Served once per boot.\n"
+            f"kernel {settings.AGENT_KERNEL_URL} initrd=initrd {arguments}\n"
+            f"initrd --name initrd {settings.AGENT_INITRD_URL}\n"
+            f"boot\n")
+
+
+def boot_iso(arguments: str) -> bytes:
+    """An ISO 9660 image with the boot's kernel arguments in VMETAL.CFG (volume VMETAL_BOOT), for virtual media."""
+    import pycdlib
+
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=1, vol_ident="VMETAL_BOOT")
+    data = (arguments + "\n").encode()
+    iso.add_fp(io.BytesIO(data), len(data), ISO_CONFIG)
+    out = io.BytesIO()
+    iso.write_fp(out)
+    iso.close()
+    return out.getvalue()
+
+
+def virtual_media_url(host: BareMetalHost) -> str:
+    return f"{settings.AGENT_BOOT_URL.rstrip('/')}/boot/{host.boot_mac.replace(':', '-')}.iso"
+
+
+def lookup_boot(*, host: BareMetalHost, secret: str) -> RamdiskBoot | None:
+    """The host's newest boot, when `secret` is its secret and no lookup has used it yet (claimed here)."""
+    boot = RamdiskBoot.objects.filter(host=host).first()
+    if boot is None or not secret or not hmac.compare_digest(boot.secret_hash, hash_secret(secret)):
+        return None
+    claimed = RamdiskBoot.objects.filter(pk=boot.pk, looked_up_at__isnull=True).update(looked_up_at=timezone.now())
+    return boot if claimed else None
+
+
+def security_event(*, host: BareMetalHost | None, message: str, data: dict | None = None) -> None:
+    """Recorded for admins (the event log, kind `security`; the fleet board counts them). Not tied to a
+    tenant: tenant members never see them."""
+    log.warning("security: %s%s", f"{host.name}: " if host else "", message)
+    event_record(kind=EventKind.SECURITY, object_type="host", object_name=host.name if host else "-", host=host,
+                 actor="system:agent-listener", message=message, data=data or {})
