@@ -11,8 +11,8 @@ emulator, agents, tenant API) is excluded, and shown beside it with PostgreSQL's
 Power changes land after a fixed --power-delay, the same for every server, so that the ratio shows
 what the console adds and not the spread of random delays.
 
-The console runs as in production: daphne serving vmetal_console.asgi with DEBUG off, Celery workers,
-each process with a bounded PostgreSQL pool (DATABASE_POOL_MAX: --web-pool for daphne, threads + 1 for
+The console runs as in production: the agent listener (manage.py agent-listener) with DEBUG off, Celery workers,
+each process with a bounded PostgreSQL pool (DATABASE_POOL_MAX: --web-pool for the listener, threads + 1 for
 a worker), so N agents heartbeating never open more than --max-connections connections.
 --profile DIR samples the console's processes and the lab's with py-spy (`pip install py-spy`) at the largest N.
 """
@@ -69,21 +69,21 @@ def free_port() -> int:
 
 
 class Console:
-    """The console's own processes, served as in production: daphne (the ASGI server of
-    vmetal_console.asgi) for the agent endpoints, Celery workers with beat, each process with its
-    own bounded PostgreSQL connection pool (DATABASE_POOL_MAX)."""
+    """The console's own processes, served as in production: the agent listener (`manage.py agent-listener`,
+    the agent protocol and the boot path), Celery workers with beat, each process with its own bounded
+    PostgreSQL connection pool (DATABASE_POOL_MAX)."""
 
     def __init__(self, workers: int, threads: int, web_pool: int):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logs = Path(tempfile.mkdtemp(prefix="vmetal-fleet-"))
         env = {**os.environ, "LOG_LEVEL": "WARNING", "CELERY_BEAT_SCHEDULE_FILENAME": str(self.logs / "beat"),
-               "DEBUG": "False"}  # as in production: no query log kept per connection
+               "DEBUG": "False",  # as in production: no query log kept per connection
+               "AGENT_LISTEN": f"127.0.0.1:{self.port}", "AGENT_BOOT_URL": self.url}
         # Connections: web_pool for the web server, threads + 1 per worker; the bench's own one on top.
         self.connections = web_pool + workers * (threads + 1) + 1
         self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(self.port),
-             "vmetal_console.asgi:application"],
+            [sys.executable, "manage.py", "agent-listener", "--bind", f"127.0.0.1:{self.port}"],
             cwd=ROOT, env={**env, "DATABASE_POOL_MAX": str(web_pool)}, stdout=open(self.logs / "web.log", "w"),
             stderr=subprocess.STDOUT, start_new_session=True)]
         for i in range(workers):
@@ -278,7 +278,7 @@ def main():
               f"{c['lab']:.1f}, PostgreSQL backends {c['postgres']:.1f}; whole machine "
               f"{100 * r['machine_busy']:.0f}% busy", flush=True)
     base = results[1]["makespan_s"]
-    print(f"\npower changes land after {args.power_delay:g}s; console: daphne (pool {args.web_pool}) + "
+    print(f"\npower changes land after {args.power_delay:g}s; console: agent listener (pool {args.web_pool}) + "
           f"{args.workers} worker(s) × {args.threads} threads (pool {args.threads + 1} each)")
     for n in sorted(results):
         print(f"makespan({n}) / makespan(1) = {results[n]['makespan_s'] / base:.2f}   "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import seed
+from agent import bootconfig, seed
 from agent.client import Backoff
 from agent.commands import Context, execute
 from agent.commands import image as image_cmd
@@ -594,9 +594,13 @@ def test_unknown_command_is_reported():
 def test_agent_looks_up_heartbeats_runs_inspect_and_reports(tmp_path, console, caplog):
     caplog.set_level("DEBUG")
     console.commands.append({"id": "c-1", "name": "inspect", "args": {}})
-    agent, thread, box = start_agent(console.url, lab_hardware(tmp_path), once=True)
+    cmdline = tmp_path / "cmdline"  # what the iPXE script's kernel line put in /proc/cmdline
+    cmdline.write_text(f"console=ttyS0 vmetal.console={console.url} vmetal.boot_secret=s3cret-of-this-boot quiet\n")
+    boot = bootconfig.read(str(cmdline))
+    agent, thread, box = start_agent(boot.console, lab_hardware(tmp_path), once=True, boot_secret=boot.boot_secret)
     assert finish(agent, thread, box) == 0
-    assert console.lookups == [{"macs": [MAC], "boot_id": agent.boot_id}]
+    assert console.lookups == [{"macs": [MAC], "boot_id": agent.boot_id, "boot_secret": "s3cret-of-this-boot"}]
+    assert "s3cret-of-this-boot" not in caplog.text and "s3cret" not in repr(boot)
     assert console.heartbeats[0] == {"host_id": 12, "status": "idle", "command_id": None, "progress": None, "message": "idle"}
     [result] = console.results
     assert (result["host_id"], result["command_id"], result["ok"], result["error"]) == (12, "c-1", True, None)

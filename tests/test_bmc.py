@@ -204,9 +204,12 @@ def test_the_one_time_boot_target_is_seen_at_power_on(lab, notices):
 def test_virtual_media_is_inserted_and_ejected(lab, image_server):
     host = bmc(lab, "gpu-05")
     host.insert_virtual_media(f"{image_server}/agent.iso")
-    assert lab.state("gpu-05")["virtual_media"] == {"image": f"{image_server}/agent.iso", "inserted": True}
+    media = lab.state("gpu-05")["virtual_media"]
+    assert (media["image"], media["inserted"]) == (f"{image_server}/agent.iso", True)
+    with open(media["file"], "rb") as f:  # the BMC downloaded it, as a real one does on insert
+        assert f.read(16)
     host.eject_virtual_media()
-    assert lab.state("gpu-05")["virtual_media"] == {"image": None, "inserted": False}
+    assert lab.state("gpu-05")["virtual_media"] == {"image": None, "inserted": False, "file": None}
 
 
 # failures
