@@ -10,7 +10,8 @@ urlpatterns = [
     path("images/SHA512SUMS", images.checksums, {"kind": "SHA512SUMS"}),
     path("images/MD5SUMS", images.checksums, {"kind": "MD5SUMS"}),
     path("images/<str:filename>", images.image, name="image"),
-    # erase certificates: the signed file and a printable page
+    # erase certificates: the signed file and a printable page; the public keys that verify them (no login)
+    path("certificates/signing-keys.pem", certificate_views.signing_keys, name="certificate-signing-keys"),
     path("certificates/<int:pk>.json", certificate_views.certificate_json, name="certificate-json"),
     path("certificates/<int:pk>/", certificate_views.certificate_page, name="certificate"),
 ]

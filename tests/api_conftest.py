@@ -2,8 +2,8 @@
 
 `no_secrets_leak` fails a test when a secret leaves the console: the BMC usernames and passwords stored in the
 database (decrypted), tenant kubeconfigs (and the credentials inside them), API token keys (the database has
-only their hashes: those made with `issue_token` or returned by the token endpoint), the key that signs erase
-certificates, agent tokens handed out by /agent/lookup, bootstrap (join) tokens (those queued for agents in
+only their hashes: those made with `issue_token` or returned by the token endpoint), the console's own keys
+(SECRET_KEY, the field-encryption keys, the private key that signs erase certificates), agent tokens handed out by /agent/lookup, bootstrap (join) tokens (those queued for agents in
 HostCommand.secret_args, and every token this process made through claims.tenant_api: the whole token and its
 secret part). It checks
 
@@ -89,7 +89,6 @@ class _Watch:
 
     # -- what is secret now
     def current(self) -> set[str]:
-        from hosts import certificates
         from hosts.models import BareMetalHost, HostCommand
         from pools.models import Tenant
 
@@ -103,7 +102,7 @@ class _Watch:
                 found.add(kubeconfig)
                 found.update(KUBECONFIG_SECRET.findall(kubeconfig))
         found.update(ISSUED_KEYS)
-        found.update((settings.CERTIFICATE_SIGNING_KEY, certificates.signing_key().hex()))
+        found.update(_console_keys())
         for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
             found.update(_command_secrets(text))
         return {s for s in found if len(s) >= MIN_SECRET_LENGTH}
@@ -246,6 +245,21 @@ class _Watch:
         self.browser_texts.clear()
         if self.leaks:
             raise SecretLeak(f"the browser received {len(self.leaks)} secret(s): " + "; ".join(self.leaks[:3]))
+
+
+def _console_keys() -> set[str]:
+    """SECRET_KEY, the field-encryption keys and the signing key: as set, and the signing key's material alone (a
+    PEM's base64 lines, its raw private bytes in hex)."""
+    from hosts import certificates
+
+    pem = settings.CERTIFICATE_SIGNING_KEY
+    found = {settings.SECRET_KEY, *settings.FIELD_ENCRYPTION_KEYS, pem}
+    found.update(line for line in pem.splitlines() if line.strip() and not line.startswith("-----"))
+    try:
+        found.add(certificates.signing_key().private_bytes_raw().hex())
+    except certificates.SigningUnavailable:
+        pass
+    return found
 
 
 def _command_secrets(secret_args: str) -> set[str]:
