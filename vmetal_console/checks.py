@@ -3,6 +3,7 @@ command that checks) and a Celery worker at its start run them; a key that canno
 its setting, instead of pages, API calls and drive tasks that fail one by one later."""
 import sys
 
+from django.apps import apps as global_apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
@@ -61,7 +62,7 @@ def certificate_keys_load(app_configs=None, **kwargs):
     return errors
 
 
-def canary_write(sender, *, apps, using, **kwargs):
+def canary_write(sender, *, using, apps=global_apps, **kwargs):
     """post_migrate (migrate, and a test database's flush): the canary, under the current keys, if none is kept."""
     try:
         model = apps.get_model("vmetal_console", "KeyCanary")
