@@ -1,11 +1,11 @@
 """Fixtures of the API tests, loaded with `pytest_plugins = ["tests.api_conftest"]`.
 
 `no_secrets_leak` fails a test when a secret leaves the console: the BMC usernames and passwords stored in the
-database (decrypted), tenant kubeconfigs (and the credentials inside them), API token keys (the database has
-only their hashes: those made with `issue_token` or returned by the token endpoint), the console's own keys
-(SECRET_KEY, the field-encryption keys, the private key that signs erase certificates), agent tokens handed out by /agent/lookup, bootstrap (join) tokens (those queued for agents in
-HostCommand.secret_args, and every token this process made through claims.tenant_api: the whole token and its
-secret part). It checks
+database (decrypted), tenant kubeconfigs (and the credentials inside them), API token keys (the database has only
+their hashes: those made with `issue_token` or returned by the token endpoint), the console's own keys (SECRET_KEY,
+the field-encryption keys, the private key that signs erase certificates), agent tokens handed out by
+/agent/lookup, bootstrap (join) tokens (those queued for agents in HostCommand.secret_args, and every token this
+process made through claims.tenant_api: the whole token and its secret part). It checks
 
 - every response of django.test.Client (and DRF's APIClient, a subclass);
 - every websocket frame a test receives through channels' WebsocketCommunicator;

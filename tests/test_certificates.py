@@ -124,7 +124,8 @@ def test_a_third_party_verifies_a_certificate_with_the_published_public_key_alon
     doc = json.loads(text)
     signature = doc["signature"]
     assert signature["alg"] == "Ed25519"
-    assert signature["key_id"] == hashlib.sha256(public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)).hexdigest()[:16]
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert signature["key_id"] == hashlib.sha256(raw).hexdigest()[:16]
 
     def signed_bytes(certificate: dict) -> bytes:
         return json.dumps(certificate, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()

@@ -98,8 +98,8 @@ def test_a_malformed_field_key_is_a_check_error_naming_the_setting(db, settings)
     settings.FIELD_ENCRYPTION_KEYS = [Fernet.generate_key().decode(), "not-a-fernet-key"]
     with pytest.raises(SystemCheckError) as failed:
         call_command("check")
-    assert ("FIELD_ENCRYPTION_KEY is not a list of Fernet keys: entry 2 of 2 is not 32 url-safe base64-encoded "
-            "bytes") in str(failed.value)
+    assert ("FIELD_ENCRYPTION_KEY: entry 2 of 2 is not a Fernet key (32 url-safe base64-encoded bytes)"
+            in str(failed.value))
     assert "not-a-fernet-key" not in str(failed.value)
 
 

@@ -23,9 +23,9 @@ def field_keys() -> list[Fernet]:
         try:
             fernets.append(Fernet(key.encode()))
         except (ValueError, TypeError):
-            where = f"entry {number} of {len(keys)}" if len(keys) > 1 else "it"
-            raise ImproperlyConfigured(f"FIELD_ENCRYPTION_KEY is not a list of Fernet keys: {where} is not 32 "
-                                       "url-safe base64-encoded bytes") from None
+            which = f": entry {number} of {len(keys)}" if len(keys) > 1 else ""
+            raise ImproperlyConfigured(f"FIELD_ENCRYPTION_KEY{which} is not a Fernet key (32 url-safe "
+                                       "base64-encoded bytes)") from None
     return fernets
 
 
@@ -42,14 +42,6 @@ def _keys_changed(*, setting, **kwargs):
 
 def encrypt(text: str) -> str:
     return _fernet().encrypt(text.encode()).decode()
-
-
-def reencrypt(token: str) -> str:
-    """The same secret under the newest key (MultiFernet.rotate)."""
-    try:
-        return _fernet().rotate(token.encode()).decode()
-    except InvalidToken as exc:
-        raise ValueError("stored secret cannot be decrypted with the configured keys") from exc
 
 
 def decrypt(token: str) -> str:
