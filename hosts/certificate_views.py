@@ -1,10 +1,13 @@
-"""Erase certificates on the web: the signed JSON file (download) and a printable page.
+"""Erase certificates on the web: the signed JSON file (download), a printable page, and the public keys that
+verify them.
 
 Who sees which certificate is vmetal_console.scoping.erase_certificates: platform admins and auditors every
-one, a tenant member those of the erases of their own tenant's data (previous tenant), the proof they are owed."""
+one, a tenant member those of the erases of their own tenant's data (previous tenant), the proof they are owed.
+The public keys are for anyone: a certificate is checked without the console's secret and without a login."""
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
+from django.views.decorators.http import require_safe
 
 from vmetal_console import scoping
 
@@ -41,3 +44,9 @@ def certificate_page(request, pk: int):
     return render(request, "hosts/certificate.html", {
         "cert": cert, "doc": cert.document, "filename": filename(cert),
         "valid": certificates.verify_text(certificates.render_certificate(cert))[0]})
+
+
+@require_safe
+def signing_keys(request):
+    """/certificates/signing-keys.pem: the current signing key's public half and the retired ones, PEM."""
+    return HttpResponse(certificates.published_keys(), content_type="application/x-pem-file")

@@ -6,13 +6,12 @@ the agent's `passed` on trust: it recounts the canaries and samples it reports, 
 verification record is a failed disk."""
 from __future__ import annotations
 
-import hashlib
-import hmac
 import uuid
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from django.utils.dateparse import parse_datetime
 
 from pools.choices import CleaningPolicy
@@ -79,8 +78,8 @@ def gate_for(host: BareMetalHost, claim=None) -> dict:
 
 def canary_key(flow_id: str) -> str:
     """The erase's key: the same for every retry of one flow run (canaries are never planted twice under
-    different keys), different for every run, and unknown outside the console."""
-    return hmac.new(certificates.signing_key(), f"canary:{flow_id}".encode(), hashlib.sha256).hexdigest()
+    different keys), different for every run, and unknown outside the console (derived from SECRET_KEY)."""
+    return salted_hmac("vmetal.erase-canary", flow_id, algorithm="sha256").hexdigest()
 
 
 def previous_use(host: BareMetalHost, claim=None) -> dict:

@@ -463,6 +463,18 @@ def _boot_id(run: Run) -> str:
     return session.boot_id if session else ""
 
 
+def _issue_certificates(run: Run, gate: dict, *, erase: dict | None, verify: dict | None) -> list:
+    """The signed certificates of this erase; a console that cannot sign fails the gate step with the reason."""
+    from . import certificates, cleaning
+
+    try:
+        return cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate,
+                                           previous=gate["previous"], erase=erase, verify=verify,
+                                           boot_id=_boot_id(run))
+    except certificates.SigningUnavailable as exc:
+        raise StepFailed(str(exc), repair=True, evidence={"verify": verify} if verify else {}) from None
+
+
 def step_erase(run: Run) -> dict:
     """Plant canaries, fingerprint a sample, erase every disk by the policy (agent: `erase`)."""
     from . import cleaning
@@ -475,10 +487,11 @@ def step_erase(run: Run) -> dict:
         result = agent_command(run, "erase", args, secret_args={"key": cleaning.canary_key(run.flow["id"])})
     except StepFailed as failure:
         if failure.evidence.get("disks"):
-            certs = cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate,
-                                                previous=gate["previous"], erase=failure.evidence, verify=None,
-                                                boot_id=_boot_id(run))
-            failure.evidence = {**failure.evidence, "certificates": [c.pk for c in certs]}
+            try:
+                certs = _issue_certificates(run, gate, erase=failure.evidence, verify=None)
+                failure.evidence = {**failure.evidence, "certificates": [c.pk for c in certs]}
+            except StepFailed as unsigned:
+                failure.message = f"{failure.message}; {unsigned.message}"
         failure.repair = True
         raise
     run.data["erase"] = result
@@ -501,8 +514,7 @@ def step_verify_erase(run: Run) -> dict:
     except StepFailed as failure:
         failure.repair = True
         raise
-    certs = cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate, previous=gate["previous"],
-                                        erase=run.data.get("erase"), verify=result, boot_id=_boot_id(run))
+    certs = _issue_certificates(run, gate, erase=run.data.get("erase"), verify=result)
     failed = [c for c in certs if c.result != "pass"]
     if failed or not certs:
         why = "; ".join(f"{c.disk}: {', '.join(c.document['verification']['findings'][:2])}" for c in failed)

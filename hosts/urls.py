@@ -21,7 +21,8 @@ image_urlpatterns = [
 
 urlpatterns = [
     *image_urlpatterns,
-    # erase certificates: the signed file and a printable page
+    # erase certificates: the signed file and a printable page; the public keys that verify them (no login)
+    path("certificates/signing-keys.pem", certificate_views.signing_keys, name="certificate-signing-keys"),
     path("certificates/<int:pk>.json", certificate_views.certificate_json, name="certificate-json"),
     path("certificates/<int:pk>/", certificate_views.certificate_page, name="certificate"),
 ]

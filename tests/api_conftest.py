@@ -1,11 +1,11 @@
 """Fixtures of the API tests, loaded with `pytest_plugins = ["tests.api_conftest"]`.
 
 `no_secrets_leak` fails a test when a secret leaves the console: the BMC usernames and passwords stored in the
-database (decrypted), tenant kubeconfigs (and the credentials inside them), API token keys (the database has
-only their hashes: those made with `issue_token` or returned by the token endpoint), the key that signs erase
-certificates, agent tokens handed out by /agent/lookup, bootstrap (join) tokens (those queued for agents in
-HostCommand.secret_args, and every token this process made through claims.tenant_api: the whole token and its
-secret part). It checks
+database (decrypted), tenant kubeconfigs (and the credentials inside them), API token keys (the database has only
+their hashes: those made with `issue_token` or returned by the token endpoint), the console's own keys (SECRET_KEY,
+the field-encryption keys, the private key that signs erase certificates), agent tokens handed out by
+/agent/lookup, bootstrap (join) tokens (those queued for agents in HostCommand.secret_args, and every token this
+process made through claims.tenant_api: the whole token and its secret part). It checks
 
 - every response of django.test.Client (and DRF's APIClient, a subclass);
 - every websocket frame a test receives through channels' WebsocketCommunicator;
@@ -91,7 +91,6 @@ class _Watch:
 
     # -- what is secret now
     def current(self) -> set[str]:
-        from hosts import certificates
         from hosts.models import BareMetalHost, HostCommand, RamdiskBoot
         from pools.models import Tenant
 
@@ -106,7 +105,7 @@ class _Watch:
                 found.update(KUBECONFIG_SECRET.findall(kubeconfig))
         found.update(ISSUED_KEYS)
         found.update(RamdiskBoot.objects.exclude(secret="").values_list("secret", flat=True))  # not delivered yet
-        found.update((settings.CERTIFICATE_SIGNING_KEY, certificates.signing_key().hex()))
+        found.update(_console_keys())
         for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
             found.update(_command_secrets(text))
         return {s for s in found if len(s) >= MIN_SECRET_LENGTH}
@@ -254,6 +253,21 @@ class _Watch:
         self.browser_texts.clear()
         if self.leaks:
             raise SecretLeak(f"the browser received {len(self.leaks)} secret(s): " + "; ".join(self.leaks[:3]))
+
+
+def _console_keys() -> set[str]:
+    """SECRET_KEY, the field-encryption keys and the signing key: as set, and the signing key's material alone (a
+    PEM's base64 lines, its raw private bytes in hex)."""
+    from hosts import certificates
+
+    pem = settings.CERTIFICATE_SIGNING_KEY
+    found = {settings.SECRET_KEY, *settings.FIELD_ENCRYPTION_KEYS, pem}
+    found.update(line for line in pem.splitlines() if line.strip() and not line.startswith("-----"))
+    try:
+        found.add(certificates.signing_key().private_bytes_raw().hex())
+    except certificates.SigningUnavailable:
+        pass
+    return found
 
 
 def _command_secrets(secret_args: str) -> set[str]:

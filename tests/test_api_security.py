@@ -180,7 +180,9 @@ def settings_in_production() -> dict:
             "getattr(s, k, None) for k in ('SESSION_COOKIE_SECURE', 'CSRF_COOKIE_SECURE', 'SECURE_HSTS_SECONDS', "
             "'SECURE_HSTS_INCLUDE_SUBDOMAINS', 'SESSION_COOKIE_HTTPONLY', 'SECURE_CONTENT_TYPE_NOSNIFF', "
             "'X_FRAME_OPTIONS', 'AXES_FAILURE_LIMIT')}))")
-    env = {**os.environ, "DEBUG": "0", "SECRET_KEY": "production-like-key-" + uuid.uuid4().hex,
+    # A production database (never connected to here) and its keys (this run's, tests/run_keys.py); DEBUG unset.
+    env = {**{k: v for k, v in os.environ.items() if k != "DEBUG"}, "SECRET_KEY": "production-like-key-" +
+           uuid.uuid4().hex, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/production",
            "DJANGO_SETTINGS_MODULE": "vmetal_console.settings", "LOG_LEVEL": "WARNING"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -207,10 +209,17 @@ def test_the_secret_check_fails_a_response_or_a_log_line_that_carries_a_secret(w
         no_secrets_leak.check("GET", "/somewhere", HttpResponse(json.dumps({"kubeconfig": world.alpha.kubeconfig})))
     with pytest.raises(SecretLeak):
         no_secrets_leak.check("GET", "/somewhere", HttpResponse(world.tokens["auditor"]))
+    from django.conf import settings
+
     from hosts import certificates
 
-    with pytest.raises(SecretLeak):  # the key that signs erase certificates (its id is public, not the key)
-        no_secrets_leak.check("GET", "/somewhere", HttpResponse(certificates.signing_key().hex()))
+    # The console's keys: the private key that signs erase certificates (whole, or its key material), the session
+    # key and the field key. The signing key's public half and its id are public.
+    pem = settings.CERTIFICATE_SIGNING_KEY
+    for key in (pem, pem.splitlines()[1], settings.SECRET_KEY, settings.FIELD_ENCRYPTION_KEYS[0]):
+        with pytest.raises(SecretLeak):
+            no_secrets_leak.check("GET", "/somewhere", HttpResponse(key))
+    no_secrets_leak.check("GET", "/somewhere", HttpResponse(certificates.published_keys()))
     no_secrets_leak.check("GET", "/somewhere", HttpResponse("nothing to see"))
     logging.getLogger("hosts.bmc").warning("login failed with %s", password)
     with pytest.raises(SecretLeak):

@@ -1,15 +1,24 @@
-"""Erase certificates: NIST SP 800-88 Rev. 2 Appendix G fields, signed by the console; `verify-certificate` says
-valid for the file as downloaded and tampered for any changed byte; the console recounts what the agent
-reports instead of trusting its verdict; who may download which certificate."""
+"""Erase certificates: NIST SP 800-88 Rev. 2 Appendix G fields, signed by the console with Ed25519; anyone verifies
+one with the published public key; `verify-certificate` says valid for the file as downloaded and tampered for
+any changed byte; keys rotate without orphaning old certificates; a console without a signing key signs nothing;
+the console recounts what the agent reports instead of trusting its verdict; who may download which
+certificate."""
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from conftest import ROOT
+from events.models import Event
 from hosts import certificates, cleaning
 from hosts.models import BareMetalHost, EraseCertificate
 from pools.models import Tenant, TenantMembership
+from vmetal_console import keys
 
 pytestmark = pytest.mark.django_db
 
@@ -98,9 +107,95 @@ def test_the_downloaded_file_verifies_and_every_changed_byte_is_tampered(host, t
 
 def test_another_console_s_key_is_not_this_one_s(host, settings):
     text = certificates.render_certificate(issue(host))
-    settings.CERTIFICATE_SIGNING_KEY = "a different console"
+    settings.CERTIFICATE_SIGNING_KEY = keys.new_signing_key()
     valid, reasons, _ = certificates.verify_text(text)
     assert not valid and reasons[0].startswith("signed with key ")
+
+
+def test_a_third_party_verifies_a_certificate_with_the_published_public_key_alone(host, client):
+    """What an auditor does, with `cryptography` and none of the console's code or secrets."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
+
+    text = certificates.render_certificate(issue(host))
+    published = client.get("/certificates/signing-keys.pem")  # no login
+    assert published.status_code == 200 and "PRIVATE" not in published.content.decode()
+    public_key = load_pem_public_key(published.content)
+    doc = json.loads(text)
+    signature = doc["signature"]
+    assert signature["alg"] == "Ed25519"
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert signature["key_id"] == hashlib.sha256(raw).hexdigest()[:16]
+
+    def signed_bytes(certificate: dict) -> bytes:
+        return json.dumps(certificate, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+    public_key.verify(bytes.fromhex(signature["value"]), signed_bytes(doc["certificate"]))  # raises if not valid
+    tampered = json.loads(text.replace("S7GPU011", "S7GPU012"))  # one byte: the disk's serial
+    with pytest.raises(InvalidSignature):
+        public_key.verify(bytes.fromhex(signature["value"]), signed_bytes(tampered["certificate"]))
+
+
+def test_verify_certificate_with_a_public_key_needs_no_database_and_none_of_the_console_s_secrets(host, client,
+                                                                                                tmp_path):
+    (tmp_path / "cert.json").write_text(certificates.render_certificate(issue(host)))
+    (tmp_path / "keys.pem").write_bytes(client.get("/certificates/signing-keys.pem").content)
+    # Another machine: a database that does not answer, keys of its own (its signing key is not the one that signed).
+    env = {**os.environ, **keys.throwaway_keys({}), "DATABASE_URL": "postgres://nobody@127.0.0.1:1/nowhere",
+           "LOG_LEVEL": "WARNING"}
+
+    def verify(*args):
+        return subprocess.run([sys.executable, "manage.py", "verify-certificate", str(tmp_path / "cert.json"), *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+    checked = verify("--public-key", str(tmp_path / "keys.pem"))
+    assert checked.returncode == 0 and checked.stdout.startswith("valid: certificate "), checked.stderr
+    unknown = verify()  # that machine's own key did not sign it
+    assert unknown.returncode == 1 and "is not among the keys checked" in unknown.stdout
+
+
+def test_after_a_key_rotation_old_certificates_verify_through_the_retired_public_key(host, settings, client,
+                                                                                    capsys):
+    before = certificates.render_certificate(issue(host, flow_id="f-before"))
+    call_command("certificate-key", "public")
+    old_public = capsys.readouterr().out
+    call_command("certificate-key", "generate")
+    settings.CERTIFICATE_SIGNING_KEY = capsys.readouterr().out
+    assert settings.CERTIFICATE_SIGNING_KEY.startswith("-----BEGIN PRIVATE KEY-----")
+    assert not certificates.verify_text(before)[0]  # the new key alone does not know the old one
+    settings.CERTIFICATE_VERIFY_KEYS = old_public
+    after = certificates.render_certificate(issue(host, flow_id="f-after"))
+    assert certificates.verify_text(before)[0] and certificates.verify_text(after)[0]
+    assert json.loads(before)["signature"]["key_id"] != json.loads(after)["signature"]["key_id"]
+    published = client.get("/certificates/signing-keys.pem").content.decode()
+    assert published.count("BEGIN PUBLIC KEY") == 2
+    assert f"key {json.loads(after)['signature']['key_id']} (Ed25519, current)" in published
+    assert f"key {json.loads(before)['signature']['key_id']} (Ed25519, retired)" in published
+
+
+def test_without_a_signing_key_the_release_gate_fails_with_the_reason_and_signs_nothing(host, settings,
+                                                                                         monkeypatch):
+    from hosts import flows
+    from hosts.choices import HostState
+    from hosts.services import host_transition
+
+    host_transition(host=host, to_state=HostState.INSPECTING, actor="test", reason="test")
+    host.refresh_from_db()
+    steps = [s.name for s in flows.FLOWS["inspect"]]
+    host.flow = {"name": "inspect", "id": "f-unsigned", "state_since": host.state_changed_at.isoformat(),
+                 "done": {name: {} for name in steps[:steps.index("verify_erase")]},
+                 "data": {"gate": {**cleaning.gate_for(host), "previous": {"tenant": "", "claim": ""}},
+                          "erase": erased()}}
+    host.save(update_fields=["flow"])
+    monkeypatch.setattr(flows, "agent_command", lambda run, name, *args, **kwargs: verified())
+    settings.CERTIFICATE_SIGNING_KEY = ""
+    flows.drive(host.pk)
+    host.refresh_from_db()
+    assert host.state == HostState.REPAIR
+    assert Event.objects.filter(host=host, to_state=HostState.REPAIR).get().message == (
+        "inspect failed at verify_erase: erase certificates cannot be signed: no signing key is configured (set "
+        "CERTIFICATE_SIGNING_KEY, or CERTIFICATE_SIGNING_KEY_FILE, to an Ed25519 private key in PEM form)")
+    assert not EraseCertificate.objects.exists()
 
 
 def test_the_console_recounts_instead_of_trusting_the_agent_s_verdict(host):

@@ -1,10 +1,16 @@
 """Settings, read from the environment (12-factor). Defaults give the embedded mode:
-SQLite and a file-system Celery broker, so a fresh machine needs nothing but Python."""
+SQLite and a file-system Celery broker, so a fresh machine needs nothing but Python.
+
+With DATABASE_URL naming a production database (anything but SQLite) the console refuses to start without its
+keys, or with DEBUG on: nothing here falls back to a value written in this file."""
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+
+from vmetal_console import keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VMETAL_VAR_DIR", BASE_DIR / "var"))
@@ -15,12 +21,23 @@ def env_bool(name: str, default: bool) -> bool:
     return os.environ.get(name, str(default)).lower() in {"1", "true", "yes", "on"}
 
 
-DEBUG = env_bool("DEBUG", True)
-SECRET_KEY = os.environ.get("SECRET_KEY", "dev-insecure-secret-key-change-me" if DEBUG else "")
-if not SECRET_KEY:
-    raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
-# Fernet keys (comma separated, newest first) for secrets at rest; derived from SECRET_KEY when unset.
-FIELD_ENCRYPTION_KEYS = [k for k in os.environ.get("FIELD_ENCRYPTION_KEY", "").split(",") if k]
+_database_url = os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'vmetal.sqlite3'}")  # may hold a password
+EMBEDDED = _database_url.startswith("sqlite")  # one machine, SQLite under var/ (./bin/run; the tests' children)
+DEBUG = env_bool("DEBUG", False)  # Django's debug pages show code and settings to whoever meets an error
+
+try:
+    _keys = keys.load(var_dir=VAR_DIR, embedded=EMBEDDED, debug=DEBUG)
+    # The public keys (PEM, one or more) of the keys that signed erase certificates before a rotation: published
+    # beside the current one (hosts/certificates.py), so older certificates still verify.
+    CERTIFICATE_VERIFY_KEYS = keys.from_environment("CERTIFICATE_VERIFY_KEYS")
+except keys.StartupRefused as _refused:
+    sys.exit(f"vMetal Console cannot start:\n  {_refused}")  # a configuration mistake: a message, no traceback
+SECRET_KEY = _keys["SECRET_KEY"]
+# Fernet keys for secrets at rest (BMC credentials, kubeconfigs), comma separated, newest first: data encrypted
+# under an older key still reads, and `manage.py rotate-field-keys` re-encrypts it under the newest.
+FIELD_ENCRYPTION_KEYS = [k.strip() for k in _keys["FIELD_ENCRYPTION_KEY"].split(",") if k.strip()]
+# The Ed25519 private key (PEM) that signs erase certificates (hosts/certificates.py).
+CERTIFICATE_SIGNING_KEY = _keys["CERTIFICATE_SIGNING_KEY"]
 ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [
@@ -36,6 +53,7 @@ INSTALLED_APPS = [
     "hosts",
     "claims",
     "manifests",
+    "vmetal_console",  # the key checks and their canary (vmetal_console/checks.py)
 ]
 
 MIDDLEWARE = [
@@ -68,7 +86,7 @@ ASGI_APPLICATION = "vmetal_console.asgi.application"
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'vmetal.sqlite3'}"),
+        _database_url,
         conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
     )
 }
@@ -110,7 +128,7 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 
-if not DEBUG:
+if not DEBUG and not EMBEDDED:  # the embedded console is served over plain HTTP on 127.0.0.1
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = 31536000
@@ -225,8 +243,7 @@ for _module in (settings_api, settings_console):
             globals()[_name] = getattr(_module, _name)
 
 # The release gate (hosts/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
-# with HMAC-SHA256 under CERTIFICATE_SIGNING_KEY, or a key derived from SECRET_KEY when it is unset.
-CERTIFICATE_SIGNING_KEY = os.environ.get("CERTIFICATE_SIGNING_KEY", "")
+# with Ed25519 under CERTIFICATE_SIGNING_KEY (above).
 CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # for a host no NodeType matches
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)

@@ -2,7 +2,7 @@
 import os
 from datetime import timedelta
 
-_debug = os.environ.get("DEBUG", "True").lower() in {"1", "true", "yes", "on"}
+_debug = os.environ.get("DEBUG", "False").lower() in {"1", "true", "yes", "on"}
 _redis_url = os.environ.get("REDIS_URL", "")
 
 APPS = [

@@ -1,18 +1,34 @@
-"""python manage.py verify-certificate FILE: is this erase certificate the one this console signed?"""
+"""python manage.py verify-certificate FILE [--public-key PEM_FILE]: is this erase certificate one this console
+(or the key in PEM_FILE) signed? With --public-key the check needs nothing of the console: no database, no secret."""
+import json
+import sys
+
 from django.core.management.base import BaseCommand, CommandError
 
 from hosts import certificates
 
 
 class Command(BaseCommand):
-    help = "Check an erase certificate (the signed JSON from the console): prints valid, or tampered and why."
+    help = ("Check an erase certificate (the signed JSON from the console): prints valid, or tampered and why. "
+            "Checked against the console's public keys, or those in --public-key.")
+    requires_system_checks = []  # a check needs no database and no secret key
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="the downloaded certificate (.json); - reads standard input")
+        parser.add_argument("--public-key", metavar="PEM_FILE",
+                            help="check with these public keys only (one or more PEM blocks, e.g. the console's "
+                                 "/certificates/signing-keys.pem)")
 
     def handle(self, *args, **options):
-        import sys
-
+        public_keys = None
+        if options["public_key"]:
+            try:
+                with open(options["public_key"]) as f:
+                    public_keys = certificates.public_keys_from_pem(f.read(), options["public_key"])
+            except OSError as exc:
+                raise CommandError(f"cannot read {options['public_key']}: {exc.strerror}") from None
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
         path = options["file"]
         try:
             if path == "-":
@@ -22,14 +38,17 @@ class Command(BaseCommand):
                     text = f.read().decode("utf-8", "replace")
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None
-        valid, reasons, body = certificates.verify_text(text)
+        try:
+            valid, reasons, body = certificates.verify_text(text, public_keys)
+        except ValueError as exc:  # CERTIFICATE_VERIFY_KEYS holds something that is not a public key
+            raise CommandError(str(exc)) from None
         if valid:
             media = body.get("media") or {}
             self.stdout.write(f"valid: certificate {body.get('certificate_id')} for host "
                               f"{(body.get('host') or {}).get('name')}, {media.get('source')}, serial "
                               f"{media.get('serial')}: {(body.get('sanitization') or {}).get('method')} erase, result "
                               f"{body.get('result')}, previous tenant {body.get('previous_tenant') or 'none'}; signed "
-                              f"with key {certificates.key_id()}")
+                              f"with key {json.loads(text)['signature']['key_id']}")
             return
         self.stdout.write("tampered: " + "; ".join(reasons))
         raise SystemExit(1)
