@@ -18,6 +18,8 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from vmetal_console.client_address import client_ip
+
 from . import flows
 from .choices import HostState
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
@@ -95,7 +97,7 @@ SCOPE_LIMITS = {"lookup": ("lookup",), "call": ("call", "call_per_address")}
 def _rate_key(request, name: str) -> str:
     if name == "call":
         return hash_token(request.headers.get("Authorization", "")[:200])
-    return request.META.get("REMOTE_ADDR", "")
+    return client_ip(request)
 
 
 def _retry_after(name: str, key: str) -> int:
