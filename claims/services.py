@@ -24,6 +24,7 @@ from pools.models import SERVER_NAME_PROPERTY, NodePool, NodeType, Tenant
 from pools.selectors import label_selector_q, normalize_requirement, requirements_match
 from pools.services import tenants_finalize
 from vmetal_console import live
+from vmetal_console.transactions import retry_on_deadlock
 
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
@@ -113,6 +114,7 @@ class ReconcileResult:
     tenants_deleted: list[str] = field(default_factory=list)  # tenants whose deletion finished
 
 
+@retry_on_deadlock(also=(ConcurrentTransition,))  # claims that moved meanwhile: look again
 def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:reconciler") -> ReconcileResult:
     """For each static pool, desired quantity vs live claims: create or release the difference,
     then allocate hosts to pending claims. Safe to run at any time, from any number of workers."""
@@ -121,8 +123,10 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
         pools = NodePool.objects.filter(kind=PoolKind.STATIC)
         if pool_ids is not None:
             pools = pools.filter(pk__in=pool_ids)
-        # Lock the pools so that two reconciles of one pool cannot both create its missing claims.
-        locked = list(pools.select_for_update().order_by("pk").values_list("pk", flat=True))
+        # Lock the pools so that two reconciles of one pool cannot both create its missing claims. FOR NO KEY
+        # UPDATE: an allocation moving one of their claims checks the claim's pool key (FOR KEY SHARE) and
+        # must not wait for us while we wait for that claim.
+        locked = list(pools.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
         pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk")
                      .annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE)))))
         growing = [(p, p.quantity - p.live) for p in pools if p.quantity > p.live]
@@ -184,7 +188,9 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
         if not has_host:
             claims_transition(claims=group, to_phase=P.RELEASED, actor=actor, reason="Released", message=reason)
             continue
-        hosts = list(BareMetalHost.objects.filter(pk__in=[c.host_id for c in group]))
+        # The lock order (vmetal_console/transactions.py): hosts, by id, before their claims.
+        hosts = list(BareMetalHost.objects.filter(pk__in=[c.host_id for c in group]).order_by("pk")
+                     .select_for_update(no_key=True))
         claims_transition(claims=group, to_phase=P.RELEASING, actor=actor, reason="Releasing", message=reason)
         hosts_by_state = defaultdict(list)
         for host in hosts:

@@ -21,6 +21,8 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from vmetal_console.client_address import client_ip
+
 from . import boot as boot_path
 from . import flows
 from .lifecycle import AGENT_STATES
@@ -97,7 +99,7 @@ SCOPE_LIMITS = {"lookup": ("lookup",), "call": ("call", "call_per_address")}
 def _rate_key(request, name: str) -> str:
     if name == "call":
         return hash_token(request.headers.get("Authorization", "")[:200])
-    return request.META.get("REMOTE_ADDR", "")
+    return client_ip(request)
 
 
 def _retry_after(name: str, key: str) -> int:
@@ -153,7 +155,7 @@ def lookup(request, body):
     host = BareMetalHost.objects.filter(boot_mac__in=macs, state__in=AGENT_STATES).first()
     if host is None:
         raise Refused(403, REFUSED)
-    address = request.META.get("REMOTE_ADDR", "")
+    address = client_ip(request)
     boot = boot_path.lookup_boot(host=host, secret=secret)
     if boot is None:
         why = ("without a boot secret" if not secret else
@@ -246,7 +248,7 @@ def boot_script(request, mac: str):
     """`GET /boot/<mac>.ipxe`: the iPXE script of the host's ramdisk boot (chained by the DHCP/TFTP stage
     with `${net0/mac:hexhyp}`). 404 when the console started no ramdisk boot of it, or served it already."""
     taken = MAC_IN_PATH.match(mac) and boot_path.boot_config_take(mac=mac, via="ipxe",
-                                                                     address=request.META.get("REMOTE_ADDR", ""))
+                                                                     address=client_ip(request))
     if not taken:
         return HttpResponseNotFound("no ramdisk boot waiting for this MAC address\n", content_type="text/plain")
     host, _, arguments = taken
@@ -258,7 +260,7 @@ def boot_script(request, mac: str):
 def boot_media(request, mac: str):
     """`GET /boot/<mac>.iso`: the virtual-media image of the host's ramdisk boot, fetched by its BMC."""
     taken = MAC_IN_PATH.match(mac) and boot_path.boot_config_take(mac=mac, via="virtual-media",
-                                                                     address=request.META.get("REMOTE_ADDR", ""))
+                                                                     address=client_ip(request))
     if not taken:
         return HttpResponseNotFound("no ramdisk boot waiting for this MAC address\n", content_type="text/plain")
     response = HttpResponse(boot_path.boot_iso(taken[2]), content_type="application/x-iso9660-image")

@@ -9,6 +9,7 @@ drive starts that step again, and every step is idempotent. Network I/O (BMC, te
 outside any database transaction."""
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,7 +35,6 @@ from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 
 log = logging.getLogger(__name__)
-LEASE = timedelta(seconds=120)
 
 
 class Waiting(Exception):
@@ -139,18 +139,63 @@ def _recheck_started(host_id: int) -> None:
 def drive(host_id: int) -> None:
     _recheck_started(host_id)
     now = timezone.now()
+    until = now + timedelta(seconds=settings.DRIVE_LEASE_S)
     taken = BareMetalHost.objects.filter(pk=host_id).filter(
         Q(drive_lease_until__isnull=True) | Q(drive_lease_until__lt=now)).update(
-        drive_lease_until=now + LEASE, driven_at=now)
+        drive_lease_until=until, driven_at=now)
     if not taken:
         request_drive(host_id, countdown=0.3)  # another worker drives it; look again when it is done
         return
+    lease = LeaseKeeper(host_id, until)
     try:
         for _ in range(100):
-            if not _advance(host_id):
+            if lease.lost or not _advance(host_id):
                 return
     finally:
-        BareMetalHost.objects.filter(pk=host_id).update(drive_lease_until=None, driven_at=timezone.now())
+        held = lease.stop()
+        BareMetalHost.objects.filter(pk=host_id, drive_lease_until=held).update(drive_lease_until=None,
+                                                                                driven_at=timezone.now())
+
+
+class LeaseKeeper:
+    """Keeps a drive's lease short and alive: DRIVE_LEASE_S (30 s), renewed every third of it by a thread
+    while the drive runs, so a worker killed mid-step holds its host for at most one lease, and a slow step
+    of a live worker keeps it. The lease's end as this drive last wrote it is the drive's token: a renewal,
+    and the release at the end, change the row only while it still holds that value, so a worker whose
+    lease ran out (and was taken by another) never extends or clears the other's."""
+
+    def __init__(self, host_id: int, until):
+        self.host_id, self.until, self.lost = host_id, until, False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"drive-lease-{host_id}", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        from django.db import connection
+
+        lease_s = settings.DRIVE_LEASE_S
+        try:
+            while not self._stopped.wait(lease_s / 3):
+                until = timezone.now() + timedelta(seconds=lease_s)
+                try:
+                    renewed = BareMetalHost.objects.filter(pk=self.host_id, drive_lease_until=self.until).update(
+                        drive_lease_until=until)
+                except Exception:  # the database away for a moment: the lease has two more thirds to go
+                    log.warning("host %s: drive lease not renewed", self.host_id, exc_info=True)
+                    continue
+                if not renewed:
+                    self.lost = True  # the drive stops after this step
+                    log.warning("host %s: drive lease lost (ran out and taken?)", self.host_id)
+                    return
+                self.until = until
+        finally:
+            connection.close()  # this thread's own connection, if it opened one
+
+    def stop(self):
+        """Stop renewing; the lease's end as this drive last wrote it."""
+        self._stopped.set()
+        self._thread.join()
+        return self.until
 
 
 def _advance(host_id: int) -> bool:

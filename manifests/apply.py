@@ -17,6 +17,7 @@ from hosts.services import host_registered
 from pools.choices import CleaningPolicy, PoolKind, ProviderKind
 from pools.models import CHECKSUM_LENGTHS, NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import PoolSpec, tenant_private_nodes_apply
+from vmetal_console.transactions import retry_on_deadlock
 
 from .source import Document, Invalid, ManifestError, Reader, dotted, load_documents
 
@@ -61,6 +62,7 @@ class DryRun(Exception):
     pass
 
 
+@retry_on_deadlock()
 def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None = None,
                 dry_run: bool = False) -> ApplyResult:
     """Apply [(file name, text), ...] in one transaction. Any error: nothing is applied."""

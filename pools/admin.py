@@ -416,7 +416,9 @@ class NodePoolAdmin(admin.ModelAdmin):
 def _pool_update(*, pool_id: int, values: dict, actor: str, expected_version: int | None) -> NodePool:
     """Change a pool's fields other than quantity, as pool_set_quantity does for quantity: a stale
     version is refused, the version is bumped and the pool reconciled on commit."""
-    locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool_id)
+    # Only the pool row (joined rows locked FOR UPDATE would block every insert that points at them).
+    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("tenant", "provider")
+              .get(pk=pool_id))
     if expected_version is not None and locked.version != expected_version:
         raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
     _, changes = object_update(locked, values, actor=actor, object_type="pool", tenant=locked.tenant)

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from events.models import Event
 from events.services import object_delete, object_update
+from vmetal_console.transactions import retry_on_deadlock
 
 from .choices import PoolKind
 from .models import NodePool, NodeProvider, Tenant, TenantMembership
@@ -41,15 +42,19 @@ def tenant_check_quota(*, tenant: Tenant, quantities: dict[str, int]) -> None:
                          f"these pools ask for {total}"})
 
 
+@retry_on_deadlock()
 @transaction.atomic
 def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_properties: dict[str, dict],
                                pools: list[PoolSpec], actor: str) -> PrivateNodesResult:
     """Make the tenant's pools exactly those declared (its vcluster.yaml is the whole list):
     create and update pools, delete the ones no longer declared (their claims are released)."""
     result = PrivateNodesResult()
+    # The lock order (vmetal_console/transactions.py): the tenant, then its pools by id.
+    Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
+    existing = {p.name: p for p in tenant.pools.select_for_update(no_key=True, of=("self",))
+                .select_related("provider").order_by("pk")}
     object_update(tenant, {"private_nodes_enabled": enabled, "provider_properties": provider_properties},
                   actor=actor, object_type="tenant", tenant=tenant)
-    existing = {p.name: p for p in tenant.pools.select_related("provider")}
     declared = {spec.name for spec in pools}
     tenant_check_quota(tenant=tenant, quantities={s.name: s.values.get("quantity") or 0 for s in pools
                                                   if s.kind == PoolKind.STATIC})
@@ -80,14 +85,18 @@ def _pool_defaults() -> dict:
             "expire_after": "", "weight": None}
 
 
+@retry_on_deadlock()
 @transaction.atomic
 def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_version: int | None = None) -> NodePool:
     """Change a static pool's quantity (console, API); stale versions are refused."""
     from claims.services import pools_changed
 
     # Lock the tenant first: two pools of one tenant changed at once must not both pass the quota check.
-    Tenant.objects.select_for_update().filter(pk=pool.tenant_id).first()
-    locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool.pk)
+    # FOR NO KEY UPDATE: a reconcile that holds this pool still inserts the tenant's claims (its foreign key
+    # check takes FOR KEY SHARE), so it finishes instead of waiting for us while we wait for it.
+    Tenant.objects.select_for_update(no_key=True).filter(pk=pool.tenant_id).first()
+    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("tenant", "provider")
+              .get(pk=pool.pk))
     if expected_version is not None and locked.version != expected_version:
         raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
     others = {p.name: p.quantity or 0 for p in locked.tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=pool.pk)}
@@ -104,11 +113,13 @@ class StaleVersion(Exception):
     pass
 
 
+@retry_on_deadlock()
 @transaction.atomic
 def pool_delete(*, pool: NodePool, actor: str) -> None:
     from claims.lifecycle import LIVE
     from claims.services import claims_release
 
+    NodePool.objects.select_for_update().filter(pk=pool.pk).first()  # the pool before its claims' hosts
     claims_release(claims=list(pool.claims.filter(phase__in=list(LIVE))), actor=actor, reason=f"pool {pool.name} deleted")
     object_delete(pool, actor=actor, object_type="pool", tenant=pool.tenant)
 
@@ -121,13 +132,14 @@ def tenant_set_api(*, tenant: Tenant, api_endpoint: str, kubeconfig: str, actor:
     return tenant
 
 
+@retry_on_deadlock()
 @transaction.atomic
 def tenant_delete(*, tenant: Tenant, actor: str) -> bool:
     """Delete a tenant the way Kubernetes deletes an owner: its pools go at once (their claims release:
     drain, delete the Node, clean the host), and the tenant itself once every claim is Released.
     True: the tenant is gone; False: it is being deleted. Asking again changes nothing."""
-    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    for pool in locked.pools.select_related("tenant", "provider"):
+    locked = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    for pool in locked.pools.select_related("tenant", "provider").order_by("pk"):
         pool_delete(pool=pool, actor=actor)
     if locked.deleting_since is None:
         locked.deleting_since = timezone.now()

@@ -155,8 +155,24 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_TASK_IGNORE_RESULT = True
+# A task is acknowledged after it ran (acks_late), so a worker that dies mid-task leaves it unacknowledged and
+# it runs again elsewhere; every task is idempotent, so running twice is safe. A pool child lost mid-task is
+# rejected back to the queue at once (reject_on_worker_lost). A whole worker killed cannot say so: RabbitMQ
+# requeues its tasks when its connection drops; Redis when they have been unacknowledged for the visibility
+# timeout, set below; the file-system broker loses them (the periodic re-drive and reconcile make up for it).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# Redis: longer than any task may run (drive_host's hard limit, 300 s) and any countdown waits (a recheck:
+# 30 s at most), or a task still running or waiting would be handed to a second worker. Kombu's default is an
+# hour, swept every 100 s; here a killed worker's tasks come back within BROKER_VISIBILITY_TIMEOUT_S plus a
+# sweep (every tenth of it, at most 10 s).
+BROKER_VISIBILITY_TIMEOUT_S = float(os.environ.get("BROKER_VISIBILITY_TIMEOUT_S", "600"))
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "sentinel://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
+        "unacked_restore_interval": max(1, min(10, int(BROKER_VISIBILITY_TIMEOUT_S / 10))),
+        "unacked_restore_throttle": 1,  # every interval scans (kombu's default: every tenth)
+    }
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))
@@ -183,6 +199,9 @@ def env_float(name: str, default: float) -> float:
 
 BMC_TIMEOUT_S = env_float("BMC_TIMEOUT_S", 10)
 BMC_RETRY_S = env_float("BMC_RETRY_S", 5)  # a step whose BMC is away tries again this often, until its deadline
+# A drive's lease on its host, renewed every third of it while the drive runs: a worker killed mid-step holds
+# its host this long at most.
+DRIVE_LEASE_S = env_float("DRIVE_LEASE_S", 30)
 POWER_DEADLINE_S = env_float("POWER_DEADLINE_S", 60)  # a power change lands (the lab: 1-11 s), else asked again
 POWER_POLL_S = env_float("POWER_POLL_S", 2)  # how often a step waiting for power looks
 POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included

@@ -75,6 +75,13 @@ AXES_COOLOFF_TIME = timedelta(hours=1)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_SENSITIVE_PARAMETERS = ["password", "token", "key"]
+# The client's address (axes, the agent rate limits): REMOTE_ADDR, or X-Forwarded-For's when REMOTE_ADDR is one
+# of TRUSTED_PROXIES (comma-separated addresses or CIDRs: the reverse proxy in front of the console). Unset, the
+# header is ignored: otherwise anyone could lock anyone's account out, or dodge their own lockout, by forging it.
+TRUSTED_PROXIES = [p.strip() for p in os.environ.get("TRUSTED_PROXIES", "").split(",") if p.strip()]
+AXES_CLIENT_IP_CALLABLE = "vmetal_console.client_address.client_ip"
+# Behind a proxy that serves the console at https://console.example.com (comma separated).
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 # Cookies and transport. settings.py already sets secure cookies and HSTS when DEBUG is off; these hold in
 # both modes.

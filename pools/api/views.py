@@ -18,6 +18,7 @@ from pools.filtersets import (NodeEnvironmentFilterSet, NodePoolFilterSet, NodeP
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota, tenant_delete
 from vmetal_console import scoping
+from vmetal_console.transactions import retry_on_deadlock
 
 from .base import ScopedViewMixin, actor
 from .serializers import (NodeEnvironmentSerializer, NodePoolSerializer, NodeProviderSerializer, NodeTypeSerializer,
@@ -166,9 +167,10 @@ def _stale(pool: NodePool, expected: int) -> StaleVersion:
 # Pool creation and whole-pool changes. pools.services has pool_set_quantity and pool_delete but no
 # pool_create / pool_update yet; these two belong there (see the review note).
 
+@retry_on_deadlock()
 @transaction.atomic
 def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # one quota check at a time per tenant
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)  # one quota check at a time per tenant
     pool = NodePool(tenant=tenant)
     if values.get("kind", PoolKind.STATIC) == PoolKind.STATIC and isinstance(values.get("quantity"), int):
         others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC)}
@@ -180,18 +182,20 @@ def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
     return pool
 
 
+@retry_on_deadlock()
 @transaction.atomic
 def _pool_update(*, pool: NodePool, values: dict, expected: int | None, actor: str) -> NodePool:
     from claims.services import pools_changed
 
     if set(values) == {"quantity"} and isinstance(values["quantity"], int):
         return pool_set_quantity(pool=pool, quantity=values["quantity"], actor=actor, expected_version=expected)
-    locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=pool.pk)
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=pool.tenant_id)  # the tenant, then the pool
+    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("tenant", "provider")
+              .get(pk=pool.pk))
     if expected is not None and locked.version != expected:
         raise _stale(locked, expected)
     if not values:
         return locked
-    tenant = Tenant.objects.select_for_update().get(pk=locked.tenant_id)
     if values.get("kind", locked.kind) == PoolKind.STATIC:
         others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=locked.pk)}
         tenant_check_quota(tenant=tenant, quantities={**others, locked.name: values.get("quantity", locked.quantity) or 0})
@@ -252,10 +256,12 @@ class NodePoolViewSet(ScopedViewMixin, viewsets.ModelViewSet):
     def destroy(self, request, *args, **kwargs):
         return super().destroy(request, *args, **kwargs)
 
+    @retry_on_deadlock()
     @transaction.atomic
     def perform_destroy(self, instance):
         expected = expected_version(self.request, None)
-        locked = NodePool.objects.select_for_update().select_related("tenant", "provider").get(pk=instance.pk)
+        locked = (NodePool.objects.select_for_update(of=("self",)).select_related("tenant", "provider")
+                  .get(pk=instance.pk))
         if expected is not None and locked.version != expected:
             raise _stale(locked, expected)
         pool_delete(pool=locked, actor=actor(self.request))
