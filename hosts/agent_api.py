@@ -44,8 +44,12 @@ class Refused(Exception):
 
 
 def _body(request) -> dict:
+    from vmetal_console import limits  # TODO(merge): to the imports once the rewrite of this file lands
+
     try:
-        body = json.loads(request.body or b"{}")
+        body = limits.json_loads(request.body or b"{}")
+    except limits.TooDeep as exc:
+        raise Refused(400, f"body is {exc}") from None
     except ValueError:
         raise Refused(400, "body is not JSON") from None
     if not isinstance(body, dict):

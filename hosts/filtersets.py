@@ -6,7 +6,7 @@ import django_filters as filters
 from django import forms
 from django.db.models import Q
 
-from events.filtersets import IdFilter
+from events.filtersets import IdFilter, TimestampFilter
 from pools.models import NodeType
 from pools.selectors import label_selector_q
 
@@ -75,8 +75,8 @@ class EvidenceFilterSet(filters.FilterSet):
 
     host = IdFilter(field_name="host_id", label="Host id")
     host_name = filters.CharFilter(help_text="the host's name (kept when the host is gone)")
-    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = TimestampFilter(field_name="created_at", lookup_expr="gte")
+    until = TimestampFilter(field_name="created_at", lookup_expr="lt")
 
 
 class EraseCertificateFilterSet(EvidenceFilterSet):

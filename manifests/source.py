@@ -167,6 +167,15 @@ def load_documents(text: str, file: str, *, line_offset: int = 0, index: int | N
     return docs
 
 
+def load_value(text: str, file: str = "value") -> Any:
+    """One YAML document (a console form's mapping or list), read as manifests are, within the same limits;
+    None when the text holds none."""
+    docs = load_documents(text, file)
+    if len(docs) > 1:
+        raise ManifestError(file, docs[1].index, docs[1].line, "one YAML document expected")
+    return docs[0].data if docs else None
+
+
 def _walk(node, path: Path, lines: dict, file: str, index: int, offset: int) -> None:
     if isinstance(node, yaml.ScalarNode) and "\x00" in node.value:
         # PostgreSQL stores no NUL in text or jsonb; YAML writes one as "\0" or "\x00".

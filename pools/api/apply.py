@@ -7,13 +7,14 @@ import logging
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from manifests.apply import apply_files
 from manifests.source import load_documents
 from vmetal_console import scoping
+from vmetal_console.limits import JSONParser
 
 from .base import ScopedPermission, StrictSerializer, actor
 
