@@ -54,6 +54,9 @@ def _body(request) -> dict:
         raise Refused(400, "body is not JSON") from None
     if not isinstance(body, dict):
         raise Refused(400, "body must be a JSON object")
+    nul = limits.nul_path(body)
+    if nul:
+        raise Refused(400, f"{nul}: contains a NUL character (\\u0000)")
     return body
 
 

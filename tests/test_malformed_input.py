@@ -1,7 +1,9 @@
 """Malformed input is a 400 that names the field, never a 500: a time zone offset PostgreSQL cannot store, a NUL
 character on its way to PostgreSQL (manifests through the API, the console and `manage.py apply`; console YAML
-fields)."""
+fields; agent calls)."""
 pytest_plugins = ["tests.api_conftest"]
+
+import json  # noqa: E402
 
 import pytest  # noqa: E402
 from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: E402
@@ -81,3 +83,13 @@ def test_a_nul_in_a_console_yaml_field_is_an_error_next_to_the_field(demo_site):
     html = response.content.decode()
     assert 'id="error-host_selector"' in html and "matchLabels.role: contains a NUL character" in html
     assert not NodeType.objects.filter(name="nul-type").exists()
+
+
+def test_a_nul_in_an_agent_call_is_a_400_naming_where_it_is(demo_site):
+    agent = Client(REMOTE_ADDR="fd00::7e57")
+    for path, body, where in (("/agent/lookup", {"macs": ["52:54:00:00:00:01\x00"], "boot_id": "b"}, "macs[0]"),
+                              ("/agent/heartbeat", {"host_id": 1, "status": "idle", "message": "a\x00"}, "message"),
+                              ("/agent/result", {"host_id": 1, "result": {"stdout\x00": ""}}, "a key in result")):
+        response = agent.post(path, json.dumps(body), content_type="application/json")
+        assert response.status_code == 400, (path, response.content[:200])
+        assert response.json() == {"error": f"{where}: contains a NUL character (\\u0000)"}

@@ -98,6 +98,24 @@ def check_depth(value, limit: int = MAX_JSON_DEPTH) -> None:
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
 
 
+def nul_path(value) -> str | None:
+    """Where a NUL character is in decoded JSON (a key or a string), as `a.b[2]`; None when nowhere. PostgreSQL
+    stores no NUL in text or jsonb."""
+    stack = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return path or "the body"
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if "\x00" in key:
+                    return f"a key in {path or 'the body'}"
+                stack.append((child, f"{path}.{key}" if path else key))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return None
+
+
 def json_loads(raw: bytes | str):
     """json.loads within MAX_JSON_DEPTH: deeper is TooDeep (a ValueError), never a RecursionError."""
     try:
