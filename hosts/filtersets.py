@@ -21,8 +21,11 @@ class LabelsField(forms.CharField):
     field's error (a 400 in the API, an ignored filter on the page), not a failed query."""
 
     def to_python(self, value):
+        text = super().to_python(value)
+        if "\x00" in text:  # the validators run on the mapping this returns, too late to see it
+            raise forms.ValidationError("Null characters are not allowed.")
         labels = {}
-        for part in filter(None, (p.strip() for p in super().to_python(value).split(","))):
+        for part in filter(None, (p.strip() for p in text.split(","))):
             key, eq, val = part.partition("=")
             key = key.strip()
             if not LABEL_KEY.match(key):

@@ -93,3 +93,21 @@ def test_a_nul_in_an_agent_call_is_a_400_naming_where_it_is(demo_site):
         response = agent.post(path, json.dumps(body), content_type="application/json")
         assert response.status_code == 400, (path, response.content[:200])
         assert response.json() == {"error": f"{where}: contains a NUL character (\\u0000)"}
+
+
+def test_a_nul_in_a_label_filter_is_a_400_in_the_api_and_ignored_on_the_fleet_board(world):
+    response = world.client("admin").get("/api/v1/hosts/", {"label": "role=g\x00pu"})
+    assert response.status_code == 400
+    assert response.json() == {"label": ["Null characters are not allowed."]}
+    console = Client()
+    console.force_login(world.users["admin"])
+    assert console.get("/hosts/", {"label": "role=g\x00pu"}).status_code == 200
+
+
+def test_a_nul_in_a_console_path_is_no_such_page(world):
+    console = Client()
+    console.force_login(world.users["admin"])
+    for path in ("/hosts/gpu%00/", "/hosts/gpu%00/actions/retry/", "/claims/a%00/", "/tenants/alpha%00/",
+                 "/tenants/alpha/pools/gpu%00/quantity/", "/tenants/alpha%00/join/", "/catalogue/tenants/alpha%00/edit/"):
+        assert console.get(path).status_code == 404, path
+        assert console.post(path).status_code == 404, path
