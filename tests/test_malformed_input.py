@@ -11,6 +11,8 @@ from django.core.management import call_command  # noqa: E402
 from django.core.management.base import CommandError  # noqa: E402
 from django.test import Client  # noqa: E402
 
+from hosts.choices import HostState  # noqa: E402
+from hosts.models import BareMetalHost  # noqa: E402
 from pools.models import NodePool, NodeProvider, NodeType  # noqa: E402
 
 pytestmark = pytest.mark.django_db
@@ -111,3 +113,13 @@ def test_a_nul_in_a_console_path_is_no_such_page(world):
                  "/tenants/alpha/pools/gpu%00/quantity/", "/tenants/alpha%00/join/", "/catalogue/tenants/alpha%00/edit/"):
         assert console.get(path).status_code == 404, path
         assert console.post(path).status_code == 404, path
+
+
+def test_a_nul_in_a_host_action_s_reason_is_a_400_and_changes_nothing(world):
+    console = Client()
+    console.force_login(world.users["admin"])
+    host = BareMetalHost.objects.filter(state=HostState.AVAILABLE).first()
+    response = console.post(f"/hosts/{host.name}/actions/maintenance-on/", {"reason": "disk swap\x00"})
+    assert response.status_code == 400 and response.content == b"reason: contains a NUL character"
+    host.refresh_from_db()
+    assert host.state == HostState.AVAILABLE
