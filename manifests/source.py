@@ -152,8 +152,11 @@ def load_documents(text: str, file: str, *, line_offset: int = 0, index: int | N
                                  lines=lines, line_offset=line_offset))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        at = mark.index if mark else getattr(exc, "position", None)  # a ReaderError (e.g. a NUL byte) has only a position
-        line = text.count("\n", 0, at) + 1 + line_offset if at is not None else None
+        at = mark.index if mark else getattr(exc, "position", None)  # a ReaderError (a NUL...) has a position
+        if mark:
+            line = mark.line + 1 + line_offset
+        else:
+            line = text.count("\n", 0, at) + 1 + line_offset if at is not None else None
         if isinstance(exc, yaml.reader.ReaderError):
             problem = f"unacceptable character #x{exc.character:04x}"
         else:

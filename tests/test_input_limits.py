@@ -24,7 +24,7 @@ MB = 1024 * 1024
 def alias_bomb(levels: int = 9) -> str:
     """A vcluster.yaml of under 1 KB whose aliases stand for 9**10 strings ("billion laughs")."""
     lines = ["privateNodes:", "  autoNodes:", "  - provider: metal3", "    static:", "    - name: gpu",
-             "      quantity: 1", "      nodeLabels:", '        l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+             "      quantity: 1", "      nodeLabels:", "        l0: &l0 [" + ",".join(['"lol"'] * 9) + "]"]
     for i in range(1, levels + 1):
         lines.append(f"        l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]")
     return "\n".join(lines) + "\n"

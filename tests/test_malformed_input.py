@@ -110,7 +110,8 @@ def test_a_nul_in_a_console_path_is_no_such_page(world):
     console = Client()
     console.force_login(world.users["admin"])
     for path in ("/hosts/gpu%00/", "/hosts/gpu%00/actions/retry/", "/claims/a%00/", "/tenants/alpha%00/",
-                 "/tenants/alpha/pools/gpu%00/quantity/", "/tenants/alpha%00/join/", "/catalogue/tenants/alpha%00/edit/"):
+                 "/tenants/alpha/pools/gpu%00/quantity/", "/tenants/alpha%00/join/",
+                 "/catalogue/tenants/alpha%00/edit/"):
         assert console.get(path).status_code == 404, path
         assert console.post(path).status_code == 404, path
 
