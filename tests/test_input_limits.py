@@ -158,7 +158,7 @@ def test_a_60_mb_body_is_refused_with_413_before_a_byte_of_it_is_read(world):
                                **extra, **{"wsgi.input": body, "CONTENT_LENGTH": str(body.size)})
         assert response.status_code == 413, (path, response.status_code)
         assert response.json() == {"detail": f"the request body is too large ({60 * MB} bytes): at most {10 * MB} "
-                                             "bytes (MAX_REQUEST_BODY)"}
+                                             "bytes (MAX_REQUEST_BODY_MB)"}
         assert body.read_bytes == 0, path
 
 

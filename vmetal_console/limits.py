@@ -18,7 +18,7 @@ MAX_JSON_DEPTH = 100  # as manifests.source.MAX_DEPTH for YAML
 def too_large_message(size: int | None) -> str:
     limit = settings.MAX_REQUEST_BODY
     said = f" ({size} bytes)" if size is not None else ""
-    return f"the request body is too large{said}: at most {limit} bytes (MAX_REQUEST_BODY)"
+    return f"the request body is too large{said}: at most {limit} bytes (MAX_REQUEST_BODY_MB)"
 
 
 def content_length(value) -> int | None:

@@ -103,7 +103,7 @@ class ApplyView(APIView):
             401: OpenApiResponse(DETAIL, description="no or an unknown token"),
             403: OpenApiResponse(DETAIL, description="auditors; members applying other than their own tenant's "
                                                      "vcluster.yaml"),
-            413: OpenApiResponse(DETAIL, description="a body over MAX_REQUEST_BODY (10 MiB), refused unread"),
+            413: OpenApiResponse(DETAIL, description="a body over MAX_REQUEST_BODY_MB (10 MiB), refused unread"),
         })
     def post(self, request):
         data = request.data
