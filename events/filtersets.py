@@ -1,6 +1,9 @@
 """Filters for the Event log, shared by the HTML pages (audit log, timelines) and the REST API."""
+from datetime import timedelta
+
 import django_filters as filters
 from django import forms
+from django_filters.fields import IsoDateTimeField
 
 from .choices import EventKind
 from .models import Event
@@ -17,6 +20,22 @@ class IdFilter(filters.Filter):
         super().__init__(*args, **kwargs)
 
 
+class TimestampField(IsoDateTimeField):
+    """An ISO 8601 time with an offset PostgreSQL takes (within ±15:59:59, whole seconds); Python takes up to
+    ±23:59, and the query would fail."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        offset = value.utcoffset() if value is not None else None
+        if offset is not None and (abs(offset) >= timedelta(hours=16) or offset.microseconds):
+            raise forms.ValidationError("the time zone offset must be within ±15:59", code="invalid")
+        return value
+
+
+class TimestampFilter(filters.IsoDateTimeFilter):
+    field_class = TimestampField
+
+
 class EventFilterSet(filters.FilterSet):
     kind = filters.ChoiceFilter(choices=EventKind.choices)
     object_type = filters.CharFilter()
@@ -25,8 +44,8 @@ class EventFilterSet(filters.FilterSet):
     host = IdFilter(field_name="host_id", label="Host id")
     claim = IdFilter(field_name="claim_id", label="Claim id")
     tenant = IdFilter(field_name="tenant_id", label="Tenant id")
-    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = TimestampFilter(field_name="created_at", lookup_expr="gte")
+    until = TimestampFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Event

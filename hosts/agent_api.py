@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from vmetal_console import limits
 from vmetal_console.client_address import client_ip
 
 from . import boot as boot_path
@@ -48,12 +49,18 @@ class Refused(Exception):
 
 
 def _body(request) -> dict:
+
     try:
-        body = json.loads(request.body or b"{}")
+        body = limits.json_loads(request.body or b"{}")
+    except limits.TooDeep as exc:
+        raise Refused(400, f"body is {exc}") from None
     except ValueError:
         raise Refused(400, "body is not JSON") from None
     if not isinstance(body, dict):
         raise Refused(400, "body must be a JSON object")
+    nul = limits.nul_path(body)
+    if nul:
+        raise Refused(400, f"{nul}: contains a NUL character (\\u0000)")
     return body
 
 

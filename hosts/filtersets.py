@@ -6,7 +6,7 @@ import django_filters as filters
 from django import forms
 from django.db.models import Q
 
-from events.filtersets import IdFilter
+from events.filtersets import IdFilter, TimestampFilter
 from pools.models import NodeType
 from pools.selectors import label_selector_q
 
@@ -21,8 +21,11 @@ class LabelsField(forms.CharField):
     field's error (a 400 in the API, an ignored filter on the page), not a failed query."""
 
     def to_python(self, value):
+        text = super().to_python(value)
+        if "\x00" in text:  # the validators run on the mapping this returns, too late to see it
+            raise forms.ValidationError("Null characters are not allowed.")
         labels = {}
-        for part in filter(None, (p.strip() for p in super().to_python(value).split(","))):
+        for part in filter(None, (p.strip() for p in text.split(","))):
             key, eq, val = part.partition("=")
             key = key.strip()
             if not LABEL_KEY.match(key):
@@ -75,8 +78,8 @@ class EvidenceFilterSet(filters.FilterSet):
 
     host = IdFilter(field_name="host_id", label="Host id")
     host_name = filters.CharFilter(help_text="the host's name (kept when the host is gone)")
-    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = TimestampFilter(field_name="created_at", lookup_expr="gte")
+    until = TimestampFilter(field_name="created_at", lookup_expr="lt")
 
 
 class EraseCertificateFilterSet(EvidenceFilterSet):

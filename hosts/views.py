@@ -5,7 +5,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import JSONField, OuterRef, Subquery
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
@@ -149,6 +149,8 @@ def host_action(request, name: str, action: str):
             "next": back, **_confirmation(host, action)})
     actor = f"user:{request.user.get_username()}"
     reason = request.POST.get("reason", "").strip()[:500]
+    if "\x00" in reason:  # no browser sends one; PostgreSQL would refuse it in the Event
+        return HttpResponseBadRequest("reason: contains a NUL character")
     done = f"{label}: done for {host.name}"
     try:
         if action == "maintenance-on":

@@ -1,5 +1,7 @@
 """Reading manifests: multi-document YAML with the line of every key, and errors that name
-the file, the document and the line."""
+the file, the document and the line. What a text may cost is bounded while it is composed, before any
+Python object is built: nesting depth, and nodes with every alias expanded (an "alias bomb" of a few hundred
+bytes would otherwise stand for billions of nodes)."""
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +12,63 @@ import yaml
 
 Path = tuple
 
+MAX_DEPTH = 100  # nesting levels; real manifests use about 10
+MAX_NODES = 250_000  # per file, aliases expanded: about 4,000 BareMetalHosts with their Secrets
+
+
+class LimitExceeded(yaml.MarkedYAMLError):
+    """A text that is valid YAML but costs more than the console reads."""
+
 
 class Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 numbers: 52:54:00:12:34:56 is a MAC address, not a base-60 integer."""
+    """SafeLoader with YAML 1.2 numbers (52:54:00:12:34:56 is a MAC address, not a base-60 integer) and
+    limits: nesting depth, and nodes counted with each alias expanded, as Kubernetes' YAML reader refuses
+    "excessive aliasing". PyYAML's composer gives an alias the anchored node itself, so composing costs
+    nothing; the cost comes later, in whatever walks the data. Here each anchor's expanded size is known
+    when its node is complete, and an alias adds it to the count."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.nodes = 0  # in the whole stream
+        self.depth = 0
+        self.sizes: dict[str, int] = {}  # anchor → nodes it stands for, aliases in it expanded
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # Refused while scanning: PyYAML's scanner looks up to 1024 characters ahead, at a cost that grows
+        # with the flow depth, before the composer sees the first "[".
+        if self.flow_level >= MAX_DEPTH:
+            raise LimitExceeded(None, None, f"nested deeper than {MAX_DEPTH} levels", self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_document(self):
+        self.sizes = {}  # anchors are per document
+        return super().compose_document()
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self.anchors and event.anchor not in self.sizes:
+                raise LimitExceeded(None, None, f"alias *{event.anchor} is inside its own anchor (a recursive node)",
+                                    event.start_mark)
+            self._count(self.sizes.get(event.anchor, 0), event.start_mark, alias=True)
+            return super().compose_node(parent, index)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise LimitExceeded(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        before = self.nodes
+        self._count(1, event.start_mark)
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        if event.anchor is not None:
+            self.sizes[event.anchor] = self.nodes - before
+        return node
+
+    def _count(self, n: int, mark, alias: bool = False) -> None:
+        self.nodes += n
+        if self.nodes > MAX_NODES:
+            problem = (f"excessive aliasing: the aliases expand to more than {MAX_NODES} nodes" if alias
+                       else f"more than {MAX_NODES} nodes")
+            raise LimitExceeded(None, None, problem, mark)
 
 
 Loader.yaml_implicit_resolvers = {
@@ -77,10 +133,11 @@ class Document:
 
 def load_documents(text: str, file: str, *, line_offset: int = 0, index: int | None = None) -> list[Document]:
     """Parse every document of a YAML stream; empty documents are skipped."""
-    loader = Loader(text)
+    loader = None
     docs = []
     position = 0
     try:
+        loader = Loader(text)  # its reader refuses a NUL or another control character at once
         while loader.check_node():
             node = loader.get_node()
             position += 1
@@ -95,20 +152,45 @@ def load_documents(text: str, file: str, *, line_offset: int = 0, index: int | N
                                  lines=lines, line_offset=line_offset))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 1 + line_offset if mark else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        document = index or (text.count("\n---", 0, mark.index if mark else 0) + 1 if mark else None)
-        raise ManifestError(file, document, line, f"not valid YAML: {problem}") from None
+        at = mark.index if mark else getattr(exc, "position", None)  # a ReaderError (a NUL...) has a position
+        if mark:
+            line = mark.line + 1 + line_offset
+        else:
+            line = text.count("\n", 0, at) + 1 + line_offset if at is not None else None
+        if isinstance(exc, yaml.reader.ReaderError):
+            problem = f"unacceptable character #x{exc.character:04x}"
+        else:
+            problem = getattr(exc, "problem", None) or str(exc)
+        document = index or (text.count("\n---", 0, at) + 1 if at is not None else None)
+        message = problem if isinstance(exc, LimitExceeded) else f"not valid YAML: {problem}"
+        raise ManifestError(file, document, line, message) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return docs
 
 
+def load_value(text: str, file: str = "value") -> Any:
+    """One YAML document (a console form's mapping or list), read as manifests are, within the same limits;
+    None when the text holds none."""
+    docs = load_documents(text, file)
+    if len(docs) > 1:
+        raise ManifestError(file, docs[1].index, docs[1].line, "one YAML document expected")
+    return docs[0].data if docs else None
+
+
 def _walk(node, path: Path, lines: dict, file: str, index: int, offset: int) -> None:
+    if isinstance(node, yaml.ScalarNode) and "\x00" in node.value:
+        # PostgreSQL stores no NUL in text or jsonb; YAML writes one as "\0" or "\x00".
+        raise ManifestError(file, index, node.start_mark.line + 1 + offset,
+                            f"{dotted(path) or 'the document'}: contains a NUL character (\\0)")
     if isinstance(node, yaml.MappingNode):
         seen = set()
         for key_node, value_node in node.value:
             key = key_node.value
+            if isinstance(key, str) and "\x00" in key:
+                raise ManifestError(file, index, key_node.start_mark.line + 1 + offset,
+                                    f"{dotted(path) or 'the document'}: a key contains a NUL character (\\0)")
             if key in seen:
                 raise ManifestError(file, index, key_node.start_mark.line + 1 + offset,
                                     f"{dotted(path + (key,))}: duplicate key")

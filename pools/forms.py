@@ -6,6 +6,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from events.services import object_update
+from manifests.source import ManifestError, load_value
 
 from .models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 
@@ -31,11 +32,10 @@ class YAMLField(forms.CharField):
         if isinstance(value, (dict, list)):
             return value
         try:
-            data = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1})" if mark else ""
-            raise ValidationError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+            data = load_value(value)  # as apply reads YAML: within its limits, no NUL, no duplicate keys
+        except ManifestError as exc:
+            where = f" (line {exc.line})" if exc.line else ""
+            raise ValidationError(f"{exc.message}{where}") from None
         if data is None:
             return type(self.empty)()
         if not isinstance(data, type(self.empty)):
@@ -155,9 +155,9 @@ class TenantForm(RecordedForm):
         text = self.cleaned_data.get("kubeconfig") or ""
         if text.strip():
             try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise ValidationError("not valid YAML") from None
+                data = load_value(text, "kubeconfig")
+            except ManifestError as exc:  # its message may quote the text, which holds credentials
+                raise ValidationError(f"not valid YAML (line {exc.line})" if exc.line else "not valid YAML") from None
             if not isinstance(data, dict) or not data.get("clusters"):
                 raise ValidationError("a kubeconfig needs at least one cluster")
         return text

@@ -13,6 +13,8 @@ APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
     "axes",
 ]
+# A body over MAX_REQUEST_BODY is refused (413) before anything reads it (vmetal_console/limits.py).
+MIDDLEWARE_FIRST = ["vmetal_console.limits.RequestBodyLimitMiddleware"]
 # django-axes wants to be the last middleware and the first authentication backend.
 MIDDLEWARE_LAST = ["axes.middleware.AxesMiddleware"]
 AUTH_BACKENDS = ["axes.backends.AxesStandaloneBackend"]
@@ -30,7 +32,15 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "pools.api.base.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # DRF's, with JSON nested deeper than 100 levels a 400 (vmetal_console/limits.py).
+    "DEFAULT_PARSER_CLASSES": ["vmetal_console.limits.JSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
 }
+
+# Request bodies: at most this many bytes, API and console alike (the largest is a site's manifests posted to
+# /api/v1/apply/). Django's own limit for what it reads into memory (agent calls, form posts) is the same.
+MAX_REQUEST_BODY = int(os.environ.get("MAX_REQUEST_BODY_MB", "10")) * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "vMetal Console API",

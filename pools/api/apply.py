@@ -5,15 +5,16 @@ Admins apply anything. A tenant member applies only vcluster.yaml documents (pri
 theirs: their pools, within the tenant's quota. Auditors apply nothing."""
 import logging
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from manifests.apply import apply_files
 from manifests.source import load_documents
 from vmetal_console import scoping
+from vmetal_console.limits import JSONParser
 
 from .base import ScopedPermission, StrictSerializer, actor
 
@@ -58,12 +59,24 @@ class ApplyResultSerializer(serializers.Serializer):
     lines = serializers.ListField(child=serializers.CharField())
 
 
-class ManifestErrorSerializer(serializers.Serializer):
-    detail = serializers.CharField()
-    file = serializers.CharField()
-    document = serializers.IntegerField(allow_null=True)
-    line = serializers.IntegerField(allow_null=True)
-    message = serializers.CharField()
+def _error(title: str, description: str, properties: dict, **extra) -> dict:
+    return {"type": "object", "title": title, "description": description, "properties": properties,
+            "required": list(properties), **extra}
+
+
+_DETAIL = {"detail": {"type": "string"}}
+# The shapes of a 400, as raw OpenAPI (drf-spectacular takes a dict as the schema itself).
+APPLY_ERROR = {"anyOf": [
+    _error("ManifestError", "a manifest is invalid: nothing was applied (`detail` is what manage.py apply prints)",
+           {"detail": {"type": "string"}, "file": {"type": "string", "nullable": True},
+            "document": {"type": "integer", "nullable": True}, "line": {"type": "integer", "nullable": True},
+            "message": {"type": "string"}}),
+    _error("Detail", "the body could not be read (not JSON or YAML, nested too deeply)", _DETAIL,
+           additionalProperties=False),
+    {"type": "object", "title": "FieldErrors", "description": "the request's own fields and what is wrong with them",
+     "additionalProperties": {"anyOf": [{"type": "array"}, {"type": "object"}]}, "minProperties": 1},
+]}
+DETAIL = _error("Detail", "what was refused, and why", _DETAIL)
 
 
 class ApplyView(APIView):
@@ -76,10 +89,22 @@ class ApplyView(APIView):
         """POST applies; any other method is no action here (405 for everyone signed in, as on the viewsets)."""
         return "apply" if self.request.method == "POST" else None
 
-    @extend_schema(request=ApplyRequestSerializer, responses={
-        200: ApplyResultSerializer,
-        400: OpenApiResponse(ManifestErrorSerializer, description="invalid manifest (nothing applied), or a bad request"),
-    })
+    @extend_schema(
+        request={"application/json": ApplyRequestSerializer,
+                 "application/yaml": {"type": "string", "description": "multi-document YAML"},
+                 "text/yaml": {"type": "string", "description": "multi-document YAML"}},
+        parameters=[OpenApiParameter("tenant", str, description="with a YAML body: as `tenant` in JSON"),
+                    OpenApiParameter("dry_run", bool, description="with a YAML body: as `dry_run` in JSON"),
+                    OpenApiParameter("name", str, description="with a YAML body: the file name errors give")],
+        responses={
+            200: ApplyResultSerializer,
+            400: OpenApiResponse(APPLY_ERROR, description="nothing was applied: an invalid manifest (ManifestError, "
+                                                          "naming file, document and line), or a bad request"),
+            401: OpenApiResponse(DETAIL, description="no or an unknown token"),
+            403: OpenApiResponse(DETAIL, description="auditors; members applying other than their own tenant's "
+                                                     "vcluster.yaml"),
+            413: OpenApiResponse(DETAIL, description="a body over MAX_REQUEST_BODY_MB (10 MiB), refused unread"),
+        })
     def post(self, request):
         data = request.data
         if isinstance(data, dict) and "__yaml__" in data:
