@@ -49,7 +49,6 @@ class Refused(Exception):
 
 
 def _body(request) -> dict:
-
     try:
         body = limits.json_loads(request.body or b"{}")
     except limits.TooDeep as exc:
