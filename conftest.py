@@ -137,10 +137,9 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     print("--- the Celery worker's log, last lines ---\n" + "\n".join(worker.log.read_text().splitlines()[-80:]))
 
 
-@pytest.fixture
-def agent_client():
-    """A django.test.Client on the agent listener's URLs (the agent protocol, the boot path), which the
-    public listener, and so the plain `client`, does not serve."""
+def agent_client_class():
+    """django.test.Client on the agent listener's URLs (the agent protocol, the boot path), which the public
+    listener, and so the plain `client`, does not serve."""
     from django.conf import settings
     from django.test import Client
     from django.test.client import ClientHandler
@@ -150,9 +149,31 @@ def agent_client():
             request.urlconf = settings.AGENT_URLCONF
             return super().get_response(request)
 
-    client = Client()
-    client.handler = AgentClientHandler()
-    return client
+    class AgentClient(Client):
+        def __init__(self, **defaults):
+            super().__init__(**defaults)
+            self.handler = AgentClientHandler()
+
+    return AgentClient
+
+
+def agent_lookup_body(body: dict) -> dict:
+    """A lookup as a freshly booted agent sends it: for a host booting the ramdisk, the console starts a new
+    boot and the body carries that boot's secret, as the boot path would have delivered it."""
+    from hosts.boot import ramdisk_boot_start
+    from hosts.lifecycle import AGENT_STATES
+    from hosts.models import BareMetalHost
+
+    macs = [m.lower() for m in body.get("macs") or [] if isinstance(m, str)]
+    host = BareMetalHost.objects.filter(boot_mac__in=macs, state__in=AGENT_STATES).first()
+    if host is None or "boot_secret" in body:
+        return body
+    return {**body, "boot_secret": ramdisk_boot_start(host=host, flow_id=(host.flow or {}).get("id", "")).secret}
+
+
+@pytest.fixture
+def agent_client():
+    return agent_client_class()()
 
 
 @pytest.fixture

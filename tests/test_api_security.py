@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError  # noqa: E402
 from django.http import HttpResponse  # noqa: E402
 from django.test import Client  # noqa: E402
 
+from conftest import agent_client_class, agent_lookup_body  # noqa: E402
 from hosts.choices import HostState  # noqa: E402
 from hosts.models import AgentSession, BareMetalHost, CommandStatus, HostCommand  # noqa: E402
 from hosts.services import host_transition  # noqa: E402
@@ -29,12 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # --- agent endpoints ------------------------------------------------------------------------------
 
 def agent_client() -> Client:
-    """An agent at an address of its own, so that rate-limit windows of other tests never count here."""
-    return Client(REMOTE_ADDR=f"fd00::{uuid.uuid4().hex[:4]}:{uuid.uuid4().hex[:4]}")
+    """An agent at an address of its own (on the agent listener), so that rate-limit windows of other tests
+    never count here."""
+    return agent_client_class()(REMOTE_ADDR=f"fd00::{uuid.uuid4().hex[:4]}:{uuid.uuid4().hex[:4]}")
 
 
 def post(client, path, body, token=None):
+    """Each lookup is a new boot of its host, with the secret its boot path delivered (conftest)."""
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    if path == "/agent/lookup":
+        body = agent_lookup_body(body)
     return client.post(path, json.dumps(body), content_type="application/json", **headers)
 
 
@@ -83,7 +88,7 @@ def test_agent_calls_over_the_limit_get_429_with_retry_after_and_change_nothing(
     limited = post(agent, "/agent/lookup", {"macs": [booting_host.boot_mac], "boot_id": "b4"})
     assert limited.status_code == 429 and 0 < int(limited["Retry-After"]) <= 3600
     assert AgentSession.objects.count() == sessions
-    assert post(agent_client(), "/agent/lookup", {"macs": ["52:54:00:ff:ff:ff"]}).status_code == 404  # another address
+    assert post(agent_client(), "/agent/lookup", {"macs": ["52:54:00:ff:ff:ff"]}).status_code == 403  # another address
 
     token = post(agent_client(), "/agent/lookup", {"macs": [booting_host.boot_mac], "boot_id": "b5"}).json()["token"]
     session = AgentSession.objects.get(boot_id="b5")
@@ -102,7 +107,7 @@ def test_the_default_limits_let_a_lab_of_agents_on_one_address_work(booting_host
     lab = agent_client()  # every lab agent comes from the same address
     answers = {post(lab, "/agent/lookup", {"macs": [f"52:54:00:ee:{i // 256:02x}:{i % 256:02x}"]}).status_code
                for i in range(200)}
-    assert answers == {404}
+    assert answers == {403}
     token = post(lab, "/agent/lookup", {"macs": [booting_host.boot_mac], "boot_id": "b1"}).json()["token"]
     beats = {post(lab, "/agent/heartbeat", {"host_id": booting_host.pk, "status": "busy"}, token=token).status_code
              for _ in range(120)}  # two minutes of heartbeats at once

@@ -5,6 +5,8 @@ import json
 import uuid
 
 import pytest
+
+from conftest import agent_client_class
 from axes.models import AccessAttempt
 from django.contrib.auth.models import User
 from django.test import Client
@@ -56,7 +58,7 @@ def test_agent_lookups_are_counted_per_client_by_the_same_rule(demo_site, settin
     proxy, first, second = fresh_address("10.20"), fresh_address("198.18"), fresh_address("198.19")
 
     def lookup(forwarded):
-        return Client().post("/agent/lookup", json.dumps({"macs": ["52:54:00:ff:ff:ff"]}),
+        return agent_client_class()().post("/agent/lookup", json.dumps({"macs": ["52:54:00:ff:ff:ff"]}),
                              content_type="application/json", REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR=forwarded)
 
     assert [lookup(first).status_code != 429 for _ in range(2)] == [True, True]

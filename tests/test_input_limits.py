@@ -10,6 +10,7 @@ import time  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 import pytest  # noqa: E402
+from conftest import agent_client_class  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.core.management.base import CommandError  # noqa: E402
 from django.test import Client  # noqa: E402
@@ -111,7 +112,7 @@ def test_a_100000_deep_json_body_is_a_400_on_the_api_and_on_the_agent_endpoints(
         assert response.status_code == 400, (path, response.content[:300])
         assert response.json() == {"detail": "JSON parse error - nested deeper than 100 levels"}
     for path in ("/agent/lookup", "/agent/heartbeat", "/agent/result"):
-        response = Client().post(path, deep, content_type="application/json")
+        response = agent_client_class()().post(path, deep, content_type="application/json")
         assert response.status_code == 400, (path, response.content[:300])
         assert response.json() == {"error": "body is nested deeper than 100 levels"}
 

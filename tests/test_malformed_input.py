@@ -6,6 +6,7 @@ pytest_plugins = ["tests.api_conftest"]
 import json  # noqa: E402
 
 import pytest  # noqa: E402
+from conftest import agent_client_class  # noqa: E402
 from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.core.management.base import CommandError  # noqa: E402
@@ -88,7 +89,7 @@ def test_a_nul_in_a_console_yaml_field_is_an_error_next_to_the_field(demo_site):
 
 
 def test_a_nul_in_an_agent_call_is_a_400_naming_where_it_is(demo_site):
-    agent = Client(REMOTE_ADDR="fd00::7e57")
+    agent = agent_client_class()(REMOTE_ADDR="fd00::7e57")
     for path, body, where in (("/agent/lookup", {"macs": ["52:54:00:00:00:01\x00"], "boot_id": "b"}, "macs[0]"),
                               ("/agent/heartbeat", {"host_id": 1, "status": "idle", "message": "a\x00"}, "message"),
                               ("/agent/result", {"host_id": 1, "result": {"stdout\x00": ""}}, "a key in result")):
