@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from hosts.flows import Run, StepFailed, Waiting, agent_command
 from hosts.selectors import image_write_failures
 from pools.models import NodeEnvironment
+from vmetal_console import live
 
 from .choices import ClaimPhase as P
 from .models import NodeClaim
@@ -247,6 +248,11 @@ def host_flow_finished(run: Run, flow_name: str) -> None:
                           message=f"node {claim.node_name} is Ready in {claim.tenant.name}")
     elif flow_name == "deprovision" and claim.phase == P.RELEASING:
         where = "back in the pool" if run.host.state == "available" else f"now in {run.host.state}"
+        token_id = claim.bootstrap_token_id  # left when delete_node failed: a task tries again
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor="system:flow", reason="Released",
                           message=f"{run.host.name} cleaned and {where}",
-                          fields={"host": None, "ip_address": None})
+                          fields={"host": None, "ip_address": None, "bootstrap_token_id": ""})
+        if token_id:
+            from . import tasks
+
+            transaction.on_commit(lambda: live.enqueue(tasks.revoke_join_token, claim_id=claim.pk, token_id=token_id))
