@@ -23,7 +23,7 @@ def test_a_host_whose_image_writes_keep_failing_goes_to_repair_and_the_claim_end
     # gpu-02 is away at first: gpu-01 is the only host, so the claim has no other to go to.
     host_set_maintenance(host=BareMetalHost.objects.get(name="gpu-02"), on=True, actor="user:test")
     apply(gpu_pool(1), tenant="one")
-    wait_hosts("repair", 1, timeout=300)
+    wait_hosts("repair", 1, timeout=180)
     gpu01 = BareMetalHost.objects.get(state="repair")
     assert gpu01.name == "gpu-01"
     verdict = host_last_repair_verdict(host=gpu01)
@@ -38,7 +38,7 @@ def test_a_host_whose_image_writes_keep_failing_goes_to_repair_and_the_claim_end
     assert claim.phase == ClaimPhase.PENDING, lab_report()
 
     host_set_maintenance(host=BareMetalHost.objects.get(name="gpu-02"), on=False, actor="user:test")
-    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=180)
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=100)
     claim = NodeClaim.objects.get()
     assert claim.host.name == "gpu-02"
     assert not Event.objects.filter(object_type="claim", to_state=ClaimPhase.FAILED).exists()
