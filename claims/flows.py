@@ -55,7 +55,8 @@ def step_write_image(run: Run) -> dict:
             failure.message = (f"OS image {image.name} failed to write on {len(failed)} hosts "
                                f"({', '.join(sorted(failed))}): {failure.message}")
         raise
-    return {"image": image.name, "bytes": result.get("bytes_written"), "disk": result.get("disk")}
+    return {"image": image.name, "image_url": image.url, "image_checksum": image.checksum,
+            "bytes": result.get("bytes_written"), "disk": result.get("disk")}
 
 
 def step_write_seed(run: Run) -> dict:
@@ -186,7 +187,7 @@ def step_drain_node(run: Run) -> dict:
         except TenantAPIError as exc:
             if exc.status != 404:
                 raise
-            return {"node": claim.node_name, "note": "the node is not in the tenant API (never joined): nothing to drain"}
+            return {"node": claim.node_name, "note": "not in the tenant API (never joined): nothing to drain"}
         api.drain(claim.node_name, grace_period_s=grace or settings.DRAIN_GRACE_S,
                   deadline_s=settings.DRAIN_DEADLINE_S)
         return {"node": claim.node_name}

@@ -21,9 +21,15 @@ def _failures(since=None):
 
 
 def image_write_failures(*, name: str, url: str, checksum: str) -> dict[str, str]:
-    """Hosts on which this image (this url and checksum) failed to write within the window: {host: message}."""
-    events = _failures().filter(step="write_image", data__evidence__image=name, data__evidence__image_url=url,
-                                data__evidence__image_checksum=checksum).order_by("id")
+    """Hosts on which this image (this url and checksum) failed to write within the window and since it last
+    wrote well anywhere (a write that works somewhere says the image is fine): {host: message}."""
+    cutoff = timezone.now() - timedelta(seconds=settings.HOST_FAILURE_WINDOW_S)
+    last_good = (Event.objects.filter(kind=EventKind.STEP, step="write_image", message="done", created_at__gte=cutoff,
+                                      data__image=name, data__image_url=url, data__image_checksum=checksum)
+                 .order_by("-id").values_list("created_at", flat=True).first())
+    events = _failures(since=last_good).filter(step="write_image", data__evidence__image=name,
+                                               data__evidence__image_url=url,
+                                               data__evidence__image_checksum=checksum).order_by("id")
     return {e.object_name: e.data.get("message", "") for e in events}
 
 

@@ -82,8 +82,8 @@ spec:
 @pytest.mark.django_db
 def test_a_claim_pinned_to_a_server_name_gets_that_host(site):
     make_hosts(3)
-    tenant = Tenant.objects.create(name="one", provider_properties={"metal3": {"metal3.vcluster.com/server-name": "gpu-00002",
-                                                                                 "vcluster.com/os-image": IMAGE}})
+    properties = {"metal3.vcluster.com/server-name": "gpu-00002", "vcluster.com/os-image": IMAGE}
+    tenant = Tenant.objects.create(name="one", provider_properties={"metal3": properties})
     make_pool("one", 1)
     call_command("reconcile")
     assert NodeClaim.objects.get().host.name == "gpu-00002"
