@@ -6,13 +6,15 @@ import logging
 import yaml
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from hosts.flows import Run, StepFailed, Waiting, agent_command
-from pools.models import OS_IMAGE_PROPERTY, NodeEnvironment, OSImage
+from hosts.selectors import image_write_failures
+from pools.models import NodeEnvironment
+from vmetal_console import live
 
 from .choices import ClaimPhase as P
 from .models import NodeClaim
+from .selectors import claim_image
 from .services import claims_transition
 from .tenant_api import TenantAPI, TenantAPIError
 
@@ -27,20 +29,34 @@ def _claim(run: Run) -> NodeClaim:
 
 def _tenant_api(claim: NodeClaim) -> TenantAPI:
     if not claim.tenant.kubeconfig:
-        raise StepFailed(f"tenant {claim.tenant.name} has no API credentials (kubeconfig)")
+        raise StepFailed(f"tenant {claim.tenant.name} has no API credentials (kubeconfig)",
+                         claim_reason="NoTenantCredentials")
     return TenantAPI(claim.tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
 
 
 def step_write_image(run: Run) -> dict:
     claim = _claim(run)
-    name = claim.properties.get(OS_IMAGE_PROPERTY)
-    image = OSImage.objects.filter(name=name).first() if name else None
-    if image is None:
-        raise StepFailed(f"OS image {name!r} not found" if name else f"claim names no OS image ({OS_IMAGE_PROPERTY})")
-    result = agent_command(run, "write_image", {
-        "url": image.url, "checksum": image.checksum, "checksum_type": image.checksum_type, "format": image.format,
-        "root_device_hints": run.host.root_device_hints, "image": image.name})
-    return {"image": image.name, "bytes": result.get("bytes_written"), "disk": result.get("disk")}
+    image, problem = claim_image(claim)
+    if problem:  # checked before allocating; the image changed since
+        raise StepFailed(problem[1], claim_reason=problem[0])
+    try:
+        result = agent_command(run, "write_image", {
+            "url": image.url, "checksum": image.checksum, "checksum_type": image.checksum_type,
+            "format": image.format, "root_device_hints": run.host.root_device_hints, "image": image.name})
+    except StepFailed as failure:
+        # Kept on the failure's Event (hosts.selectors.image_write_failures): an image that fails on
+        # IMAGE_FAILURE_HOSTS distinct hosts is the claim's fault, not theirs.
+        failure.evidence = {**failure.evidence, "image": image.name, "image_url": image.url,
+                            "image_checksum": image.checksum}
+        failed = {**image_write_failures(name=image.name, url=image.url, checksum=image.checksum),
+                  run.host.name: failure.message}
+        if len(failed) >= settings.IMAGE_FAILURE_HOSTS:
+            failure.claim_reason = "ImageFailed"
+            failure.message = (f"OS image {image.name} failed to write on {len(failed)} hosts "
+                               f"({', '.join(sorted(failed))}): {failure.message}")
+        raise
+    return {"image": image.name, "image_url": image.url, "image_checksum": image.checksum,
+            "bytes": result.get("bytes_written"), "disk": result.get("disk")}
 
 
 def step_write_seed(run: Run) -> dict:
@@ -145,27 +161,33 @@ def step_node_labels(run: Run) -> dict:
 
 
 def _release_call(run: Run, what: str, fn) -> dict:
-    """Drain and delete try for DRAIN_DEADLINE_S; a tenant API that stays away (a deleted tenant) does not
-    keep the host from being cleaned: the step is recorded as skipped, with the reason."""
+    """Drain and delete try until DRAIN_DEADLINE_S; then the failure is recorded and the host is cleaned all
+    the same (hosts.flows.RELEASE_STEPS). A tenant without credentials (deleted) is skipped, with the reason."""
     claim = run.claim
-    if claim is None or not claim.node_name:
+    if claim is None or not (claim.node_name or claim.bootstrap_token_id):
         return {"skipped": "no node joined"}
     if not claim.tenant.kubeconfig:
         return {"skipped": "tenant has no API credentials"}
     try:
         return fn(_tenant_api(claim), claim) or {}
     except TenantAPIError as exc:
-        waited = (timezone.now() - run.step_started_at()).total_seconds()
-        if waited < settings.DRAIN_DEADLINE_S:
-            raise Waiting(str(exc), recheck_s=5) from None
-        log.warning("%s of %s skipped: %s", what, claim.node_name, exc)
-        return {"skipped": str(exc)}
+        log.warning("%s of %s: %s", what, claim.node_name, exc)
+        run.flow["last_error"] = str(exc)
+        run.save_flow()
+        raise Waiting(str(exc), recheck_s=5) from None
 
 
 def step_drain_node(run: Run) -> dict:
     def drain(api, claim):
+        if not claim.node_name:
+            return {"note": "no node: nothing to drain"}
         grace = _seconds(claim.pool.termination_grace_period) if claim.pool else None
-        api.cordon(claim.node_name)
+        try:
+            api.cordon(claim.node_name)
+        except TenantAPIError as exc:
+            if exc.status != 404:
+                raise
+            return {"node": claim.node_name, "note": "not in the tenant API (never joined): nothing to drain"}
         api.drain(claim.node_name, grace_period_s=grace or settings.DRAIN_GRACE_S,
                   deadline_s=settings.DRAIN_DEADLINE_S)
         return {"node": claim.node_name}
@@ -175,12 +197,31 @@ def step_drain_node(run: Run) -> dict:
 
 def step_delete_node(run: Run) -> dict:
     def delete(api, claim):
-        api.delete_node(claim.node_name)
-        if claim.bootstrap_token_id:
-            api.delete_bootstrap_token(claim.bootstrap_token_id)
-        return {"node": claim.node_name}
+        # The join token first: whatever happens to the node, nothing may join the tenant with it again.
+        done = {"token": join_token_revoke(api, claim)} if claim.bootstrap_token_id else {}
+        if claim.node_name:
+            deleted = api.delete_node(claim.node_name)
+            done.update(node=claim.node_name, **({} if deleted else {"note": "the node was not in the tenant API"}))
+        return done
 
     return _release_call(run, "delete", delete)
+
+
+def join_token_revoke(api: TenantAPI, claim: NodeClaim) -> str:
+    """Delete the claim's bootstrap token in its tenant's API and forget it; "deleted" or "already gone"."""
+    token_id = claim.bootstrap_token_id
+    deleted = api.delete_bootstrap_token(token_id)
+    NodeClaim.objects.filter(pk=claim.pk, bootstrap_token_id=token_id).update(bootstrap_token_id="")
+    claim.bootstrap_token_id = ""
+    return "deleted" if deleted else "already gone"
+
+
+def claim_revoke_join_token(*, claim_id: int, token_id: str) -> None:
+    """A token left behind by a claim that lost its host (claims.services.claim_host_lost), deleted by a task."""
+    claim = NodeClaim.objects.select_related("tenant").filter(pk=claim_id).first()
+    if claim is None or not claim.tenant.kubeconfig:
+        return
+    TenantAPI(claim.tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S).delete_bootstrap_token(token_id)
 
 
 def _seconds(duration: str) -> int | None:
@@ -207,6 +248,12 @@ def host_flow_finished(run: Run, flow_name: str) -> None:
         claims_transition(claims=[claim], to_phase=P.AVAILABLE, actor="system:flow", reason="Joined",
                           message=f"node {claim.node_name} is Ready in {claim.tenant.name}")
     elif flow_name == "deprovision" and claim.phase == P.RELEASING:
+        where = "back in the pool" if run.host.state == "available" else f"now in {run.host.state}"
+        token_id = claim.bootstrap_token_id  # left when delete_node failed: a task tries again
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor="system:flow", reason="Released",
-                          message=f"{run.host.name} cleaned and back in the pool",
-                          fields={"host": None, "ip_address": None})
+                          message=f"{run.host.name} cleaned and {where}",
+                          fields={"host": None, "ip_address": None, "bootstrap_token_id": ""})
+        if token_id:
+            from . import tasks
+
+            transaction.on_commit(lambda: live.enqueue(tasks.revoke_join_token, claim_id=claim.pk, token_id=token_id))

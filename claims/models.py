@@ -29,8 +29,10 @@ class NodeClaim(models.Model):
     phase_changed_at = models.DateTimeField(auto_now_add=True)
     reason = models.CharField(max_length=64, blank=True)  # machine-readable: NoCapacity, NoNodeType, ...
     message = models.TextField(blank=True)  # for people
-    attempts = models.PositiveIntegerField(default=0)  # hosts tried; capped by CLAIM_MAX_ATTEMPTS
-    failed_hosts = models.JSONField(default=list, blank=True)  # names of hosts that failed it: tried last
+    attempts = models.PositiveIntegerField(default=0)  # hosts allocated to it so far
+    # Names of hosts that failed it: taken again only when no other can free up; CLAIM_MAX_ATTEMPTS distinct
+    # ones fail the claim.
+    failed_hosts = models.JSONField(default=list, blank=True)
     # Snapshot of the pool at creation: what this claim asks for.
     requirements = models.JSONField(default=list, blank=True)
     properties = models.JSONField(default=dict, blank=True)

@@ -1,11 +1,13 @@
-"""Reads across the fleet: the status summary that `manage.py status --json` prints."""
+"""Reads across the fleet: the status summary that `manage.py status --json` prints; what a claim needs."""
+from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
+from hosts.selectors import image_write_failures
 from pools.capacity import node_type_capacity
-from pools.models import NodePool, NodeType, Tenant
+from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
 from .choices import ClaimPhase
 from .models import NodeClaim
@@ -44,3 +46,27 @@ def fleet_status() -> dict:
         "node_types": [{"name": t.name, "provider": t.provider.name, "cost": t.effective_cost(),
                         "capacity": capacity[t.pk]} for t in node_types],
     }
+
+
+def claim_image(claim: NodeClaim) -> tuple[OSImage | None, tuple[str, str] | None]:
+    """The OSImage the claim's pool names, or (reason, message) saying why it cannot be written."""
+    return os_image(claim.properties.get(OS_IMAGE_PROPERTY) or "")
+
+
+def os_image(name: str) -> tuple[OSImage | None, tuple[str, str] | None]:
+    """The OSImage of this name, or (reason, message): none named, not found, no url or checksum, or one that
+    failed to write on IMAGE_FAILURE_HOSTS hosts within HOST_FAILURE_WINDOW_S."""
+    if not name:
+        return None, ("NoOSImage", f"the pool names no OS image ({OS_IMAGE_PROPERTY})")
+    image = OSImage.objects.filter(name=name).first()
+    if image is None:
+        return None, ("OSImageNotFound", f"OS image {name} not found")
+    if not image.url or not image.checksum:
+        return None, ("OSImageInvalid", f"OS image {name} has no url or no checksum")
+    failed = image_write_failures(name=image.name, url=image.url, checksum=image.checksum)
+    if len(failed) >= settings.IMAGE_FAILURE_HOSTS:
+        hours = settings.HOST_FAILURE_WINDOW_S / 3600
+        last = list(failed.values())[-1]
+        return image, ("ImageFailed", f"OS image {name} failed to write on {len(failed)} hosts within {hours:g}h "
+                                      f"({', '.join(sorted(failed))}): {last}; fix its url or checksum")
+    return image, None

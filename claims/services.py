@@ -20,7 +20,7 @@ from hosts.models import BareMetalHost
 from hosts.services import hosts_transition
 from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
-from pools.models import SERVER_NAME_PROPERTY, NodePool, NodeType, Tenant
+from pools.models import OS_IMAGE_PROPERTY, SERVER_NAME_PROPERTY, NodePool, NodeType, Tenant
 from pools.selectors import label_selector_q, normalize_requirement, requirements_match
 from pools.services import tenants_finalize
 from vmetal_console import live
@@ -29,6 +29,7 @@ from vmetal_console.transactions import retry_on_deadlock
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
 from .models import NodeClaim
+from .selectors import os_image
 
 log = logging.getLogger(__name__)
 
@@ -203,24 +204,39 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
 
 
 @transaction.atomic
-def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str) -> NodeClaim:
-    """The claim's host failed (error, deadline): free the claim and try another host, up to the cap."""
+def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: str = "") -> NodeClaim:
+    """The claim's host failed (error, deadline): free the claim and try another host, until CLAIM_MAX_ATTEMPTS
+    distinct hosts failed it. `claim_reason`: the claim itself caused the failure (its image): it fails with
+    that reason, and the host is not counted against it. Its join token, if any, is deleted by a task."""
     cap = settings.CLAIM_MAX_ATTEMPTS
-    failed = [*claim.failed_hosts, claim.host_name] if claim.host_name else claim.failed_hosts
-    fields = {"host": None, "ip_address": None, "node_name": "", "failed_hosts": failed}
+    blamed = claim.host_name and not claim_reason
+    failed = [*claim.failed_hosts, claim.host_name] if blamed else claim.failed_hosts
+    fields = {"host": None, "ip_address": None, "node_name": "", "failed_hosts": failed, "bootstrap_token_id": ""}
     if claim.phase == P.RELEASING:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                           message=f"released; its host failed: {reason}", fields=fields)
-    elif claim.attempts >= cap:
+    elif claim_reason:
+        claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason=claim_reason, message=reason,
+                          fields=fields)
+    elif len(set(failed)) >= cap:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason="RetriesExhausted",
                           message=f"gave up after {claim.attempts} attempt(s); last: {reason}", fields=fields)
     else:
         claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason="HostFailed",
-                          message=f"{reason}; trying another host (attempt {claim.attempts + 1} of {cap})",
+                          message=f"{reason}; trying another host ({len(set(failed))} of {cap} failed it)",
                           fields=fields)
         pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
+    token_id = claim.bootstrap_token_id
+    if token_id:  # network I/O: after commit, in a worker
+        transaction.on_commit(lambda: live.enqueue(_revoke_task(), claim_id=claim.pk, token_id=token_id))
     claim.host = None
     return claim
+
+
+def _revoke_task():
+    from . import tasks
+
+    return tasks.revoke_join_token
 
 
 @dataclass
@@ -244,38 +260,50 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     pending = list(pending)
     if not pending:
         return result
+    waiting = {}  # claim → (reason, message)
+    # What a claim needs before any host is touched: an OS image that can be written.
+    images = {name: os_image(name)[1] for name in {c.properties.get(OS_IMAGE_PROPERTY) or "" for c in pending}}
+    for claim in pending:
+        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""]
+        if problem:
+            waiting[claim] = problem
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
     groups = defaultdict(list)
     for claim in pending:
+        if claim in waiting:
+            continue
         pinned = claim.properties.get(SERVER_NAME_PROPERTY, "")
-        key = (claim.provider_id, _requirements_key(claim.requirements), pinned)
+        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tuple(sorted(set(claim.failed_hosts))))
         groups[key].append(claim)
-    waiting = {}  # claim → (reason, message)
-    for (provider_id, _, pinned), claims in groups.items():
+    for (provider_id, _, pinned, tried), claims in groups.items():
         candidates = [t for t in node_types if t.provider_id == provider_id
                       and requirements_match(claims[0].requirements, t.effective_properties())]
         if not candidates:
             msg = f"no NodeType matches {_describe(claims[0].requirements)}"
             waiting.update({c: ("NoNodeType", msg) for c in claims})
             continue
+        # Hosts that failed these claims wait while another matching host is free or on its way back.
+        excluded = tried if tried and _another_host_may_free_up(candidates, pinned, tried) else ()
         for round_ in range(3):
             for node_type in candidates:
                 if not claims:
                     break
-                taken = _allocate_group(claims, node_type, pinned, actor)
+                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded)
                 for claim in claims[:taken]:
                     result.allocated[claim.name] = claim.host_name
                 claims = claims[taken:]
             if not claims:
                 break
             capacity = node_type_capacity(candidates)
-            if not any(capacity[t.pk]["available"] for t in candidates):
+            if excluded or not any(capacity[t.pk]["available"] for t in candidates):
                 break
             # Hosts that look free but were skipped: other allocations hold them locked. Look again
             # once they commit, so the reason we give is true.
             time.sleep(0.05 * (round_ + 1))
         if claims:
             msg = _no_capacity_message(candidates, capacity, pinned)
+            if excluded:
+                msg += f"; not {', '.join(excluded)} again while another host may free up (it failed this claim)"
             waiting.update({c: ("NoCapacity", msg) for c in claims})
     by_message = defaultdict(list)
     for claim, (reason, msg) in waiting.items():
@@ -287,16 +315,31 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     return result
 
 
-def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3) -> int:
-    """Allocate up to len(claims) hosts of one type to these claims; returns how many got one."""
+# States from which a host comes back to the pool by itself (no admin needed).
+ON_ITS_WAY = (HostState.AVAILABLE, HostState.DEPROVISIONING, HostState.INSPECTING, HostState.REGISTERING)
+
+
+def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tuple[str, ...]) -> bool:
+    """A host of these types that did not fail the claim is available, or will be (cleaning, inspecting)."""
+    match = Q()
+    for node_type in candidates:
+        match |= label_selector_q(node_type.host_selector)
+    others = BareMetalHost.objects.filter(match, state__in=ON_ITS_WAY).exclude(name__in=tried)
+    return (others.filter(name=pinned) if pinned else others).exists()
+
+
+def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,
+                    excluded: tuple[str, ...] = ()) -> int:
+    """Allocate up to len(claims) hosts of one type to these claims (not the `excluded` ones); returns how
+    many got one."""
     for _ in range(tries):
         try:
             with transaction.atomic():
                 free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
-                                                    state=HostState.AVAILABLE)
+                                                    state=HostState.AVAILABLE).exclude(name__in=excluded)
                 if pinned:
                     free = free.filter(name=pinned)
-                # Hosts that already failed one of these claims come last: retry elsewhere first.
+                # Hosts that already failed one of these claims come last (when they are all that is left).
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
                 order = [Case(When(name__in=tried, then=1), default=0), "pk"] if tried else ["pk"]
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])

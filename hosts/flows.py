@@ -33,6 +33,7 @@ from .bmc import BMC, BMCError
 from .choices import HostState
 from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
+from .selectors import host_recent_failures
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,15 @@ class Waiting(Exception):
 class StepFailed(Exception):
     """The step cannot succeed. `clean`: the disks may hold a tenant's data or half an image, so the
     host is cleaned (deprovisioned) rather than parked in error. `repair`: the release gate failed (erase,
-    verification, GPU reset, health suite): the host goes to the repair pool with `evidence`."""
+    verification, GPU reset, health suite): the host goes to the repair pool with `evidence`.
+    `claim_reason`: the claim caused it (its image, its tenant), not the host: the host is cleaned and the
+    failure not held against it (HOST_FAILURE_LIMIT), and the claim fails with this reason."""
 
-    def __init__(self, message: str, *, clean: bool = False, repair: bool = False, evidence: dict | None = None):
+    def __init__(self, message: str, *, clean: bool = False, repair: bool = False, evidence: dict | None = None,
+                 claim_reason: str = ""):
         super().__init__(message)
         self.message, self.clean, self.repair, self.evidence = message, clean, repair, evidence or {}
+        self.claim_reason = claim_reason
 
 
 @dataclass
@@ -292,6 +297,8 @@ def _finish(run: Run, flow_name: str) -> None:
     if flow_name == "retest":  # back in the repair pool, now with a passing retest: it may return to service
         reason = "retest passed: erase verified, GPU reset and health suite passed"
         data = {"retest": "passed", "flow_id": run.flow["id"]}
+    if target == HostState.AVAILABLE:
+        target, reason, data = _repeat_offender(run, flow_name) or (target, reason, data)
     with transaction.atomic():
         try:
             host_transition(host=run.host, to_state=target, actor="system:flow", reason=reason, data=data)
@@ -304,15 +311,43 @@ def _finish(run: Run, flow_name: str) -> None:
             host_freed()
 
 
+def _repeat_offender(run: Run, flow_name: str) -> tuple[str, str, dict] | None:
+    """A host cleaned after HOST_FAILURE_LIMIT failures of its own within the window: to repair, not the pool."""
+    failures = host_recent_failures(host=run.host)
+    if len(failures) < settings.HOST_FAILURE_LIMIT:
+        return None
+    hours = settings.HOST_FAILURE_WINDOW_S / 3600
+    reason = (f"{len(failures)} provisioning failures within {hours:g}h, the last at {failures[-1].step}: "
+              f"{failures[-1].data.get('message', '')}")
+    evidence = {"failures": [{"at": e.created_at.isoformat(), "step": e.step, "claim": e.data.get("claim"),
+                              "message": e.data.get("message")} for e in failures]}
+    return HostState.REPAIR, reason, {"flow": flow_name, "flow_id": run.flow["id"], "step": "host_failures",
+                                      "message": reason, "evidence": _trim(evidence)}
+
+
+# The tenant's side of a release: a failure is recorded and the flow goes on, so the host is still erased.
+RELEASE_STEPS = frozenset({"drain_node", "delete_node"})
+
+
 def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
     from claims.services import claim_host_lost
     from .services import host_transition
 
+    if flow_name == "deprovision" and step in RELEASE_STEPS:
+        run.flow["done"][step] = {"at": timezone.now().isoformat(), "failed": failure.message}
+        run.flow.pop("step", None)
+        run.flow.pop("last_error", None)
+        run.save_flow()
+        return
     reason = f"{flow_name} failed at {step}: {failure.message}"
+    # Who failed, for HOST_FAILURE_LIMIT and IMAGE_FAILURE_HOSTS (hosts.selectors), on the transition's Event.
+    blame = {"fault": "claim" if failure.claim_reason else "host", "step": step, "message": failure.message,
+             "claim": run.claim.name if run.claim else None, "evidence": _trim(failure.evidence)}
     with transaction.atomic():
         try:
-            if failure.clean and flow_name == "provision":
-                host_transition(host=run.host, to_state=HostState.DEPROVISIONING, actor="system:flow", reason=reason)
+            if (failure.clean or failure.claim_reason) and flow_name == "provision":
+                host_transition(host=run.host, to_state=HostState.DEPROVISIONING, actor="system:flow", reason=reason,
+                                step=step, data=blame)
             elif flow_name in GATE_FLOWS and (failure.repair or step in GATE_STEPS):
                 # The release gate failed: never back to the pool; to repair, with the evidence.
                 evidence = {"flow": flow_name, "flow_id": run.flow["id"], "step": step, "message": failure.message,
@@ -322,11 +357,13 @@ def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
                                 step=step, data=evidence)
             else:
                 host_transition(host=run.host, to_state=HostState.ERROR, actor="system:flow", reason=reason,
-                                error_type=f"{flow_name} error")
+                                error_type=f"{flow_name} error", step=step,
+                                data=blame if flow_name == "provision" else None)
         except ConcurrentTransition:
             return
         if run.claim is not None:
-            claim_host_lost(claim=run.claim, reason=f"host {run.host.name}: {reason}", actor="system:flow")
+            claim_host_lost(claim=run.claim, reason=f"host {run.host.name}: {reason}", actor="system:flow",
+                            claim_reason=failure.claim_reason)
 
 
 # --- steps ----------------------------------------------------------------------------------------

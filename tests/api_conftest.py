@@ -390,6 +390,8 @@ ALPHA_POOLS = """
 privateNodes:
   autoNodes:
     - provider: metal3
+      properties:
+        vcluster.com/os-image: ubuntu2404-20260926
       static:
         - name: gpu
           quantity: 1

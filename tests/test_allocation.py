@@ -12,6 +12,8 @@ from claims.services import claims_allocate, pools_reconcile
 from hosts.models import BareMetalHost
 from pools.models import NodePool, NodeProvider, Tenant
 
+IMAGE = "ubuntu2404-20260926"  # the demo site's OSImage: a claim needs one before it gets a host
+
 
 def make_hosts(n: int, role: str = "gpu", start: int = 0):
     BareMetalHost.objects.bulk_create([
@@ -24,7 +26,8 @@ def make_hosts(n: int, role: str = "gpu", start: int = 0):
 
 
 def make_pool(tenant_name: str, quantity: int, node_type: str = "gpu-server", pool_name: str = "gpu") -> NodePool:
-    tenant, _ = Tenant.objects.get_or_create(name=tenant_name)
+    tenant, _ = Tenant.objects.get_or_create(
+        name=tenant_name, defaults={"provider_properties": {"metal3": {"vcluster.com/os-image": IMAGE}}})
     return NodePool.objects.create(tenant=tenant, name=pool_name, provider=NodeProvider.objects.get(name="metal3"),
                                    quantity=quantity,
                                    node_type_selector=[{"property": "vcluster.com/node-type", "value": node_type}])
@@ -79,7 +82,8 @@ spec:
 @pytest.mark.django_db
 def test_a_claim_pinned_to_a_server_name_gets_that_host(site):
     make_hosts(3)
-    tenant = Tenant.objects.create(name="one", provider_properties={"metal3": {"metal3.vcluster.com/server-name": "gpu-00002"}})
+    properties = {"metal3.vcluster.com/server-name": "gpu-00002", "vcluster.com/os-image": IMAGE}
+    tenant = Tenant.objects.create(name="one", provider_properties={"metal3": properties})
     make_pool("one", 1)
     call_command("reconcile")
     assert NodeClaim.objects.get().host.name == "gpu-00002"

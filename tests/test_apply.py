@@ -381,7 +381,8 @@ def test_exists_gt_and_lt_choose_the_node_type_by_its_properties(apply, demo_sit
 
     apply(NODE_TYPES_BY_GPUS.format(name="gpu-four", cost=1, properties='{gpus: "4"}'),
           NODE_TYPES_BY_GPUS.format(name="gpu-eight", cost=2, properties='{gpus: "8", infiniband: "ndr"}'))
-    apply("privateNodes:\n  autoNodes:\n    - provider: metal3\n      static:\n        - name: p\n"
+    apply("privateNodes:\n  autoNodes:\n    - provider: metal3\n"
+          "      properties: {vcluster.com/os-image: ubuntu2404-20260926}\n      static:\n        - name: p\n"
           f"          quantity: 1\n          nodeTypeSelector: [{json.dumps(requirement)}]\n", tenant="one")
     call_command("reconcile")
     assert NodeClaim.objects.get(pool_name="p").node_type.name == chosen

@@ -130,12 +130,9 @@ def test_bmc_down_past_its_deadline_puts_the_host_in_error_and_the_claim_takes_a
 
 
 def test_a_corrupt_image_is_reported_the_host_cleaned_and_the_claim_retried_elsewhere(
-        lab_factory, worker_settings, celery_worker_process, apply):
-    # The claim keeps retrying gpu-01 while gpu-02 registers, inspects and passes its release gate; enough
-    # attempts that the claim outlasts that, so the test does not race the registration.
-    worker_settings["CLAIM_MAX_ATTEMPTS"] = "10"
-    celery_worker_process.kill()
-    celery_worker_process.start()
+        lab_factory, celery_worker_process, apply):
+    # While gpu-02 is in maintenance the claim takes gpu-01 again (the only host); once gpu-02 registers, the
+    # claim waits for it rather than take gpu-01 again (tests/test_claim_retries.py).
     lab_factory(hosts=2, gpu_hosts=2, tenants=["one"], faults={"gpu-01": "corrupt-image"})
     wait_hosts("available", 2)
     host_set_maintenance(host=BareMetalHost.objects.get(name="gpu-02"), on=True, actor="user:test")  # gpu-01 first

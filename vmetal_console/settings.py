@@ -190,7 +190,14 @@ HOST_STATE_DEADLINES = {
     "provisioning": timedelta(minutes=int(os.environ.get("DEADLINE_PROVISIONING_MIN", "60"))),
     "deprovisioning": timedelta(minutes=int(os.environ.get("DEADLINE_DEPROVISIONING_MIN", "240"))),
 }
+# A claim is Failed once this many distinct hosts failed it (the same host again is bounded by HOST_FAILURE_LIMIT).
 CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
+# A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
+HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))
+HOST_FAILURE_WINDOW_S = int(os.environ.get("HOST_FAILURE_WINDOW_S", "3600"))
+# An OS image whose write fails on this many distinct hosts (same url and checksum, within the window) is the
+# claim's fault: the claim fails with the reason, the hosts are cleaned and return to the pool.
+IMAGE_FAILURE_HOSTS = int(os.environ.get("IMAGE_FAILURE_HOSTS", "2"))
 
 # Flow steps (hosts/flows.py): how long each may take, in seconds.
 def env_float(name: str, default: float) -> float:

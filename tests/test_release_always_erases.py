@@ -1,0 +1,71 @@
+"""Every release cleans: a claim released before its node joined (or while its tenant's API is away) still
+has its host erased and verified and its join token deleted; a node that does not exist is nothing to
+drain. In the lab, with a real worker."""
+import pytest
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from conftest import wait_for
+from events.models import Event
+from hosts.models import BareMetalHost, EraseCertificate
+from pools.models import NodePool
+from pools.services import pool_set_quantity
+
+from .lab_conftest import gpu_pool, lab_report, wait_hosts
+
+pytest_plugins = ["tests.lab_conftest"]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def tokens(site, tenant: str) -> set[str]:
+    return {s["metadata"]["name"] for s in site.tenants[tenant].objects("secrets", "kube-system")
+            if s.get("type") == "bootstrap.kubernetes.io/token"}
+
+
+def erased_for(claim: NodeClaim, host: BareMetalHost) -> None:
+    """The release's own flow ran the erase gate: verified, with passing certificates naming the claim."""
+    assert Event.objects.filter(host=host, kind="step", step="verify_erase", message="done",
+                                data__flow="deprovision").exists(), lab_report()
+    certificates = EraseCertificate.objects.filter(host=host, claim_name=claim.name)
+    assert certificates and all(c.result == "pass" for c in certificates)
+
+
+def test_a_claim_released_before_its_node_joins_is_erased_and_its_join_token_deleted(
+        lab_factory, celery_worker_process, apply):
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 1)
+    apply(gpu_pool(1), tenant="one")
+    # write_seed made the join token and named the node; the node has not joined (nor will it: released now).
+    claim = wait_for(lambda: NodeClaim.objects.filter(bootstrap_token_id__gt="").first(), timeout=120)
+    assert f"bootstrap-token-{claim.bootstrap_token_id}" in tokens(site, "one")
+    pool_set_quantity(pool=NodePool.objects.get(tenant__name="one"), quantity=0, actor="user:test")
+
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.RELEASED).exists(), timeout=180)
+    host = BareMetalHost.objects.get()
+    assert host.state == "available", lab_report()
+    erased_for(claim, host)
+    assert tokens(site, "one") == set()
+    drained = Event.objects.get(host=host, kind="step", step="drain_node", message="done", data__flow="deprovision")
+    assert "nothing to drain" in drained.data["note"]
+    assert not Event.objects.filter(host=host, to_state="error").exists()
+    assert "gpu-01" not in {n["metadata"]["name"] for n in site.tenants["one"].objects("nodes")}
+
+
+def test_a_release_whose_tenant_api_is_away_records_the_failure_and_still_erases_the_host(
+        lab_factory, celery_worker_process, apply):
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 1)
+    apply(gpu_pool(1), tenant="one")
+    claim = wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).first(), timeout=180)
+    site.tenants["one"].stop()  # the tenant's API is down for the whole release
+    pool_set_quantity(pool=NodePool.objects.get(tenant__name="one"), quantity=0, actor="user:test")
+
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.RELEASED).exists(), timeout=240)
+    host = BareMetalHost.objects.get()
+    assert host.state == "available", lab_report()
+    erased_for(claim, host)
+    for step in ("drain_node", "delete_node"):
+        failed = Event.objects.get(host=host, kind="step", step=step, message__startswith="failed",
+                                   data__flow="deprovision")
+        assert "tenant API unreachable" in failed.message, failed.message
+    assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # the tenant's image is gone from the disk
