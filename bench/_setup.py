@@ -14,7 +14,7 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/2")
 os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"bench-{uuid.uuid4().hex[:8]}")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vmetal_console.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
-from vmetal_console.keys import throwaway_keys  # noqa: E402
+from core.keys import throwaway_keys  # noqa: E402
 
 # A production database needs every key (vmetal_console/keys.py): those not given are made for this run, and the
 # console processes a bench starts inherit them.

@@ -1,6 +1,7 @@
 """Live views of claims: the claims list (phases) and one claim's page (phase, step timeline, progress)."""
 from events.consumers import RESYNC, LiveConsumer
-from vmetal_console import scoping
+from core import scoping
+from claims.selectors import claims_visible
 
 from . import tables
 from .models import NodeClaim
@@ -32,7 +33,7 @@ class ClaimListConsumer(LiveConsumer):
 
     def render(self, keys: set) -> list[str]:
         ids = [k[1] for k in keys if k[0] == "claim"]
-        claims = list(tables.claims_rows_queryset(scoping.claims(self.user).filter(pk__in=ids)))
+        claims = list(tables.claims_rows_queryset(claims_visible(self.user).filter(pk__in=ids)))
         return tables.render_claim_rows(tables.with_progress(claims), show_tenant=scoping.tenant_ids(self.user) is None
                                         or len(scoping.tenant_ids(self.user)) != 1)
 
@@ -45,7 +46,7 @@ class ClaimConsumer(LiveConsumer):
         await super().connect()
 
     def authorize(self) -> bool:
-        return scoping.claims(self.user).filter(pk=self.claim_id).exists()
+        return claims_visible(self.user).filter(pk=self.claim_id).exists()
 
     def wanted_groups(self) -> set[str]:
         row = NodeClaim.objects.filter(pk=self.claim_id).values("tenant_id", "host_id").first()

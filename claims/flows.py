@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from hosts.flows import Run, StepFailed, Waiting, agent_command
 from hosts.selectors import image_write_failures
 from pools.models import NodeEnvironment
-from vmetal_console import live
+from core import live
 
 from .choices import ClaimPhase as P
 from .models import NodeClaim

@@ -1,8 +1,9 @@
 """Reads across the fleet: the status summary that `manage.py status --json` prints; what a claim needs."""
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from core import scoping
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.selectors import image_write_failures
@@ -70,3 +71,11 @@ def os_image(name: str) -> tuple[OSImage | None, tuple[str, str] | None]:
         return image, ("ImageFailed", f"OS image {name} failed to write on {len(failed)} hosts within {hours:g}h "
                                       f"({', '.join(sorted(failed))}): {last}; fix its url or checksum")
     return image, None
+
+
+# --- what each user may see (the rule: core.scoping) ----------------------------------------------
+
+def claims_visible(user, qs: QuerySet | None = None) -> QuerySet:
+    qs = NodeClaim.objects.all() if qs is None else qs
+    ids = scoping.tenant_ids(user)
+    return qs if ids is None else qs.filter(tenant_id__in=ids)

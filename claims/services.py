@@ -21,10 +21,10 @@ from hosts.services import hosts_transition
 from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
 from pools.models import OS_IMAGE_PROPERTY, SERVER_NAME_PROPERTY, NodePool, NodeType, Tenant
-from pools.selectors import label_selector_q, normalize_requirement, requirements_match
+from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.services import tenants_finalize
-from vmetal_console import live
-from vmetal_console.transactions import retry_on_deadlock
+from core import live
+from core.transactions import retry_on_deadlock
 
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change

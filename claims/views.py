@@ -4,7 +4,9 @@ from django.http import Http404
 
 from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
 from pools.models import Tenant
-from vmetal_console import scoping
+from events.selectors import events_visible
+from claims.selectors import claims_visible
+from pools.selectors import tenants_visible
 
 from . import tables
 from .choices import ClaimPhase
@@ -17,11 +19,11 @@ def claim_list(request):
     """Claims in the user's scope, newest first, filtered as /api/v1/claims/ is (phase, tenant, name...);
     rows update live."""
     cursor = live_cursor()
-    filters = list_filter(request, NodeClaimFilterSet, scoping.claims(request.user))
+    filters = list_filter(request, NodeClaimFilterSet, claims_visible(request.user))
     pager = Paginator(tables.claims_rows_queryset(filters.qs).order_by("-created_at", "-pk"), 50)
     current = pager.get_page(request.GET.get("page"))
     rows = tables.with_progress(list(current.object_list))
-    tenants = list(scoping.tenants(request.user, Tenant.objects.all()).values_list("name", flat=True))
+    tenants = list(tenants_visible(request.user, Tenant.objects.all()).values_list("name", flat=True))
     return page(request, "claims/claim_list.html", {
         "cursor": cursor, "page_obj": current, "rows": rows, "filters": filters, "phases": ClaimPhase.choices,
         "phase": request.GET.get("phase", ""), "tenant": request.GET.get("tenant", ""),
@@ -30,7 +32,7 @@ def claim_list(request):
 
 
 def claim_for_page(user, name: str) -> NodeClaim:
-    claim = (scoping.claims(user).select_related("tenant", "pool", "node_type", "host", "provider", "environment")
+    claim = (claims_visible(user).select_related("tenant", "pool", "node_type", "host", "provider", "environment")
              .defer("host__bmc_username", "host__bmc_password").filter(name=name).first())
     if claim is None:
         raise Http404("no such claim")
@@ -40,7 +42,7 @@ def claim_for_page(user, name: str) -> NodeClaim:
 def claim_context(user, claim: NodeClaim) -> dict:
     from events.models import Event
 
-    transitions = list(scoping.events(user, Event.objects.filter(claim_id=claim.pk, object_type="claim"))
+    transitions = list(events_visible(user, Event.objects.filter(claim_id=claim.pk, object_type="claim"))
                        .order_by("-pk")[:50])
     return {"claim": claim, "timeline": tables.claim_timeline(claim), "transitions": transitions,
             "total_s": tables.claim_total(claim), "may_see_host": claim.host is not None}

@@ -1,0 +1,1 @@
+"""The leaf of the console: what every app uses and that is about no domain. Imports no app."""

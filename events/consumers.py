@@ -4,10 +4,10 @@ A page renders with a cursor (the newest Event id it reflects) and opens a webso
 ws extension. On open, and again on every reconnect, the page sends
 `{"type": "resync", "since": <cursor>, "ids": [<ids of the objects it shows>]}`. The consumer
 
-1. asks vmetal_console.scoping whether the user may see the topic before it joins any group (and
+1. asks core.scoping whether the user may see the topic before it joins any group (and
    checks each group by name again, see `may_join`); a refusal closes the socket with 4403, which the
    ws extension does not retry;
-2. joins its groups, to which the services publish `object.changed` on commit (vmetal_console.live),
+2. joins its groups, to which the services publish `object.changed` on commit (core.live),
    through the process's Hub: one group member per web process hands each message to its pages;
 3. answers messages by re-rendering the affected partials from the database (the current state, never
    the message's content), gathering what arrives within CONSOLE_LIVE_FLUSH_S into one frame of
@@ -39,7 +39,9 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import Max
 
-from vmetal_console import scoping
+from core import scoping
+from hosts.selectors import hosts_visible
+from claims.selectors import claims_visible
 
 from .models import Event
 
@@ -220,9 +222,9 @@ def may_join(user, group: str) -> bool:
         ids = scoping.tenant_ids(user)
         return ids is None or pk in ids
     if kind == "host":
-        return scoping.hosts(user).filter(pk=pk).exists()
+        return hosts_visible(user).filter(pk=pk).exists()
     if kind == "claim":
-        return scoping.claims(user).filter(pk=pk).exists()
+        return claims_visible(user).filter(pk=pk).exists()
     return False
 
 

@@ -8,7 +8,9 @@ from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from vmetal_console import scoping
+from core import scoping
+from events.selectors import events_visible
+from pools.selectors import tenants_visible
 
 from .choices import EventKind
 from .consumers import latest_event_id
@@ -88,7 +90,7 @@ def home(request):
     if role in STAFF:
         return redirect("fleet")
     if role == scoping.MEMBER:
-        names = list(scoping.tenants(request.user).values_list("name", flat=True)[:2])
+        names = list(tenants_visible(request.user).values_list("name", flat=True)[:2])
         if len(names) == 1:
             return redirect("tenant", name=names[0])
         return redirect("tenants")
@@ -98,7 +100,7 @@ def home(request):
 @console_view()
 def event_log(request):
     """The audit log, newest first, in the user's scope, filtered as /api/v1/events/ is."""
-    filters = list_filter(request, EventFilterSet, scoping.events(request.user))
+    filters = list_filter(request, EventFilterSet, events_visible(request.user))
     pager = Paginator(filters.qs.order_by("-pk"), 100).get_page(request.GET.get("page"))
     return page(request, "events/event_log.html", {
         "events": pager, "filters": filters, "kinds": EventKind.choices,

@@ -6,7 +6,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_link
-from pools.selectors import label_selector_q
+from pools.matching import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun

@@ -21,8 +21,8 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from vmetal_console import limits
-from vmetal_console.client_address import client_ip
+from core import limits
+from core.client_address import client_ip
 
 from . import boot as boot_path
 from . import flows

@@ -1,7 +1,7 @@
 """Erase certificates on the web: the signed JSON file (download), a printable page, and the public keys that
 verify them.
 
-Who sees which certificate is vmetal_console.scoping.erase_certificates: platform admins and auditors every
+Who sees which certificate is core.scoping.erase_certificates: platform admins and auditors every
 one, a tenant member those of the erases of their own tenant's data (previous tenant), the proof they are owed.
 The public keys are for anyone: a certificate is checked without the console's secret and without a login."""
 from django.contrib.auth.decorators import login_required
@@ -9,14 +9,14 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
-from vmetal_console import scoping
+from hosts.selectors import erase_certificates_visible
 
 from . import certificates
 from .models import EraseCertificate
 
 
 def _certificate(request, pk: int) -> EraseCertificate:
-    cert = scoping.erase_certificates(request.user).filter(pk=pk).first()
+    cert = erase_certificates_visible(request.user).filter(pk=pk).first()
     if cert is None:
         raise Http404("no such certificate")
     return cert

@@ -27,7 +27,7 @@ MEDIA = {"nvme": "NVMe SSD", "ssd": "SATA/SAS SSD", "hdd": "hard disk"}
 def node_type_for(host: BareMetalHost, claim=None):
     """The claim's NodeType, else the one the host's labels select (the strictest cleaning when several do)."""
     from pools.models import NodeType
-    from pools.selectors import label_selector_matches
+    from pools.matching import label_selector_matches
 
     if claim is not None and claim.node_type_id:
         return claim.node_type

@@ -5,7 +5,8 @@ import time
 from django.http import QueryDict
 
 from events.consumers import FragmentCache, LiveConsumer, latest_event_id
-from vmetal_console import scoping
+from core import scoping
+from hosts.selectors import hosts_visible
 
 from . import tables
 from .filtersets import HostFilterSet, without_state
@@ -106,7 +107,7 @@ class HostConsumer(LiveConsumer):
         await super().connect()
 
     def authorize(self) -> bool:
-        return scoping.hosts(self.user).filter(pk=self.host_id).exists()
+        return hosts_visible(self.user).filter(pk=self.host_id).exists()
 
     def wanted_groups(self) -> set[str]:
         groups = {f"host-{self.host_id}"}
@@ -138,7 +139,7 @@ class HostConsumer(LiveConsumer):
         return {self.host_id}
 
     def render(self, keys: set) -> list[str]:
-        host = (scoping.hosts(self.user).select_related("claim__tenant", "claim__node_type")
+        host = (hosts_visible(self.user).select_related("claim__tenant", "claim__node_type")
                 .defer(*tables.SECRETS).filter(pk=self.host_id).first())
         if host is None:
             return []

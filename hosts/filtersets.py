@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from events.filtersets import IdFilter, TimestampFilter
 from pools.models import NodeType
-from pools.selectors import label_selector_q
+from pools.matching import label_selector_q
 
 from .choices import HostState, PowerState, Verdict
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun

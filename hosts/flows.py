@@ -26,7 +26,7 @@ from django.utils.dateparse import parse_datetime
 
 from events.choices import EventKind
 from events.models import Event
-from vmetal_console import live
+from core import live
 
 from . import boot as boot_path
 from .bmc import BMC, BMCError

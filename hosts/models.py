@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from pools.validators import validate_object_name, validate_string_map
-from vmetal_console.crypto import EncryptedTextField
+from core.crypto import EncryptedTextField
 
 from pools.choices import CleaningPolicy
 

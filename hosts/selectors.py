@@ -2,13 +2,16 @@
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from core import scoping
 from events.choices import EventKind
 from events.models import Event
+from pools.models import Tenant
 
 from .choices import HostState
-from .models import BareMetalHost
+from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 
 def _failures(since=None):
@@ -53,3 +56,35 @@ def host_recent_failures(*, host: BareMetalHost) -> list[Event]:
                 continue
         counted.append(event)
     return counted
+
+
+# --- what each user may see (the rule: core.scoping) ----------------------------------------------
+
+def hosts_visible(user, qs: QuerySet | None = None) -> QuerySet:
+    """Members see only the hosts that serve their claims now."""
+    qs = BareMetalHost.objects.all() if qs is None else qs
+    ids = scoping.tenant_ids(user)
+    return qs if ids is None else qs.filter(claim__tenant_id__in=ids)
+
+
+def _erases_of(ids: list[int]) -> Q:
+    """The erases of these tenants' data: the previous tenant, by name, as the signed document names it."""
+    return Q(previous_tenant__in=Tenant.objects.filter(pk__in=ids).values("name"))
+
+
+def erase_certificates_visible(user, qs: QuerySet | None = None) -> QuerySet:
+    """Members see the certificates of the erases of their own tenants' data: the proof they are owed, whichever
+    host it was and whoever uses it now."""
+    qs = EraseCertificate.objects.all() if qs is None else qs
+    ids = scoping.tenant_ids(user)
+    return qs if ids is None else qs.filter(_erases_of(ids))
+
+
+def health_runs_visible(user, qs: QuerySet | None = None) -> QuerySet:
+    """Members see the health runs of the release gates whose certificates they see (the same flow run: how the
+    host was checked after their use), never those of other tenants' releases or of registrations."""
+    qs = HealthCheckRun.objects.all() if qs is None else qs
+    ids = scoping.tenant_ids(user)
+    if ids is None:
+        return qs
+    return qs.filter(flow_id__in=EraseCertificate.objects.filter(_erases_of(ids)).values("flow_id"))

@@ -10,7 +10,7 @@ from django.utils import timezone
 from events.choices import EventKind
 from events.models import Event
 from events.services import seconds_since
-from vmetal_console import live
+from core import live
 
 from .bmc import BMC, BMCError
 from .choices import HostState

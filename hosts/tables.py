@@ -5,8 +5,10 @@ from django.template.loader import render_to_string
 
 from events.models import Event
 from pools.models import NodeType
-from pools.selectors import label_selector_matches
-from vmetal_console import scoping
+from pools.matching import label_selector_matches
+from core import scoping
+from events.selectors import events_visible
+from hosts.selectors import hosts_visible
 
 from .choices import HostState
 from .cleaning import gpu_count
@@ -72,13 +74,13 @@ def render_counts(counts: list[dict], query: str) -> str:
 # --- the host page ----------------------------------------------------------------------------------
 
 def host_for_page(user, name: str) -> BareMetalHost | None:
-    return (scoping.hosts(user).select_related("claim__tenant", "claim__node_type").defer(*SECRETS)
+    return (hosts_visible(user).select_related("claim__tenant", "claim__node_type").defer(*SECRETS)
             .filter(name=name).first())
 
 
 def host_events(user, host: BareMetalHost, limit: int = 100) -> list[Event]:
     """The host's timeline. A tenant member sees only the events of their own tenant's use of it."""
-    return list(scoping.events(user, Event.objects.filter(host_id=host.pk)).order_by("-pk")[:limit])
+    return list(events_visible(user, Event.objects.filter(host_id=host.pk)).order_by("-pk")[:limit])
 
 
 def current_command(host: BareMetalHost) -> HostCommand | None:

@@ -15,7 +15,8 @@ from events.choices import EventKind
 from events.models import Event
 from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
 from pools.models import Tenant
-from vmetal_console import scoping
+from core import scoping
+from hosts.selectors import erase_certificates_visible, health_runs_visible, hosts_visible
 
 from . import services, tables
 from .choices import HostState
@@ -77,7 +78,7 @@ def host_detail(request, name: str):
         # Evidence as scoping gives it to the certificate pages and the API: staff see all, a tenant member only
         # the erases of their own tenant's data and the health runs of those releases (never another tenant's).
         "erase_certificates": _certificates(request.user, host),
-        "health_runs": list(scoping.health_runs(request.user).filter(host=host)
+        "health_runs": list(health_runs_visible(request.user).filter(host=host)
                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
     })
@@ -88,11 +89,11 @@ def host_detail(request, name: str):
 def health_run_detail(request, pk: int):
     """One health-check run as the gate recorded it: the verdict, the tool's reasons in its own words, each GPU's
     tests, the thresholds it was judged against, the command and its raw output. Seen by whoever the API shows
-    it to (vmetal_console.scoping.health_runs); the host's page is linked only for those who may see it."""
-    run = scoping.health_runs(request.user).filter(pk=pk).first()
+    it to (core.scoping.health_runs); the host's page is linked only for those who may see it."""
+    run = health_runs_visible(request.user).filter(pk=pk).first()
     if run is None:
         raise Http404("no such health run")
-    host_visible = run.host_id is not None and scoping.hosts(request.user).filter(pk=run.host_id).exists()
+    host_visible = run.host_id is not None and hosts_visible(request.user).filter(pk=run.host_id).exists()
     gpus = sorted(run.gpus.items(), key=lambda item: (len(item[0]), item[0])) if isinstance(run.gpus, dict) else []
     return page(request, "hosts/health_run.html", {
         "run": run, "gpus": gpus, "host_visible": host_visible,
@@ -101,7 +102,7 @@ def health_run_detail(request, pk: int):
 
 
 def _certificates(user, host) -> list:
-    certificates = list(scoping.erase_certificates(user).filter(host=host).defer("document").order_by("-pk")[:20])
+    certificates = list(erase_certificates_visible(user).filter(host=host).defer("document").order_by("-pk")[:20])
     for cert in certificates:
         cert.url = reverse("certificate", args=[cert.pk])
         cert.json_url = reverse("certificate-json", args=[cert.pk])

@@ -17,7 +17,7 @@ from hosts.services import host_registered
 from pools.choices import CleaningPolicy, PoolKind, ProviderKind
 from pools.models import CHECKSUM_LENGTHS, NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import PoolSpec, tenant_private_nodes_apply
-from vmetal_console.transactions import retry_on_deadlock
+from core.transactions import retry_on_deadlock
 
 from .source import Document, Invalid, ManifestError, Reader, dotted, load_documents
 

@@ -1,7 +1,7 @@
 """Admin for providers, node types, environments, images, tenants and pools: data fixes, each
 recorded in the Event log; a pool's quantity changes only through pools.services.pool_set_quantity.
 Also users and groups (staff, superuser, the auditors group) and who belongs to which tenant: the roles
-of vmetal_console.scoping, so every change to them is recorded too."""
+of core.scoping, so every change to them is recorded too."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList

@@ -6,7 +6,7 @@ from hosts.lifecycle import CLAIMED
 from hosts.models import BareMetalHost
 
 from .models import NodeType
-from .selectors import label_selector_q
+from .matching import label_selector_q
 
 
 def node_type_capacity(node_types: list[NodeType]) -> dict[int, dict[str, int]]:

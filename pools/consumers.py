@@ -2,7 +2,7 @@
 from claims.models import NodeClaim
 from claims.lifecycle import LIVE
 from events.consumers import RESYNC, LiveConsumer
-from vmetal_console import scoping
+from pools.selectors import tenants_visible
 
 
 
@@ -13,7 +13,7 @@ class TenantConsumer(LiveConsumer):
         await super().connect()
 
     def authorize(self) -> bool:
-        return scoping.tenants(self.user).filter(pk=self.tenant_id).exists()
+        return tenants_visible(self.user).filter(pk=self.tenant_id).exists()
 
     def wanted_groups(self) -> set[str]:
         # Image write progress is published to each host's group: follow the hosts of the live claims.
@@ -43,7 +43,7 @@ class TenantConsumer(LiveConsumer):
     def render(self, keys: set) -> list[str]:
         from .views import render_tenant_live
 
-        tenant = scoping.tenants(self.user).filter(pk=self.tenant_id).first()
+        tenant = tenants_visible(self.user).filter(pk=self.tenant_id).first()
         if tenant is None:
             return []
         return render_tenant_live(self.user, tenant)

@@ -5,10 +5,10 @@ import ipaddress
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from vmetal_console.crypto import EncryptedTextField
+from core.crypto import EncryptedTextField
 
 from .choices import ChecksumType, CleaningPolicy, ConsolidationPolicy, ImageFormat, JoinMode, PoolKind, ProviderKind, TaintEffect
-from .selectors import validate_label_selector, validate_requirements
+from .matching import validate_label_selector, validate_requirements
 from .validators import (check_disruption, check_host_selector, check_node_type_selector, check_quantities,
                          check_taints, collect, parse_ip_ranges, validate_dns_label, validate_duration,
                          validate_object_name, validate_string_map)

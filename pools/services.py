@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from events.models import Event
 from events.services import object_delete, object_update
-from vmetal_console.transactions import retry_on_deadlock
+from core.transactions import retry_on_deadlock
 
 from .choices import PoolKind
 from .models import NodePool, NodeProvider, Tenant, TenantMembership

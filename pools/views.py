@@ -18,7 +18,8 @@ from events.services import event_record
 from events.views import STAFF, console_view, is_htmx, list_filter, live_cursor, page
 from manifests.apply import apply_files
 from manifests.source import ManifestError
-from vmetal_console import scoping
+from core import scoping
+from pools.selectors import tenants_visible
 
 from . import forms
 from .capacity import node_type_capacity
@@ -36,7 +37,7 @@ SHOWN_PHASES = [p for p in ClaimPhase.values if p != ClaimPhase.RELEASED]
 def tenant_for(user, name: str) -> Tenant:
     """A tenant in the user's scope, else 404: a member of another tenant learns nothing, not even that
     it exists."""
-    tenant = scoping.tenants(user).filter(name=name).first()
+    tenant = tenants_visible(user).filter(name=name).first()
     if tenant is None:
         raise Http404("no such tenant")
     return tenant
@@ -233,7 +234,7 @@ def image_list(request):
 
 @console_view()
 def tenant_list(request):
-    filters = list_filter(request, TenantFilterSet, scoping.tenants(request.user))
+    filters = list_filter(request, TenantFilterSet, tenants_visible(request.user))
     tenants = list(filters.qs.annotate(
         pools_n=Count("pools", distinct=True),
         quantity=Sum("pools__quantity", filter=Q(pools__kind=PoolKind.STATIC)),

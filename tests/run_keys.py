@@ -6,6 +6,6 @@ os.environ: the xdist workers, and the Celery workers, daphne and manage.py proc
 them, so every process of a run reads and signs with the same keys."""
 import os
 
-from vmetal_console.keys import throwaway_keys
+from core.keys import throwaway_keys
 
 os.environ.update(throwaway_keys())

@@ -15,7 +15,7 @@ import claims.services  # noqa: E402
 from claims.lifecycle import LIVE  # noqa: E402
 from claims.services import pools_reconcile  # noqa: E402
 from pools.models import NodePool, Tenant  # noqa: E402
-from vmetal_console.transactions import retry_on_deadlock  # noqa: E402
+from core.transactions import retry_on_deadlock  # noqa: E402
 
 from .test_api_concurrency import waiting_for_a_lock  # noqa: E402
 

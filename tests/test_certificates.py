@@ -18,7 +18,7 @@ from events.models import Event
 from hosts import certificates, cleaning
 from hosts.models import BareMetalHost, EraseCertificate
 from pools.models import Tenant, TenantMembership
-from vmetal_console import keys
+from core import keys
 
 pytestmark = pytest.mark.django_db
 

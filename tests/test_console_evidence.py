@@ -122,7 +122,7 @@ def test_a_tenant_member_sees_only_the_evidence_of_their_own_tenant_s_data_on_th
     assert "one-p2q8" in html
     assert f"/certificates/{theirs.pk}" not in html  # no link, no name, no serial of tenant two's erase
     assert "two-k3x9" not in html and "S-TWO" not in html and ">two<" not in html
-    # The health runs of the release that erased tenant one's data, as the API gives them (vmetal_console.scoping).
+    # The health runs of the release that erased tenant one's data, as the API gives them (core.scoping).
     assert f'id="health-run-{our_run.pk}"' in html
     assert f'id="health-run-{their_run.pk}"' not in html and f'id="health-run-{registration.pk}"' not in html
     assert "faulty memory" not in html

@@ -127,7 +127,7 @@ async def test_a_page_that_reconnects_gets_what_it_missed_from_the_event_log(cli
 async def test_with_messages_lost_the_event_log_tail_still_brings_every_change(client, users, settings, monkeypatch):
     """The embedded mode: the worker's messages go to its own in-memory layer and never arrive here."""
     settings.CONSOLE_LIVE_TAIL_S = settings.CONSOLE_LIVE_RESYNC_S = 0.2
-    from vmetal_console import live
+    from core import live
 
     monkeypatch.setattr(live, "publish", lambda groups, message: None)
     cookie = await sync_to_async(session_cookie)(client, users["admin"])

@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 
 from events.models import Event
 from pools.models import Tenant
-from vmetal_console import scoping
+from core import scoping
 
 pytestmark = pytest.mark.django_db
 

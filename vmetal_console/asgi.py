@@ -18,12 +18,12 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from claims.routing import websocket_urlpatterns as claim_routes  # noqa: E402
 from hosts.routing import websocket_urlpatterns as host_routes  # noqa: E402
 from pools.routing import websocket_urlpatterns as pool_routes  # noqa: E402
-from vmetal_console.limits import BodyLimit  # noqa: E402
+from core.limits import BodyLimit  # noqa: E402
 
 websocket_urlpatterns = [*host_routes, *claim_routes, *pool_routes]
 
 application = ProtocolTypeRouter({
     "http": BodyLimit(ASGIStaticFilesHandler(django_asgi_app)),  # a body over MAX_REQUEST_BODY: 413, unread
-    # The session cookie names the user; each consumer asks vmetal_console.scoping before it joins a group.
+    # The session cookie names the user; each consumer asks core.scoping before it joins a group.
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

@@ -8,7 +8,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 
-from . import crypto
+from core import crypto
 
 TAG = "vmetal_keys"
 FIELD_KEY_HINT = ("FIELD_ENCRYPTION_KEY holds Fernet keys, comma separated, newest first; make one with "

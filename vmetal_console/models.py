@@ -1,7 +1,7 @@
 """The console's own table: a canary that proves the field-encryption keys read what this database holds."""
 from django.db import models
 
-from .crypto import EncryptedTextField
+from core.crypto import EncryptedTextField
 
 CANARY = "vmetal field-encryption canary"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from vmetal_console import keys
+from core import keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VMETAL_VAR_DIR", BASE_DIR / "var"))
@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "core",
     "events",
     "pools",
     "hosts",

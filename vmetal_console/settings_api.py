@@ -14,7 +14,7 @@ APPS = [
     "axes",
 ]
 # A body over MAX_REQUEST_BODY is refused (413) before anything reads it (vmetal_console/limits.py).
-MIDDLEWARE_FIRST = ["vmetal_console.limits.RequestBodyLimitMiddleware"]
+MIDDLEWARE_FIRST = ["core.limits.RequestBodyLimitMiddleware"]
 # django-axes wants to be the last middleware and the first authentication backend.
 MIDDLEWARE_LAST = ["axes.middleware.AxesMiddleware"]
 AUTH_BACKENDS = ["axes.backends.AxesStandaloneBackend"]
@@ -33,7 +33,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "pools.api.base.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # DRF's, with JSON nested deeper than 100 levels a 400 (vmetal_console/limits.py).
-    "DEFAULT_PARSER_CLASSES": ["vmetal_console.limits.JSONParser", "rest_framework.parsers.FormParser",
+    "DEFAULT_PARSER_CLASSES": ["core.limits.JSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
 }
 
@@ -89,7 +89,7 @@ AXES_SENSITIVE_PARAMETERS = ["password", "token", "key"]
 # of TRUSTED_PROXIES (comma-separated addresses or CIDRs: the reverse proxy in front of the console). Unset, the
 # header is ignored: otherwise anyone could lock anyone's account out, or dodge their own lockout, by forging it.
 TRUSTED_PROXIES = [p.strip() for p in os.environ.get("TRUSTED_PROXIES", "").split(",") if p.strip()]
-AXES_CLIENT_IP_CALLABLE = "vmetal_console.client_address.client_ip"
+AXES_CLIENT_IP_CALLABLE = "core.client_address.client_ip"
 # Behind a proxy that serves the console at https://console.example.com (comma separated).
 CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 

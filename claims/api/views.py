@@ -10,7 +10,7 @@ from claims.lifecycle import LIVE
 from claims.models import NodeClaim
 from claims.services import claims_release
 from pools.api.base import Conflict, ScopedViewMixin, actor
-from vmetal_console import scoping
+from claims.selectors import claims_visible
 
 from .serializers import NodeClaimSerializer, ReleaseSerializer
 
@@ -21,7 +21,7 @@ class NodeClaimViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
     member_actions = frozenset({"release"})
 
     def get_queryset(self):
-        return scoping.claims(self.request.user,
+        return claims_visible(self.request.user,
                               NodeClaim.objects.select_related("tenant", "provider", "node_type"))
 
     @extend_schema(request=ReleaseSerializer, responses={

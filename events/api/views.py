@@ -6,7 +6,8 @@ from rest_framework import viewsets
 from events.filtersets import EventFilterSet
 from hosts.models import BareMetalHost
 from pools.api.base import ScopedViewMixin
-from vmetal_console import scoping
+from core import scoping
+from events.selectors import events_visible
 
 from .serializers import EventSerializer, TenantEventSerializer
 
@@ -16,7 +17,7 @@ class EventViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = EventFilterSet
 
     def get_queryset(self):
-        return scoping.events(self.request.user)
+        return events_visible(self.request.user)
 
     def get_serializer_class(self):
         if getattr(self, "swagger_fake_view", False) or scoping.may_see_bmc(self.request.user):

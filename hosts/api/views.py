@@ -1,7 +1,7 @@
 """Hosts over HTTP. Admins register hosts (the same checks as a BareMetalHost manifest), change their labels
 and settings, and act on them (maintenance on/off, retry) through hosts.services; auditors read every host;
 a tenant member sees only the hosts serving its claims, without BMC details. The release gate's evidence
-(erase certificates, health runs) is read only, scoped by vmetal_console.scoping."""
+(erase certificates, health runs) is read only, scoped by core.scoping."""
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
@@ -15,7 +15,8 @@ from hosts.filtersets import BareMetalHostFilterSet, EraseCertificateFilterSet, 
 from hosts.models import BareMetalHost
 from hosts.services import host_retry, host_set_maintenance
 from pools.api.base import ScopedViewMixin, actor
-from vmetal_console import scoping
+from core import scoping
+from hosts.selectors import erase_certificates_visible, health_runs_visible, hosts_visible
 
 from .serializers import (EraseCertificateSerializer, HealthRunDetailSerializer, HealthRunSerializer, HostSerializer,
                           MaintenanceSerializer, RetrySerializer, TenantHostSerializer)
@@ -30,7 +31,7 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     filterset_class = BareMetalHostFilterSet
 
     def get_queryset(self):
-        return scoping.hosts(self.request.user, BareMetalHost.objects.select_related("claim__tenant"))
+        return hosts_visible(self.request.user, BareMetalHost.objects.select_related("claim__tenant"))
 
     def get_serializer_class(self):
         if getattr(self, "swagger_fake_view", False) or scoping.may_see_bmc(self.request.user):
@@ -83,7 +84,7 @@ class EraseCertificateViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = EraseCertificateFilterSet
 
     def get_queryset(self):
-        return scoping.erase_certificates(self.request.user)
+        return erase_certificates_visible(self.request.user)
 
     @extend_schema(responses={(200, "application/json"): OpenApiTypes.OBJECT},
                    description="The signed file, byte for byte as `manage.py verify-certificate` checks it (the "
@@ -102,7 +103,7 @@ class HealthRunViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = HealthCheckRunFilterSet
 
     def get_queryset(self):
-        runs = scoping.health_runs(self.request.user)
+        runs = health_runs_visible(self.request.user)
         return runs if self.action == "retrieve" else runs.defer("command", "raw_output", "raw_json", "parsed")
 
     def get_serializer_class(self):

@@ -13,8 +13,9 @@ from rest_framework.views import APIView
 
 from manifests.apply import apply_files
 from manifests.source import load_documents
-from vmetal_console import scoping
-from vmetal_console.limits import JSONParser
+from core import scoping
+from pools.selectors import tenants_visible
+from core.limits import JSONParser
 
 from .base import ScopedPermission, StrictSerializer, actor
 
@@ -132,7 +133,7 @@ class ApplyView(APIView):
 
     def _check_member(self, user, files, tenant):
         """A member: only vcluster.yaml documents, for a tenant they belong to (never a new one)."""
-        theirs = scoping.tenants(user).filter(name=tenant).first() if tenant else None
+        theirs = tenants_visible(user).filter(name=tenant).first() if tenant else None
         if theirs is None or not scoping.may_change_tenant(user, theirs):
             raise exceptions.PermissionDenied("tenant members apply their own tenant's vcluster.yaml: "
                                               "give tenant, one of yours")

@@ -1,4 +1,4 @@
-"""What every API view shares: who may do what (asked of vmetal_console.scoping, never decided here),
+"""What every API view shares: who may do what (asked of core.scoping, never decided here),
 pagination, strict serializers that run Model.clean(), and one mapping from domain errors to HTTP answers."""
 import copy
 import logging
@@ -16,7 +16,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from hosts.lifecycle import ConcurrentTransition, IllegalTransition
 from manifests.source import ManifestError
 from pools.services import StaleVersion
-from vmetal_console import scoping
+from core import scoping
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def field_errors(exc: DjangoValidationError) -> dict:
 # --- views ----------------------------------------------------------------------------------------
 
 class ScopedViewMixin:
-    """A view whose queryset comes from vmetal_console.scoping and whose objects belong to a tenant."""
+    """A view whose queryset comes from core.scoping and whose objects belong to a tenant."""
 
     permission_classes = [ScopedPermission]
     member_actions: frozenset = frozenset()

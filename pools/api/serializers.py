@@ -5,7 +5,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
-from vmetal_console import scoping
+from core import scoping
+from pools.selectors import tenants_visible
 
 from .base import StrictModelSerializer
 
@@ -61,7 +62,7 @@ class NodePoolSerializer(StrictModelSerializer):
         if "tenant" in self.fields and user is not None:
             # A pool can be made only for a tenant the caller may change; others do not exist for them.
             writer = scoping.role(user) in (scoping.ADMIN, scoping.MEMBER)
-            self.fields["tenant"].queryset = scoping.tenants(user) if writer else Tenant.objects.none()
+            self.fields["tenant"].queryset = tenants_visible(user) if writer else Tenant.objects.none()
         if isinstance(self.instance, models.Model):
             for name in ("tenant", "name"):
                 if name in self.fields:

@@ -9,7 +9,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from vmetal_console import scoping
+from core import scoping
 
 from .base import actor
 from .models import PREFIX_LENGTH, ApiToken

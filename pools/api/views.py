@@ -17,8 +17,9 @@ from pools.filtersets import (NodeEnvironmentFilterSet, NodePoolFilterSet, NodeP
                               OSImageFilterSet, TenantFilterSet)
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 from pools.services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota, tenant_delete
-from vmetal_console import scoping
-from vmetal_console.transactions import retry_on_deadlock
+from core import scoping
+from pools.selectors import node_environments_visible, pools_visible, tenants_visible
+from core.transactions import retry_on_deadlock
 
 from .base import ScopedViewMixin, actor
 from .serializers import (NodeEnvironmentSerializer, NodePoolSerializer, NodeProviderSerializer, NodeTypeSerializer,
@@ -66,7 +67,7 @@ class TenantViewSet(ConfigViewSet):
     self_link = "tenant"
 
     def get_queryset(self):
-        return scoping.tenants(self.request.user)
+        return tenants_visible(self.request.user)
 
     def event_tenant(self, obj, values=None):
         return None  # self_link fills it
@@ -124,7 +125,7 @@ class NodeEnvironmentViewSet(ConfigViewSet):
 
     def get_queryset(self):
         environments = NodeEnvironment.objects.select_related("provider", "tenant")
-        return scoping.node_environments(self.request.user, environments)
+        return node_environments_visible(self.request.user, environments)
 
 
 class OSImageViewSet(ConfigViewSet):
@@ -224,7 +225,7 @@ class NodePoolViewSet(ScopedViewMixin, viewsets.ModelViewSet):
     member_actions = frozenset({"create", "update", "partial_update", "destroy"})
 
     def get_queryset(self):
-        return scoping.pools(self.request.user, NodePool.objects.select_related("tenant", "provider"))
+        return pools_visible(self.request.user, NodePool.objects.select_related("tenant", "provider"))
 
     def retrieve(self, request, *args, **kwargs):
         pool = self.get_object()

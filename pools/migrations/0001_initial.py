@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import pools.validators
-import vmetal_console.crypto
+import core.crypto
 from django.db import migrations, models
 
 
@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
                 ('namespace', models.CharField(default='p-default', max_length=63, validators=[pools.validators.validate_dns_label])),
                 ('display_name', models.CharField(blank=True, max_length=200)),
                 ('api_endpoint', models.CharField(blank=True, help_text='host:port of the tenant API (its VIP)', max_length=300)),
-                ('kubeconfig', vmetal_console.crypto.EncryptedTextField(blank=True)),
+                ('kubeconfig', core.crypto.EncryptedTextField(blank=True)),
                 ('join_mode', models.CharField(choices=[('vcluster', 'vCluster join script'), ('kubeadm', 'kubeadm join')], default='vcluster', max_length=16)),
                 ('quota_nodes', models.PositiveIntegerField(blank=True, help_text='most nodes at once; empty: no limit', null=True)),
                 ('private_nodes_enabled', models.BooleanField(default=True)),

@@ -2,7 +2,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from hosts import certificates
-from vmetal_console import keys
+from core import keys
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.apps import apps
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from vmetal_console.crypto import EncryptedTextField
+from core.crypto import EncryptedTextField
 
 
 class Command(BaseCommand):
