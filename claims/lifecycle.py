@@ -1,5 +1,5 @@
 """The claim phases: one table of allowed changes."""
-from hosts.lifecycle import IllegalTransition
+from core.transitions import check_transition
 
 from .choices import ClaimPhase as P
 
@@ -20,5 +20,4 @@ RELEASE_ORDER = {P.FAILED: 0, P.PENDING: 1, P.PROVISIONING: 2, P.JOINING: 3, P.A
 
 
 def check_phase_change(from_phase: str, to_phase: str, name: str) -> None:
-    if to_phase not in TRANSITIONS.get(from_phase, ()):
-        raise IllegalTransition(f"claim {name}: {from_phase} → {to_phase} is not allowed")
+    check_transition(TRANSITIONS, from_phase, to_phase, f"claim {name}")

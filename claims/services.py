@@ -11,6 +11,9 @@ from django.db import connection, transaction
 from django.db.models import Case, Count, F, Q, When
 from django.utils import timezone
 
+from core import live
+from core.transactions import retry_on_deadlock
+from core.transitions import swap
 from events.choices import EventKind
 from events.models import Event
 from events.services import seconds_since
@@ -20,11 +23,15 @@ from hosts.models import BareMetalHost
 from hosts.services import hosts_transition
 from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
-from pools.models import OS_IMAGE_PROPERTY, SERVER_NAME_PROPERTY, NodePool, NodeType, Tenant
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
+from pools.models import (
+    OS_IMAGE_PROPERTY,
+    SERVER_NAME_PROPERTY,
+    NodePool,
+    NodeType,
+    Tenant,
+)
 from pools.services import tenants_finalize
-from core import live
-from core.transactions import retry_on_deadlock
 
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
@@ -62,9 +69,7 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
     if to_phase == P.PENDING:
         values.update(scheduled_at=None, provisioned_at=None, joined_at=None, available_at=None)
     ids = [c.pk for c in claims]
-    changed = NodeClaim.objects.filter(pk__in=ids, phase=from_phase).update(**values)
-    if changed != len(ids):
-        raise ConcurrentTransition(f"{len(ids) - changed} of {len(ids)} claim(s) left {from_phase} meanwhile")
+    swap(NodeClaim, ids=ids, field="phase", expected=from_phase, values=values, what="claim")
     Event.objects.bulk_create([
         Event(kind=EventKind.TRANSITION, object_type="claim", object_name=c.name, claim_id=c.pk,
               tenant_id=c.tenant_id, host_id=c.host_id, from_state=from_phase, to_state=to_phase, step=step,

@@ -8,6 +8,8 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html
 
+from core.actors import actor
+
 from .models import Event
 from .services import object_delete, object_relations_set, object_update
 
@@ -18,7 +20,7 @@ BADGE_COLOURS = {"secondary": "#6c757d", "info": "#0b7285", "warning": "#b35c00"
 
 
 def admin_actor(request) -> str:
-    return f"user:{request.user.username}"
+    return actor(request)
 
 
 def badge(text: str, colour: str) -> str:

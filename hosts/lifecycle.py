@@ -3,6 +3,9 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from core import transitions
+from core.transitions import ConcurrentTransition, IllegalTransition  # noqa: F401 (raised from here)
+
 from .choices import HostState as S
 
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -30,18 +33,8 @@ CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING)
 
 
-class IllegalTransition(Exception):
-    pass
-
-
-class ConcurrentTransition(Exception):
-    """Another writer changed the host between our read and our write."""
-
-
 def check_transition(from_state: str, to_state: str, name: str = "host") -> None:
-    if to_state not in TRANSITIONS.get(from_state, ()):
-        allowed = ", ".join(sorted(TRANSITIONS.get(from_state, ()))) or "none"
-        raise IllegalTransition(f"{name}: {from_state} → {to_state} is not allowed (from {from_state}: {allowed})")
+    transitions.check_transition(TRANSITIONS, from_state, to_state, name)
 
 
 def deadline_for(state: str) -> timedelta | None:

@@ -7,15 +7,23 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core import live
+from core.transitions import swap
 from events.choices import EventKind
 from events.models import Event
 from events.services import seconds_since
-from core import live
 
 from .bmc import BMC, BMCError
-from .choices import HostState
 from .boot import agent_sessions_end
-from .lifecycle import AGENT_STATES, IN_PROGRESS, ConcurrentTransition, IllegalTransition, check_transition, deadline_for
+from .choices import HostState
+from .lifecycle import (
+    AGENT_STATES,
+    IN_PROGRESS,
+    ConcurrentTransition,
+    IllegalTransition,
+    check_transition,
+    deadline_for,
+)
 from .models import BareMetalHost
 
 log = logging.getLogger(__name__)
@@ -59,9 +67,7 @@ def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: st
     elif to_state in (HostState.AVAILABLE, HostState.PROVISIONED):
         fields.update(error_type="", error_message="", error_count=0)
     ids = [h.pk for h in hosts]
-    changed = BareMetalHost.objects.filter(pk__in=ids, state=from_state).update(**fields)
-    if changed != len(ids):
-        raise ConcurrentTransition(f"{len(ids) - changed} of {len(ids)} host(s) left {from_state} meanwhile")
+    swap(BareMetalHost, ids=ids, field="state", expected=from_state, values=fields, what="host")
     if to_state not in AGENT_STATES:
         # No host outside a ramdisk flow keeps an agent session (a provisioned host runs its tenant's OS).
         agent_sessions_end(host_ids=ids)

@@ -11,12 +11,24 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from core import scoping
+from core.actors import actor
 from events.choices import EventKind
 from events.models import Event
-from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
+from events.views import (
+    STAFF,
+    console_view,
+    list_filter,
+    live_cursor,
+    page,
+    paging_query,
+)
+from hosts.selectors import (
+    erase_certificates_visible,
+    health_runs_visible,
+    hosts_visible,
+)
 from pools.models import Tenant
-from core import scoping
-from hosts.selectors import erase_certificates_visible, health_runs_visible, hosts_visible
 
 from . import services, tables
 from .choices import HostState
@@ -148,7 +160,7 @@ def host_action(request, name: str, action: str):
             "host": host, "action": action, "label": label, "warning": warning.format(host=host.name),
             "danger": action in tables.DANGEROUS_ACTIONS, "reason_required": action in REASON_REQUIRED,
             "next": back, **_confirmation(host, action)})
-    actor = f"user:{request.user.get_username()}"
+    actor = actor(request)
     reason = request.POST.get("reason", "").strip()[:500]
     if "\x00" in reason:  # no browser sends one; PostgreSQL would refuse it in the Event
         return HttpResponseBadRequest("reason: contains a NUL character")

@@ -2,13 +2,14 @@
 the file, the document and the line. What a text may cost is bounded while it is composed, before any
 Python object is built: nesting depth, and nodes with every alias expanded (an "alias bomb" of a few hundred
 bytes would otherwise stand for billions of nodes)."""
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import math
-import re
-
 import yaml
+
+from core.errors import LocatedError
 
 Path = tuple
 
@@ -83,15 +84,8 @@ Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-class ManifestError(Exception):
-    def __init__(self, file: str, document: int | None, line: int | None, message: str):
-        self.file, self.document, self.line, self.message = file, document, line, message
-        where = file
-        if document is not None:
-            where += f": document {document}"
-        if line is not None:
-            where += f" (line {line})"
-        super().__init__(f"{where}: {message}")
+class ManifestError(LocatedError):
+    """A manifest that cannot be applied: file, document and line, and why."""
 
 
 class Invalid(Exception):

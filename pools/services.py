@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from events.models import Event
 from events.services import object_delete, object_update
+from core.errors import StaleVersion
 from core.transactions import retry_on_deadlock
 
 from .choices import PoolKind
@@ -109,8 +110,6 @@ def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_ver
     return locked
 
 
-class StaleVersion(Exception):
-    pass
 
 
 @retry_on_deadlock()

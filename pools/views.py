@@ -14,18 +14,24 @@ from claims import tables as claim_tables
 from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
+from core import scoping
+from core.actors import actor
 from events.services import event_record
 from events.views import STAFF, console_view, is_htmx, list_filter, live_cursor, page
 from manifests.apply import apply_files
 from manifests.source import ManifestError
-from core import scoping
 from pools.selectors import tenants_visible
 
 from . import forms
 from .capacity import node_type_capacity
 from .choices import PoolKind
-from .filtersets import (NodeEnvironmentFilterSet, NodeProviderFilterSet, NodeTypeFilterSet, OSImageFilterSet,
-                         TenantFilterSet)
+from .filtersets import (
+    NodeEnvironmentFilterSet,
+    NodeProviderFilterSet,
+    NodeTypeFilterSet,
+    OSImageFilterSet,
+    TenantFilterSet,
+)
 from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 from .services import StaleVersion, pool_set_quantity
 
@@ -106,7 +112,7 @@ def pool_quantity(request, name: str, pool: str):
         before = target.quantity
         try:
             target = pool_set_quantity(pool=target, quantity=form.cleaned_data["quantity"],
-                                       actor=f"user:{request.user.get_username()}",
+                                       actor=actor(request),
                                        expected_version=form.cleaned_data.get("version"))
         except ValidationError as exc:
             for message in exc.message_dict.get("quantity", exc.messages) if hasattr(exc, "error_dict") else exc.messages:
@@ -152,7 +158,8 @@ def join_command(request, name: str):
         result["error"] = (f"Tenant {tenant.name} has no API credentials (kubeconfig) yet, so no join token can be "
                            "made. A platform admin adds them on the tenant's edit page or with apply.")
     else:
-        from claims.tenant_api import TenantAPI, TenantAPIError, join_command as make_command
+        from claims.tenant_api import TenantAPI, TenantAPIError
+        from claims.tenant_api import join_command as make_command
 
         try:
             api = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
@@ -163,7 +170,7 @@ def join_command(request, name: str):
             result["command"] = make_command(tenant.join_mode, endpoint, token.token, ca_hash)
             result["expires_at"] = token.expires_at
             event_record(kind="action", object_type="tenant", object_name=tenant.name, tenant=tenant,
-                         actor=f"user:{request.user.get_username()}",
+                         actor=actor(request),
                          message=f"join token {token.id} created for a manual node")
         except (TenantAPIError, ValueError) as exc:
             result["error"] = f"The tenant API did not give a join token: {exc}"
@@ -275,7 +282,7 @@ def catalogue_edit(request, kind: str, key: str | None = None):
         if instance is not None and "name" in form.fields:
             form.fields["name"].disabled = True  # names are identities: manifests refer to them
         if form.is_valid():
-            saved = form.save_as(f"user:{request.user.get_username()}")
+            saved = form.save_as(actor(request))
             if saved is not None:
                 messages.success(request, f"{spec['noun']} {saved} {'saved' if instance else 'created'}")
                 if kind == "tenants":
@@ -305,7 +312,7 @@ def apply_page(request):
             dry_run = request.POST.get("action") != "apply"
             try:
                 result = apply_files([(form.cleaned_data["file_name"], form.cleaned_data["text"])],
-                                     actor=f"user:{request.user.get_username()}",
+                                     actor=actor(request),
                                      tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run)
             except ManifestError as exc:
                 error = str(exc)

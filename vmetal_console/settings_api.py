@@ -26,11 +26,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",  # the browser; enforces CSRF on writes
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "pools.api.base.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "core.api.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "pools.api.base.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # DRF's, with JSON nested deeper than 100 levels a 400 (vmetal_console/limits.py).
     "DEFAULT_PARSER_CLASSES": ["core.limits.JSONParser", "rest_framework.parsers.FormParser",

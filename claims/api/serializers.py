@@ -2,7 +2,7 @@
 from rest_framework import serializers
 
 from claims.models import NodeClaim
-from pools.api.base import StrictSerializer
+from core.api import StrictSerializer
 
 
 class ConditionSerializer(serializers.Serializer):

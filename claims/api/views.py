@@ -9,7 +9,7 @@ from claims.filtersets import NodeClaimFilterSet
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
 from claims.services import claims_release
-from pools.api.base import Conflict, ScopedViewMixin, actor
+from core.api import Conflict, ScopedViewMixin, actor
 from claims.selectors import claims_visible
 
 from .serializers import NodeClaimSerializer, ReleaseSerializer

@@ -5,7 +5,7 @@ from rest_framework import viewsets
 
 from events.filtersets import EventFilterSet
 from hosts.models import BareMetalHost
-from pools.api.base import ScopedViewMixin
+from core.api import ScopedViewMixin
 from core import scoping
 from events.selectors import events_visible
 

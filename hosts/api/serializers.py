@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from hosts.cleaning import node_type_for
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
-from pools.api.base import NoNulJSONField, StrictModelSerializer, StrictSerializer
+from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
 
 CLAIM_FIELDS = ["claim", "tenant"]
 

@@ -14,7 +14,7 @@ from hosts.certificate_views import signed_file
 from hosts.filtersets import BareMetalHostFilterSet, EraseCertificateFilterSet, HealthCheckRunFilterSet
 from hosts.models import BareMetalHost
 from hosts.services import host_retry, host_set_maintenance
-from pools.api.base import ScopedViewMixin, actor
+from core.api import ScopedViewMixin, actor
 from core import scoping
 from hosts.selectors import erase_certificates_visible, health_runs_visible, hosts_visible
 

@@ -17,7 +17,7 @@ from core import scoping
 from pools.selectors import tenants_visible
 from core.limits import JSONParser
 
-from .base import ScopedPermission, StrictSerializer, actor
+from core.api import ScopedPermission, StrictSerializer, actor
 
 log = logging.getLogger(__name__)
 

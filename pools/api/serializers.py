@@ -8,7 +8,7 @@ from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSIm
 from core import scoping
 from pools.selectors import tenants_visible
 
-from .base import StrictModelSerializer
+from core.api import StrictModelSerializer
 
 # JSON fields' shapes and values are checked by each model's clean(), which StrictModelSerializer runs: the
 # same checks as the admin, the console's forms and `apply`.

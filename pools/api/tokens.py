@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from core import scoping
 
-from .base import actor
+from core.api import actor
 from .models import PREFIX_LENGTH, ApiToken
 from .services import token_create, token_revoke
 

@@ -21,7 +21,7 @@ from core import scoping
 from pools.selectors import node_environments_visible, pools_visible, tenants_visible
 from core.transactions import retry_on_deadlock
 
-from .base import ScopedViewMixin, actor
+from core.api import ScopedViewMixin, actor
 from .serializers import (NodeEnvironmentSerializer, NodePoolSerializer, NodeProviderSerializer, NodeTypeSerializer,
                           OSImageSerializer, TenantSerializer)
 

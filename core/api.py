@@ -13,17 +13,14 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from hosts.lifecycle import ConcurrentTransition, IllegalTransition
-from manifests.source import ManifestError
-from pools.services import StaleVersion
 from core import scoping
+from core.actors import actor  # noqa: F401 (the API's views take it from here)
+from core.errors import LocatedError, StaleVersion
+from core.transitions import ConcurrentTransition, IllegalTransition
 
 log = logging.getLogger(__name__)
 
 
-def actor(request) -> str:
-    """The Event log's actor for a change made through the API (token or session alike)."""
-    return f"user:{request.user.username}"
 
 
 class Pagination(PageNumberPagination):
@@ -181,7 +178,7 @@ def exception_handler(exc, context):
         exc = Conflict(_protected_message(exc))
     elif isinstance(exc, IntegrityError):
         exc = Conflict("conflicts with an existing object (changed meanwhile?)")
-    elif isinstance(exc, ManifestError):
+    elif isinstance(exc, LocatedError):
         return Response({"detail": str(exc), "file": exc.file, "document": exc.document, "line": exc.line,
                          "message": exc.message}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
