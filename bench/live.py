@@ -175,7 +175,7 @@ def main() -> None:
     from django.db import connection
 
     import hosts.services
-    from events.consumers import latest_event_id
+    from events.selectors import latest_event_id
     from hosts.models import BareMetalHost
 
     # No worker here: the states' drive tasks are not sent (this measures the live path, not the flows).

@@ -1,13 +1,16 @@
 """Live views of claims: the claims list (phases) and one claim's page (phase, step timeline, progress)."""
-from events.consumers import RESYNC, LiveConsumer
-from core import scoping
 from claims.selectors import claims_visible
+from core import scoping
+from core.live_views import RESYNC, group_rule
+from hosts.consumers import HostAwareConsumer
 
 from . import tables
 from .models import NodeClaim
 
+group_rule("claim", lambda user, pk: claims_visible(user).filter(pk=pk).exists())
 
-class ClaimListConsumer(LiveConsumer):
+
+class ClaimListConsumer(HostAwareConsumer):
     """The rows the page shows. Admins and auditors listen to every claim; members to their tenants'."""
 
     def authorize(self) -> bool:
@@ -38,7 +41,7 @@ class ClaimListConsumer(LiveConsumer):
                                         or len(scoping.tenant_ids(self.user)) != 1)
 
 
-class ClaimConsumer(LiveConsumer):
+class ClaimConsumer(HostAwareConsumer):
     """One claim: its tenant's group (phase changes) and its current host's (steps, image write %)."""
 
     async def connect(self):

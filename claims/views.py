@@ -2,10 +2,11 @@
 from django.core.paginator import Paginator
 from django.http import Http404
 
-from events.views import STAFF, console_view, list_filter, live_cursor, page, paging_query
-from pools.models import Tenant
-from events.selectors import events_visible
 from claims.selectors import claims_visible
+from core.views import STAFF, console_view, list_filter, page, paging_query
+from events.selectors import events_visible
+from events.views import live_cursor
+from pools.models import Tenant
 from pools.selectors import tenants_visible
 
 from . import tables

@@ -4,20 +4,34 @@ import time
 
 from django.http import QueryDict
 
-from events.consumers import FragmentCache, LiveConsumer, latest_event_id
 from core import scoping
+from core.live_views import FragmentCache, group_rule
+from events.consumers import EventLogConsumer
+from events.selectors import latest_event_id
 from hosts.selectors import hosts_visible
 
 from . import tables
 from .filtersets import HostFilterSet, without_state
-from .models import BareMetalHost
+from .models import BareMetalHost, CommandStatus, HostCommand
+
+group_rule("host", lambda user, pk: hosts_visible(user).filter(pk=pk).exists())
+
+
+class HostAwareConsumer(EventLogConsumer):
+    """A live view that follows hosts' agent progress (image write %), which is not in the Event log: with an
+    in-memory layer the re-sync reads it from the hosts' open agent commands."""
+
+    def progress_of(self, hosts: set[int]) -> dict:
+        return {row[0]: row[1:] for row in HostCommand.objects.filter(
+            host_id__in=hosts, status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).order_by("host_id", "pk")
+            .values_list("host_id", "pk", "progress")}
 
 
 FRAGMENTS = FragmentCache()  # fleet rows and counts: the same for every admin and auditor
 FETCH = threading.Lock()
 
 
-class FleetConsumer(LiveConsumer):
+class FleetConsumer(HostAwareConsumer):
     """Counts by state for the board's filters, and the rows the page shows. Admins and auditors only."""
 
     def authorize(self) -> bool:
@@ -99,7 +113,7 @@ def node_types():
     return _node_types["types"]
 
 
-class HostConsumer(LiveConsumer):
+class HostConsumer(HostAwareConsumer):
     """One host: its summary (state, power, step, progress) and its timeline."""
 
     async def connect(self):

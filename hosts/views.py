@@ -13,16 +13,10 @@ from django.views.decorators.http import require_http_methods
 
 from core import scoping
 from core.actors import actor
+from core.views import STAFF, console_view, list_filter, page, paging_query
 from events.choices import EventKind
 from events.models import Event
-from events.views import (
-    STAFF,
-    console_view,
-    list_filter,
-    live_cursor,
-    page,
-    paging_query,
-)
+from events.views import live_cursor
 from hosts.selectors import (
     erase_certificates_visible,
     health_runs_visible,
@@ -160,31 +154,31 @@ def host_action(request, name: str, action: str):
             "host": host, "action": action, "label": label, "warning": warning.format(host=host.name),
             "danger": action in tables.DANGEROUS_ACTIONS, "reason_required": action in REASON_REQUIRED,
             "next": back, **_confirmation(host, action)})
-    actor = actor(request)
+    who = actor(request)
     reason = request.POST.get("reason", "").strip()[:500]
     if "\x00" in reason:  # no browser sends one; PostgreSQL would refuse it in the Event
         return HttpResponseBadRequest("reason: contains a NUL character")
     done = f"{label}: done for {host.name}"
     try:
         if action == "maintenance-on":
-            services.host_set_maintenance(host=host, on=True, actor=actor, reason=reason)
+            services.host_set_maintenance(host=host, on=True, actor=who, reason=reason)
         elif action == "maintenance-off":
-            services.host_set_maintenance(host=host, on=False, actor=actor, reason=reason)
+            services.host_set_maintenance(host=host, on=False, actor=who, reason=reason)
         elif action == "retry":
-            services.host_retry(host=host, actor=actor, reason=reason)
+            services.host_retry(host=host, actor=who, reason=reason)
         elif action == "retest":
-            services.host_retest(host=host, actor=actor, reason=reason)
+            services.host_retest(host=host, actor=who, reason=reason)
             done = f"{label}: {host.name} is being cleaned and checked again"
         elif action == "return-to-service":
             # The reason counts as an override only when the admin ticked it: a note typed on the way is not one.
             override = request.POST.get("override") == "on"
             passed = services.host_last_repair_verdict(host=host).get("retest") == "passed"
-            services.host_return_to_service(host=host, actor=actor,
+            services.host_return_to_service(host=host, actor=who,
                                             override_reason=reason if (override or passed) else "")
         elif action == "retire":
-            services.host_retire(host=host, actor=actor, reason=reason)
+            services.host_retire(host=host, actor=who, reason=reason)
         else:
-            services.host_power_cycle(host=host, actor=actor, reason=reason)
+            services.host_power_cycle(host=host, actor=who, reason=reason)
             done = f"{label}: asked for {host.name}; the BMC's answer will appear in the timeline"
     except (IllegalTransition, ConcurrentTransition) as exc:
         messages.error(request, f"{label}: {exc}")

@@ -1,12 +1,12 @@
 """Live view of a tenant's self-service page: its pools' claims by phase, its claims with progress, its nodes."""
-from claims.models import NodeClaim
 from claims.lifecycle import LIVE
-from events.consumers import RESYNC, LiveConsumer
+from claims.models import NodeClaim
+from core.live_views import RESYNC
+from hosts.consumers import HostAwareConsumer
 from pools.selectors import tenants_visible
 
 
-
-class TenantConsumer(LiveConsumer):
+class TenantConsumer(HostAwareConsumer):
     async def connect(self):
         self.tenant_id = int(self.scope["url_route"]["kwargs"]["tenant_id"])
         self.host_ids: set[int] = set()

@@ -2,7 +2,8 @@
 tenants (lists, create / edit forms), the tenant's self-service page, and the YAML apply page."""
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, Q, Sum
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
@@ -16,8 +17,9 @@ from claims.lifecycle import LIVE
 from claims.models import NodeClaim
 from core import scoping
 from core.actors import actor
+from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
 from events.services import event_record
-from events.views import STAFF, console_view, is_htmx, list_filter, live_cursor, page
+from events.views import live_cursor
 from manifests.apply import apply_files
 from manifests.source import ManifestError
 from pools.selectors import tenants_visible
@@ -84,6 +86,20 @@ def render_tenant_live(user, tenant: Tenant) -> list[str]:
     parts.append(render_to_string("pools/partials/tenant_claims.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_nodes.html", ctx))
     return parts
+
+
+@login_required
+def home(request):
+    role = role_of(request)
+    if role in STAFF:
+        return redirect("fleet")
+    if role == scoping.MEMBER:
+        names = list(tenants_visible(request.user).values_list("name", flat=True)[:2])
+        if len(names) == 1:
+            return redirect("tenant", name=names[0])
+        return redirect("tenants")
+    raise PermissionDenied("your account belongs to no tenant; ask a platform admin")
+
 
 
 @console_view()

@@ -1,6 +1,6 @@
 """The live views' flush tick: a tick renders only the changes announced before it, so that every page of a
-process shares the first page's read (events.consumers.LiveConsumer._due)."""
-from events.consumers import LiveConsumer, Need
+process shares the first page's read (core.live_views.LiveConsumer._due)."""
+from core.live_views import LiveConsumer, Need
 
 
 def consumer_with(dirty: dict) -> LiveConsumer:

@@ -19,7 +19,7 @@ class NameConverter(StringConverter):
 register_converter(NameConverter, "name")
 
 urlpatterns = [
-    path("", events.home, name="home"),
+    path("", pools.home, name="home"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # hosts

@@ -3,11 +3,11 @@ from urllib.parse import urlsplit
 
 from rest_framework import viewsets
 
-from events.filtersets import EventFilterSet
-from hosts.models import BareMetalHost
-from core.api import ScopedViewMixin
 from core import scoping
+from core.api import ScopedViewMixin
+from events.filtersets import EventFilterSet
 from events.selectors import events_visible
+from hosts.models import BareMetalHost
 
 from .serializers import EventSerializer, TenantEventSerializer
 
