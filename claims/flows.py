@@ -10,7 +10,6 @@ from django.db import IntegrityError, transaction
 from hosts.flows import Run, StepFailed, Waiting, agent_command
 from hosts.selectors import image_write_failures
 from pools.models import NodeEnvironment
-from core import live
 
 from .choices import ClaimPhase as P
 from .models import NodeClaim
@@ -254,6 +253,4 @@ def host_flow_finished(run: Run, flow_name: str) -> None:
                           message=f"{run.host.name} cleaned and {where}",
                           fields={"host": None, "ip_address": None, "bootstrap_token_id": ""})
         if token_id:
-            from . import tasks
-
-            transaction.on_commit(lambda: live.enqueue(tasks.revoke_join_token, claim_id=claim.pk, token_id=token_id))
+            task_send_on_commit("claims.tasks.revoke_join_token", claim_id=claim.pk, token_id=token_id)

@@ -4,10 +4,10 @@ from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from core import scoping
+from hosts.capacity import node_type_capacity
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.selectors import image_write_failures
-from pools.capacity import node_type_capacity
 from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
 from .choices import ClaimPhase

@@ -12,16 +12,17 @@ from django.db.models import Case, Count, F, Q, When
 from django.utils import timezone
 
 from core import live
+from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from core.transitions import swap
 from events.choices import EventKind
 from events.models import Event
 from events.services import seconds_since
+from hosts.capacity import node_type_capacity
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition
-from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
@@ -31,7 +32,7 @@ from pools.models import (
     NodeType,
     Tenant,
 )
-from pools.services import tenants_finalize
+from pools.services import RECONCILE_TASK, pools_changed, tenants_finalize
 
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
@@ -233,15 +234,9 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
         pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
     token_id = claim.bootstrap_token_id
     if token_id:  # network I/O: after commit, in a worker
-        transaction.on_commit(lambda: live.enqueue(_revoke_task(), claim_id=claim.pk, token_id=token_id))
+        task_send_on_commit("claims.tasks.revoke_join_token", claim_id=claim.pk, token_id=token_id)
     claim.host = None
     return claim
-
-
-def _revoke_task():
-    from . import tasks
-
-    return tasks.revoke_join_token
 
 
 @dataclass
@@ -407,30 +402,4 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
 def host_freed() -> None:
     """A host joined the free pool: pending claims may take it now rather than at the next beat."""
     if NodeClaim.objects.filter(phase=P.PENDING).exists():
-        transaction.on_commit(lambda: live.enqueue(_reconcile_task(), pool_ids=None))
-
-
-def _reconcile_task():
-    from . import tasks
-
-    return tasks.reconcile_pools
-
-
-def pools_changed(*, pool_ids: list[int]) -> None:
-    """Pools changed (apply, console, API, a failed host): reconcile them as soon as the change commits,
-    rather than at the next beat. Every change of one transaction goes out as one task."""
-    connection = transaction.get_connection()  # one per thread: changes of other threads stay apart
-    if not hasattr(connection, "vmetal_changed_pools"):
-        connection.vmetal_changed_pools = set()
-    connection.vmetal_changed_pools.update(pool_ids)
-    transaction.on_commit(lambda: _send_changed_pools(connection))
-
-
-def _send_changed_pools(connection) -> None:
-    from . import tasks
-
-    if not connection.vmetal_changed_pools:
-        return  # an earlier callback of the same commit sent them
-    pool_ids = sorted(connection.vmetal_changed_pools)
-    connection.vmetal_changed_pools.clear()
-    live.enqueue(tasks.reconcile_pools, pool_ids=pool_ids)
+        task_send_on_commit(RECONCILE_TASK, pool_ids=None)

@@ -38,11 +38,3 @@ def publish(groups: list[str], message: dict) -> None:
         asyncio.run_coroutine_threadsafe(send(), _publisher_loop()).result(timeout=5)
     except Exception:  # a live view missing a message re-syncs from the Event log
         log.warning("live update to %s not delivered", ", ".join(groups), exc_info=True)
-
-
-def enqueue(task, **kwargs) -> None:
-    """Send a Celery task; a broker outage is logged, not fatal: the beat reconcile catches up."""
-    try:
-        task.apply_async(kwargs=kwargs, retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2})
-    except Exception:
-        log.warning("could not enqueue %s; the periodic reconcile will catch up", task.name, exc_info=True)

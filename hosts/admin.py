@@ -10,7 +10,12 @@ from pools.matching import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
-from .services import host_retest, host_retry, host_return_to_service, host_set_maintenance
+from .services import (
+    host_retest,
+    host_retry,
+    host_return_to_service,
+    host_set_maintenance,
+)
 
 SECRETS = ("bmc_username", "bmc_password")
 

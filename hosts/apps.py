@@ -5,4 +5,9 @@ class HostsConfig(AppConfig):
     name = "hosts"
 
     def ready(self):
+        from pools.capacity import capacity_source
+
         from . import consumers  # noqa: F401 (registers who may join a host's live group)
+        from .capacity import node_type_capacity
+
+        capacity_source(node_type_capacity)

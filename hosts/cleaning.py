@@ -26,8 +26,8 @@ MEDIA = {"nvme": "NVMe SSD", "ssd": "SATA/SAS SSD", "hdd": "hard disk"}
 
 def node_type_for(host: BareMetalHost, claim=None):
     """The claim's NodeType, else the one the host's labels select (the strictest cleaning when several do)."""
-    from pools.models import NodeType
     from pools.matching import label_selector_matches
+    from pools.models import NodeType
 
     if claim is not None and claim.node_type_id:
         return claim.node_type

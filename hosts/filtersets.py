@@ -7,8 +7,8 @@ from django import forms
 from django.db.models import Q
 
 from events.filtersets import IdFilter, TimestampFilter
-from pools.models import NodeType
 from pools.matching import label_selector_q
+from pools.models import NodeType
 
 from .choices import HostState, PowerState, Verdict
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun

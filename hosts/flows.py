@@ -24,9 +24,9 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from core import live
 from events.choices import EventKind
 from events.models import Event
-from core import live
 
 from . import boot as boot_path
 from .bmc import BMC, BMCError
@@ -289,6 +289,7 @@ def drive_stale(*, older_than_s: float = 20) -> list[int]:
 
 def _finish(run: Run, flow_name: str) -> None:
     from claims import flows as claim_flows
+
     from .services import host_transition
 
     target = {"register": HostState.INSPECTING, "inspect": HostState.AVAILABLE, "provision": HostState.PROVISIONED,
@@ -331,6 +332,7 @@ RELEASE_STEPS = frozenset({"drain_node", "delete_node"})
 
 def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
     from claims.services import claim_host_lost
+
     from .services import host_transition
 
     if flow_name == "deprovision" and step in RELEASE_STEPS:

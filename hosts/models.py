@@ -5,10 +5,9 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from pools.validators import validate_object_name, validate_string_map
 from core.crypto import EncryptedTextField
-
 from pools.choices import CleaningPolicy
+from pools.validators import validate_object_name, validate_string_map
 
 from .choices import BMCScheme, CleaningMode, HostState, PowerState, Verdict
 

@@ -8,6 +8,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from core import live
+from core.tasks import task_send
 from core.transitions import swap
 from events.choices import EventKind
 from events.models import Event
@@ -92,13 +93,8 @@ def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: st
 def _after_transition(ids: list[int], from_state: str, to_state: str, tenants: list[int]) -> None:
     task_name = STATE_TASKS.get(to_state)
     if task_name:
-        from vmetal_console.celery import app
-
         for host_id in ids:
-            try:
-                app.send_task(task_name, kwargs={"host_id": host_id})
-            except Exception:
-                log.warning("could not enqueue %s for host %s", task_name, host_id, exc_info=True)
+            task_send(task_name, host_id=host_id)
     groups = ["fleet", *(f"host-{i}" for i in ids), *(f"tenant-{t}" for t in tenants)]
     live.publish(groups, {"object": "host", "ids": ids, "from_state": from_state, "to_state": to_state})
 
@@ -257,9 +253,7 @@ def host_power_cycle(*, host: BareMetalHost, actor: str, reason: str = "") -> Ev
         request_id, tenant_id = event.pk, locked["claim__tenant_id"]
 
         def send():
-            from . import tasks
-
-            live.enqueue(tasks.power_cycle_host, host_id=host.pk, request_id=request_id)
+            task_send("hosts.tasks.power_cycle_host", host_id=host.pk, request_id=request_id)
             _publish_host(host.pk, tenant_id)
 
         transaction.on_commit(send)

@@ -3,12 +3,12 @@ their live consumers render through these, so a websocket frame is the same HTML
 from django.db.models import Count
 from django.template.loader import render_to_string
 
-from events.models import Event
-from pools.models import NodeType
-from pools.matching import label_selector_matches
 from core import scoping
+from events.models import Event
 from events.selectors import events_visible
 from hosts.selectors import hosts_visible
+from pools.matching import label_selector_matches
+from pools.models import NodeType
 
 from .choices import HostState
 from .cleaning import gpu_count

@@ -10,14 +10,21 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from core.transactions import retry_on_deadlock
 from events.services import object_update
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.services import host_registered
 from pools.choices import CleaningPolicy, PoolKind, ProviderKind
-from pools.models import CHECKSUM_LENGTHS, NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.models import (
+    CHECKSUM_LENGTHS,
+    NodeEnvironment,
+    NodeProvider,
+    NodeType,
+    OSImage,
+    Tenant,
+)
 from pools.services import PoolSpec, tenant_private_nodes_apply
-from core.transactions import retry_on_deadlock
 
 from .source import Document, Invalid, ManifestError, Reader, dotted, load_documents
 

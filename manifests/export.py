@@ -8,7 +8,15 @@ from hosts.models import BareMetalHost
 from pools.choices import PoolKind
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 
-from .apply import ANNOTATION_PREFIX, CLEANING, CLEANING_ANNOTATION, HEALTH_CHECK, LOFT, METAL3, REDACTED
+from .apply import (
+    ANNOTATION_PREFIX,
+    CLEANING,
+    CLEANING_ANNOTATION,
+    HEALTH_CHECK,
+    LOFT,
+    METAL3,
+    REDACTED,
+)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -20,9 +20,25 @@ from events.services import event_record, object_update
 
 from .capacity import node_type_capacity
 from .choices import PoolKind
-from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant, TenantMembership
-from .services import (StaleVersion, membership_add, membership_remove, pool_delete, pool_set_quantity,
-                       tenant_check_quota, tenant_delete)
+from .models import (
+    NodeEnvironment,
+    NodePool,
+    NodeProvider,
+    NodeType,
+    OSImage,
+    Tenant,
+    TenantMembership,
+)
+from .services import (
+    StaleVersion,
+    membership_add,
+    membership_remove,
+    pool_delete,
+    pool_set_quantity,
+    pools_changed,
+    tenant_check_quota,
+    tenant_delete,
+)
 
 STAMPS = ("created_at", "updated_at")
 
@@ -430,6 +446,4 @@ def _pool_update(*, pool_id: int, values: dict, actor: str, expected_version: in
 
 
 def _reconcile_on_commit(pool_id: int) -> None:
-    from claims.services import pools_changed
-
     transaction.on_commit(lambda: pools_changed(pool_ids=[pool_id]))

@@ -1,17 +1,36 @@
 """Where machines come from, what can be ordered, and what each tenant asks for."""
-from dataclasses import dataclass
 import ipaddress
+from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 from django.db import models
 
 from core.crypto import EncryptedTextField
 
-from .choices import ChecksumType, CleaningPolicy, ConsolidationPolicy, ImageFormat, JoinMode, PoolKind, ProviderKind, TaintEffect
+from .choices import (
+    ChecksumType,
+    CleaningPolicy,
+    ConsolidationPolicy,
+    ImageFormat,
+    JoinMode,
+    PoolKind,
+    ProviderKind,
+    TaintEffect,
+)
 from .matching import validate_label_selector, validate_requirements
-from .validators import (check_disruption, check_host_selector, check_node_type_selector, check_quantities,
-                         check_taints, collect, parse_ip_ranges, validate_dns_label, validate_duration,
-                         validate_object_name, validate_string_map)
+from .validators import (
+    check_disruption,
+    check_host_selector,
+    check_node_type_selector,
+    check_quantities,
+    check_taints,
+    collect,
+    parse_ip_ranges,
+    validate_dns_label,
+    validate_duration,
+    validate_object_name,
+    validate_string_map,
+)
 
 NODE_TYPE_PROPERTY = "vcluster.com/node-type"
 PROVIDER_PROPERTY = "vcluster.com/node-provider"

@@ -7,10 +7,11 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from core.errors import StaleVersion
+from core.tasks import task_send
+from core.transactions import retry_on_deadlock
 from events.models import Event
 from events.services import object_delete, object_update
-from core.errors import StaleVersion
-from core.transactions import retry_on_deadlock
 
 from .choices import PoolKind
 from .models import NodePool, NodeProvider, Tenant, TenantMembership
@@ -74,8 +75,6 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
             pool_delete(pool=pool, actor=actor)
             result.deleted.append(name)
     if changed_ids:
-        from claims.services import pools_changed
-
         pools_changed(pool_ids=changed_ids)
     return result
 
@@ -90,8 +89,6 @@ def _pool_defaults() -> dict:
 @transaction.atomic
 def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_version: int | None = None) -> NodePool:
     """Change a static pool's quantity (console, API); stale versions are refused."""
-    from claims.services import pools_changed
-
     # Lock the tenant first: two pools of one tenant changed at once must not both pass the quota check.
     # FOR NO KEY UPDATE: a reconcile that holds this pool still inserts the tenant's claims (its foreign key
     # check takes FOR KEY SHARE), so it finishes instead of waiting for us while we wait for it.
@@ -190,3 +187,25 @@ def membership_remove(*, tenant: Tenant, user, actor: str) -> bool:
         return False
     object_delete(membership, actor=actor, object_type="membership", tenant=tenant)
     return True
+
+
+# The claims app's reconciler, asked for by name: pools know nothing of claims.
+RECONCILE_TASK = "claims.tasks.reconcile_pools"
+
+
+def pools_changed(*, pool_ids: list[int]) -> None:
+    """Pools changed (apply, console, API, a failed host): reconcile them as soon as the change commits,
+    rather than at the next beat. Every change of one transaction goes out as one task."""
+    connection = transaction.get_connection()  # one per thread: changes of other threads stay apart
+    if not hasattr(connection, "vmetal_changed_pools"):
+        connection.vmetal_changed_pools = set()
+    connection.vmetal_changed_pools.update(pool_ids)
+    transaction.on_commit(lambda: _send_changed_pools(connection))
+
+
+def _send_changed_pools(connection) -> None:
+    if not connection.vmetal_changed_pools:
+        return  # an earlier callback of the same commit sent them
+    pool_ids = sorted(connection.vmetal_changed_pools)
+    connection.vmetal_changed_pools.clear()
+    task_send(RECONCILE_TASK, pool_ids=pool_ids)

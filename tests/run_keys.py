@@ -9,3 +9,4 @@ import os
 from core.keys import throwaway_keys
 
 os.environ.update(throwaway_keys())
+os.environ.setdefault("VMETAL_LAB", "1")  # the lab app (manage.py lab) is installed for tests and benchmarks

@@ -7,7 +7,7 @@ from rest_framework.routers import DefaultRouter
 from claims.api.views import NodeClaimViewSet
 from events.api.views import EventViewSet
 from hosts.api.views import EraseCertificateViewSet, HealthRunViewSet, HostViewSet
-from pools.api.apply import ApplyView
+from manifests.api import ApplyView
 from pools.api.tokens import TokenViewSet
 from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
                              OSImageViewSet, TenantViewSet)

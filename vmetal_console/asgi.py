@@ -17,7 +17,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from claims.routing import websocket_urlpatterns as claim_routes  # noqa: E402
 from hosts.routing import websocket_urlpatterns as host_routes  # noqa: E402
-from pools.routing import websocket_urlpatterns as pool_routes  # noqa: E402
+from console.routing import websocket_urlpatterns as pool_routes  # noqa: E402
 from core.limits import BodyLimit  # noqa: E402
 
 websocket_urlpatterns = [*host_routes, *claim_routes, *pool_routes]

@@ -6,7 +6,7 @@ from django.urls.converters import StringConverter
 from claims import views as claims
 from events import views as events
 from hosts import views as hosts
-from pools import views as pools
+from console import views as pools
 
 
 class NameConverter(StringConverter):

@@ -54,6 +54,10 @@ INSTALLED_APPS = [
     "hosts",
     "claims",
     "manifests",
+    "console",
+    # The lab (a simulated data centre: `manage.py lab`) is installed where it runs: the embedded console, the
+    # tests and the benchmarks. The product runs without it (VMETAL_LAB=0, the default with a real database).
+    *(["lab"] if env_bool("VMETAL_LAB", EMBEDDED) else []),
     "vmetal_console",  # the key checks and their canary (vmetal_console/checks.py)
 ]
 

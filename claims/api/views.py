@@ -8,9 +8,9 @@ from rest_framework.response import Response
 from claims.filtersets import NodeClaimFilterSet
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
+from claims.selectors import claims_visible
 from claims.services import claims_release
 from core.api import Conflict, ScopedViewMixin, actor
-from claims.selectors import claims_visible
 
 from .serializers import NodeClaimSerializer, ReleaseSerializer
 

@@ -6,8 +6,8 @@ from rest_framework import viewsets
 from core import scoping
 from core.api import ScopedViewMixin
 from events.filtersets import EventFilterSet
+from events.models import Event
 from events.selectors import events_visible
-from hosts.models import BareMetalHost
 
 from .serializers import EventSerializer, TenantEventSerializer
 
@@ -35,7 +35,8 @@ def _bmc_addresses(events) -> dict[int, tuple[str, ...]]:
     """{host id: (BMC address, its host:port)} for the hosts these events name: what a message may quote."""
     ids = {e.host_id for e in events if e.host_id}
     out = {}
-    for pk, address in BareMetalHost.objects.filter(pk__in=ids).values_list("pk", "bmc_address"):
+    hosts = Event._meta.get_field("host").related_model  # events know hosts only through their link
+    for pk, address in hosts.objects.filter(pk__in=ids).values_list("pk", "bmc_address"):
         netloc = urlsplit(address).netloc
         out[pk] = tuple(a for a in (address, netloc) if a)
     return out

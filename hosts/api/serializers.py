@@ -8,9 +8,9 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
 from hosts.cleaning import node_type_for
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
-from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
 
 CLAIM_FIELDS = ["claim", "tenant"]
 

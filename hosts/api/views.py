@@ -9,17 +9,32 @@ from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core import scoping
+from core.api import ScopedViewMixin, actor
 from events.services import object_update
 from hosts.certificate_views import signed_file
-from hosts.filtersets import BareMetalHostFilterSet, EraseCertificateFilterSet, HealthCheckRunFilterSet
+from hosts.filtersets import (
+    BareMetalHostFilterSet,
+    EraseCertificateFilterSet,
+    HealthCheckRunFilterSet,
+)
 from hosts.models import BareMetalHost
+from hosts.selectors import (
+    erase_certificates_visible,
+    health_runs_visible,
+    hosts_visible,
+)
 from hosts.services import host_retry, host_set_maintenance
-from core.api import ScopedViewMixin, actor
-from core import scoping
-from hosts.selectors import erase_certificates_visible, health_runs_visible, hosts_visible
 
-from .serializers import (EraseCertificateSerializer, HealthRunDetailSerializer, HealthRunSerializer, HostSerializer,
-                          MaintenanceSerializer, RetrySerializer, TenantHostSerializer)
+from .serializers import (
+    EraseCertificateSerializer,
+    HealthRunDetailSerializer,
+    HealthRunSerializer,
+    HostSerializer,
+    MaintenanceSerializer,
+    RetrySerializer,
+    TenantHostSerializer,
+)
 
 CONFLICT = OpenApiResponse(description="not allowed in the host's current state (the message says why)")
 

@@ -4,11 +4,17 @@ from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 from core import scoping
-from pools.selectors import tenants_visible
-
 from core.api import StrictModelSerializer
+from pools.models import (
+    NodeEnvironment,
+    NodePool,
+    NodeProvider,
+    NodeType,
+    OSImage,
+    Tenant,
+)
+from pools.selectors import tenants_visible
 
 # JSON fields' shapes and values are checked by each model's clean(), which StrictModelSerializer runs: the
 # same checks as the admin, the console's forms and `apply`.

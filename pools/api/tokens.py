@@ -10,8 +10,8 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from core import scoping
-
 from core.api import actor
+
 from .models import PREFIX_LENGTH, ApiToken
 from .services import token_create, token_revoke
 

@@ -6,24 +6,55 @@ import re
 from django.db import transaction
 from django.db.models import F
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import exceptions, viewsets
 from rest_framework.response import Response
 
+from core import scoping
+from core.api import ScopedViewMixin, actor
+from core.transactions import retry_on_deadlock
 from events.services import object_delete, object_update
 from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
-from pools.filtersets import (NodeEnvironmentFilterSet, NodePoolFilterSet, NodeProviderFilterSet, NodeTypeFilterSet,
-                              OSImageFilterSet, TenantFilterSet)
-from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
-from pools.services import StaleVersion, pool_delete, pool_set_quantity, tenant_check_quota, tenant_delete
-from core import scoping
+from pools.filtersets import (
+    NodeEnvironmentFilterSet,
+    NodePoolFilterSet,
+    NodeProviderFilterSet,
+    NodeTypeFilterSet,
+    OSImageFilterSet,
+    TenantFilterSet,
+)
+from pools.models import (
+    NodeEnvironment,
+    NodePool,
+    NodeProvider,
+    NodeType,
+    OSImage,
+    Tenant,
+)
 from pools.selectors import node_environments_visible, pools_visible, tenants_visible
-from core.transactions import retry_on_deadlock
+from pools.services import (
+    StaleVersion,
+    pool_delete,
+    pool_set_quantity,
+    pools_changed,
+    tenant_check_quota,
+    tenant_delete,
+)
 
-from core.api import ScopedViewMixin, actor
-from .serializers import (NodeEnvironmentSerializer, NodePoolSerializer, NodeProviderSerializer, NodeTypeSerializer,
-                          OSImageSerializer, TenantSerializer)
+from .serializers import (
+    NodeEnvironmentSerializer,
+    NodePoolSerializer,
+    NodeProviderSerializer,
+    NodeTypeSerializer,
+    OSImageSerializer,
+    TenantSerializer,
+)
 
 
 class ConfigViewSet(ScopedViewMixin, viewsets.ModelViewSet):
@@ -177,8 +208,6 @@ def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
         others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC)}
         tenant_check_quota(tenant=tenant, quantities={**others, values["name"]: values["quantity"]})
     object_update(pool, values, actor=actor, object_type="pool", tenant=tenant)
-    from claims.services import pools_changed
-
     pools_changed(pool_ids=[pool.pk])
     return pool
 
@@ -186,8 +215,6 @@ def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
 @retry_on_deadlock()
 @transaction.atomic
 def _pool_update(*, pool: NodePool, values: dict, expected: int | None, actor: str) -> NodePool:
-    from claims.services import pools_changed
-
     if set(values) == {"quantity"} and isinstance(values["quantity"], int):
         return pool_set_quantity(pool=pool, quantity=values["quantity"], actor=actor, expected_version=expected)
     tenant = Tenant.objects.select_for_update(no_key=True).get(pk=pool.tenant_id)  # the tenant, then the pool

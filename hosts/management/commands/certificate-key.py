@@ -1,8 +1,8 @@
 """python manage.py certificate-key generate|public: a new signing key for a rotation, and the public keys."""
 from django.core.management.base import BaseCommand, CommandError
 
-from hosts import certificates
 from core import keys
+from hosts import certificates
 
 
 class Command(BaseCommand):

@@ -7,8 +7,7 @@ from django.core.exceptions import ValidationError
 
 from events.services import object_update
 from manifests.source import ManifestError, load_value
-
-from .models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 
 
 class YAMLField(forms.CharField):

@@ -11,13 +11,12 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core import scoping
+from core.api import ScopedPermission, StrictSerializer, actor
+from core.limits import JSONParser
 from manifests.apply import apply_files
 from manifests.source import load_documents
-from core import scoping
 from pools.selectors import tenants_visible
-from core.limits import JSONParser
-
-from core.api import ScopedPermission, StrictSerializer, actor
 
 log = logging.getLogger(__name__)
 

@@ -20,22 +20,29 @@ from core.actors import actor
 from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
 from events.services import event_record
 from events.views import live_cursor
+from hosts.capacity import node_type_capacity
 from manifests.apply import apply_files
 from manifests.source import ManifestError
-from pools.selectors import tenants_visible
-
-from . import forms
-from .capacity import node_type_capacity
-from .choices import PoolKind
-from .filtersets import (
+from pools.choices import PoolKind
+from pools.filtersets import (
     NodeEnvironmentFilterSet,
     NodeProviderFilterSet,
     NodeTypeFilterSet,
     OSImageFilterSet,
     TenantFilterSet,
 )
-from .models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
-from .services import StaleVersion, pool_set_quantity
+from pools.models import (
+    NodeEnvironment,
+    NodePool,
+    NodeProvider,
+    NodeType,
+    OSImage,
+    Tenant,
+)
+from pools.selectors import tenants_visible
+from pools.services import StaleVersion, pool_set_quantity
+
+from . import forms
 
 # --- the tenant's page --------------------------------------------------------------------------------
 
