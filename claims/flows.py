@@ -7,6 +7,7 @@ import yaml
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from core.tasks import task_send_on_commit
 from hosts.flows import Run, StepFailed, Waiting, agent_command
 from hosts.selectors import image_write_failures
 from pools.models import NodeEnvironment
