@@ -1,11 +1,14 @@
 """Admin for node claims: the reconciler creates them and the services move their phase; here an
 admin reads them, fixes node details, and releases claims through claims.services."""
 from django.contrib import admin, messages
+from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils.html import format_html
 
+from core.transitions import ConcurrentTransition, IllegalTransition
 from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_link
-from hosts.lifecycle import ConcurrentTransition, IllegalTransition
+from pools.admin import NodePoolAdmin, TenantAdmin
+from pools.models import NodePool, Tenant
 
 from .lifecycle import LIVE
 from .models import NodeClaim
@@ -97,3 +100,26 @@ class NodeClaimAdmin(RecordedAdmin):
         if done:
             self.message_user(request, f"Release: {', '.join(done)}. Their pools get new claims at the next "
                                        "reconcile unless their quantity is lowered.", messages.SUCCESS)
+
+
+# --- the pools admin, with each tenant's and pool's live claims (pools know nothing of claims) --------------
+
+def _with_live_claims(base, position: int):
+    class WithLiveClaims(base):
+        list_display = (*base.list_display[:position], "live_claims", *base.list_display[position:])
+
+        def get_queryset(self, request):
+            return super().get_queryset(request).annotate(
+                live_claim_total=Count("claims", filter=Q(claims__phase__in=list(LIVE)), distinct=True))
+
+        @admin.display(description="live claims", ordering="live_claim_total")
+        def live_claims(self, obj):
+            return obj.live_claim_total
+
+    WithLiveClaims.__name__ = WithLiveClaims.__qualname__ = base.__name__
+    return WithLiveClaims
+
+
+for _model, _base, _position in ((Tenant, TenantAdmin, 7), (NodePool, NodePoolAdmin, 5)):
+    admin.site.unregister(_model)
+    admin.site.register(_model, _with_live_claims(_base, _position))

@@ -1,4 +1,5 @@
 """Every write to a claim: phase changes, the pool reconciler, the allocator and release."""
+import copy
 import logging
 import secrets
 import time
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Count, F, Q, When
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, When
 from django.utils import timezone
 
 from core import live
@@ -17,7 +18,7 @@ from core.transactions import retry_on_deadlock
 from core.transitions import swap
 from events.choices import EventKind
 from events.models import Event
-from events.services import seconds_since
+from events.services import object_delete, seconds_since
 from hosts.capacity import node_type_capacity
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
@@ -32,7 +33,7 @@ from pools.models import (
     NodeType,
     Tenant,
 )
-from pools.services import RECONCILE_TASK, pools_changed, tenants_finalize
+from pools.services import RECONCILE_TASK, pools_changed
 
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
@@ -399,7 +400,34 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
     return f"no free host{where} of {noun} " + "; ".join(parts)
 
 
-def host_freed() -> None:
+def allocate_soon() -> None:
     """A host joined the free pool: pending claims may take it now rather than at the next beat."""
     if NodeClaim.objects.filter(phase=P.PENDING).exists():
         task_send_on_commit(RECONCILE_TASK, pool_ids=None)
+
+
+# --- what claims do when pools and tenants go (registered with pools.services when the app starts) ----------
+
+def pool_claims_release(*, pool: NodePool, actor: str) -> None:
+    """A pool goes: its live claims are released (drain, delete the Node, erase the host)."""
+    claims_release(claims=list(pool.claims.filter(phase__in=list(LIVE))), actor=actor,
+                   reason=f"pool {pool.name} deleted")
+
+
+def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "system:reconciler") -> list[str]:
+    """Delete the tenants being deleted whose claims are all Released (the claims go with them; the Event
+    log keeps their story). Locked rows are skipped: whoever holds them finalises."""
+    deleting = Tenant.objects.filter(deleting_since__isnull=False)
+    if tenant_ids is not None:
+        deleting = deleting.filter(pk__in=tenant_ids)
+    if not deleting.exists():  # the common case: one cheap query
+        return []
+    holding = NodeClaim.objects.filter(tenant=OuterRef("pk")).exclude(phase="Released")
+    with transaction.atomic():
+        gone = []
+        for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
+            tenant.claims.all().delete()
+            link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
+            object_delete(tenant, actor=actor, object_type="tenant", tenant=link)
+            gone.append(link.name)
+        return gone

@@ -25,7 +25,7 @@ from core import limits
 from core.client_address import client_ip
 
 from . import boot as boot_path
-from . import flows
+from . import engine
 from .lifecycle import AGENT_STATES
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 
@@ -172,7 +172,7 @@ def lookup(request, body):
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
         AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token))
-        flows.request_drive(host.pk)
+        engine.request_drive(host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
 
 
@@ -207,7 +207,7 @@ def heartbeat(request, body):
     if command_id is not None and isinstance(body.get("progress"), (int, float)):
         HostCommand.objects.filter(pk=command_id, host_id=session.host_id, status=CommandStatus.SENT).update(
             progress=max(0.0, min(100.0, float(body["progress"]))), message=str(body.get("message", ""))[:500])
-        flows.publish_progress(session.host_id)
+        engine.publish_progress(session.host_id)
     if body.get("status") == "busy":
         return {"command": None}
     flow_id = (session.host.flow or {}).get("id")
@@ -239,7 +239,7 @@ def result(request, body):
             status=CommandStatus.DONE if ok else CommandStatus.FAILED, result=result, progress=100.0 if ok else None,
             error="" if ok else str(body.get("error") or "agent reported a failure")[:2000],
             finished_at=timezone.now())
-        flows.request_drive(session.host_id)
+        engine.request_drive(session.host_id)
     return {}
 
 

@@ -7,7 +7,10 @@ class HostsConfig(AppConfig):
     def ready(self):
         from pools.capacity import capacity_source
 
-        from . import consumers  # noqa: F401 (registers who may join a host's live group)
+        from . import (
+            consumers,  # noqa: F401 (registers who may join a host's live group)
+            flows,  # noqa: F401 (registers the host's own flows with the step engine)
+        )
         from .capacity import node_type_capacity
 
         capacity_source(node_type_capacity)

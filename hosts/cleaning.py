@@ -84,9 +84,10 @@ def canary_key(flow_id: str) -> str:
 
 def previous_use(host: BareMetalHost, claim=None) -> dict:
     """Whose data the erase removes: the releasing claim, else the last claim that ran on the host since its
-    last verified erase (a provisioning failure that was cleaned), else nobody."""
-    from claims.models import NodeClaim
+    last verified erase (a provisioning failure that was cleaned), else nobody. The Event log names them: a
+    host's events carry its claim's id and tenant, and a claim's own events its name."""
     from events.models import Event
+    from pools.models import Tenant
 
     if claim is not None:
         return {"tenant": claim.tenant.name, "claim": claim.name}
@@ -95,11 +96,13 @@ def previous_use(host: BareMetalHost, claim=None) -> dict:
     events = Event.objects.filter(host=host, claim__isnull=False)
     if last_clean:
         events = events.filter(created_at__gt=last_clean)
-    event = events.order_by("-id").values("claim_id").first()
+    event = events.order_by("-id").values("claim_id", "tenant_id").first()
     if event is None:
         return {"tenant": "", "claim": ""}
-    used = NodeClaim.objects.select_related("tenant").filter(pk=event["claim_id"]).first()
-    return {"tenant": used.tenant.name, "claim": used.name} if used else {"tenant": "", "claim": f"#{event['claim_id']}"}
+    name = (Event.objects.filter(claim_id=event["claim_id"], object_type="claim").order_by("id")
+            .values_list("object_name", flat=True).first())
+    tenant = Tenant.objects.filter(pk=event["tenant_id"]).values_list("name", flat=True).first() or ""
+    return {"tenant": tenant, "claim": name or f"#{event['claim_id']}"}
 
 
 # --- judging the read-back ------------------------------------------------------------------------

@@ -1,315 +1,54 @@
-"""Flows: the steps that drive a host through each in-progress state, level-triggered and resumable.
-
-Every event that may let a host move on (a state change, an agent lookup or result, a timer, the periodic
-re-drive) just asks for `drive(host_id)`. `drive` takes a lease on the host (one driver at a time), finds
-the first step of the state's flow not done yet, and runs it: a step either finishes (its end and
-duration go in the Event log), waits for something outside (an agent command, a node going Ready), or
-fails. The flow's progress lives on the host row, so a worker killed mid-step loses nothing: the next
-drive starts that step again, and every step is idempotent. Network I/O (BMC, tenant API) happens here,
-outside any database transaction."""
-import json
+"""The host's own flows and steps, on the step engine (hosts/engine.py): register (BMC check), inspect (the
+agent's inventory, then the release gate), retest; the steps that provision and deprovision reuse (power,
+the agent's ramdisk, the release gate: erase → verify → GPU reset → health suite); and where a host goes when
+a flow finishes or fails (`finish`, `fail`). The flows that serve a claim are composed by claims.steps."""
 import logging
-import threading
-import time
-import uuid
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Callable
 
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from core import live
-from events.choices import EventKind
-from events.models import Event
-
 from . import boot as boot_path
-from .bmc import BMC, BMCError
+from .bmc import BMCError
 from .choices import HostState
+from .engine import (
+    FLOWS,
+    Flow,
+    Run,
+    Step,
+    StepFailed,
+    Waiting,
+    agent_command,
+    register_flow,
+    setting,
+)
 from .lifecycle import ConcurrentTransition
-from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
+from .models import AgentSession, BareMetalHost
 from .selectors import host_recent_failures
 
 log = logging.getLogger(__name__)
 
-
-class Waiting(Exception):
-    """The step waits for something outside; drive again after `recheck_s` (or when it happens)."""
-
-    def __init__(self, why: str = "", recheck_s: float | None = None):
-        super().__init__(why)
-        self.recheck_s = recheck_s
-
-
-class StepFailed(Exception):
-    """The step cannot succeed. `clean`: the disks may hold a tenant's data or half an image, so the
-    host is cleaned (deprovisioned) rather than parked in error. `repair`: the release gate failed (erase,
-    verification, GPU reset, health suite): the host goes to the repair pool with `evidence`.
-    `claim_reason`: the claim caused it (its image, its tenant), not the host: the host is cleaned and the
-    failure not held against it (HOST_FAILURE_LIMIT), and the claim fails with this reason."""
-
-    def __init__(self, message: str, *, clean: bool = False, repair: bool = False, evidence: dict | None = None,
-                 claim_reason: str = ""):
-        super().__init__(message)
-        self.message, self.clean, self.repair, self.evidence = message, clean, repair, evidence or {}
-        self.claim_reason = claim_reason
-
-
-@dataclass
-class Step:
-    name: str
-    run: Callable[["Run"], dict | None]
-    deadline_s: Callable[[], float]
-
-
-class Run:
-    """One drive of one host: the host row, its flow record and the claim it serves."""
-
-    def __init__(self, host: BareMetalHost):
-        self.host = host
-        self.flow = host.flow
-        self.claim = getattr(host, "claim", None)
-
-    @property
-    def data(self) -> dict:
-        return self.flow.setdefault("data", {})
-
-    def step_started_at(self):
-        return parse_datetime(self.flow["step_started_at"])
-
-    def bmc(self) -> BMC:
-        from .services import host_bmc
-
-        return host_bmc(self.host, kept=True)
-
-    def save_flow(self) -> None:
-        BareMetalHost.objects.filter(pk=self.host.pk).update(flow=self.flow)
-
-
-# --- driving --------------------------------------------------------------------------------------
-
-def request_drive(host_id: int, countdown: float | None = None) -> None:
-    """Ask a worker to drive the host, once the current transaction (if any) commits. A later drive
-    (`countdown`, a step's recheck) is not sent when one is already due no later than it would be."""
-    from . import tasks
-
-    def send():
-        if countdown and not _recheck_needed(host_id, countdown):
-            return
-        try:
-            tasks.drive_host.apply_async(kwargs={"host_id": host_id}, countdown=countdown)
-        except Exception:
-            log.warning("could not enqueue a drive of host %s; the periodic re-drive will", host_id, exc_info=True)
-
-    transaction.on_commit(send)
-
-
-# Rechecks of a host already scheduled: its key holds the time the earliest one is due. Without it every
-# event that drives a waiting host (an agent's result, a state change, a lease found taken) would start
-# another chain of rechecks beside the one already polling, and a host's polls would multiply as it goes
-# (measured: 176 drives per provisioned host at N = 20, 68 at N = 1). The cache only saves work: a
-# recheck it wrongly thinks due is made up by the periodic re-drive (drive_stale).
-RECHECK_KEY = "drive-due:{}"
-RECHECK_LATE_S = 10  # a recheck this late was lost (a killed worker, a purged queue): schedule anew
-
-
-def _recheck_needed(host_id: int, countdown: float) -> bool:
-    key, due = RECHECK_KEY.format(host_id), time.time() + countdown
-    try:
-        pending = cache.get(key)
-        if pending is not None and time.time() - RECHECK_LATE_S < pending <= due:
-            return False
-        cache.set(key, due, timeout=countdown + RECHECK_LATE_S)
-    except Exception:  # no cache: every recheck goes out, as before
-        log.warning("drive recheck not deduplicated: cache unavailable", exc_info=True)
-    return True
-
-
-def _recheck_started(host_id: int) -> None:
-    """A drive starts: the recheck due by now is this one (or was overtaken by it)."""
-    key = RECHECK_KEY.format(host_id)
-    try:
-        pending = cache.get(key)
-        if pending is not None and pending <= time.time() + 0.05:
-            cache.delete(key)
-    except Exception:
-        pass
-
-
-def drive(host_id: int) -> None:
-    _recheck_started(host_id)
-    now = timezone.now()
-    until = now + timedelta(seconds=settings.DRIVE_LEASE_S)
-    taken = BareMetalHost.objects.filter(pk=host_id).filter(
-        Q(drive_lease_until__isnull=True) | Q(drive_lease_until__lt=now)).update(
-        drive_lease_until=until, driven_at=now)
-    if not taken:
-        request_drive(host_id, countdown=0.3)  # another worker drives it; look again when it is done
-        return
-    lease = LeaseKeeper(host_id, until)
-    try:
-        for _ in range(100):
-            if lease.lost or not _advance(host_id):
-                return
-    finally:
-        held = lease.stop()
-        BareMetalHost.objects.filter(pk=host_id, drive_lease_until=held).update(drive_lease_until=None,
-                                                                                driven_at=timezone.now())
-
-
-class LeaseKeeper:
-    """Keeps a drive's lease short and alive: DRIVE_LEASE_S (30 s), renewed every third of it by a thread
-    while the drive runs, so a worker killed mid-step holds its host for at most one lease, and a slow step
-    of a live worker keeps it. The lease's end as this drive last wrote it is the drive's token: a renewal,
-    and the release at the end, change the row only while it still holds that value, so a worker whose
-    lease ran out (and was taken by another) never extends or clears the other's."""
-
-    def __init__(self, host_id: int, until):
-        self.host_id, self.until, self.lost = host_id, until, False
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"drive-lease-{host_id}", daemon=True)
-        self._thread.start()
-
-    def _renew(self) -> None:
-        from django.db import connection
-
-        lease_s = settings.DRIVE_LEASE_S
-        try:
-            while not self._stopped.wait(lease_s / 3):
-                until = timezone.now() + timedelta(seconds=lease_s)
-                try:
-                    renewed = BareMetalHost.objects.filter(pk=self.host_id, drive_lease_until=self.until).update(
-                        drive_lease_until=until)
-                except Exception:  # the database away for a moment: the lease has two more thirds to go
-                    log.warning("host %s: drive lease not renewed", self.host_id, exc_info=True)
-                    continue
-                if not renewed:
-                    self.lost = True  # the drive stops after this step
-                    log.warning("host %s: drive lease lost (ran out and taken?)", self.host_id)
-                    return
-                self.until = until
-        finally:
-            connection.close()  # this thread's own connection, if it opened one
-
-    def stop(self):
-        """Stop renewing; the lease's end as this drive last wrote it."""
-        self._stopped.set()
-        self._thread.join()
-        return self.until
-
-
-def _advance(host_id: int) -> bool:
-    """Run the next step of the host's flow. True when there may be more to do at once."""
-    # Not .first(), and no ORDER BY at all (the model's default ordering): compiling the ordering was a third
-    # of this query's cost, and this query the largest single cost of a drive (py-spy).
-    host = next(iter(BareMetalHost.objects.select_related("claim__tenant", "claim__node_type").filter(pk=host_id)
-                     .order_by()), None)
-    if host is None:
-        return False
-    flow_name = FLOW_FOR_STATE.get(host.state)
-    if flow_name is None:
-        return False
-    run = Run(host)
-    if run.flow.get("state_since") != host.state_changed_at.isoformat() or run.flow.get("name") != flow_name:
-        run.flow = {"name": flow_name, "id": str(uuid.uuid4()), "state_since": host.state_changed_at.isoformat(),
-                    "done": {}, "data": {}}
-        run.save_flow()
-    step = next((s for s in FLOWS[flow_name] if s.name not in run.flow["done"]), None)
-    if step is None:
-        _finish(run, flow_name)
-        return True
-    if run.flow.get("step") != step.name:
-        run.flow.update(step=step.name, step_started_at=timezone.now().isoformat())
-        run.save_flow()
-        _step_event(run, step.name, "started")
-    elapsed = (timezone.now() - run.step_started_at()).total_seconds()
-    try:
-        if elapsed > step.deadline_s():
-            last = run.flow.get("last_error")
-            raise StepFailed(f"{step.name} did not finish within {int(step.deadline_s())}s"
-                             + (f"; last error: {last}" if last else ""))
-        try:
-            data = step.run(run) or {}
-        except SoftTimeLimitExceeded:
-            raise StepFailed(f"{step.name} ran past the worker's time limit") from None
-    except Waiting as wait:
-        if wait.recheck_s is not None:
-            request_drive(host_id, countdown=wait.recheck_s)
-        return False
-    except StepFailed as failure:
-        _step_event(run, step.name, f"failed: {failure.message}", duration_s=elapsed)
-        _fail(run, flow_name, step.name, failure)
-        return True
-    elapsed = (timezone.now() - run.step_started_at()).total_seconds()
-    run.flow["done"][step.name] = {"at": timezone.now().isoformat(), "duration_s": round(elapsed, 3)}
-    run.flow.pop("step", None)
-    run.flow.pop("last_error", None)
-    run.save_flow()
-    _step_event(run, step.name, "done", duration_s=elapsed, data=data)
-    after = AFTER_STEP.get((flow_name, step.name))
-    if after:
-        after(run)
-    return True
-
-
-def _step_event(run: Run, step: str, message: str, duration_s: float | None = None, data: dict | None = None):
-    claim = run.claim
-    Event.objects.create(kind=EventKind.STEP, object_type="host", object_name=run.host.name, host=run.host,
-                         claim=claim, tenant_id=claim.tenant_id if claim else None, step=step,
-                         message=message, duration_s=duration_s, actor="system:flow",
-                         data={"flow": run.flow.get("name"), **(data or {})})
-    transaction.on_commit(lambda: live.publish([f"host-{run.host.pk}", "fleet"],
-                                               {"object": "host", "ids": [run.host.pk], "step": step,
-                                                "message": message}))
-
-
-def publish_progress(host_id: int) -> None:
-    transaction.on_commit(lambda: live.publish([f"host-{host_id}"], {"object": "host", "ids": [host_id],
-                                                                      "progress": True}))
-
-
-def drive_stale(*, older_than_s: float = 20) -> list[int]:
-    """The periodic re-drive: hosts in a flow that nobody drove lately (a lost task, a killed worker)."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    ids = list(BareMetalHost.objects.filter(state__in=list(FLOW_FOR_STATE))
-               .filter(Q(driven_at__isnull=True) | Q(driven_at__lt=cutoff))
-               .filter(Q(drive_lease_until__isnull=True) | Q(drive_lease_until__lt=timezone.now()))
-               .values_list("pk", flat=True)[:1000])
-    for host_id in ids:
-        request_drive(host_id)
-    return ids
-
-
 # --- outcomes -------------------------------------------------------------------------------------
+# A flow's end moves the host on through hosts_transition; what that means for a claim the host serves is the
+# claims app's business (its reactions to host transitions: claims.reactions).
 
-def _finish(run: Run, flow_name: str) -> None:
-    from claims import flows as claim_flows
-
+def finish(run: Run) -> None:
+    """The flow's last step is done: the host goes to the flow's done state (to repair instead when it failed
+    HOST_FAILURE_LIMIT times lately and would otherwise rejoin the pool)."""
     from .services import host_transition
 
-    target = {"register": HostState.INSPECTING, "inspect": HostState.AVAILABLE, "provision": HostState.PROVISIONED,
-              "deprovision": HostState.AVAILABLE, "retest": HostState.REPAIR}[flow_name]
-    reason, data = f"{flow_name} done", {}
-    if flow_name == "retest":  # back in the repair pool, now with a passing retest: it may return to service
+    flow = FLOWS[run.flow["name"]]
+    target, reason, data = flow.done_state, f"{flow.name} done", {}
+    if flow.name == "retest":  # back in the repair pool, now with a passing retest: it may return to service
         reason = "retest passed: erase verified, GPU reset and health suite passed"
         data = {"retest": "passed", "flow_id": run.flow["id"]}
     if target == HostState.AVAILABLE:
-        target, reason, data = _repeat_offender(run, flow_name) or (target, reason, data)
-    with transaction.atomic():
-        try:
-            host_transition(host=run.host, to_state=target, actor="system:flow", reason=reason, data=data)
-        except ConcurrentTransition:
-            return
-        claim_flows.host_flow_finished(run, flow_name)
-        if target == HostState.AVAILABLE:
-            from claims.services import host_freed
-
-            host_freed()
+        target, reason, data = _repeat_offender(run, flow.name) or (target, reason, data)
+    try:
+        host_transition(host=run.host, to_state=target, actor="system:flow", reason=reason, data=data)
+    except ConcurrentTransition:
+        return
 
 
 def _repeat_offender(run: Run, flow_name: str) -> tuple[str, str, dict] | None:
@@ -326,46 +65,36 @@ def _repeat_offender(run: Run, flow_name: str) -> tuple[str, str, dict] | None:
                                       "message": reason, "evidence": _trim(evidence)}
 
 
-# The tenant's side of a release: a failure is recorded and the flow goes on, so the host is still erased.
-RELEASE_STEPS = frozenset({"drain_node", "delete_node"})
-
-
-def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
-    from claims.services import claim_host_lost
-
+def fail(run: Run, step: Step, failure: StepFailed) -> None:
+    """A step failed: disks that may hold a tenant's data or half an image are cleaned (the flow's
+    clean_state); a failed release gate goes to repair with the evidence; anything else to error. Who failed
+    (the host or the claim it serves) is written on the transition, for HOST_FAILURE_LIMIT,
+    IMAGE_FAILURE_HOSTS (hosts.selectors) and the claim's reaction."""
     from .services import host_transition
 
-    if flow_name == "deprovision" and step in RELEASE_STEPS:
-        run.flow["done"][step] = {"at": timezone.now().isoformat(), "failed": failure.message}
-        run.flow.pop("step", None)
-        run.flow.pop("last_error", None)
-        run.save_flow()
-        return
-    reason = f"{flow_name} failed at {step}: {failure.message}"
-    # Who failed, for HOST_FAILURE_LIMIT and IMAGE_FAILURE_HOSTS (hosts.selectors), on the transition's Event.
-    blame = {"fault": "claim" if failure.claim_reason else "host", "step": step, "message": failure.message,
-             "claim": run.claim.name if run.claim else None, "evidence": _trim(failure.evidence)}
-    with transaction.atomic():
-        try:
-            if (failure.clean or failure.claim_reason) and flow_name == "provision":
-                host_transition(host=run.host, to_state=HostState.DEPROVISIONING, actor="system:flow", reason=reason,
-                                step=step, data=blame)
-            elif flow_name in GATE_FLOWS and (failure.repair or step in GATE_STEPS):
+    flow = FLOWS[run.flow["name"]]
+    reason = f"{flow.name} failed at {step.name}: {failure.message}"
+    blame = {"fault": "claim" if failure.claim_reason else "host", "claim_reason": failure.claim_reason,
+             "step": step.name, "message": failure.message, "claim": run.claim.name if run.claim else None,
+             "evidence": _trim(failure.evidence)}
+    try:
+        with transaction.atomic():
+            if (failure.clean or failure.claim_reason) and flow.clean_state:
+                host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
+                                step=step.name, data=blame)
+            elif flow.gate and (failure.repair or step.name in GATE_STEPS):
                 # The release gate failed: never back to the pool; to repair, with the evidence.
-                evidence = {"flow": flow_name, "flow_id": run.flow["id"], "step": step, "message": failure.message,
-                            **({"retest": "failed"} if flow_name == "retest" else {}),
+                evidence = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name,
+                            "message": failure.message, **({"retest": "failed"} if flow.name == "retest" else {}),
                             "evidence": _trim(failure.evidence)}
                 host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
-                                step=step, data=evidence)
+                                step=step.name, data=evidence)
             else:
                 host_transition(host=run.host, to_state=HostState.ERROR, actor="system:flow", reason=reason,
-                                error_type=f"{flow_name} error", step=step,
-                                data=blame if flow_name == "provision" else None)
-        except ConcurrentTransition:
-            return
-        if run.claim is not None:
-            claim_host_lost(claim=run.claim, reason=f"host {run.host.name}: {reason}", actor="system:flow",
-                            claim_reason=failure.claim_reason)
+                                error_type=f"{flow.name} error", step=step.name,
+                                data=blame if flow.clean_state else None)
+    except ConcurrentTransition:
+        return
 
 
 # --- steps ----------------------------------------------------------------------------------------
@@ -474,31 +203,6 @@ def step_agent_lookup(run: Run) -> dict:
     return {"boot_id": session.boot_id}
 
 
-def agent_command(run: Run, name: str, args: dict | None = None, secret_args: dict | None = None,
-                  make_args: Callable[[], tuple[dict, dict]] | None = None) -> dict:
-    """Queue `name` for the agent once per flow step; finish with its result, fail with its error."""
-    step = run.flow["step"]
-    command = HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step=step).first()
-    if command is None:
-        if make_args is not None:
-            args, secret_args = make_args()
-        HostCommand.objects.get_or_create(
-            host=run.host, flow_id=run.flow["id"], step=step,
-            defaults={"name": name, "args": args or {}, "secret_args": json.dumps(secret_args) if secret_args else ""})
-        # Look again even if nothing calls back: an agent that dies with the command is noticed by its silence.
-        raise Waiting(f"{name} queued for the agent", recheck_s=settings.AGENT_SILENCE_S / 2)
-    if command.status == CommandStatus.DONE:
-        return command.result
-    if command.status == CommandStatus.FAILED:
-        raise StepFailed(f"agent: {command.error}", clean=name in ("write_image", "write_seed"),
-                         evidence=command.result or {})
-    session = AgentSession.objects.filter(host=run.host, active=True).first()
-    silence = settings.AGENT_SILENCE_S
-    if session and (timezone.now() - session.last_seen_at).total_seconds() > silence:
-        raise StepFailed(f"the agent stopped answering (no heartbeat for more than {silence}s)")
-    raise Waiting(f"{name}: {command.status}", recheck_s=silence / 2)
-
-
 def step_inspect(run: Run) -> dict:
     if run.flow["name"] == "provision" and run.host.inventory:
         return {"skipped": "inventory known"}
@@ -514,7 +218,6 @@ def step_erase_metadata(run: Run) -> dict:
 
 # --- the release gate: erase → verify → GPU reset → health suite (hosts/cleaning.py decides) ---------
 
-GATE_FLOWS = ("deprovision", "inspect", "retest")
 GATE_STEPS = frozenset({"erase", "verify_erase", "gpu_reset", "health_dcgm", "health_nccl"})
 
 
@@ -706,78 +409,44 @@ def step_reboot_to_disk(run: Run) -> dict:
     return {}
 
 
-def _claim_steps(name: str):
-    def run_step(run: Run):
-        from claims import flows as claim_flows
-
-        return getattr(claim_flows, name)(run)
-
-    return run_step
-
-
-def _s(name: str) -> Callable[[], float]:
-    return lambda: getattr(settings, name)
-
-
 # The release gate: what a release, a first registration and a retest run between the agent's boot and the
 # host's return to the pool. A failure of any of these steps sends the host to repair with the evidence.
 CLEANING_STEPS = [
-    Step("erase", step_erase, _s("ERASE_DEADLINE_S")),
-    Step("verify_erase", step_verify_erase, _s("VERIFY_DEADLINE_S")),
-    Step("gpu_reset", step_gpu_reset, _s("AGENT_COMMAND_DEADLINE_S")),
-    Step("health_dcgm", step_health_dcgm, _s("HEALTH_DEADLINE_S")),
-    Step("health_nccl", step_health_nccl, _s("HEALTH_DEADLINE_S")),
+    Step("erase", step_erase, setting("ERASE_DEADLINE_S")),
+    Step("verify_erase", step_verify_erase, setting("VERIFY_DEADLINE_S")),
+    Step("gpu_reset", step_gpu_reset, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("health_dcgm", step_health_dcgm, setting("HEALTH_DEADLINE_S")),
+    Step("health_nccl", step_health_nccl, setting("HEALTH_DEADLINE_S")),
 ]
 
-FLOW_FOR_STATE = {HostState.REGISTERING: "register", HostState.INSPECTING: "inspect",
-                  HostState.PROVISIONING: "provision", HostState.DEPROVISIONING: "deprovision",
-                  HostState.RETESTING: "retest"}
-FLOWS: dict[str, list[Step]] = {
-    "register": [Step("bmc_check", step_bmc_check, _s("POWER_DEADLINE_S"))],
-    "inspect": [
-        Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
-        Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
-        Step("inspect", step_inspect, _s("AGENT_COMMAND_DEADLINE_S")),
-        *CLEANING_STEPS,  # the initial clean and health check, as on every release
-        Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
-    ],
-    "provision": [
-        Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
-        Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
-        Step("inspect", step_inspect, _s("AGENT_COMMAND_DEADLINE_S")),
-        Step("write_image", _claim_steps("step_write_image"), _s("IMAGE_WRITE_DEADLINE_S")),
-        Step("write_seed", _claim_steps("step_write_seed"), _s("AGENT_COMMAND_DEADLINE_S")),
-        Step("reboot_to_disk", step_reboot_to_disk, _s("AGENT_COMMAND_DEADLINE_S")),
-        Step("boot_from_disk", step_boot_from_disk, _s("POWER_STEP_DEADLINE_S")),
-        Step("node_ready", _claim_steps("step_node_ready"), _s("NODE_READY_DEADLINE_S")),
-        Step("node_labels", _claim_steps("step_node_labels"), _s("AGENT_COMMAND_DEADLINE_S")),
-    ],
-    "deprovision": [
-        Step("drain_node", _claim_steps("step_drain_node"), _s("DRAIN_DEADLINE_S")),
-        Step("delete_node", _claim_steps("step_delete_node"), _s("DRAIN_DEADLINE_S")),
-        Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
-        Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
-        Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
-        *CLEANING_STEPS,
-        Step("power_off_after_clean", step_power_off, _s("POWER_STEP_DEADLINE_S")),
-    ],
-    # A host in repair, cleaned and checked again; it stays in repair (with the verdict) until an admin
-    # returns it to service (hosts.services.host_return_to_service).
-    "retest": [
-        Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
-        Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
-        Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
-        Step("inspect", step_inspect, _s("AGENT_COMMAND_DEADLINE_S")),
-        *CLEANING_STEPS,
-        Step("power_off_after_clean", step_power_off, _s("POWER_STEP_DEADLINE_S")),
-    ],
-}
+# The flows a host runs for itself. The ones that serve a claim (provision, deprovision) are composed of these
+# steps and the claim's own by claims.steps.
+RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
+    Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S")),
+    Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
+    Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),
+]
 
 
-def _after_boot_from_disk(run: Run) -> None:
-    from claims import flows as claim_flows
+def host_flow(name: str, state: str, steps: list[Step], *, done_state: str, clean_state: str = "",
+              gate: bool = False, after_step: dict | None = None, related: tuple[str, ...] = ()) -> Flow:
+    """Register a flow that ends, and fails, as every host flow does (finish, fail above)."""
+    return register_flow(Flow(name=name, state=state, steps=steps, finish=finish, fail=fail, done_state=done_state,
+                              clean_state=clean_state, gate=gate, after_step=after_step or {}, related=related))
 
-    claim_flows.claim_joining(run)
 
-
-AFTER_STEP = {("provision", "boot_from_disk"): _after_boot_from_disk}
+host_flow("register", HostState.REGISTERING, [Step("bmc_check", step_bmc_check, setting("POWER_DEADLINE_S"))],
+          done_state=HostState.INSPECTING)
+host_flow("inspect", HostState.INSPECTING, [
+    *RAMDISK_STEPS,
+    *CLEANING_STEPS,  # the initial clean and health check, as on every release
+    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+], done_state=HostState.AVAILABLE, gate=True)
+# A host in repair, cleaned and checked again; it stays in repair (with the verdict) until an admin returns it
+# to service (hosts.services.host_return_to_service).
+host_flow("retest", HostState.RETESTING, [
+    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+    *RAMDISK_STEPS,
+    *CLEANING_STEPS,
+    Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+], done_state=HostState.REPAIR, gate=True)

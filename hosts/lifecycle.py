@@ -1,4 +1,6 @@
 """The host life cycle: one table of allowed transitions and the deadline of each in-progress state."""
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -39,3 +41,30 @@ def check_transition(from_state: str, to_state: str, name: str = "host") -> None
 
 def deadline_for(state: str) -> timedelta | None:
     return settings.HOST_STATE_DEADLINES.get(state)
+
+
+# --- who reacts to a host's move ---------------------------------------------------------------------
+# hosts_transition calls each receiver once per move, synchronously, inside the transaction that moves the
+# hosts: what a receiver writes commits or rolls back with the move. Receivers register at app start
+# (claims.reactions: the host provisioned → its claim is Available; the host lost → its claim is Pending or
+# Failed; the host freed → allocate soon). A plain list rather than a Django signal: what runs, and in which
+# order, is what was registered, with one typed argument, and an exception rolls the move back.
+
+@dataclass(frozen=True)
+class HostsMoved:
+    host_ids: list[int]
+    names: dict[int, str]  # host id → name
+    from_state: str
+    to_state: str
+    actor: str
+    reason: str
+    data: dict
+
+
+TRANSITION_RECEIVERS: list[Callable[[HostsMoved], None]] = []
+
+
+def on_host_transition(receiver: Callable[[HostsMoved], None]) -> Callable[[HostsMoved], None]:
+    if receiver not in TRANSITION_RECEIVERS:
+        TRANSITION_RECEIVERS.append(receiver)
+    return receiver

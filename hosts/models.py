@@ -52,7 +52,7 @@ class BareMetalHost(models.Model):
     error_type = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     error_count = models.PositiveIntegerField(default=0)  # consecutive failures; reset on success
-    # The flow that drives the host through its current state (hosts.flows): its name, run id, the
+    # The flow that drives the host through its current state (hosts/engine.py): its name, run id, the
     # steps done with their times, and the step under way. Resumable: a new worker carries on from here.
     flow = models.JSONField(default=dict, blank=True)
     drive_lease_until = models.DateTimeField(null=True, blank=True)  # one driver at a time

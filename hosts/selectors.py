@@ -15,7 +15,7 @@ from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 
 def _failures(since=None):
-    """Transitions out of provisioning that hosts.flows._fail attributed (data: fault, step, message, evidence)."""
+    """Transitions out of provisioning that hosts.flows.fail attributed (data: fault, step, message, evidence)."""
     cutoff = timezone.now() - timedelta(seconds=settings.HOST_FAILURE_WINDOW_S)
     if since is not None and since > cutoff:
         cutoff = since

@@ -20,7 +20,9 @@ from .choices import HostState
 from .lifecycle import (
     AGENT_STATES,
     IN_PROGRESS,
+    TRANSITION_RECEIVERS,
     ConcurrentTransition,
+    HostsMoved,
     IllegalTransition,
     check_transition,
     deadline_for,
@@ -87,6 +89,10 @@ def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: st
             host.error_count += 1
     tenants = sorted({t for t in tenant_ids.values() if t})
     transaction.on_commit(lambda: _after_transition(ids, from_state, to_state, tenants))
+    moved = HostsMoved(host_ids=ids, names={h.pk: h.name for h in hosts}, from_state=from_state, to_state=to_state,
+                       actor=actor, reason=reason, data=data or {})
+    for receiver in TRANSITION_RECEIVERS:
+        receiver(moved)
     return hosts
 
 
@@ -118,22 +124,17 @@ def host_retry(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMeta
 
 
 def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
-    """Move every host past its state's deadline to `error`, with the reason; free its claim."""
-    from claims.services import claim_host_lost
-
+    """Move every host past its state's deadline to `error`, with the reason (what that means for a claim it
+    serves is the claims app's reaction to the move)."""
     swept = []
     now = timezone.now()
     overdue = BareMetalHost.objects.filter(deadline_at__lt=now, state__in=list(_deadlined_states()))
-    for host in overdue.select_related("claim"):
+    for host in overdue:
         limit = deadline_for(host.state)
         reason = f"deadline exceeded: {host.state} for more than {_human(limit)}"
         try:
-            with transaction.atomic():
-                claim = getattr(host, "claim", None)
-                host_transition(host=host, to_state=HostState.ERROR, actor=actor, reason=reason,
-                                error_type=f"{host.state} timeout")
-                if claim is not None:
-                    claim_host_lost(claim=claim, reason=f"host {host.name}: {reason}", actor=actor)
+            host_transition(host=host, to_state=HostState.ERROR, actor=actor, reason=reason,
+                            error_type=f"{host.state} timeout")
         except ConcurrentTransition:
             continue  # it moved on by itself meanwhile
         swept.append(host.name)
@@ -153,7 +154,7 @@ def _human(delta) -> str:
 
 def host_registered(*, host: BareMetalHost) -> None:
     """A new host (apply, API, admin): start driving it once it is committed (registering: check the BMC)."""
-    from .flows import request_drive
+    from .engine import request_drive
 
     request_drive(host.pk)
 
@@ -179,8 +180,6 @@ def host_retest(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMet
 def host_return_to_service(*, host: BareMetalHost, actor: str, override_reason: str = "") -> BareMetalHost:
     """Back to the pool of available hosts: only after a passing retest, or by an admin override that says why.
     The override and its reason are in the Event log."""
-    from claims.services import host_freed
-
     if host.state != HostState.REPAIR:
         raise IllegalTransition(f"{host.name} is {host.state}; only a host in repair can return to service")
     verdict = host_last_repair_verdict(host=host)
@@ -197,9 +196,7 @@ def host_return_to_service(*, host: BareMetalHost, actor: str, override_reason: 
         why = verdict.get("message") or "it was set aside"
         raise IllegalTransition(f"{host.name} has no passing retest since it went to repair ({why}): retest it, "
                                 "or override with a reason")
-    with transaction.atomic():
-        host_transition(host=host, to_state=HostState.AVAILABLE, actor=actor, reason=reason, data=data)
-        host_freed()
+    host_transition(host=host, to_state=HostState.AVAILABLE, actor=actor, reason=reason, data=data)
     return host
 
 

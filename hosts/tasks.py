@@ -1,7 +1,7 @@
 """Celery tasks for hosts: thin, idempotent."""
 from celery import shared_task
 
-from . import flows, services
+from . import engine, services
 
 
 @shared_task(name="hosts.tasks.sweep_overdue_hosts")
@@ -11,12 +11,12 @@ def sweep_overdue_hosts() -> list[str]:
 
 @shared_task(name="hosts.tasks.drive_host", acks_late=True, soft_time_limit=240, time_limit=300)
 def drive_host(host_id: int) -> None:
-    flows.drive(host_id)
+    engine.drive(host_id)
 
 
 @shared_task(name="hosts.tasks.drive_stale_hosts")
 def drive_stale_hosts() -> int:
-    return len(flows.drive_stale())
+    return len(engine.drive_stale())
 
 
 # At most once (no acks_late): a reset sent twice is worse than one an admin has to ask for again. The

@@ -238,7 +238,7 @@ def _pks(value) -> list[int]:
 
 def _attach_evidence(rows: list) -> None:
     """Each row's failing step and links to what failed, from the data of its move into repair
-    (hosts.flows._fail: {"step", "message", "evidence": {"certificates": [pk...], "health_run": pk}}): the failed
+    (hosts.flows.fail: {"step", "message", "evidence": {"certificates": [pk...], "health_run": pk}}): the failed
     certificates (printable page and signed JSON) and the health run (its row on the host page). Two queries
     for the whole page."""
     wanted = {}

@@ -14,7 +14,6 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html_join
 
-from claims.lifecycle import LIVE
 from events.admin import RecordedAdmin, admin_actor, event_log_link
 from events.services import event_record, object_update
 
@@ -209,8 +208,9 @@ class TenantAdmin(MembershipsRecorded, RecordedAdmin):
     event_object_type = "tenant"
     event_self_link = "tenant"
     exclude = ("kubeconfig",)
+    # claims.admin adds the tenant's live claims to this list
     list_display = ("name", "namespace", "display_name", "api_endpoint", "join_mode", "quota_nodes", "pool_count",
-                    "live_claims", "private_nodes_enabled", "has_kubeconfig")
+                    "private_nodes_enabled", "has_kubeconfig")
     list_filter = ("join_mode", "private_nodes_enabled", "namespace")
     search_fields = ("name", "display_name", "namespace", "api_endpoint")
     readonly_fields = ("kubeconfig_status", "pools_text", "event_log", *STAMPS)
@@ -222,10 +222,8 @@ class TenantAdmin(MembershipsRecorded, RecordedAdmin):
     )
 
     def get_queryset(self, request):
-        live = Q(claims__phase__in=list(LIVE))
         return (super().get_queryset(request).defer("kubeconfig")
                 .annotate(pool_total=Count("pools", distinct=True),
-                          live_claim_total=Count("claims", filter=live, distinct=True),
                           kubeconfig_empty=ExpressionWrapper(Q(kubeconfig=""), output_field=BooleanField())))
 
     def get_deleted_objects(self, objs, request):
@@ -248,10 +246,6 @@ class TenantAdmin(MembershipsRecorded, RecordedAdmin):
     @admin.display(description="pools", ordering="pool_total")
     def pool_count(self, tenant):
         return tenant.pool_total
-
-    @admin.display(description="live claims", ordering="live_claim_total")
-    def live_claims(self, tenant):
-        return tenant.live_claim_total
 
     @admin.display(description="kubeconfig", boolean=True)
     def has_kubeconfig(self, tenant):
@@ -347,7 +341,7 @@ class NodePoolForm(forms.ModelForm):
 @admin.register(NodePool)
 class NodePoolAdmin(admin.ModelAdmin):
     form = NodePoolForm
-    list_display = ("name", "tenant", "provider", "kind", "quantity", "live_claims", "version", "updated_at")
+    list_display = ("name", "tenant", "provider", "kind", "quantity", "version", "updated_at")  # + claims.admin
     list_filter = ("kind", "provider", "tenant")
     search_fields = ("name", "tenant__name", "profile")
     list_select_related = ("tenant", "provider")
@@ -356,14 +350,6 @@ class NodePoolAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # A pool's identity and kind are what its tenant's vcluster.yaml declares.
         return (("tenant", "name", "kind") if obj else ()) + self.readonly_fields
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).annotate(
-            live_claim_total=Count("claims", filter=Q(claims__phase__in=list(LIVE))))
-
-    @admin.display(description="live claims", ordering="live_claim_total")
-    def live_claims(self, pool):
-        return pool.live_claim_total
 
     @admin.display(description="events")
     def event_log(self, pool):

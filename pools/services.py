@@ -1,10 +1,10 @@
 """Every write to tenants, their members and their pools. Pool changes trigger a reconcile on commit."""
-import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.utils import timezone
 
 from core.errors import StaleVersion
@@ -109,14 +109,29 @@ def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_ver
 
 
 
+# What the apps built on pools do when a pool or a tenant goes. They register at start (claims: release a
+# pool's claims before it goes; finish a tenant's deletion once every claim of it is released); pools know
+# nothing of them. Both are called inside the deleting transaction.
+POOL_DELETE_RECEIVERS: list[Callable[..., None]] = []  # fn(pool=, actor=), before the pool's row goes
+TENANT_FINALIZERS: list[Callable[..., list[str]]] = []  # fn(tenant_ids=, actor=) → names of the tenants gone
+
+
+def on_pool_delete(receiver: Callable[..., None]) -> None:
+    if receiver not in POOL_DELETE_RECEIVERS:
+        POOL_DELETE_RECEIVERS.append(receiver)
+
+
+def on_tenant_finalize(finalizer: Callable[..., list[str]]) -> None:
+    if finalizer not in TENANT_FINALIZERS:
+        TENANT_FINALIZERS.append(finalizer)
+
+
 @retry_on_deadlock()
 @transaction.atomic
 def pool_delete(*, pool: NodePool, actor: str) -> None:
-    from claims.lifecycle import LIVE
-    from claims.services import claims_release
-
     NodePool.objects.select_for_update().filter(pk=pool.pk).first()  # the pool before its claims' hosts
-    claims_release(claims=list(pool.claims.filter(phase__in=list(LIVE))), actor=actor, reason=f"pool {pool.name} deleted")
+    for receiver in POOL_DELETE_RECEIVERS:
+        receiver(pool=pool, actor=actor)
     object_delete(pool, actor=actor, object_type="pool", tenant=pool.tenant)
 
 
@@ -144,29 +159,8 @@ def tenant_delete(*, tenant: Tenant, actor: str) -> bool:
         Event.objects.create(kind="change", object_type="tenant", object_name=locked.name, tenant=locked, actor=actor,
                              message=f"deletion requested; {releasing} claim(s) to release first" if releasing
                              else "deletion requested")
-    gone = tenants_finalize(tenant_ids=[locked.pk], actor=actor)
+    gone = [name for finalize in TENANT_FINALIZERS for name in finalize(tenant_ids=[locked.pk], actor=actor)]
     return bool(gone)
-
-
-def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "system:reconciler") -> list[str]:
-    """Delete the tenants being deleted whose claims are all Released (the claims go with them; the Event
-    log keeps their story). Locked rows are skipped: whoever holds them finalises."""
-    from claims.models import NodeClaim
-
-    deleting = Tenant.objects.filter(deleting_since__isnull=False)
-    if tenant_ids is not None:
-        deleting = deleting.filter(pk__in=tenant_ids)
-    if not deleting.exists():  # the common case: one cheap query
-        return []
-    holding = NodeClaim.objects.filter(tenant=OuterRef("pk")).exclude(phase="Released")
-    with transaction.atomic():
-        gone = []
-        for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
-            tenant.claims.all().delete()
-            link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
-            object_delete(tenant, actor=actor, object_type="tenant", tenant=link)
-            gone.append(link.name)
-        return gone
 
 
 @transaction.atomic

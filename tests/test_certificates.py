@@ -14,11 +14,11 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from conftest import ROOT
+from core import keys
 from events.models import Event
 from hosts import certificates, cleaning
 from hosts.models import BareMetalHost, EraseCertificate
 from pools.models import Tenant, TenantMembership
-from core import keys
 
 pytestmark = pytest.mark.django_db
 
@@ -115,7 +115,11 @@ def test_another_console_s_key_is_not_this_one_s(host, settings):
 def test_a_third_party_verifies_a_certificate_with_the_published_public_key_alone(host, client):
     """What an auditor does, with `cryptography` and none of the console's code or secrets."""
     from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+        load_pem_public_key,
+    )
 
     text = certificates.render_certificate(issue(host))
     published = client.get("/certificates/signing-keys.pem")  # no login
@@ -175,13 +179,13 @@ def test_after_a_key_rotation_old_certificates_verify_through_the_retired_public
 
 def test_without_a_signing_key_the_release_gate_fails_with_the_reason_and_signs_nothing(host, settings,
                                                                                          monkeypatch):
-    from hosts import flows
+    from hosts import engine, flows
     from hosts.choices import HostState
     from hosts.services import host_transition
 
     host_transition(host=host, to_state=HostState.INSPECTING, actor="test", reason="test")
     host.refresh_from_db()
-    steps = [s.name for s in flows.FLOWS["inspect"]]
+    steps = [s.name for s in engine.FLOWS["inspect"].steps]
     host.flow = {"name": "inspect", "id": "f-unsigned", "state_since": host.state_changed_at.isoformat(),
                  "done": {name: {} for name in steps[:steps.index("verify_erase")]},
                  "data": {"gate": {**cleaning.gate_for(host), "previous": {"tenant": "", "claim": ""}},
@@ -189,7 +193,7 @@ def test_without_a_signing_key_the_release_gate_fails_with_the_reason_and_signs_
     host.save(update_fields=["flow"])
     monkeypatch.setattr(flows, "agent_command", lambda run, name, *args, **kwargs: verified())
     settings.CERTIFICATE_SIGNING_KEY = ""
-    flows.drive(host.pk)
+    engine.drive(host.pk)
     host.refresh_from_db()
     assert host.state == HostState.REPAIR
     assert Event.objects.filter(host=host, to_state=HostState.REPAIR).get().message == (

@@ -37,9 +37,9 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
     """Drive tenant one's new gpu claim the way the reconciler and the provisioning flow do, through their
     own functions, yielding after each change so that the test can watch the page. The provisioning lab
     (a real worker, Redfish BMCs, agents) can stand in for this function, yielding at the same points."""
-    from claims import flows as claim_flows
+    from claims import steps as claim_steps
     from claims.services import claims_allocate, pools_reconcile
-    from hosts import flows
+    from hosts import engine as flows
     from hosts.services import host_transition
 
     pools_reconcile(pool_ids=[pool_id])  # the reconcile the quantity change asked for: a claim, no free host
@@ -65,13 +65,10 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
         time.sleep(max(0.0, seconds * TIME_SCALE - (time.monotonic() - started)))
         flows._step_event(run, step, "done", duration_s=time.monotonic() - started)
         if step == "boot_from_disk":
-            claim_flows.claim_joining(run)
+            claim_steps.claim_joining(run)
             yield ClaimPhase.JOINING
-    from django.db import transaction
-
-    with transaction.atomic():
-        host_transition(host=run.host, to_state=HostState.PROVISIONED, actor="system:flow", reason="provision done")
-        claim_flows.host_flow_finished(run, "provision")
+    # the claim's reaction to its host's move (claims.reactions) makes it Available
+    host_transition(host=run.host, to_state=HostState.PROVISIONED, actor="system:flow", reason="provision done")
     yield ClaimPhase.AVAILABLE
 
 

@@ -61,7 +61,7 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         with transaction.atomic():
             object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type="host",
                           self_link="host")
-        serializer.instance = host  # registering: the register flow picks it up (hosts.flows.drive_stale)
+        serializer.instance = host  # registering: the register flow picks it up (hosts.engine.drive_stale)
 
     def perform_update(self, serializer):
         host = serializer.instance

@@ -1,5 +1,7 @@
-"""The claim's side of the host flows: image, cloud-init seed with the tenant's join command, the node in
-the tenant's API (Ready, labels, taints), and on release drain and delete. Called by hosts.flows."""
+"""The flows that serve a claim, provision and deprovision: the claim's steps (image, cloud-init seed with the
+tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
+composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
+the step engine (hosts.engine) when the claims app is ready."""
 import ipaddress
 import logging
 
@@ -7,8 +9,16 @@ import yaml
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from core.tasks import task_send_on_commit
-from hosts.flows import Run, StepFailed, Waiting, agent_command
+from hosts.choices import HostState
+from hosts.engine import Run, Step, StepFailed, Waiting, agent_command, setting
+from hosts.flows import (
+    CLEANING_STEPS,
+    RAMDISK_STEPS,
+    host_flow,
+    step_boot_from_disk,
+    step_power_off,
+    step_reboot_to_disk,
+)
 from hosts.selectors import image_write_failures
 from pools.models import NodeEnvironment
 
@@ -238,20 +248,27 @@ def claim_joining(run: Run) -> None:
                           message=f"{run.host.name} boots the installed OS and joins")
 
 
-def host_flow_finished(run: Run, flow_name: str) -> None:
-    """Called in the transaction that moves the host on at the end of its flow."""
-    claim = run.claim
-    if claim is None:
-        return
-    claim.refresh_from_db()
-    if flow_name == "provision" and claim.phase == P.JOINING:
-        claims_transition(claims=[claim], to_phase=P.AVAILABLE, actor="system:flow", reason="Joined",
-                          message=f"node {claim.node_name} is Ready in {claim.tenant.name}")
-    elif flow_name == "deprovision" and claim.phase == P.RELEASING:
-        where = "back in the pool" if run.host.state == "available" else f"now in {run.host.state}"
-        token_id = claim.bootstrap_token_id  # left when delete_node failed: a task tries again
-        claims_transition(claims=[claim], to_phase=P.RELEASED, actor="system:flow", reason="Released",
-                          message=f"{run.host.name} cleaned and {where}",
-                          fields={"host": None, "ip_address": None, "bootstrap_token_id": ""})
-        if token_id:
-            task_send_on_commit("claims.tasks.revoke_join_token", claim_id=claim.pk, token_id=token_id)
+# --- the flows that serve a claim, on the step engine (hosts.engine) ----------------------------------------
+
+PROVISION = host_flow("provision", HostState.PROVISIONING, [
+    *RAMDISK_STEPS,
+    Step("write_image", step_write_image, setting("IMAGE_WRITE_DEADLINE_S")),
+    Step("write_seed", step_write_seed, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("reboot_to_disk", step_reboot_to_disk, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("boot_from_disk", step_boot_from_disk, setting("POWER_STEP_DEADLINE_S")),
+    Step("node_ready", step_node_ready, setting("NODE_READY_DEADLINE_S")),
+    Step("node_labels", step_node_labels, setting("AGENT_COMMAND_DEADLINE_S")),
+], done_state=HostState.PROVISIONED,
+    clean_state=HostState.DEPROVISIONING,  # a failure that may leave half an image or a seed: cleaned, not parked
+    after_step={"boot_from_disk": claim_joining}, related=("claim__tenant", "claim__node_type"))
+
+# The tenant's side of a release (drain, delete) is skipped with its reason when it fails: a tenant API that is
+# away must not keep the host from being erased.
+DEPROVISION = host_flow("deprovision", HostState.DEPROVISIONING, [
+    Step("drain_node", step_drain_node, setting("DRAIN_DEADLINE_S"), policy="skip"),
+    Step("delete_node", step_delete_node, setting("DRAIN_DEADLINE_S"), policy="skip"),
+    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+    *RAMDISK_STEPS[:2],
+    *CLEANING_STEPS,
+    Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+], done_state=HostState.AVAILABLE, gate=True, related=("claim__tenant", "claim__node_type"))
