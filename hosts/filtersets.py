@@ -29,7 +29,8 @@ class LabelsField(forms.CharField):
             key, eq, val = part.partition("=")
             key = key.strip()
             if not LABEL_KEY.match(key):
-                raise forms.ValidationError(f"{key!r} is not a label key")
+                # The key as a param: django-filter formats the message with %, which the key may contain.
+                raise forms.ValidationError("%(key)s is not a label key", params={"key": repr(key)})
             labels[key] = val.strip() if eq else None
         return labels
 

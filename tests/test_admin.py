@@ -282,9 +282,10 @@ def test_host_state_and_claim_phase_are_read_only(admin_client, site):
 
 @pytest.fixture
 def reconciles(monkeypatch):
-    """The pool ids each triggered reconcile was for (instead of sending a Celery task)."""
+    """The pool ids each triggered reconcile was for (instead of sending the Celery task)."""
     calls = []
-    monkeypatch.setattr("claims.services.pools_changed", lambda *, pool_ids: calls.append(pool_ids))
+    for where in ("pools.services", "pools.admin"):  # the service's own call, and the admin's for other fields
+        monkeypatch.setattr(f"{where}.pools_changed", lambda *, pool_ids: calls.append(pool_ids))
     return calls
 
 
