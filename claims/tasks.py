@@ -1,7 +1,7 @@
 """Celery tasks for claims: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
-from . import flows, services
+from . import services, steps
 from .tenant_api import TenantAPIError
 
 
@@ -16,4 +16,4 @@ def reconcile_pools(pool_ids: list[int] | None = None) -> dict:
 @shared_task(name="claims.tasks.revoke_join_token", autoretry_for=(TenantAPIError,), retry_backoff=5,
              max_retries=6)
 def revoke_join_token(claim_id: int, token_id: str) -> None:
-    flows.claim_revoke_join_token(claim_id=claim_id, token_id=token_id)
+    steps.claim_revoke_join_token(claim_id=claim_id, token_id=token_id)
