@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
@@ -60,11 +59,18 @@ class StepFailed(Exception):
         self.claim_reason = claim_reason
 
 
+FAIL, SKIP = "fail", "skip"
+
+
 @dataclass
 class Step:
+    """`on_deadline`: what the flow does with a step that has not finished within `deadline_s` (or failed):
+    FAIL the flow (the host to its failure state), or SKIP it with the reason recorded and go on (a release's
+    drain and delete: the tenant's API must not keep a host from its erase)."""
     name: str
     run: Callable[["Run"], dict | None]
     deadline_s: Callable[[], float]
+    on_deadline: str = FAIL
 
 
 class Run:
@@ -233,15 +239,15 @@ def _advance(host_id: int) -> bool:
             last = run.flow.get("last_error")
             raise StepFailed(f"{step.name} did not finish within {int(step.deadline_s())}s"
                              + (f"; last error: {last}" if last else ""))
-        try:
-            data = step.run(run) or {}
-        except SoftTimeLimitExceeded:
-            raise StepFailed(f"{step.name} ran past the worker's time limit") from None
+        data = step.run(run) or {}
     except Waiting as wait:
         if wait.recheck_s is not None:
             request_drive(host_id, countdown=wait.recheck_s)
         return False
     except StepFailed as failure:
+        if step.on_deadline == SKIP:
+            _skip(run, step.name, failure.message, elapsed)
+            return True
         _step_event(run, step.name, f"failed: {failure.message}", duration_s=elapsed)
         _fail(run, flow_name, step.name, failure)
         return True
@@ -325,20 +331,19 @@ def _repeat_offender(run: Run, flow_name: str) -> tuple[str, str, dict] | None:
                                       "message": reason, "evidence": _trim(evidence)}
 
 
-# The tenant's side of a release: a failure is recorded and the flow goes on, so the host is still erased.
-RELEASE_STEPS = frozenset({"drain_node", "delete_node"})
+def _skip(run: Run, step: str, reason: str, elapsed: float) -> None:
+    """A SKIP step that could not finish: recorded as skipped, with the reason, and the flow goes on."""
+    run.flow["done"][step] = {"at": timezone.now().isoformat(), "skipped": reason, "duration_s": round(elapsed, 3)}
+    run.flow.pop("step", None)
+    run.flow.pop("last_error", None)
+    run.save_flow()
+    _step_event(run, step, f"skipped: {reason}", duration_s=elapsed, data={"skipped": reason})
 
 
 def _fail(run: Run, flow_name: str, step: str, failure: StepFailed) -> None:
     from claims.services import claim_host_lost
     from .services import host_transition
 
-    if flow_name == "deprovision" and step in RELEASE_STEPS:
-        run.flow["done"][step] = {"at": timezone.now().isoformat(), "failed": failure.message}
-        run.flow.pop("step", None)
-        run.flow.pop("last_error", None)
-        run.save_flow()
-        return
     reason = f"{flow_name} failed at {step}: {failure.message}"
     # Who failed, for HOST_FAILURE_LIMIT and IMAGE_FAILURE_HOSTS (hosts.selectors), on the transition's Event.
     blame = {"fault": "claim" if failure.claim_reason else "host", "step": step, "message": failure.message,
@@ -751,8 +756,8 @@ FLOWS: dict[str, list[Step]] = {
         Step("node_labels", _claim_steps("step_node_labels"), _s("AGENT_COMMAND_DEADLINE_S")),
     ],
     "deprovision": [
-        Step("drain_node", _claim_steps("step_drain_node"), _s("DRAIN_DEADLINE_S")),
-        Step("delete_node", _claim_steps("step_delete_node"), _s("DRAIN_DEADLINE_S")),
+        Step("drain_node", _claim_steps("step_drain_node"), _s("DRAIN_DEADLINE_S"), on_deadline=SKIP),
+        Step("delete_node", _claim_steps("step_delete_node"), _s("DRAIN_DEADLINE_S"), on_deadline=SKIP),
         Step("power_off", step_power_off, _s("POWER_STEP_DEADLINE_S")),
         Step("power_on_pxe", step_power_on_ramdisk, _s("POWER_STEP_DEADLINE_S")),
         Step("agent_lookup", step_agent_lookup, _s("AGENT_LOOKUP_DEADLINE_S")),
