@@ -204,9 +204,10 @@ def step_drain_node(run: Run) -> dict:
             return {"node": claim.node_name, "evicted": evicted, "grace_period_s": grace}
         scratch.update(passes=scratch.get("passes", 0) + 1, evicted=evicted, left=found["left"],
                        refused=found["refused"], at=timezone.now().isoformat())
+        left = ", ".join(found["left"][:5])
         refused = "; ".join(f"{pod}: {why}" for pod, why in list(found["refused"].items())[:3])
-        run.flow["last_error"] = (f"{len(found['left'])} pod(s) still on {claim.node_name}: "
-                                  f"{', '.join(found['left'][:5])}" + (f"; eviction refused: {refused}" if refused else ""))
+        run.flow["last_error"] = (f"{len(found['left'])} pod(s) still on {claim.node_name}: {left}"
+                                  + (f"; eviction refused: {refused}" if refused else ""))
         run.save_flow()
         raise Waiting(run.flow["last_error"], recheck_s=settings.DRAIN_POLL_S)
 

@@ -59,4 +59,5 @@ def first_drain_pass(tenant, grace: str) -> dict[str, int | None]:
                                           ("", 7), ("Never", None)])
 def test_a_drain_asks_for_the_pools_termination_grace_period_as_written(tenant, settings, grace, asked):
     settings.DRAIN_GRACE_S = 7  # unset: the console's default; Never: each pod's own
-    assert first_drain_pass(tenant, grace) == {"default/notebook-gpu-node-1": asked, "default/trainer-gpu-node-1": asked}
+    assert first_drain_pass(tenant, grace) == {"default/notebook-gpu-node-1": asked,
+                                               "default/trainer-gpu-node-1": asked}

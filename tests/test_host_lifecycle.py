@@ -12,7 +12,8 @@ from claims.models import NodeClaim
 from events.models import Event
 from hosts.choices import HostState
 from hosts.flows import FLOW_FOR_STATE, FLOWS
-from hosts.lifecycle import IN_PROGRESS, STATE_FAILURE, TRANSITIONS, ConcurrentTransition, IllegalTransition, deadline_for
+from hosts.lifecycle import (IN_PROGRESS, STATE_FAILURE, TRANSITIONS, ConcurrentTransition, IllegalTransition,
+                             deadline_for)
 from hosts.models import BareMetalHost
 from hosts.services import (host_retest, host_retry, host_return_to_service, host_set_maintenance, host_transition,
                             hosts_sweep_overdue)
