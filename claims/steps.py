@@ -4,13 +4,15 @@ composed with the host's own (hosts.flows: power, the agent's ramdisk, the relea
 the step engine (hosts.engine) when the claims app is ready."""
 import ipaddress
 import logging
+import math
 
 import yaml
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from hosts.choices import HostState
-from hosts.engine import Run, Step, StepFailed, Waiting, agent_command, setting
+from hosts.engine import SKIP, Run, Step, StepFailed, Waiting, agent_command, setting
 from hosts.flows import (
     CLEANING_STEPS,
     RAMDISK_STEPS,
@@ -21,6 +23,7 @@ from hosts.flows import (
 )
 from hosts.selectors import image_write_failures
 from pools.models import NodeEnvironment
+from pools.validators import parse_duration
 
 from .choices import ClaimPhase as P
 from .models import NodeClaim
@@ -171,8 +174,8 @@ def step_node_labels(run: Run) -> dict:
 
 
 def _release_call(run: Run, what: str, fn) -> dict:
-    """Drain and delete try until DRAIN_DEADLINE_S; then the failure is recorded and the host is cleaned all
-    the same (hosts.flows.RELEASE_STEPS). A tenant without credentials (deleted) is skipped, with the reason."""
+    """Drain and delete try until DRAIN_DEADLINE_S; then they are skipped with the reason and the host is cleaned
+    all the same (their steps' deadline policy, hosts.flows). A tenant without credentials (deleted) is skipped."""
     claim = run.claim
     if claim is None or not (claim.node_name or claim.bootstrap_token_id):
         return {"skipped": "no node joined"}
@@ -184,23 +187,39 @@ def _release_call(run: Run, what: str, fn) -> dict:
         log.warning("%s of %s: %s", what, claim.node_name, exc)
         run.flow["last_error"] = str(exc)
         run.save_flow()
-        raise Waiting(str(exc), recheck_s=5) from None
+        raise Waiting(str(exc), recheck_s=settings.DRAIN_POLL_S) from None
 
 
 def step_drain_node(run: Run) -> dict:
+    """Cordon once, then one drain pass per drive until no pod is left (level-triggered, as hosts.flows._power):
+    no drive waits for pods to terminate or for a disruption budget. What each pass found is kept on the row
+    (`run.data["drain_node"]`) and, at the step's deadline, is the reason it was skipped."""
     def drain(api, claim):
         if not claim.node_name:
             return {"note": "no node: nothing to drain"}
-        grace = _seconds(claim.pool.termination_grace_period) if claim.pool else None
-        try:
-            api.cordon(claim.node_name)
-        except TenantAPIError as exc:
-            if exc.status != 404:
-                raise
-            return {"node": claim.node_name, "note": "not in the tenant API (never joined): nothing to drain"}
-        api.drain(claim.node_name, grace_period_s=grace or settings.DRAIN_GRACE_S,
-                  deadline_s=settings.DRAIN_DEADLINE_S)
-        return {"node": claim.node_name}
+        scratch = run.data.setdefault("drain_node", {})
+        if not scratch.get("cordoned"):
+            try:
+                api.cordon(claim.node_name)
+            except TenantAPIError as exc:
+                if exc.status != 404:
+                    raise
+                return {"node": claim.node_name, "note": "not in the tenant API (never joined): nothing to drain"}
+            scratch["cordoned"] = timezone.now().isoformat()
+            run.save_flow()
+        grace = _grace_period_s(claim)
+        found = api.drain(claim.node_name, grace_period_s=grace)
+        evicted = sorted(set(scratch.get("evicted", [])) | set(found["evicting"]))
+        if not found["left"]:
+            return {"node": claim.node_name, "evicted": evicted, "grace_period_s": grace}
+        scratch.update(passes=scratch.get("passes", 0) + 1, evicted=evicted, left=found["left"],
+                       refused=found["refused"], at=timezone.now().isoformat())
+        left = ", ".join(found["left"][:5])
+        refused = "; ".join(f"{pod}: {why}" for pod, why in list(found["refused"].items())[:3])
+        run.flow["last_error"] = (f"{len(found['left'])} pod(s) still on {claim.node_name}: {left}"
+                                  + (f"; eviction refused: {refused}" if refused else ""))
+        run.save_flow()
+        raise Waiting(run.flow["last_error"], recheck_s=settings.DRAIN_POLL_S)
 
     return _release_call(run, "drain", drain)
 
@@ -234,11 +253,14 @@ def claim_revoke_join_token(*, claim_id: int, token_id: str) -> None:
     TenantAPI(claim.tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S).delete_bootstrap_token(token_id)
 
 
-def _seconds(duration: str) -> int | None:
-    units = {"s": 1, "m": 60, "h": 3600}
-    if duration and duration[-1] in units and duration[:-1].isdigit():
-        return int(duration[:-1]) * units[duration[-1]]
-    return None
+def _grace_period_s(claim: NodeClaim) -> int | None:
+    """Each eviction's grace period: the pool's terminationGracePeriod in whole seconds, rounded up (`0s`: at
+    once); unset: DRAIN_GRACE_S; `Never`: None, each pod's own terminationGracePeriodSeconds."""
+    value = claim.pool.termination_grace_period if claim.pool else ""
+    if not value:
+        return settings.DRAIN_GRACE_S
+    duration = parse_duration(value)  # validated when the pool was saved
+    return None if duration is None else math.ceil(duration.total_seconds())
 
 
 def claim_joining(run: Run) -> None:
@@ -265,8 +287,8 @@ PROVISION = host_flow("provision", HostState.PROVISIONING, [
 # The tenant's side of a release (drain, delete) is skipped with its reason when it fails: a tenant API that is
 # away must not keep the host from being erased.
 DEPROVISION = host_flow("deprovision", HostState.DEPROVISIONING, [
-    Step("drain_node", step_drain_node, setting("DRAIN_DEADLINE_S"), policy="skip"),
-    Step("delete_node", step_delete_node, setting("DRAIN_DEADLINE_S"), policy="skip"),
+    Step("drain_node", step_drain_node, setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
+    Step("delete_node", step_delete_node, setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
     Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
     *RAMDISK_STEPS[:2],
     *CLEANING_STEPS,

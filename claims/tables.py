@@ -95,7 +95,7 @@ def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline
         bar.ended_at = e["created_at"]
         bar.duration_s = e["duration_s"] if e["duration_s"] is not None else \
             (bar.ended_at - bar.started_at).total_seconds()
-        bar.status = "failed" if message.startswith("failed") else "done"
+        bar.status = "failed" if message.startswith(("failed", "skipped")) else "done"
         bar.message = message
     live = claim.phase not in (ClaimPhase.RELEASED, ClaimPhase.FAILED)
     running = None

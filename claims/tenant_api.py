@@ -344,51 +344,43 @@ class TenantAPI:
             self._call(f"{'cordon' if value else 'uncordon'} node {node_name}", client.CoreV1Api(api).patch_node,
                        node_name, {"spec": {"unschedulable": value or None}}, _content_type=MERGE_PATCH)
 
-    def drain(self, node_name: str, grace_period_s: int | None = 30, deadline_s: float = 120,
-              retry_s: float = 1.0) -> list[str]:
-        """Evict every pod on the node (not DaemonSet or mirror pods), then wait until they are gone.
+    def drain(self, node_name: str, grace_period_s: int | None = 30) -> dict:
+        """One pass of a drain, which never waits: list the node's pods (not DaemonSet or mirror pods), ask for
+        the eviction of each that is not terminating yet, and say what is left. The caller passes again later
+        (claims.flows.step_drain_node: one pass per drive) until nothing is left, so no worker is held while
+        pods terminate or a PodDisruptionBudget refuses (429: noted, asked again on the next pass).
 
-        Evictions go through the Eviction API, so PodDisruptionBudgets hold: a 429 is retried every
-        `retry_s` until the deadline. `grace_period_s` None: each pod's own grace period. Returns the
-        evicted pods as "namespace/name". Cordon first, or the scheduler may place new pods here.
-        """
-        deadline = time.monotonic() + deadline_s
+        Evictions go through the Eviction API, so PodDisruptionBudgets hold. `grace_period_s` None: each pod's
+        own grace period. Cordon first, or the scheduler may place new pods here. Returns {"left": the pods
+        still on the node, "evicting": evictions accepted in this pass, "refused": {pod: why}}, pods as
+        "namespace/name"."""
+        left, evicting, refused = [], [], {}
         with self._client() as api:
             v1 = client.CoreV1Api(api)
-            pods = [api.sanitize_for_serialization(p) for p in self._pods_on(v1, node_name)]
-            evictable = [p for p in pods if not _skipped_by_drain(p)]
-            targets = {(p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"].get("uid") for p in evictable}
             options = client.V1DeleteOptions(grace_period_seconds=grace_period_s) if grace_period_s is not None else None
-            for pod in evictable:
+            for pod in map(api.sanitize_for_serialization, self._pods_on(v1, node_name)):
+                if _skipped_by_drain(pod):
+                    continue
                 namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+                key = f"{namespace}/{name}"
+                left.append(key)
                 if pod["metadata"].get("deletionTimestamp"):
                     continue  # already terminating
                 eviction = client.V1Eviction(api_version="policy/v1", kind="Eviction", delete_options=options,
                                              metadata=client.V1ObjectMeta(name=name, namespace=namespace))
-                while True:
-                    try:
-                        self._call(f"evict pod {namespace}/{name}", v1.create_namespaced_pod_eviction,
-                                   name, namespace, eviction, tolerate=(404,))
-                        break
-                    except TenantAPIError as exc:
-                        if exc.status != 429:
-                            raise
-                        if time.monotonic() + retry_s > deadline:
-                            raise TenantAPIError(f"drain {node_name}: eviction of {namespace}/{name} still refused by "
-                                                 f"a disruption budget after {deadline_s:g}s", status=429) from None
-                        time.sleep(retry_s)
-            pause = 0.1
-            while True:
-                still = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in self._pods_on(v1, node_name)
-                               if targets.get((p.metadata.namespace, p.metadata.name), "") == p.metadata.uid)
-                if not still:
-                    log.info("node %s on %s drained: %d pod(s) evicted", node_name, self.server, len(targets))
-                    return sorted(f"{ns}/{name}" for ns, name in targets)
-                if time.monotonic() >= deadline:
-                    raise TenantAPIError(f"drain {node_name}: {len(still)} pod(s) still terminating after "
-                                         f"{deadline_s:g}s: {', '.join(still[:5])}")
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = min(pause * 2, 2.0)
+                try:
+                    if self._call(f"evict pod {key}", v1.create_namespaced_pod_eviction, name, namespace, eviction,
+                                  tolerate=(404,)) is None:
+                        left.remove(key)  # gone meanwhile
+                    else:
+                        evicting.append(key)
+                except TenantAPIError as exc:
+                    if exc.status != 429:
+                        raise
+                    refused[key] = str(exc)
+        if not left:
+            log.info("node %s on %s drained", node_name, self.server)
+        return {"left": sorted(left), "evicting": sorted(evicting), "refused": refused}
 
     def _pods_on(self, v1: client.CoreV1Api, node_name: str) -> list:
         return self._call(f"list pods on node {node_name}", v1.list_pod_for_all_namespaces,

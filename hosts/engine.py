@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
 
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
@@ -58,15 +57,19 @@ class StepFailed(Exception):
         self.claim_reason = claim_reason
 
 
+FAIL, SKIP = "fail", "skip"
+
+
 @dataclass
 class Step:
+    """`on_deadline`: what the flow does with a step that has not finished within `deadline_s` (or failed):
+    FAIL the flow (the flow's `fail` sends the host to its failure state), or SKIP it with the reason recorded
+    and go on (a release's drain and delete: the tenant's API must not keep a host from its erase)."""
+
     name: str
     run: Callable[["Run"], dict | None]
     deadline_s: Callable[[], float]
-    # What a failure (its deadline included) does: "fail" the flow (its `fail` decides where the host goes),
-    # or "skip": record the failure on the flow and go on with the next step (a release's drain and delete:
-    # a tenant API that is away must not keep the host from being erased).
-    policy: str = "fail"
+    on_deadline: str = FAIL
 
 
 @dataclass
@@ -271,20 +274,17 @@ def _advance(host_id: int) -> bool:
             last = run.flow.get("last_error")
             raise StepFailed(f"{step.name} did not finish within {int(step.deadline_s())}s"
                              + (f"; last error: {last}" if last else ""))
-        try:
-            data = step.run(run) or {}
-        except SoftTimeLimitExceeded:
-            raise StepFailed(f"{step.name} ran past the worker's time limit") from None
+        data = step.run(run) or {}
     except Waiting as wait:
         if wait.recheck_s is not None:
             request_drive(host_id, countdown=wait.recheck_s)
         return False
     except StepFailed as failure:
+        if step.on_deadline == SKIP:
+            _skip(run, step.name, failure.message, elapsed)
+            return True
         _step_event(run, step.name, f"failed: {failure.message}", duration_s=elapsed)
-        if step.policy == "skip":
-            _skip(run, step, failure)
-        else:
-            flow.fail(run, step, failure)
+        flow.fail(run, step, failure)
         return True
     elapsed = (timezone.now() - run.step_started_at()).total_seconds()
     run.flow["done"][step.name] = {"at": timezone.now().isoformat(), "duration_s": round(elapsed, 3)}
@@ -298,12 +298,13 @@ def _advance(host_id: int) -> bool:
     return True
 
 
-def _skip(run: Run, step: Step, failure: "StepFailed") -> None:
-    """A step whose policy is "skip" failed: the failure is recorded on the flow, and the flow goes on."""
-    run.flow["done"][step.name] = {"at": timezone.now().isoformat(), "failed": failure.message}
+def _skip(run: Run, step: str, reason: str, elapsed: float) -> None:
+    """A SKIP step that could not finish: recorded as skipped, with the reason, and the flow goes on."""
+    run.flow["done"][step] = {"at": timezone.now().isoformat(), "skipped": reason, "duration_s": round(elapsed, 3)}
     run.flow.pop("step", None)
     run.flow.pop("last_error", None)
     run.save_flow()
+    _step_event(run, step, f"skipped: {reason}", duration_s=elapsed, data={"skipped": reason})
 
 
 def _step_event(run: Run, step: str, message: str, duration_s: float | None = None, data: dict | None = None):

@@ -1,4 +1,5 @@
-"""The host life cycle: one table of allowed transitions and the deadline of each in-progress state."""
+"""The host life cycle: one table of allowed transitions, and one of the in-progress states with the failure
+state and deadline of each."""
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,7 +29,20 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.MAINTENANCE: frozenset({S.REGISTERING, S.RETIRED}),
 }
 
-IN_PROGRESS = frozenset({S.REGISTERING, S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING})
+# Each in-progress state and where its deadline sends a host (MAAS's failure states). The deadline is no
+# setting of its own: it is the state's flow's step deadlines added up, with STEP_SLACK_S per step for a drive to
+# notice a step's deadline (deadline_for). So it never fires while a step is within its own deadline (a step's
+# own clock fails it, or skips it, with its own reason: a gate step's failure goes to repair); it catches a flow
+# that nobody drives (workers gone, a lost task) or that never ends. A stuck flow is an error; a stuck retest
+# leaves the host in repair, where it was, without a passing verdict.
+STATE_FAILURE: dict[str, str] = {
+    S.REGISTERING: S.ERROR,
+    S.INSPECTING: S.ERROR,
+    S.PROVISIONING: S.ERROR,
+    S.DEPROVISIONING: S.ERROR,
+    S.RETESTING: S.REPAIR,
+}
+IN_PROGRESS = frozenset(STATE_FAILURE)
 # States in which a host serves (or is being made ready for) a tenant's claim.
 CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 # States in which a host may run the agent (booted into the ramdisk by one of its flows).
@@ -40,7 +54,16 @@ def check_transition(from_state: str, to_state: str, name: str = "host") -> None
 
 
 def deadline_for(state: str) -> timedelta | None:
-    return settings.HOST_STATE_DEADLINES.get(state)
+    """How long a host may stay in `state`: its flow's step deadlines added up, plus STEP_SLACK_S each."""
+    from .engine import (  # the engine's registry; the engine's steps import this module
+        FLOW_FOR_STATE,
+        FLOWS,
+    )
+
+    if state not in STATE_FAILURE:
+        return None
+    steps = FLOWS[FLOW_FOR_STATE[state]].steps
+    return timedelta(seconds=sum(step.deadline_s() + settings.STEP_SLACK_S for step in steps))
 
 
 # --- who reacts to a host's move ---------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .choices import HostState
 from .lifecycle import (
     AGENT_STATES,
     IN_PROGRESS,
+    STATE_FAILURE,
     TRANSITION_RECEIVERS,
     ConcurrentTransition,
     HostsMoved,
@@ -124,27 +125,27 @@ def host_retry(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMeta
 
 
 def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
-    """Move every host past its state's deadline to `error`, with the reason (what that means for a claim it
-    serves is the claims app's reaction to the move)."""
+    """Move every host past its state's deadline to the state's failure state (lifecycle.STATE_FAILURE), with the
+    reason and the step it was stuck at (what that means for a claim it serves is the claims app's reaction)."""
     swept = []
     now = timezone.now()
-    overdue = BareMetalHost.objects.filter(deadline_at__lt=now, state__in=list(_deadlined_states()))
+    overdue = BareMetalHost.objects.filter(deadline_at__lt=now, state__in=list(STATE_FAILURE))
     for host in overdue:
         limit = deadline_for(host.state)
         reason = f"deadline exceeded: {host.state} for more than {_human(limit)}"
+        flow = host.flow or {}
+        stuck_at = flow.get("step", "") if flow.get("state_since") == host.state_changed_at.isoformat() else ""
+        if stuck_at:
+            reason += f" (at {stuck_at})"
         try:
-            host_transition(host=host, to_state=HostState.ERROR, actor=actor, reason=reason,
-                            error_type=f"{host.state} timeout")
+            host_transition(host=host, to_state=STATE_FAILURE[host.state], actor=actor, reason=reason,
+                            error_type=f"{host.state} timeout", step=stuck_at,
+                            data={"flow": flow.get("name"), "step": stuck_at, "message": reason,
+                                  **({"retest": "failed"} if host.state == HostState.RETESTING else {})})
         except ConcurrentTransition:
             continue  # it moved on by itself meanwhile
         swept.append(host.name)
     return swept
-
-
-def _deadlined_states():
-    from django.conf import settings
-
-    return settings.HOST_STATE_DEADLINES.keys()
 
 
 def _human(delta) -> str:

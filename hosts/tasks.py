@@ -9,7 +9,9 @@ def sweep_overdue_hosts() -> list[str]:
     return services.hosts_sweep_overdue()
 
 
-@shared_task(name="hosts.tasks.drive_host", acks_late=True, soft_time_limit=240, time_limit=300)
+# No time limits: the workers run `-P threads`, where Celery enforces none. A drive is bounded by its steps,
+# none of which waits (each outside call has its own timeout), and a dead worker's host by DRIVE_LEASE_S.
+@shared_task(name="hosts.tasks.drive_host", acks_late=True)
 def drive_host(host_id: int) -> None:
     engine.drive(host_id)
 
@@ -21,6 +23,6 @@ def drive_stale_hosts() -> int:
 
 # At most once (no acks_late): a reset sent twice is worse than one an admin has to ask for again. The
 # service skips a request already answered, should the task be delivered twice anyway.
-@shared_task(name="hosts.tasks.power_cycle_host", acks_late=False, soft_time_limit=240, time_limit=300)
+@shared_task(name="hosts.tasks.power_cycle_host", acks_late=False)
 def power_cycle_host(host_id: int, request_id: int) -> None:
     services.host_power_cycle_send(host_id=host_id, request_id=request_id)

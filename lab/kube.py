@@ -194,6 +194,7 @@ class TenantEmulator(kmock.KubernetesEmulator):
         self.admin_token = admin_token
         self.termination_s = termination_s  # how long a lab pod takes to exit after SIGTERM (capped by its grace)
         self.eviction_refusals = 0  # the next N evictions get 429, as a PodDisruptionBudget would answer
+        self.evictions: list[tuple[str, int | None]] = []  # each eviction asked for: ("ns/name", gracePeriodSeconds)
         self._rv_counter = itertools.count(1)
         self._last_rv = 0
         self._created_rv: dict[tuple, int] = {}
@@ -453,13 +454,14 @@ class TenantEmulator(kmock.KubernetesEmulator):
         if pod is None:
             return rendering.Response(status=404, payload=_status(
                 404, "NotFound", f'pods "{request.name}" not found', {"name": request.name, "kind": "pods"}))
+        options = (request.data or {}).get("deleteOptions") or {}
+        self.evictions.append((f"{request.namespace}/{request.name}", options.get("gracePeriodSeconds")))
         if self.eviction_refusals > 0:
             self.eviction_refusals -= 1
             return rendering.Response(status=429, payload=_status(
                 429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
                 {"causes": [{"reason": "DisruptionBudget",
                              "message": "The disruption budget lab-pdb needs 1 healthy pods and has 1 currently"}]}))
-        options = (request.data or {}).get("deleteOptions") or {}
         grace = options.get("gracePeriodSeconds")
         if grace is None:
             grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
@@ -616,6 +618,10 @@ class TenantAPIServer:
     def refuse_evictions(self, count: int) -> None:
         """The next `count` evictions are refused with 429, as a PodDisruptionBudget would."""
         self.call(lambda emu: setattr(emu, "eviction_refusals", count))
+
+    def evictions(self) -> list[tuple[str, int | None]]:
+        """Every eviction asked for so far, refused or not: ("namespace/name", its gracePeriodSeconds)."""
+        return self.call(lambda emu: list(emu.evictions))
 
     def kubeconfig(self) -> str:
         user = f"{self.name}-admin"

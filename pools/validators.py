@@ -1,7 +1,9 @@
 """Field validators shared by models, forms, the API and `apply`."""
 import ipaddress
 import re
+from datetime import timedelta
 
+import durationpy
 from django.core.exceptions import ValidationError
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -21,9 +23,22 @@ def validate_dns_label(value: str) -> None:
         raise ValidationError(f"{value!r} is not a valid name: lower-case letters, digits and '-', at most 63")
 
 
+def parse_duration(value: str) -> timedelta | None:
+    """A Go duration as Kubernetes and Karpenter write them (`1h30m`, `90.5s`, `500ms`, `0s`) → timedelta;
+    `Never` → None (no limit). ValueError for anything else. The one parser: validation and use agree."""
+    if value == "Never":
+        return None
+    if not DURATION.match(value or ""):
+        raise ValueError(f"{value!r} is not a duration such as 30s, 5m, 720h or Never")
+    return durationpy.from_str(value)
+
+
 def validate_duration(value: str) -> None:
-    if value and not DURATION.match(value):
-        raise ValidationError(f"{value!r} is not a duration such as 30s, 5m, 720h or Never")
+    if value:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
 
 
 def validate_string_map(value, what: str = "labels") -> None:

@@ -1,5 +1,6 @@
 """The host life cycle: one table, one service, deadlines, the sweeper and the retry cap."""
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
@@ -10,9 +11,12 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from events.models import Event
 from hosts.choices import HostState
-from hosts.lifecycle import TRANSITIONS, ConcurrentTransition, IllegalTransition
+from hosts.flows import FLOW_FOR_STATE, FLOWS
+from hosts.lifecycle import (IN_PROGRESS, STATE_FAILURE, TRANSITIONS, ConcurrentTransition, IllegalTransition,
+                             deadline_for)
 from hosts.models import BareMetalHost
-from hosts.services import host_retry, host_set_maintenance, host_transition, hosts_sweep_overdue
+from hosts.services import (host_retest, host_retry, host_return_to_service, host_set_maintenance, host_transition,
+                            hosts_sweep_overdue)
 
 pytestmark = pytest.mark.django_db
 
@@ -78,7 +82,8 @@ def test_the_sweeper_moves_an_overdue_host_to_error_with_its_reason(host):
     assert hosts_sweep_overdue() == ["gpu-01"]
     host.refresh_from_db()
     assert host.state == "error"
-    assert host.error_message == "deadline exceeded: provisioning for more than 1h00m"
+    hours, minutes = divmod(int(deadline_for("provisioning").total_seconds() // 60), 60)
+    assert host.error_message == f"deadline exceeded: provisioning for more than {hours}h{minutes:02d}m"
     assert host.error_count == 1
     assert Event.objects.filter(host=host, to_state="error", actor="system:sweeper").exists()
 
@@ -87,6 +92,56 @@ def test_the_sweeper_leaves_hosts_within_their_deadline_alone(host):
     host_transition(host=host, to_state="provisioning", actor="test")
     assert hosts_sweep_overdue() == []
     assert BareMetalHost.objects.get(pk=host.pk).state == "provisioning"
+
+
+# A step past its deadline is noticed by the next drive at the latest: the periodic re-drive takes hosts not
+# driven for 20 s, every 10 s.
+NOTICE_S = 30
+
+
+@pytest.mark.parametrize("overrides", [{}, {"ERASE_DEADLINE_S": 10 * 3600, "HEALTH_DEADLINE_S": 6 * 3600},
+                                       {"DRAIN_DEADLINE_S": 3600, "POWER_STEP_DEADLINE_S": 5}])
+def test_every_in_progress_state_has_a_deadline_and_a_failure_state_and_its_flow_fits_in_its_deadline(
+        settings, overrides):
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+    assert IN_PROGRESS == set(STATE_FAILURE) == set(FLOW_FOR_STATE)
+    for state in IN_PROGRESS:
+        assert STATE_FAILURE[state] in TRANSITIONS[state], state
+        steps = FLOWS[FLOW_FOR_STATE[state]]
+        # The state's clock never fires while each step is within its own deadline (and a drive to notice it).
+        assert deadline_for(state).total_seconds() >= sum(s.deadline_s() + NOTICE_S for s in steps), state
+
+
+@override_settings(ERASE_DEADLINE_S=3 * 3600)
+def test_a_slow_erase_within_its_step_deadline_is_not_swept_to_error(host):
+    host_transition(host=host, to_state="inspecting", actor="test")
+    entered = timezone.now()
+    BareMetalHost.objects.filter(pk=host.pk).update(flow={
+        "name": "inspect", "state_since": entered.isoformat(), "done": {"power_on_pxe": {}, "agent_lookup": {},
+                                                                        "inspect": {}},
+        "step": "erase", "step_started_at": (entered + timedelta(minutes=5)).isoformat()})
+    # 45 minutes into inspecting (whose deadline was 30 minutes), 40 into an erase that may take 3 hours; then
+    # just before the erase's own deadline.
+    for later in (timedelta(minutes=45), timedelta(minutes=5, hours=3) - timedelta(seconds=1)):
+        with mock.patch("django.utils.timezone.now", return_value=entered + later):
+            assert hosts_sweep_overdue() == []
+    assert BareMetalHost.objects.get(pk=host.pk).state == "inspecting"
+
+
+def test_a_retest_past_its_deadline_goes_back_to_repair_without_a_passing_verdict(host):
+    for state in ("inspecting", "repair"):
+        host_transition(host=host, to_state=state, actor="test")
+    host_retest(host=host, actor="user:alice")
+    BareMetalHost.objects.filter(pk=host.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
+
+    assert hosts_sweep_overdue() == ["gpu-01"]
+    host.refresh_from_db()
+    assert host.state == "repair" and host.error_count == 0
+    event = Event.objects.filter(host=host, to_state="repair", actor="system:sweeper").get()
+    assert event.message.startswith("deadline exceeded: retesting for more than ") and event.data["retest"] == "failed"
+    with pytest.raises(IllegalTransition, match="no passing retest"):
+        host_return_to_service(host=host, actor="user:alice")
 
 
 def test_retry_moves_an_errored_host_back_to_registering_and_refuses_others(host):

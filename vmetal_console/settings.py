@@ -5,7 +5,6 @@ With DATABASE_URL naming a production database (anything but SQLite) the console
 keys, or with DEBUG on: nothing here falls back to a value written in this file."""
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -188,13 +187,10 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
 }
 
-# Host life cycle: how long a host may stay in each in-progress state, and retry caps.
-HOST_STATE_DEADLINES = {
-    "registering": timedelta(minutes=int(os.environ.get("DEADLINE_REGISTERING_MIN", "10"))),
-    "inspecting": timedelta(minutes=int(os.environ.get("DEADLINE_INSPECTING_MIN", "30"))),
-    "provisioning": timedelta(minutes=int(os.environ.get("DEADLINE_PROVISIONING_MIN", "60"))),
-    "deprovisioning": timedelta(minutes=int(os.environ.get("DEADLINE_DEPROVISIONING_MIN", "240"))),
-}
+# Host life cycle: each in-progress state's deadline is its flow's step deadlines (below) added up, plus this
+# much per step for a drive to notice that a step's deadline passed (a recheck, the periodic re-drive, a lease):
+# hosts.lifecycle.deadline_for. Retry caps.
+STEP_SLACK_S = float(os.environ.get("STEP_SLACK_S", "60"))
 # A claim is Failed once this many distinct hosts failed it (the same host again is bounded by HOST_FAILURE_LIMIT).
 CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
 # A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
@@ -225,6 +221,7 @@ NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
 NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 1)  # how often a joining node is looked at (one GET)
 DRAIN_DEADLINE_S = env_float("DRAIN_DEADLINE_S", 300)
 DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
+DRAIN_POLL_S = env_float("DRAIN_POLL_S", 5)  # a drain looks at the node's pods (and asks refused evictions again)
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
 BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
 IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
@@ -279,4 +276,3 @@ CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # f
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)
 HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)
-HOST_STATE_DEADLINES.setdefault("retesting", timedelta(minutes=int(os.environ.get("DEADLINE_RETESTING_MIN", "480"))))
