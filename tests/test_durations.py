@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 from django.core.exceptions import ValidationError
 
-from claims.flows import step_drain_node
+from claims.steps import step_drain_node
 from claims.tenant_api import TenantAPI
-from hosts.flows import Waiting
+from hosts.engine import Waiting
 from lab.kube import TenantAPIServer, kubelet_join
 from pools.validators import parse_duration, validate_duration
 

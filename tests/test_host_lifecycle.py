@@ -11,7 +11,7 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from events.models import Event
 from hosts.choices import HostState
-from hosts.flows import FLOW_FOR_STATE, FLOWS
+from hosts.engine import FLOW_FOR_STATE, FLOWS
 from hosts.lifecycle import (IN_PROGRESS, STATE_FAILURE, TRANSITIONS, ConcurrentTransition, IllegalTransition,
                              deadline_for)
 from hosts.models import BareMetalHost
@@ -108,7 +108,7 @@ def test_every_in_progress_state_has_a_deadline_and_a_failure_state_and_its_flow
     assert IN_PROGRESS == set(STATE_FAILURE) == set(FLOW_FOR_STATE)
     for state in IN_PROGRESS:
         assert STATE_FAILURE[state] in TRANSITIONS[state], state
-        steps = FLOWS[FLOW_FOR_STATE[state]]
+        steps = FLOWS[FLOW_FOR_STATE[state]].steps
         # The state's clock never fires while each step is within its own deadline (and a drive to notice it).
         assert deadline_for(state).total_seconds() >= sum(s.deadline_s() + NOTICE_S for s in steps), state
 
