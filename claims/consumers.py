@@ -4,7 +4,7 @@ from core import scoping
 from core.live_views import RESYNC, group_rule
 from hosts.consumers import HostAwareConsumer
 
-from . import tables
+from . import presenters
 from .models import NodeClaim
 
 group_rule("claim", lambda user, pk: claims_visible(user).filter(pk=pk).exists())
@@ -36,8 +36,8 @@ class ClaimListConsumer(HostAwareConsumer):
 
     def render(self, keys: set) -> list[str]:
         ids = [k[1] for k in keys if k[0] == "claim"]
-        claims = list(tables.claims_rows_queryset(claims_visible(self.user).filter(pk__in=ids)))
-        return tables.render_claim_rows(tables.with_progress(claims), show_tenant=scoping.tenant_ids(self.user) is None
+        claims = list(presenters.claims_rows_queryset(claims_visible(self.user).filter(pk__in=ids)))
+        return presenters.render_claim_rows(presenters.with_progress(claims), show_tenant=scoping.tenant_ids(self.user) is None
                                         or len(scoping.tenant_ids(self.user)) != 1)
 
 

@@ -9,7 +9,7 @@ from events.views import live_cursor
 from pools.models import Tenant
 from pools.selectors import tenants_visible
 
-from . import tables
+from . import charts, presenters
 from .choices import ClaimPhase
 from .filtersets import NodeClaimFilterSet
 from .models import NodeClaim
@@ -21,9 +21,9 @@ def claim_list(request):
     rows update live."""
     cursor = live_cursor()
     filters = list_filter(request, NodeClaimFilterSet, claims_visible(request.user))
-    pager = Paginator(tables.claims_rows_queryset(filters.qs).order_by("-created_at", "-pk"), 50)
+    pager = Paginator(presenters.claims_rows_queryset(filters.qs).order_by("-created_at", "-pk"), 50)
     current = pager.get_page(request.GET.get("page"))
-    rows = tables.with_progress(list(current.object_list))
+    rows = presenters.with_progress(list(current.object_list))
     tenants = list(tenants_visible(request.user, Tenant.objects.all()).values_list("name", flat=True))
     return page(request, "claims/claim_list.html", {
         "cursor": cursor, "page_obj": current, "rows": rows, "filters": filters, "phases": ClaimPhase.choices,
@@ -45,8 +45,8 @@ def claim_context(user, claim: NodeClaim) -> dict:
 
     transitions = list(events_visible(user, Event.objects.filter(claim_id=claim.pk, object_type="claim"))
                        .order_by("-pk")[:50])
-    return {"claim": claim, "timeline": tables.claim_timeline(claim), "transitions": transitions,
-            "total_s": tables.claim_total(claim), "may_see_host": claim.host is not None}
+    return {"claim": claim, "timeline": presenters.claim_timeline(claim), "transitions": transitions,
+            "total_s": presenters.claim_total(claim), "may_see_host": claim.host is not None}
 
 
 @console_view()
@@ -68,8 +68,8 @@ def timing(request):
         hours = max(1, min(int(request.GET.get("hours", 24)), 24 * 14))
     except ValueError:
         hours = 24
-    timings = tables.step_timings(recent)
-    history = tables.state_history(hours=hours)
+    timings = charts.step_timings(recent)
+    history = charts.state_history(hours=hours)
     return page(request, "claims/timing.html", {
-        "timings": timings, "chart": tables.timing_chart(timings), "recent": recent, "hours": hours,
-        "history": tables.history_chart(history), "nav": "timing"})
+        "timings": timings, "chart": charts.timing_chart(timings), "recent": recent, "hours": hours,
+        "history": charts.history_chart(history), "nav": "timing"})

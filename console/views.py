@@ -11,7 +11,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from claims import tables as claim_tables
+from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
@@ -69,9 +69,9 @@ def tenant_context(user, tenant: Tenant) -> dict:
         by_phase = counts.get(pool.pk, {})
         pool.phase_counts = [(p, by_phase[p], ClaimPhaseColour.of(p)) for p in SHOWN_PHASES if by_phase.get(p)]
         pool.live = sum(n for p, n in by_phase.items() if p in LIVE)
-    claims = list(claim_tables.claims_rows_queryset(
+    claims = list(claim_presenters.claims_rows_queryset(
         NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED)).order_by("-created_at", "-pk")[:200])
-    claim_tables.with_progress(claims)
+    claim_presenters.with_progress(claims)
     nodes = [c for c in claims if c.phase == ClaimPhase.AVAILABLE]
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,

@@ -10,7 +10,7 @@ from events.consumers import EventLogConsumer
 from events.selectors import latest_event_id
 from hosts.selectors import hosts_visible
 
-from . import tables
+from . import presenters
 from .filtersets import HostFilterSet, without_state
 from .models import BareMetalHost, CommandStatus, HostCommand
 
@@ -71,7 +71,7 @@ class FleetConsumer(HostAwareConsumer):
                 if cached is None:
                     read_at, upto = time.monotonic(), latest_event_id()
                     counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
-                    html = tables.render_counts(tables.state_counts(counted.qs), query)
+                    html = presenters.render_counts(presenters.state_counts(counted.qs), query)
                     FRAGMENTS.put(("counts", query), read_at, upto, html)
                 else:
                     html = cached[1]
@@ -92,10 +92,10 @@ class FleetConsumer(HostAwareConsumer):
                 # Tagged with the newest Event id: a later re-sync finds the row current and sends nothing.
                 read_at, upto = time.monotonic(), latest_event_id()
                 fetch = {k[1] for k in missing} | {k[1] for k in FRAGMENTS.take_wanted("host")}
-                hosts = list(tables.row_queryset(BareMetalHost.objects.filter(pk__in=fetch)))
-                tables.decorate_rows(hosts, node_types())
+                hosts = list(presenters.row_queryset(BareMetalHost.objects.filter(pk__in=fetch)))
+                presenters.decorate_rows(hosts, node_types())
                 mine = {k[1] for k in missing}
-                for host, html in zip(hosts, tables.render_rows(hosts, may_see_bmc=True)):
+                for host, html in zip(hosts, presenters.render_rows(hosts, may_see_bmc=True)):
                     FRAGMENTS.put(("host", host.pk), read_at, upto, html)
                     if host.pk in mine:
                         self.sent[("host", host.pk)] = max(self.sent.get(("host", host.pk), 0), upto)
@@ -109,7 +109,7 @@ _node_types = {"at": 0.0, "types": []}
 def node_types():
     """NodeTypes (to name each row's type), re-read every few seconds: they change rarely."""
     if time.monotonic() - _node_types["at"] > 5:
-        _node_types.update(types=tables.node_types_by_selector(), at=time.monotonic())
+        _node_types.update(types=presenters.node_types_by_selector(), at=time.monotonic())
     return _node_types["types"]
 
 
@@ -154,8 +154,8 @@ class HostConsumer(HostAwareConsumer):
 
     def render(self, keys: set) -> list[str]:
         host = (hosts_visible(self.user).select_related("claim__tenant", "claim__node_type")
-                .defer(*tables.SECRETS).filter(pk=self.host_id).first())
+                .defer(*presenters.SECRETS).filter(pk=self.host_id).first())
         if host is None:
             return []
-        tables.decorate_rows([host], tables.node_types_by_selector())
-        return tables.render_host_live(self.user, host)
+        presenters.decorate_rows([host], presenters.node_types_by_selector())
+        return presenters.render_host_live(self.user, host)

@@ -24,7 +24,7 @@ from hosts.selectors import (
 )
 from pools.models import Tenant
 
-from . import services, tables
+from . import presenters, services
 from .choices import HostState
 from .filtersets import HostFilterSet, without_state
 from .lifecycle import ConcurrentTransition, IllegalTransition
@@ -48,13 +48,13 @@ def fleet(request):
     cursor = live_cursor()
     filters = list_filter(request, HostFilterSet, BareMetalHost.objects.all())
     counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all())
-    node_types = tables.node_types_by_selector()
-    pager = Paginator(tables.row_queryset(filters.qs).order_by("name"), page_size(request))
+    node_types = presenters.node_types_by_selector()
+    pager = Paginator(presenters.row_queryset(filters.qs).order_by("name"), page_size(request))
     current = pager.get_page(request.GET.get("page"))
-    rows = tables.decorate_rows(list(current.object_list), node_types)
+    rows = presenters.decorate_rows(list(current.object_list), node_types)
     query = without_state(request.GET)
     return page(request, "hosts/fleet.html", {
-        "cursor": cursor, "counts": tables.state_counts(counted.qs), "page_obj": current, "rows": rows,
+        "cursor": cursor, "counts": presenters.state_counts(counted.qs), "page_obj": current, "rows": rows,
         "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),
@@ -72,15 +72,15 @@ def fleet(request):
 @console_view()
 def host_detail(request, name: str):
     cursor = live_cursor()
-    host = tables.host_for_page(request.user, name)
+    host = presenters.host_for_page(request.user, name)
     if host is None:
         raise Http404("no such host")
-    node_types = tables.node_types_by_selector()
-    tables.decorate_rows([host], node_types)
-    context = tables.host_summary_context(request.user, host)
+    node_types = presenters.node_types_by_selector()
+    presenters.decorate_rows([host], node_types)
+    context = presenters.host_summary_context(request.user, host)
     context.update({
-        "cursor": cursor, "inventory": tables.inventory_view(host.inventory, macs=scoping.may_see_bmc(request.user)),
-        "events": tables.host_events(request.user, host),
+        "cursor": cursor, "inventory": presenters.inventory_view(host.inventory, macs=scoping.may_see_bmc(request.user)),
+        "events": presenters.host_events(request.user, host),
         # Evidence as scoping gives it to the certificate pages and the API: staff see all, a tenant member only
         # the erases of their own tenant's data and the health runs of those releases (never another tenant's).
         "erase_certificates": _certificates(request.user, host),
@@ -144,7 +144,7 @@ REASON_REQUIRED = {"retire"}
 def host_action(request, name: str, action: str):
     """GET: the confirmation; POST: do it through hosts.services, then back to the host page (or the repair
     pool, when it was asked from there). Refusals of the services show as messages; nothing changes then."""
-    host = BareMetalHost.objects.defer(*tables.SECRETS).select_related("claim__tenant").filter(name=name).first()
+    host = BareMetalHost.objects.defer(*presenters.SECRETS).select_related("claim__tenant").filter(name=name).first()
     if host is None or action not in ACTIONS:
         raise Http404("no such host or action")
     label, warning = ACTIONS[action]
@@ -152,7 +152,7 @@ def host_action(request, name: str, action: str):
     if request.method == "GET":
         return page(request, "hosts/confirm_action.html", {
             "host": host, "action": action, "label": label, "warning": warning.format(host=host.name),
-            "danger": action in tables.DANGEROUS_ACTIONS, "reason_required": action in REASON_REQUIRED,
+            "danger": action in presenters.DANGEROUS_ACTIONS, "reason_required": action in REASON_REQUIRED,
             "next": back, **_confirmation(host, action)})
     who = actor(request)
     reason = request.POST.get("reason", "").strip()[:500]
@@ -215,18 +215,18 @@ def repair(request):
     """Hosts set aside because cleaning, the erase check or the health check failed, with the evidence."""
     cursor = live_cursor()
     last_reason = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
-    hosts = (tables.row_queryset(BareMetalHost.objects.filter(state__in=[HostState.REPAIR, HostState.ERROR]))
+    hosts = (presenters.row_queryset(BareMetalHost.objects.filter(state__in=[HostState.REPAIR, HostState.ERROR]))
              .annotate(reason=Subquery(last_reason.values("message")[:1]),
                        reason_actor=Subquery(last_reason.values("actor")[:1]),
                        reason_step=Subquery(last_reason.values("step")[:1]),
                        reason_data=Subquery(last_reason.values("data")[:1], output_field=JSONField()))
              .order_by("state", "-state_changed_at"))
     pager = Paginator(hosts, page_size(request)).get_page(request.GET.get("page"))
-    rows = tables.decorate_rows(list(pager.object_list), tables.node_types_by_selector())
+    rows = presenters.decorate_rows(list(pager.object_list), presenters.node_types_by_selector())
     _attach_evidence(rows)
     if scoping.is_admin(request.user):
         for h in rows:
-            h.actions = tables.host_actions(h)
+            h.actions = presenters.host_actions(h)
     return page(request, "hosts/repair.html", {"cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair",
                                                "paging_query": paging_query(request)})
 
