@@ -23,7 +23,7 @@ from hosts.capacity import node_type_capacity
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
-from hosts.services import hosts_transition
+from hosts.services import hosts_transition_batch
 from pools.choices import PoolKind
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
@@ -206,7 +206,7 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
         tenant_of = {c.host_id: c.tenant_id for c in group}
         for state, same in hosts_by_state.items():
             if state in (HostState.PROVISIONING, HostState.PROVISIONED):
-                hosts_transition(hosts=same, to_state=HostState.DEPROVISIONING, actor=actor,
+                hosts_transition_batch(hosts=same, to_state=HostState.DEPROVISIONING, actor=actor,
                                  reason=f"released by its claim: {reason}", tenant_ids=tenant_of)
 
 
@@ -348,7 +348,7 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                     return 0
                 chosen = claims[: len(hosts)]
                 tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
-                hosts_transition(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
+                hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
                                  reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
                 for host, claim in zip(hosts, chosen):
                     claim.host, claim.host_name, claim.node_type = host, host.name, node_type

@@ -30,7 +30,7 @@ from .selectors import host_recent_failures
 log = logging.getLogger(__name__)
 
 # --- outcomes -------------------------------------------------------------------------------------
-# A flow's end moves the host on through hosts_transition; what that means for a claim the host serves is the
+# A flow's end moves the host on through host_transition; what that means for a claim the host serves is the
 # claims app's business (its reactions to host transitions: claims.reactions).
 
 def finish(run: Run) -> None:

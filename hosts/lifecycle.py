@@ -67,7 +67,7 @@ def deadline_for(state: str) -> timedelta | None:
 
 
 # --- who reacts to a host's move ---------------------------------------------------------------------
-# hosts_transition calls each receiver once per move, synchronously, inside the transaction that moves the
+# hosts_transition_batch calls each receiver once per move, synchronously, inside the transaction that moves the
 # hosts: what a receiver writes commits or rolls back with the move. Receivers register at app start
 # (claims.reactions: the host provisioned → its claim is Available; the host lost → its claim is Pending or
 # Failed; the host freed → allocate soon). A plain list rather than a Django signal: what runs, and in which

@@ -44,7 +44,7 @@ class BareMetalHost(models.Model):
     cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="")
     inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
     power_state = models.CharField(max_length=8, choices=PowerState.choices, default=PowerState.UNKNOWN)
-    # Written only by hosts.services.hosts_transition.
+    # Written only by hosts.services.hosts_transition_batch.
     state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
                              db_index=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)

@@ -1,4 +1,4 @@
-"""Every write to a host. `hosts_transition` is the only code that changes a host's state."""
+"""Every write to a host. `hosts_transition_batch` is the only code that changes a host's state."""
 import logging
 from collections.abc import Iterable
 
@@ -40,13 +40,14 @@ STATE_TASKS: dict[str, str] = {state: "hosts.tasks.drive_host" for state in
 
 def host_transition(*, host: BareMetalHost, to_state: str, actor: str, reason: str = "", error_type: str = "",
                     step: str = "", data: dict | None = None) -> BareMetalHost:
-    hosts_transition(hosts=[host], to_state=to_state, actor=actor, reason=reason, error_type=error_type,
-                     step=step, data=data)
+    """One host: hosts_transition_batch of one."""
+    hosts_transition_batch(hosts=[host], to_state=to_state, actor=actor, reason=reason, error_type=error_type,
+                           step=step, data=data)
     return host
 
 
 @transaction.atomic
-def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: str, reason: str = "",
+def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, actor: str, reason: str = "",
                      error_type: str = "", step: str = "", data: dict | None = None,
                      tenant_ids: dict[int, int] | None = None) -> list[BareMetalHost]:
     """Move hosts that share one state to `to_state`, by compare-and-swap on that state.
@@ -59,7 +60,7 @@ def hosts_transition(*, hosts: Iterable[BareMetalHost], to_state: str, actor: st
         return hosts
     from_state = hosts[0].state
     if any(h.state != from_state for h in hosts):
-        raise ValueError("hosts_transition moves hosts that share one state")
+        raise ValueError("hosts_transition_batch moves hosts that share one state")
     for host in hosts:
         check_transition(from_state, to_state, host.name)
     now = timezone.now()
