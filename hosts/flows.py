@@ -138,14 +138,15 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
                 _send_once(run, scratch, "off", bmc.power_off)
                 raise Waiting("powering off first", recheck_s=settings.POWER_POLL_S)
             scratch["was_off"] = True
+            boot_path.agent_sessions_end(host_ids=[run.host.pk])  # the boot that ran is over
             run.save_flow()
         if state == want and (want == "off" or "on" in scratch):
+            if want == "off":  # off, as the BMC says: that boot's agent session ends (not before: it still runs)
+                boot_path.agent_sessions_end(host_ids=[run.host.pk])
             BareMetalHost.objects.filter(pk=run.host.pk).update(power_state=want)
             return None
 
         def switch():
-            # Whatever boots next, the agent session of the boot that ends here ends with it.
-            boot_path.agent_sessions_end(host_ids=[run.host.pk])
             if want == "off":
                 bmc.power_off()
                 return
