@@ -15,6 +15,7 @@ from hosts.choices import HostState
 from hosts.engine import SKIP, Run, Step, StepFailed, Waiting, agent_command, setting
 from hosts.flows import (
     CLEANING_STEPS,
+    INSPECT_UNLESS_KNOWN,
     RAMDISK_STEPS,
     host_flow,
     step_boot_from_disk,
@@ -55,7 +56,8 @@ def step_write_image(run: Run) -> dict:
     try:
         result = agent_command(run, "write_image", {
             "url": image.url, "checksum": image.checksum, "checksum_type": image.checksum_type,
-            "format": image.format, "root_device_hints": run.host.root_device_hints, "image": image.name})
+            "format": image.format, "root_device_hints": run.host.root_device_hints, "image": image.name},
+            dirties_disk=True)
     except StepFailed as failure:
         # Kept on the failure's Event (hosts.selectors.image_write_failures): an image that fails on
         # IMAGE_FAILURE_HOSTS distinct hosts is the claim's fault, not theirs.
@@ -93,7 +95,7 @@ def step_write_seed(run: Run) -> dict:
         return {"disk": ""}, {"user_data": user_data, "meta_data": meta_data,
                               "network_config": network_config(run.host, address)}
 
-    agent_command(run, "write_seed", make_args=make_args)
+    agent_command(run, "write_seed", make_args=make_args, dirties_disk=True)
     return {"node": run.host.name}
 
 
@@ -273,7 +275,8 @@ def claim_joining(run: Run) -> None:
 # --- the flows that serve a claim, on the step engine (hosts.engine) ----------------------------------------
 
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
-    *RAMDISK_STEPS,
+    *RAMDISK_STEPS[:2],
+    INSPECT_UNLESS_KNOWN,
     Step("write_image", step_write_image, setting("IMAGE_WRITE_DEADLINE_S")),
     Step("write_seed", step_write_seed, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("reboot_to_disk", step_reboot_to_disk, setting("AGENT_COMMAND_DEADLINE_S")),

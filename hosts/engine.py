@@ -338,8 +338,10 @@ def drive_stale(*, older_than_s: float = 20) -> list[int]:
 # --- the agent: a command per step ----------------------------------------------------------------
 
 def agent_command(run: Run, name: str, args: dict | None = None, secret_args: dict | None = None,
-                  make_args: Callable[[], tuple[dict, dict]] | None = None) -> dict:
-    """Queue `name` for the agent once per flow step; finish with its result, fail with its error."""
+                  make_args: Callable[[], tuple[dict, dict]] | None = None, dirties_disk: bool = False) -> dict:
+    """Queue `name` for the agent once per flow step; finish with its result, fail with its error.
+    `dirties_disk`: a failed command may have left part of its work on the disk (an image, a seed): the
+    failure asks for the host to be cleaned (StepFailed.clean)."""
     step = run.flow["step"]
     command = HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step=step).first()
     if command is None:
@@ -353,7 +355,7 @@ def agent_command(run: Run, name: str, args: dict | None = None, secret_args: di
     if command.status == CommandStatus.DONE:
         return command.result
     if command.status == CommandStatus.FAILED:
-        raise StepFailed(f"agent: {command.error}", clean=name in ("write_image", "write_seed"),
+        raise StepFailed(f"agent: {command.error}", clean=dirties_disk,
                          evidence=command.result or {})
     session = AgentSession.objects.filter(host=run.host, active=True).first()
     silence = settings.AGENT_SILENCE_S

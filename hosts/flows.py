@@ -205,11 +205,16 @@ def step_agent_lookup(run: Run) -> dict:
 
 
 def step_inspect(run: Run) -> dict:
-    if run.flow["name"] == "provision" and run.host.inventory:
-        return {"skipped": "inventory known"}
     inventory = agent_command(run, "inspect")
     BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
     return {"disks": len(inventory.get("disks", [])), "gpus": len(inventory.get("gpus", []))}
+
+
+def step_inspect_unless_known(run: Run) -> dict:
+    """Inspect only a host whose inventory is not known yet (a provision needs it, not a fresh one)."""
+    if run.host.inventory:
+        return {"skipped": "inventory known"}
+    return step_inspect(run)
 
 
 def step_erase_metadata(run: Run) -> dict:
@@ -427,6 +432,7 @@ RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
     Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
     Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),
 ]
+INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT_COMMAND_DEADLINE_S"))
 
 
 def host_flow(name: str, state: str, steps: list[Step], *, done_state: str, clean_state: str = "",

@@ -27,10 +27,11 @@ def image_write_failures(*, name: str, url: str, checksum: str) -> dict[str, str
     """Hosts on which this image (this url and checksum) failed to write within the window and since it last
     wrote well anywhere (a write that works somewhere says the image is fine): {host: message}."""
     cutoff = timezone.now() - timedelta(seconds=settings.HOST_FAILURE_WINDOW_S)
-    last_good = (Event.objects.filter(kind=EventKind.STEP, step="write_image", message="done", created_at__gte=cutoff,
+    # The step that writes it (claims.steps) records the image it wrote, and its failures the image they failed on.
+    last_good = (Event.objects.filter(kind=EventKind.STEP, message="done", created_at__gte=cutoff,
                                       data__image=name, data__image_url=url, data__image_checksum=checksum)
                  .order_by("-id").values_list("created_at", flat=True).first())
-    events = _failures(since=last_good).filter(step="write_image", data__evidence__image=name,
+    events = _failures(since=last_good).filter(data__evidence__image=name,
                                                data__evidence__image_url=url,
                                                data__evidence__image_checksum=checksum).order_by("id")
     return {e.object_name: e.data.get("message", "") for e in events}
@@ -48,7 +49,7 @@ def host_recent_failures(*, host: BareMetalHost) -> list[Event]:
     for event in events:
         evidence = event.data.get("evidence") or {}
         key = tuple(evidence.get(k) for k in ("image", "image_url", "image_checksum"))
-        if event.step == "write_image" and all(key):
+        if all(key):  # a failure that names the image it wrote
             if key not in verdicts:
                 failed = image_write_failures(name=key[0], url=key[1], checksum=key[2])
                 verdicts[key] = len(failed) >= settings.IMAGE_FAILURE_HOSTS
