@@ -125,3 +125,10 @@ def test_a_nul_in_a_host_action_s_reason_is_a_400_and_changes_nothing(world):
     assert response.status_code == 400 and response.content == b"reason: contains a NUL character"
     host.refresh_from_db()
     assert host.state == HostState.AVAILABLE
+
+
+def test_a_nul_in_an_admin_list_filter_is_a_400_naming_it_not_a_server_error(admin_client, demo_site):
+    for path, name in (("/admin/hosts/baremetalhost/?state=%00", "state"), ("/admin/pools/tenant/?q=a%00b", "q")):
+        response = admin_client.get(path)
+        assert response.status_code == 400, (path, response.status_code)
+        assert response.json() == {name: ["a NUL character is not allowed"]}
