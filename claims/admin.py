@@ -6,6 +6,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from core.transitions import ConcurrentTransition, IllegalTransition
+from events.choices import ObjectType
 from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_link
 from pools.admin import NodePoolAdmin, TenantAdmin
 from pools.models import NodePool, Tenant
@@ -19,7 +20,7 @@ EDITABLE = ("node_name", "node_labels", "taints")
 
 @admin.register(NodeClaim)
 class NodeClaimAdmin(RecordedAdmin):
-    event_object_type = "claim"
+    event_object_type = ObjectType.CLAIM
     event_self_link = "claim"
     list_display = ("name", "tenant", "pool_name", "phase_badge", "host_link", "node_type", "node_name", "reason",
                     "message_text", "created_at")

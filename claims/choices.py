@@ -1,15 +1,11 @@
-from django.db import models
+from core.choices import ColouredChoices
 
 
-class ClaimPhase(models.TextChoices):
-    PENDING = "Pending", "Pending"
-    PROVISIONING = "Provisioning", "Provisioning"
-    JOINING = "Joining", "Joining"
-    AVAILABLE = "Available", "Available"
-    FAILED = "Failed", "Failed"
-    RELEASING = "Releasing", "Releasing"
-    RELEASED = "Released", "Released"
-
-
-PHASE_COLOURS = {"Pending": "secondary", "Provisioning": "warning", "Joining": "warning", "Available": "success",
-                 "Failed": "danger", "Releasing": "warning", "Released": "dark"}
+class ClaimPhase(ColouredChoices):
+    PENDING = "Pending", "Pending", "secondary"
+    PROVISIONING = "Provisioning", "Provisioning", "warning"
+    JOINING = "Joining", "Joining", "warning"
+    AVAILABLE = "Available", "Available", "success"
+    FAILED = "Failed", "Failed", "danger"
+    RELEASING = "Releasing", "Releasing", "warning"
+    RELEASED = "Released", "Released", "dark"

@@ -1,7 +1,7 @@
 """NodeClaim: one request for one node."""
 from django.db import models
 
-from .choices import PHASE_COLOURS, ClaimPhase
+from .choices import ClaimPhase
 
 
 class NodeClaim(models.Model):
@@ -56,7 +56,7 @@ class NodeClaim(models.Model):
 
     @property
     def phase_colour(self) -> str:
-        return PHASE_COLOURS.get(self.phase, "secondary")
+        return ClaimPhase.colour(self.phase)
 
     def conditions(self) -> list[dict]:
         """Scheduled / Provisioned / Joined, as vCluster reports them."""

@@ -12,13 +12,12 @@ from django.db import connection, transaction
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, When
 from django.utils import timezone
 
-from core import live
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from core.transitions import swap
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.models import Event
-from events.services import object_delete, seconds_since
+from events.services import events_record, object_delete, seconds_since
 from hosts.capacity import node_type_capacity
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
@@ -72,8 +71,10 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
         values.update(scheduled_at=None, provisioned_at=None, joined_at=None, available_at=None)
     ids = [c.pk for c in claims]
     swap(NodeClaim, ids=ids, field="phase", expected=from_phase, values=values, what="claim")
-    Event.objects.bulk_create([
-        Event(kind=EventKind.TRANSITION, object_type="claim", object_name=c.name, claim_id=c.pk,
+    # Published on commit to "claims" and each claim's, tenant's and host's group: {"object": "claim",
+    # "ids": [...], "from_state": ..., "to_state": ...}.
+    events_record([
+        Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
               tenant_id=c.tenant_id, host_id=c.host_id, from_state=from_phase, to_state=to_phase, step=step,
               message=(event_messages or {}).get(c.pk) or message or c.message or reason,
               duration_s=seconds_since(c.phase_changed_at, now), actor=actor)
@@ -84,9 +85,6 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
             if not hasattr(value, "resolve_expression"):  # F() expressions were applied in the database
                 setattr(claim, key, value)
     tenants = sorted({c.tenant_id for c in claims})
-    transaction.on_commit(lambda: live.publish(
-        ["claims", *(f"tenant-{t}" for t in tenants)],
-        {"object": "claim", "ids": ids, "from_state": from_phase, "to_state": to_phase}))
     if to_phase == P.RELEASED:
         deleting = list(Tenant.objects.filter(pk__in=tenants, deleting_since__isnull=False).values_list("pk", flat=True))
         if deleting:  # a tenant being deleted goes once its last claim is released
@@ -174,14 +172,11 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str) -> list[str]
     if not all(c.pk for c in claims):  # backends that do not return ids from bulk inserts
         for pk, name in NodeClaim.objects.filter(name__in=list(created)).values_list("pk", "name"):
             created[name].pk = pk
-    Event.objects.bulk_create([
-        Event(kind=EventKind.TRANSITION, object_type="claim", object_name=c.name, claim_id=c.pk,
+    events_record([
+        Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
               tenant_id=c.tenant_id, to_state=P.PENDING, message=f"pool {c.pool_name} needs a node", actor=actor)
         for c in claims
     ])
-    tenants = sorted({c.tenant_id for c in claims})
-    transaction.on_commit(lambda: live.publish(["claims", *(f"tenant-{t}" for t in tenants)],
-                                               {"object": "claim", "ids": [c.pk for c in claims], "to_state": P.PENDING}))
     return [c.name for c in claims]
 
 
@@ -428,6 +423,6 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
         for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
-            object_delete(tenant, actor=actor, object_type="tenant", tenant=link)
+            object_delete(tenant, actor=actor, object_type=ObjectType.TENANT, tenant=link)
             gone.append(link.name)
         return gone

@@ -4,6 +4,7 @@ from django.http import Http404
 
 from claims.selectors import claims_visible
 from core.views import STAFF, console_view, list_filter, page, paging_query
+from events.choices import ObjectType
 from events.selectors import events_visible
 from events.views import live_cursor
 from pools.models import Tenant
@@ -43,7 +44,7 @@ def claim_for_page(user, name: str) -> NodeClaim:
 def claim_context(user, claim: NodeClaim) -> dict:
     from events.models import Event
 
-    transitions = list(events_visible(user, Event.objects.filter(claim_id=claim.pk, object_type="claim"))
+    transitions = list(events_visible(user, Event.objects.filter(claim_id=claim.pk, object_type=ObjectType.CLAIM))
                        .order_by("-pk")[:50])
     return {"claim": claim, "timeline": presenters.claim_timeline(claim), "transitions": transitions,
             "total_s": presenters.claim_total(claim), "may_see_host": claim.host is not None}

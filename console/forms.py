@@ -5,6 +5,7 @@ import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 
+from events.choices import ObjectType
 from events.services import object_update
 from manifests.source import ManifestError, load_value
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
@@ -78,7 +79,7 @@ class RecordedForm(forms.ModelForm):
 
 
 class NodeProviderForm(RecordedForm):
-    object_type = "nodeprovider"
+    object_type = ObjectType.NODEPROVIDER
     properties = YAMLField(help_text="string map, e.g. vcluster.com/os-image: ubuntu2404-20260926")
 
     class Meta:
@@ -87,7 +88,7 @@ class NodeProviderForm(RecordedForm):
 
 
 class NodeTypeForm(RecordedForm):
-    object_type = "nodetype"
+    object_type = ObjectType.NODETYPE
     properties = YAMLField(help_text="string map; vcluster.com/node-type and the provider are added")
     resources = YAMLField(help_text='e.g. cpu: "192", memory: 2Ti, nvidia.com/gpu: "8"')
     host_selector = YAMLField(help_text="Kubernetes label selector over host labels, e.g. matchLabels: {role: gpu}")
@@ -115,7 +116,7 @@ class NodeTypeForm(RecordedForm):
 
 
 class NodeEnvironmentForm(RecordedForm):
-    object_type = "nodeenvironment"
+    object_type = ObjectType.NODEENVIRONMENT
     properties = YAMLField(help_text="metal3.vcluster.com/network-cidr, network-ip-range, dns-servers")
 
     class Meta:
@@ -127,7 +128,7 @@ class NodeEnvironmentForm(RecordedForm):
 
 
 class OSImageForm(RecordedForm):
-    object_type = "osimage"
+    object_type = ObjectType.OSIMAGE
     properties = YAMLField(help_text="any further properties, kept as written")
 
     class Meta:
@@ -137,7 +138,7 @@ class OSImageForm(RecordedForm):
 
 
 class TenantForm(RecordedForm):
-    object_type = "tenant"
+    object_type = ObjectType.TENANT
     kubeconfig = forms.CharField(
         required=False, strip=False, widget=forms.Textarea(attrs={"rows": 4, "class": "code", "autocomplete": "off"}),
         help_text="the tenant API's kubeconfig; stored encrypted, never shown again. Leave empty to keep it.")

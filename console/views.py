@@ -18,6 +18,7 @@ from claims.models import NodeClaim
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
+from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
 from hosts.capacity import node_type_capacity
@@ -67,7 +68,7 @@ def tenant_context(user, tenant: Tenant) -> dict:
         counts.setdefault(row["pool_id"], {})[row["phase"]] = row["n"]
     for pool in pools:
         by_phase = counts.get(pool.pk, {})
-        pool.phase_counts = [(p, by_phase[p], ClaimPhaseColour.of(p)) for p in SHOWN_PHASES if by_phase.get(p)]
+        pool.phase_counts = [(p, by_phase[p], ClaimPhase.colour(p)) for p in SHOWN_PHASES if by_phase.get(p)]
         pool.live = sum(n for p, n in by_phase.items() if p in LIVE)
     claims = list(claim_presenters.claims_rows_queryset(
         NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED)).order_by("-created_at", "-pk")[:200])
@@ -76,14 +77,6 @@ def tenant_context(user, tenant: Tenant) -> dict:
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
             "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {}}
-
-
-class ClaimPhaseColour:
-    @staticmethod
-    def of(phase: str) -> str:
-        from claims.choices import PHASE_COLOURS
-
-        return PHASE_COLOURS.get(phase, "secondary")
 
 
 def render_tenant_live(user, tenant: Tenant) -> list[str]:
@@ -192,7 +185,7 @@ def join_command(request, name: str):
             ca_hash = api.ca_cert_hash() if tenant.join_mode == "kubeadm" else None
             result["command"] = make_command(tenant.join_mode, endpoint, token.token, ca_hash)
             result["expires_at"] = token.expires_at
-            event_record(kind="action", object_type="tenant", object_name=tenant.name, tenant=tenant,
+            event_record(kind=EventKind.ACTION, object_type=ObjectType.TENANT, object_name=tenant.name, tenant=tenant,
                          actor=actor(request),
                          message=f"join token {token.id} created for a manual node")
         except (TenantAPIError, ValueError) as exc:

@@ -1,13 +1,13 @@
 """The Event log: append-only. Audit, timelines and live views all read it."""
 from django.db import models
 
-from .choices import EventKind
+from .choices import EventKind, ObjectType
 
 
 class Event(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     kind = models.CharField(max_length=16, choices=EventKind.choices)
-    object_type = models.CharField(max_length=32)  # host, claim, pool, tenant, nodetype, ...
+    object_type = models.CharField(max_length=32, choices=ObjectType.choices)
     object_name = models.CharField(max_length=253)
     # Plain ids without foreign-key constraints: events outlive the objects they describe.
     host = models.ForeignKey("hosts.BareMetalHost", null=True, blank=True, on_delete=models.DO_NOTHING,

@@ -1,7 +1,14 @@
-"""Writing to the Event log."""
+"""Writing to the Event log: `events_record` is the one function that writes Event rows, and the one that
+tells the live views (the groups each event's links name, on commit)."""
 import getpass
+from collections.abc import Sequence
 from datetime import datetime
 
+from django.db import transaction
+
+from core import live
+
+from .choices import EventKind, ObjectType
 from .models import Event
 
 
@@ -14,13 +21,68 @@ def cli_actor() -> str:
 
 
 def event_record(*, kind: str, object_type: str, object_name: str, actor: str, message: str = "",
-                 host=None, claim=None, tenant=None, from_state: str = "", to_state: str = "",
-                 step: str = "", duration_s: float | None = None, data: dict | None = None) -> Event:
-    return Event.objects.create(
-        kind=kind, object_type=object_type, object_name=object_name, actor=actor, message=message,
-        host=host, claim=claim, tenant=tenant, from_state=from_state, to_state=to_state, step=step,
-        duration_s=duration_s, data=data or {},
-    )
+                 host=None, claim=None, tenant=None, host_id: int | None = None, claim_id: int | None = None,
+                 tenant_id: int | None = None, from_state: str = "", to_state: str = "", step: str = "",
+                 duration_s: float | None = None, data: dict | None = None) -> Event:
+    """Record one event (links as objects or as ids) and publish it to its live groups on commit."""
+    links = {"host": host, "claim": claim, "tenant": tenant}
+    ids = {"host_id": host_id, "claim_id": claim_id, "tenant_id": tenant_id}
+    event = Event(kind=kind, object_type=object_type, object_name=object_name, actor=actor, message=message,
+                  from_state=from_state, to_state=to_state, step=step, duration_s=duration_s, data=data or {},
+                  **{k: v for k, v in links.items() if v is not None},
+                  **{k: v for k, v in ids.items() if v is not None})
+    return events_record([event])[0]
+
+
+def events_record(events: Sequence[Event]) -> list[Event]:
+    """Write events (one insert) and, once the transaction commits, publish one message per object type to
+    the live groups the events' links name (`live_groups`): {"object": type, "ids": [the objects' own ids]},
+    with the state change or the step the events share. Kinds and object types must be declared choices."""
+    events = list(events)
+    if not events:
+        return events
+    for event in events:
+        EventKind(event.kind), ObjectType(event.object_type)  # ValueError: not a declared choice
+    if len(events) == 1:
+        events[0].save()
+    else:
+        Event.objects.bulk_create(events)
+    by_type: dict[str, list[Event]] = {}
+    for event in events:
+        by_type.setdefault(event.object_type, []).append(event)
+    for batch in by_type.values():
+        groups, message = live_groups(batch), live_message(batch)
+        transaction.on_commit(lambda groups=groups, message=message: live.publish(groups, message))
+    return events
+
+
+# An object's own link: the id its live message carries.
+OWN_LINK = {ObjectType.HOST: "host_id", ObjectType.CLAIM: "claim_id", ObjectType.TENANT: "tenant_id"}
+# The fleet-wide group of each kind of object (core.live_views.FLEET_GROUPS).
+FLEET_GROUP = {ObjectType.HOST: "fleet", ObjectType.CLAIM: "claims"}
+
+
+def live_groups(events: Sequence[Event]) -> list[str]:
+    """The live groups that events of one object type reach: the fleet-wide group of their kind of object
+    ("fleet" for hosts, "claims" for claims), and the group of each host, claim and tenant they link."""
+    groups = [FLEET_GROUP[events[0].object_type]] if events[0].object_type in FLEET_GROUP else []
+    for prefix in ("host", "claim", "tenant"):
+        ids = sorted({getattr(e, f"{prefix}_id") for e in events} - {None})
+        groups += [f"{prefix}-{i}" for i in ids]
+    return groups
+
+
+def live_message(events: Sequence[Event]) -> dict:
+    """What the consumers read (keys_for_message): the object, its ids, and to_state when the state changed
+    (the fleet board recounts); from_state and step ride along where the events share them."""
+    object_type = events[0].object_type
+    own = OWN_LINK.get(object_type)
+    message = {"object": str(object_type), "ids": list(dict.fromkeys(getattr(e, own) for e in events)) if own else []}
+    for name in ("from_state", "to_state", "step"):
+        values = {getattr(e, name) for e in events}
+        if len(values) == 1 and (value := values.pop()):
+            message[name] = value
+    return message
 
 
 def seconds_since(moment: datetime | None, now: datetime) -> float | None:
@@ -64,8 +126,8 @@ def object_update(obj, values: dict, *, actor: str, object_type: str, tenant=Non
     if self_link:
         links[self_link] = obj
     message = "created" if created else "; ".join(f"{k}: {_brief(o)} → {_brief(n)}" for k, (o, n) in changes.items())
-    Event.objects.create(kind="change", object_type=object_type, object_name=str(obj), actor=actor, message=message,
-                         **links, data={} if created else {k: list(v) for k, v in changes.items()})
+    event_record(kind=EventKind.CHANGE, object_type=object_type, object_name=str(obj), actor=actor, message=message,
+                 **links, data={} if created else {k: list(v) for k, v in changes.items()})
     return created, changes
 
 
@@ -82,7 +144,7 @@ def object_relations_set(obj, relations: dict, *, actor: str, object_type: str, 
     if changes:
         message = "; ".join(f"{name}: " + ", ".join([*(f"+{v}" for v in c["added"]), *(f"-{v}" for v in c["removed"])])
                             for name, c in changes.items())
-        event_record(kind="change", object_type=object_type, object_name=str(obj), actor=actor, message=message,
+        event_record(kind=EventKind.CHANGE, object_type=object_type, object_name=str(obj), actor=actor, message=message,
                      tenant=tenant, host=host, data=changes)
     return changes
 
@@ -90,8 +152,8 @@ def object_relations_set(obj, relations: dict, *, actor: str, object_type: str, 
 def object_delete(obj, *, actor: str, object_type: str, tenant=None) -> None:
     name = str(obj)
     obj.delete()
-    Event.objects.create(kind="change", object_type=object_type, object_name=name, actor=actor, message="deleted",
-                         tenant=tenant)
+    event_record(kind=EventKind.CHANGE, object_type=object_type, object_name=name, actor=actor, message="deleted",
+                 tenant=tenant)
 
 
 def _brief(value) -> str:

@@ -4,7 +4,7 @@ from django.urls import reverse
 
 from core.views import console_view, list_filter, page, paging_query
 
-from .choices import EventKind
+from .choices import EventKind, ObjectType
 from .filtersets import EventFilterSet
 from .selectors import events_visible, latest_event_id
 
@@ -23,6 +23,6 @@ def event_log(request):
     return page(request, "events/event_log.html", {
         "events": pager, "filters": filters, "kinds": EventKind.choices,
         **{name: request.GET.get(name, "") for name in ("object_type", "actor", "kind")},
-        "object_types": ["host", "claim", "pool", "tenant", "nodetype", "nodeprovider", "nodeenvironment", "osimage"],
+        "object_types": ObjectType.values,
         "event_log_url": reverse("events"), "paging_query": paging_query(request),
     })

@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
+from events.choices import ObjectType
 from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_link
 from pools.matching import label_selector_q
 
@@ -54,7 +55,7 @@ class LabelFilter(admin.SimpleListFilter):
 @admin.register(BareMetalHost)
 class BareMetalHostAdmin(RecordedAdmin):
     form = BareMetalHostForm
-    event_object_type = "host"
+    event_object_type = ObjectType.HOST
     event_self_link = "host"
     exclude = SECRETS
     list_display = ("name", "state_badge", "power_state", "online", "labels_text", "claim_text", "error_text",

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.services import event_record
 
 from .models import AgentSession, BareMetalHost, RamdiskBoot
@@ -119,5 +119,5 @@ def security_event(*, host: BareMetalHost | None, message: str, data: dict | Non
     """Recorded for admins (the event log, kind `security`; the fleet board counts them). Not tied to a
     tenant: tenant members never see them."""
     log.warning("security: %s%s", f"{host.name}: " if host else "", message)
-    event_record(kind=EventKind.SECURITY, object_type="host", object_name=host.name if host else "-", host=host,
-                 actor="system:agent-listener", message=message, data=data or {})
+    event_record(kind=EventKind.SECURITY, object_type=ObjectType.HOST, object_name=host.name if host else "-",
+                 host=host, actor="system:agent-listener", message=message, data=data or {})

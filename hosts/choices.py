@@ -1,29 +1,21 @@
 from django.db import models
 
-
-class HostState(models.TextChoices):
-    REGISTERING = "registering", "Registering"
-    INSPECTING = "inspecting", "Inspecting"
-    AVAILABLE = "available", "Available"
-    PROVISIONING = "provisioning", "Provisioning"
-    PROVISIONED = "provisioned", "Provisioned"
-    DEPROVISIONING = "deprovisioning", "Deprovisioning"
-    REPAIR = "repair", "Repair"
-    RETESTING = "retesting", "Retesting"  # in repair: cleaned and checked again (hosts.services.host_retest)
-    RETIRED = "retired", "Retired"  # taken out of the fleet for good
-    ERROR = "error", "Error"
-    MAINTENANCE = "maintenance", "Maintenance"
-
-    @classmethod
-    def colour(cls, state: str) -> str:
-        return STATE_COLOURS.get(state, "secondary")
+from core.choices import ColouredChoices
 
 
-STATE_COLOURS = {
-    "registering": "secondary", "inspecting": "secondary", "available": "info",
-    "provisioning": "warning", "provisioned": "success", "deprovisioning": "warning",
-    "repair": "orange", "retesting": "warning", "retired": "dark", "error": "danger", "maintenance": "dark",
-}
+class HostState(ColouredChoices):
+    REGISTERING = "registering", "Registering", "secondary"
+    INSPECTING = "inspecting", "Inspecting", "secondary"
+    AVAILABLE = "available", "Available", "info"
+    PROVISIONING = "provisioning", "Provisioning", "warning"
+    PROVISIONED = "provisioned", "Provisioned", "success"
+    DEPROVISIONING = "deprovisioning", "Deprovisioning", "warning"
+    REPAIR = "repair", "Repair", "orange"
+    # In repair: cleaned and checked again (hosts.services.host_retest).
+    RETESTING = "retesting", "Retesting", "warning"
+    RETIRED = "retired", "Retired", "dark"  # taken out of the fleet for good
+    ERROR = "error", "Error", "danger"
+    MAINTENANCE = "maintenance", "Maintenance", "dark"
 
 
 class PowerState(models.TextChoices):

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from django.utils.dateparse import parse_datetime
 
+from events.choices import ObjectType
 from pools.choices import CleaningPolicy
 
 from . import certificates
@@ -99,7 +100,7 @@ def previous_use(host: BareMetalHost, claim=None) -> dict:
     event = events.order_by("-id").values("claim_id", "tenant_id").first()
     if event is None:
         return {"tenant": "", "claim": ""}
-    name = (Event.objects.filter(claim_id=event["claim_id"], object_type="claim").order_by("id")
+    name = (Event.objects.filter(claim_id=event["claim_id"], object_type=ObjectType.CLAIM).order_by("id")
             .values_list("object_name", flat=True).first())
     tenant = Tenant.objects.filter(pk=event["tenant_id"]).values_list("name", flat=True).first() or ""
     return {"tenant": tenant, "claim": name or f"#{event['claim_id']}"}

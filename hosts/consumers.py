@@ -6,6 +6,7 @@ from django.http import QueryDict
 
 from core import scoping
 from core.live_views import FragmentCache, group_rule
+from events.choices import ObjectType
 from events.consumers import EventLogConsumer
 from events.selectors import latest_event_id
 from hosts.selectors import hosts_visible
@@ -50,7 +51,7 @@ class FleetConsumer(HostAwareConsumer):
         return keys
 
     def events_in_scope(self, events):
-        return events.filter(object_type="host")
+        return events.filter(object_type=ObjectType.HOST)
 
     def keys_for_events(self, rows: list[dict]) -> set:
         return {("counts",)} | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible}

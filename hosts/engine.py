@@ -26,8 +26,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core import live
-from events.choices import EventKind
-from events.models import Event
+from events.choices import EventKind, ObjectType
+from events.services import event_record
 
 from .bmc import BMC
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
@@ -309,13 +309,9 @@ def _skip(run: Run, step: str, reason: str, elapsed: float) -> None:
 
 def _step_event(run: Run, step: str, message: str, duration_s: float | None = None, data: dict | None = None):
     claim = run.claim
-    Event.objects.create(kind=EventKind.STEP, object_type="host", object_name=run.host.name, host=run.host,
-                         claim=claim, tenant_id=claim.tenant_id if claim else None, step=step,
-                         message=message, duration_s=duration_s, actor="system:flow",
-                         data={"flow": run.flow.get("name"), **(data or {})})
-    transaction.on_commit(lambda: live.publish([f"host-{run.host.pk}", "fleet"],
-                                               {"object": "host", "ids": [run.host.pk], "step": step,
-                                                "message": message}))
+    event_record(kind=EventKind.STEP, object_type=ObjectType.HOST, object_name=run.host.name, host=run.host,
+                 claim=claim, tenant_id=claim.tenant_id if claim else None, step=step, message=message,
+                 duration_s=duration_s, actor="system:flow", data={"flow": run.flow.get("name"), **(data or {})})
 
 
 def publish_progress(host_id: int) -> None:

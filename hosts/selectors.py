@@ -6,7 +6,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core import scoping
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.models import Event
 from pools.models import Tenant
 
@@ -19,8 +19,8 @@ def _failures(since=None):
     cutoff = timezone.now() - timedelta(seconds=settings.HOST_FAILURE_WINDOW_S)
     if since is not None and since > cutoff:
         cutoff = since
-    return Event.objects.filter(kind=EventKind.TRANSITION, object_type="host", from_state=HostState.PROVISIONING,
-                                created_at__gte=cutoff, data__has_key="fault")
+    return Event.objects.filter(kind=EventKind.TRANSITION, object_type=ObjectType.HOST,
+                                from_state=HostState.PROVISIONING, created_at__gte=cutoff, data__has_key="fault")
 
 
 def image_write_failures(*, name: str, url: str, checksum: str) -> dict[str, str]:

@@ -7,12 +7,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core import live
 from core.tasks import task_send
 from core.transitions import swap
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.models import Event
-from events.services import seconds_since
+from events.services import event_record, events_record, seconds_since
 
 from .bmc import BMC, BMCError
 from .boot import agent_sessions_end
@@ -77,8 +76,10 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
         # No host outside a ramdisk flow keeps an agent session (a provisioned host runs its tenant's OS).
         agent_sessions_end(host_ids=ids)
     tenant_ids = tenant_ids or {}
-    Event.objects.bulk_create([
-        Event(kind=EventKind.TRANSITION, object_type="host", object_name=h.name, host_id=h.pk,
+    # Published on commit to the fleet, each host's group and its tenant's: {"object": "host", "ids": [...],
+    # "from_state": ..., "to_state": ...}.
+    events_record([
+        Event(kind=EventKind.TRANSITION, object_type=ObjectType.HOST, object_name=h.name, host_id=h.pk,
               tenant_id=tenant_ids.get(h.pk), from_state=from_state, to_state=to_state, step=step,
               message=reason, duration_s=seconds_since(h.state_changed_at, now), actor=actor, data=data or {})
         for h in hosts
@@ -89,8 +90,7 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
                 setattr(host, key, value)
         if to_state == HostState.ERROR:
             host.error_count += 1
-    tenants = sorted({t for t in tenant_ids.values() if t})
-    transaction.on_commit(lambda: _after_transition(ids, from_state, to_state, tenants))
+    transaction.on_commit(lambda: _drive_on(ids, to_state))
     moved = HostsMoved(host_ids=ids, names={h.pk: h.name for h in hosts}, from_state=from_state, to_state=to_state,
                        actor=actor, reason=reason, data=data or {})
     for receiver in TRANSITION_RECEIVERS:
@@ -98,13 +98,11 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
     return hosts
 
 
-def _after_transition(ids: list[int], from_state: str, to_state: str, tenants: list[int]) -> None:
+def _drive_on(ids: list[int], to_state: str) -> None:
     task_name = STATE_TASKS.get(to_state)
     if task_name:
         for host_id in ids:
             task_send(task_name, host_id=host_id)
-    groups = ["fleet", *(f"host-{i}" for i in ids), *(f"tenant-{t}" for t in tenants)]
-    live.publish(groups, {"object": "host", "ids": ids, "from_state": from_state, "to_state": to_state})
 
 
 def host_set_maintenance(*, host: BareMetalHost, on: bool, actor: str, reason: str = "") -> BareMetalHost:
@@ -244,18 +242,14 @@ def host_power_cycle(*, host: BareMetalHost, actor: str, reason: str = "") -> Ev
         if refusal:
             raise IllegalTransition(f"{host.name} cannot be power cycled now: {refusal}")
         reason = (reason or "").strip()
-        event = Event.objects.create(
-            kind=EventKind.ACTION, object_type="host", object_name=host.name, host_id=host.pk,
+        event = event_record(
+            kind=EventKind.ACTION, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
             tenant_id=locked["claim__tenant_id"], step=POWER_CYCLE_STEP, actor=actor,
             message="power cycle requested" + (f": {reason}" if reason else ""),
             data={"action": "power-cycle", "state": locked["state"], "reason": reason})
-        request_id, tenant_id = event.pk, locked["claim__tenant_id"]
-
-        def send():
-            task_send("hosts.tasks.power_cycle_host", host_id=host.pk, request_id=request_id)
-            _publish_host(host.pk, tenant_id)
-
-        transaction.on_commit(send)
+        request_id = event.pk
+        transaction.on_commit(lambda: task_send("hosts.tasks.power_cycle_host", host_id=host.pk,
+                                                request_id=request_id))
     return event
 
 
@@ -318,17 +312,11 @@ def host_power_cycle_send(*, host_id: int, request_id: int) -> Event | None:
 def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, message: str, data: dict,
                          started=None) -> Event:
     now = timezone.now()
-    event = Event.objects.create(
-        kind=EventKind.ACTION, object_type="host", object_name=host.name, host_id=host.pk,
+    # Its live groups (the fleet, the host's, its tenant's) show its power and timeline.
+    event = event_record(
+        kind=EventKind.ACTION, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
         tenant_id=request.tenant_id, step=POWER_CYCLE_STEP, actor=request.actor, message=message,
         duration_s=seconds_since(started, now) if started else None, data={**data, "ok": ok})
     if not ok:
         log.warning("host %s: %s", host.name, message)
-    _publish_host(host.pk, request.tenant_id)
     return event
-
-
-def _publish_host(host_id: int, tenant_id: int | None) -> None:
-    """A host's page and row show its power and timeline: tell their live views (no state change)."""
-    groups = ["fleet", f"host-{host_id}", *([f"tenant-{tenant_id}"] if tenant_id else [])]
-    live.publish(groups, {"object": "host", "ids": [host_id]})

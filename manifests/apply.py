@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from core.transactions import retry_on_deadlock
+from events.choices import ObjectType
 from events.services import object_update
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
@@ -207,7 +208,8 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
     ctx.update(f"nodeprovider/{name}", provider,
                {"kind": ProviderKind.METAL3, "display_name": spec.str("displayName"),
                 "properties": spec.string_map("properties"), "config": config},
-               {"properties": ("spec", "properties"), "name": ("metadata", "name")}, object_type="nodeprovider")
+               {"properties": ("spec", "properties"), "name": ("metadata", "name")},
+               object_type=ObjectType.NODEPROVIDER)
     declared = set()
     for item in block.child("nodeTypes", []).items():
         item.mapping(NODE_TYPE_FIELDS, required=("name",))
@@ -219,7 +221,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
     for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared):
         from events.services import object_delete
 
-        object_delete(stale, actor=ctx.actor, object_type="nodetype")
+        object_delete(stale, actor=ctx.actor, object_type=ObjectType.NODETYPE)
         ctx.result.lines.append(f"nodetype/{stale.name} deleted")
         ctx.result.changed += 1
 
@@ -269,7 +271,7 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
                 "declared_in_provider": declared_in_provider, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
-               object_type="nodetype")
+               object_type=ObjectType.NODETYPE)
 
 
 def apply_node_type(ctx: Context, doc: Document) -> None:
@@ -304,7 +306,7 @@ def apply_node_environment(ctx: Context, doc: Document) -> None:
                {"display_name": spec.str("displayName"), "provider": provider, "tenant": tenant,
                 "properties": spec.string_map("properties")},
                {"properties": spec.path + ("properties",), "name": ("metadata", "name")},
-               object_type="nodeenvironment", tenant=tenant)
+               object_type=ObjectType.NODEENVIRONMENT, tenant=tenant)
 
 
 def apply_os_image(ctx: Context, doc: Document) -> None:
@@ -327,7 +329,7 @@ def apply_os_image(ctx: Context, doc: Document) -> None:
                 "checksum_type": props.pop(OSImage.CHECKSUM_TYPE, ""), "format": fmt, "properties": props},
                {"url": path + (OSImage.URL,), "checksum": path + (OSImage.CHECKSUM,),
                 "checksum_type": path + (OSImage.CHECKSUM_TYPE,), "format": spec.path + ("format",)},
-               object_type="osimage")
+               object_type=ObjectType.OSIMAGE)
 
 
 # --- Tenants: VirtualClusterInstance and vcluster.yaml --------------------------------------------
@@ -392,7 +394,7 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
         values = {"api_endpoint": "", "join_mode": "vcluster", "quota_nodes": None, **values}
     paths = {field: annotations_path + (ANNOTATION_PREFIX + short,) for short, field in known.items()}
     paths["namespace"] = ("metadata", "namespace")
-    return ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type="tenant",
+    return ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type=ObjectType.TENANT,
                       self_link="tenant")
 
 
@@ -516,7 +518,7 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
              "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION)}
     if creating and status:
         values.update(_imported_status(status, meta.path + ("annotations", STATUS_ANNOTATION)))
-    ctx.update(f"baremetalhost/{name}", host, values, paths, object_type="host", self_link="host")
+    ctx.update(f"baremetalhost/{name}", host, values, paths, object_type=ObjectType.HOST, self_link="host")
     if creating:
         host_registered(host=host)
 

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html_join
 
 from events.admin import RecordedAdmin, admin_actor, event_log_link
+from events.choices import EventKind, ObjectType
 from events.services import event_record, object_update
 
 from .capacity import node_type_capacity
@@ -51,7 +52,7 @@ def _static_quantities(tenant: Tenant, *, exclude_pk=None) -> dict[str, int]:
 
 @admin.register(NodeProvider)
 class NodeProviderAdmin(RecordedAdmin):
-    event_object_type = "nodeprovider"
+    event_object_type = ObjectType.NODEPROVIDER
     list_display = ("name", "kind", "display_name", "node_types", "updated_at")
     list_filter = ("kind",)
     search_fields = ("name", "display_name")
@@ -77,7 +78,7 @@ class NodeTypeChangeList(ChangeList):
 
 @admin.register(NodeType)
 class NodeTypeAdmin(RecordedAdmin):
-    event_object_type = "nodetype"
+    event_object_type = ObjectType.NODETYPE
     list_display = ("name", "provider", "display_name", "zone", "resources_text", "cost_text", "total",
                     "available", "provisioned")
     list_filter = ("provider", "zone", "declared_in_provider")
@@ -128,7 +129,7 @@ class NodeTypeAdmin(RecordedAdmin):
 
 @admin.register(NodeEnvironment)
 class NodeEnvironmentAdmin(RecordedAdmin):
-    event_object_type = "nodeenvironment"
+    event_object_type = ObjectType.NODEENVIRONMENT
     list_display = ("name", "namespace", "provider", "tenant", "network_text", "updated_at")
     list_filter = ("provider", "namespace")
     search_fields = ("name", "namespace", "display_name", "tenant__name")
@@ -145,7 +146,7 @@ class NodeEnvironmentAdmin(RecordedAdmin):
 
 @admin.register(OSImage)
 class OSImageAdmin(RecordedAdmin):
-    event_object_type = "osimage"
+    event_object_type = ObjectType.OSIMAGE
     list_display = ("name", "display_name", "format", "checksum_type", "size_bytes", "url", "updated_at")
     list_filter = ("format", "checksum_type")
     search_fields = ("name", "display_name", "url", "checksum")
@@ -205,7 +206,7 @@ class MembershipsRecorded:
 class TenantAdmin(MembershipsRecorded, RecordedAdmin):
     form = TenantForm
     inlines = (TenantMembershipInline,)
-    event_object_type = "tenant"
+    event_object_type = ObjectType.TENANT
     event_self_link = "tenant"
     exclude = ("kubeconfig",)
     # claims.admin adds the tenant's live claims to this list
@@ -278,7 +279,7 @@ class RecordedUserAdmin(MembershipsRecorded, RecordedAdmin, UserAdmin):
     """Django's user admin, each change recorded with the admin's name: staff and superuser flags, groups
     (auditors), tenants, and that the password changed (never the hash: events.services.SECRET_FIELDS)."""
 
-    event_object_type = "user"
+    event_object_type = ObjectType.USER
     inlines = (TenantMembershipInline,)
     # Facts, not settings (and the form's date and time inputs drop the microseconds: each save would
     # "change" date_joined).
@@ -291,8 +292,8 @@ class RecordedUserAdmin(MembershipsRecorded, RecordedAdmin, UserAdmin):
 
     def log_change(self, request, obj, message):
         if getattr(request, "_changing_password", False):
-            event_record(kind="change", object_type="user", object_name=str(obj), actor=admin_actor(request),
-                         message="password changed" if obj.has_usable_password()
+            event_record(kind=EventKind.CHANGE, object_type=ObjectType.USER, object_name=str(obj),
+                         actor=admin_actor(request), message="password changed" if obj.has_usable_password()
                          else "password-based authentication disabled")
         return super().log_change(request, obj, message)
 
@@ -304,7 +305,7 @@ class RecordedUserAdmin(MembershipsRecorded, RecordedAdmin, UserAdmin):
 
 @admin.register(Group)
 class RecordedGroupAdmin(RecordedAdmin, GroupAdmin):
-    event_object_type = "group"
+    event_object_type = ObjectType.GROUP
 
 
 class NodePoolForm(forms.ModelForm):
@@ -353,7 +354,7 @@ class NodePoolAdmin(admin.ModelAdmin):
 
     @admin.display(description="events")
     def event_log(self, pool):
-        return event_log_link(object_type="pool", object_name=str(pool)) if pool.pk else "-"
+        return event_log_link(object_type=ObjectType.POOL, object_name=str(pool)) if pool.pk else "-"
 
     def save_model(self, request, obj, form, change):
         actor = admin_actor(request)
@@ -366,7 +367,7 @@ class NodePoolAdmin(admin.ModelAdmin):
                     if obj.kind == PoolKind.STATIC:
                         tenant_check_quota(tenant=obj.tenant, quantities={
                             **_static_quantities(obj.tenant), obj.name: obj.quantity or 0})
-                    object_update(obj, values, actor=actor, object_type="pool", tenant=obj.tenant)
+                    object_update(obj, values, actor=actor, object_type=ObjectType.POOL, tenant=obj.tenant)
                     _reconcile_on_commit(obj.pk)
                     return
                 expected = form.cleaned_data.get("seen_version")
@@ -423,7 +424,7 @@ def _pool_update(*, pool_id: int, values: dict, actor: str, expected_version: in
               .get(pk=pool_id))
     if expected_version is not None and locked.version != expected_version:
         raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
-    _, changes = object_update(locked, values, actor=actor, object_type="pool", tenant=locked.tenant)
+    _, changes = object_update(locked, values, actor=actor, object_type=ObjectType.POOL, tenant=locked.tenant)
     if changes:
         NodePool.objects.filter(pk=pool_id).update(version=F("version") + 1)
         locked.version += 1

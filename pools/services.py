@@ -10,8 +10,8 @@ from django.utils import timezone
 from core.errors import StaleVersion
 from core.tasks import task_send
 from core.transactions import retry_on_deadlock
-from events.models import Event
-from events.services import object_delete, object_update
+from events.choices import EventKind, ObjectType
+from events.services import event_record, object_delete, object_update
 
 from .choices import PoolKind
 from .models import NodePool, NodeProvider, Tenant, TenantMembership
@@ -56,7 +56,7 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
     existing = {p.name: p for p in tenant.pools.select_for_update(no_key=True, of=("self",))
                 .select_related("provider").order_by("pk")}
     object_update(tenant, {"private_nodes_enabled": enabled, "provider_properties": provider_properties},
-                  actor=actor, object_type="tenant", tenant=tenant)
+                  actor=actor, object_type=ObjectType.TENANT, tenant=tenant)
     declared = {spec.name for spec in pools}
     tenant_check_quota(tenant=tenant, quantities={s.name: s.values.get("quantity") or 0 for s in pools
                                                   if s.kind == PoolKind.STATIC})
@@ -64,7 +64,7 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
     for spec in pools:
         pool = existing.get(spec.name) or NodePool(tenant=tenant, name=spec.name)
         values = {"provider": spec.provider, "kind": spec.kind, **_pool_defaults(), **spec.values}
-        created, changes = object_update(pool, values, actor=actor, object_type="pool", tenant=tenant)
+        created, changes = object_update(pool, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
         result.pools[spec.name] = (created, changes)
         if changes and not created:
             NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)
@@ -99,7 +99,7 @@ def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_ver
         raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
     others = {p.name: p.quantity or 0 for p in locked.tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=pool.pk)}
     tenant_check_quota(tenant=locked.tenant, quantities={**others, locked.name: quantity})
-    _, changes = object_update(locked, {"quantity": quantity}, actor=actor, object_type="pool", tenant=locked.tenant)
+    _, changes = object_update(locked, {"quantity": quantity}, actor=actor, object_type=ObjectType.POOL, tenant=locked.tenant)
     if changes:
         NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)
         locked.version += 1
@@ -132,14 +132,14 @@ def pool_delete(*, pool: NodePool, actor: str) -> None:
     NodePool.objects.select_for_update().filter(pk=pool.pk).first()  # the pool before its claims' hosts
     for receiver in POOL_DELETE_RECEIVERS:
         receiver(pool=pool, actor=actor)
-    object_delete(pool, actor=actor, object_type="pool", tenant=pool.tenant)
+    object_delete(pool, actor=actor, object_type=ObjectType.POOL, tenant=pool.tenant)
 
 
 @transaction.atomic
 def tenant_set_api(*, tenant: Tenant, api_endpoint: str, kubeconfig: str, actor: str) -> Tenant:
     """Record where the tenant's Kubernetes API is and how to reach it (the kubeconfig is encrypted)."""
     object_update(tenant, {"api_endpoint": api_endpoint, "kubeconfig": kubeconfig}, actor=actor,
-                  object_type="tenant", tenant=tenant if tenant.pk else None, self_link="tenant")
+                  object_type=ObjectType.TENANT, tenant=tenant if tenant.pk else None, self_link="tenant")
     return tenant
 
 
@@ -156,9 +156,9 @@ def tenant_delete(*, tenant: Tenant, actor: str) -> bool:
         locked.deleting_since = timezone.now()
         locked.save(update_fields=["deleting_since", "updated_at"])
         releasing = locked.claims.exclude(phase="Released").count()
-        Event.objects.create(kind="change", object_type="tenant", object_name=locked.name, tenant=locked, actor=actor,
-                             message=f"deletion requested; {releasing} claim(s) to release first" if releasing
-                             else "deletion requested")
+        event_record(kind=EventKind.CHANGE, object_type=ObjectType.TENANT, object_name=locked.name, tenant=locked,
+                     actor=actor, message=f"deletion requested; {releasing} claim(s) to release first" if releasing
+                     else "deletion requested")
     gone = [name for finalize in TENANT_FINALIZERS for name in finalize(tenant_ids=[locked.pk], actor=actor)]
     return bool(gone)
 
@@ -168,7 +168,7 @@ def membership_add(*, tenant: Tenant, user, actor: str) -> bool:
     """Make a user a member of a tenant (they see and change its pools, claims and nodes). False: already one."""
     if TenantMembership.objects.filter(tenant=tenant, user=user).exists():
         return False
-    object_update(TenantMembership(), {"tenant": tenant, "user": user}, actor=actor, object_type="membership",
+    object_update(TenantMembership(), {"tenant": tenant, "user": user}, actor=actor, object_type=ObjectType.MEMBERSHIP,
                   tenant=tenant)
     return True
 
@@ -179,7 +179,7 @@ def membership_remove(*, tenant: Tenant, user, actor: str) -> bool:
     membership = TenantMembership.objects.select_for_update().filter(tenant=tenant, user=user).first()
     if membership is None:
         return False
-    object_delete(membership, actor=actor, object_type="membership", tenant=tenant)
+    object_delete(membership, actor=actor, object_type=ObjectType.MEMBERSHIP, tenant=tenant)
     return True
 
 

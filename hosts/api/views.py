@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from core import scoping
 from core.api import ScopedViewMixin, actor
+from events.choices import ObjectType
 from events.services import object_update
 from hosts.certificate_views import signed_file
 from hosts.filtersets import (
@@ -59,14 +60,14 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     def perform_create(self, serializer):
         host = BareMetalHost()
         with transaction.atomic():
-            object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type="host",
+            object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type=ObjectType.HOST,
                           self_link="host")
         serializer.instance = host  # registering: the register flow picks it up (hosts.engine.drive_stale)
 
     def perform_update(self, serializer):
         host = serializer.instance
         with transaction.atomic():
-            object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type="host",
+            object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type=ObjectType.HOST,
                           self_link="host")
 
     @extend_schema(request=MaintenanceSerializer, responses={200: HostSerializer, 409: CONFLICT})

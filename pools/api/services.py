@@ -3,7 +3,7 @@ import secrets
 
 from django.db import transaction
 
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.services import event_record
 
 from .models import PREFIX_LENGTH, ApiToken
@@ -18,7 +18,7 @@ def token_create(*, user, actor: str) -> tuple[ApiToken, str]:
     with transaction.atomic():
         ApiToken.objects.filter(user=user).delete()
         token = ApiToken.objects.create(user=user, prefix=key[:PREFIX_LENGTH], key_hash=ApiToken.hash(key))
-        event_record(kind=EventKind.ACTION, object_type="token", object_name=user.username, actor=actor,
+        event_record(kind=EventKind.ACTION, object_type=ObjectType.TOKEN, object_name=user.username, actor=actor,
                      message=f"API token {token.prefix}… made")
     return token, key
 
@@ -26,5 +26,5 @@ def token_create(*, user, actor: str) -> tuple[ApiToken, str]:
 def token_revoke(*, token: ApiToken, actor: str) -> None:
     with transaction.atomic():
         token.delete()
-        event_record(kind=EventKind.ACTION, object_type="token", object_name=token.user.username, actor=actor,
+        event_record(kind=EventKind.ACTION, object_type=ObjectType.TOKEN, object_name=token.user.username, actor=actor,
                      message=f"API token {token.prefix}… revoked")

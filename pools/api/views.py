@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from core import scoping
 from core.api import ScopedViewMixin, actor
 from core.transactions import retry_on_deadlock
+from events.choices import ObjectType
 from events.services import object_delete, object_update
 from pools.capacity import node_type_capacity
 from pools.choices import PoolKind
@@ -94,7 +95,7 @@ class TenantViewSet(ConfigViewSet):
 
     serializer_class = TenantSerializer
     filterset_class = TenantFilterSet
-    object_type = "tenant"
+    object_type = ObjectType.TENANT
     self_link = "tenant"
 
     def get_queryset(self):
@@ -119,7 +120,7 @@ class NodeProviderViewSet(ConfigViewSet):
     serializer_class = NodeProviderSerializer
     filterset_class = NodeProviderFilterSet
     queryset = NodeProvider.objects.all()
-    object_type = "nodeprovider"
+    object_type = ObjectType.NODEPROVIDER
 
 
 class NodeTypeViewSet(ConfigViewSet):
@@ -129,7 +130,7 @@ class NodeTypeViewSet(ConfigViewSet):
     serializer_class = NodeTypeSerializer
     filterset_class = NodeTypeFilterSet
     queryset = NodeType.objects.select_related("provider")
-    object_type = "nodetype"
+    object_type = ObjectType.NODETYPE
 
     def get_serializer(self, *args, **kwargs):
         if args and args[0] is not None:
@@ -152,7 +153,7 @@ class NodeEnvironmentViewSet(ConfigViewSet):
 
     serializer_class = NodeEnvironmentSerializer
     filterset_class = NodeEnvironmentFilterSet
-    object_type = "nodeenvironment"
+    object_type = ObjectType.NODEENVIRONMENT
 
     def get_queryset(self):
         environments = NodeEnvironment.objects.select_related("provider", "tenant")
@@ -163,7 +164,7 @@ class OSImageViewSet(ConfigViewSet):
     serializer_class = OSImageSerializer
     filterset_class = OSImageFilterSet
     queryset = OSImage.objects.all()
-    object_type = "osimage"
+    object_type = ObjectType.OSIMAGE
 
 
 # --- pools ----------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
     if values.get("kind", PoolKind.STATIC) == PoolKind.STATIC and isinstance(values.get("quantity"), int):
         others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC)}
         tenant_check_quota(tenant=tenant, quantities={**others, values["name"]: values["quantity"]})
-    object_update(pool, values, actor=actor, object_type="pool", tenant=tenant)
+    object_update(pool, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
     pools_changed(pool_ids=[pool.pk])
     return pool
 
@@ -227,7 +228,7 @@ def _pool_update(*, pool: NodePool, values: dict, expected: int | None, actor: s
     if values.get("kind", locked.kind) == PoolKind.STATIC:
         others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=locked.pk)}
         tenant_check_quota(tenant=tenant, quantities={**others, locked.name: values.get("quantity", locked.quantity) or 0})
-    _, changes = object_update(locked, values, actor=actor, object_type="pool", tenant=tenant)
+    _, changes = object_update(locked, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
     if changes:
         NodePool.objects.filter(pk=locked.pk).update(version=F("version") + 1)
         locked.version += 1
