@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.db.models import Count
 from django.utils import timezone
 
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.models import Event
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
@@ -31,7 +31,7 @@ def step_timings(recent: int = 5000) -> list[dict]:
     by_step: dict[tuple, list[float]] = {}
     for step, flow, duration in rows:
         by_step.setdefault((flow or "provision", step), []).append(duration)
-    waits = list(Event.objects.filter(object_type="claim", from_state=ClaimPhase.PENDING,
+    waits = list(Event.objects.filter(object_type=ObjectType.CLAIM, from_state=ClaimPhase.PENDING,
                                       to_state=ClaimPhase.PROVISIONING, duration_s__isnull=False)
                  .order_by("-pk").values_list("duration_s", flat=True)[:1000])
     if waits:
@@ -89,7 +89,7 @@ def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dic
     counts = dict.fromkeys(HostState.values, 0)
     for row in BareMetalHost.objects.order_by().values("state").annotate(n=Count("pk")):
         counts[row["state"]] = row["n"]
-    transitions = list(Event.objects.filter(object_type="host", kind=EventKind.TRANSITION, created_at__gte=start)
+    transitions = list(Event.objects.filter(object_type=ObjectType.HOST, kind=EventKind.TRANSITION, created_at__gte=start)
                        .exclude(from_state="").order_by("-created_at")
                        .values_list("created_at", "from_state", "to_state")[:cap])
     step = (now - start) / buckets

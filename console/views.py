@@ -41,7 +41,7 @@ from pools.models import (
     Tenant,
 )
 from pools.selectors import tenants_visible
-from pools.services import StaleVersion, pool_set_quantity
+from pools.services import StaleVersion, pool_update
 
 from . import forms
 
@@ -127,9 +127,8 @@ def pool_quantity(request, name: str, pool: str):
     elif form.is_valid():
         before = target.quantity
         try:
-            target = pool_set_quantity(pool=target, quantity=form.cleaned_data["quantity"],
-                                       actor=actor(request),
-                                       expected_version=form.cleaned_data.get("version"))
+            target = pool_update(pool=target, values={"quantity": form.cleaned_data["quantity"]},
+                                 actor=actor(request), expected_version=form.cleaned_data.get("version"))
         except ValidationError as exc:
             for message in exc.message_dict.get("quantity", exc.messages) if hasattr(exc, "error_dict") else exc.messages:
                 form.add_error("quantity", message)

@@ -1,5 +1,6 @@
 """Admin for providers, node types, environments, images, tenants and pools: data fixes, each
-recorded in the Event log; a pool's quantity changes only through pools.services.pool_set_quantity.
+recorded in the Event log; pools are created and changed only through pools.services (pool_create,
+pool_update), as the API and the console change them.
 Also users and groups (staff, superuser, the auditors group) and who belongs to which tenant: the roles
 of core.scoping, so every change to them is recorded too."""
 from django import forms
@@ -9,14 +10,14 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html_join
 
 from events.admin import RecordedAdmin, admin_actor, event_log_link
 from events.choices import EventKind, ObjectType
-from events.services import event_record, object_update
+from events.services import event_record
 
 from .capacity import node_type_capacity
 from .choices import PoolKind
@@ -33,21 +34,15 @@ from .services import (
     StaleVersion,
     membership_add,
     membership_remove,
+    pool_create,
     pool_delete,
-    pool_set_quantity,
-    pools_changed,
+    pool_update,
     tenant_check_quota,
     tenant_delete,
+    tenant_static_quantities,
 )
 
 STAMPS = ("created_at", "updated_at")
-
-
-def _static_quantities(tenant: Tenant, *, exclude_pk=None) -> dict[str, int]:
-    pools = tenant.pools.filter(kind=PoolKind.STATIC)
-    if exclude_pk is not None:
-        pools = pools.exclude(pk=exclude_pk)
-    return {name: quantity or 0 for name, quantity in pools.values_list("name", "quantity")}
 
 
 @admin.register(NodeProvider)
@@ -170,7 +165,7 @@ class TenantForm(forms.ModelForm):
         if self.instance.pk and quota is not None and "quota_nodes" in self.changed_data:
             try:
                 tenant_check_quota(tenant=Tenant(name=self.instance.name, quota_nodes=quota),
-                                   quantities=_static_quantities(self.instance))
+                                   quantities=tenant_static_quantities(tenant=self.instance))
             except ValidationError as exc:
                 self.add_error("quota_nodes", exc.message_dict["quantity"])
         return cleaned
@@ -332,10 +327,14 @@ class NodePoolForm(forms.ModelForm):
         kind = cleaned.get("kind") or pool.kind
         quantity = cleaned.get("quantity")
         if tenant and kind == PoolKind.STATIC and quantity is not None and (
-                not pool.pk or "quantity" in self.changed_data):
-            # The check pool_set_quantity makes again under a lock, here so that it shows on the field.
-            others = _static_quantities(tenant, exclude_pk=pool.pk)
-            tenant_check_quota(tenant=tenant, quantities={**others, pool.name or cleaned.get("name", ""): quantity})
+                not pool.pk or {"quantity", "kind"} & set(self.changed_data)):
+            # The check pool_create / pool_update make again under a lock, here so that it shows on the field.
+            others = tenant_static_quantities(tenant=tenant, exclude=pool.pk)
+            try:
+                tenant_check_quota(tenant=tenant, quantities={**others, pool.name or cleaned.get("name", ""): quantity})
+            except ValidationError as exc:
+                self.add_error("quantity", exc.message_dict["quantity"])
+                cleaned["quantity"] = quantity  # the model's checks see the value asked for ("needs a quantity")
         return cleaned
 
 
@@ -349,40 +348,29 @@ class NodePoolAdmin(admin.ModelAdmin):
     readonly_fields = ("version", "event_log", *STAMPS)
 
     def get_readonly_fields(self, request, obj=None):
-        # A pool's identity and kind are what its tenant's vcluster.yaml declares.
-        return (("tenant", "name", "kind") if obj else ()) + self.readonly_fields
+        # A pool's identity is what its tenant's vcluster.yaml declares. Its kind may change, as over the API.
+        return (("tenant", "name") if obj else ()) + self.readonly_fields
 
     @admin.display(description="events")
     def event_log(self, pool):
         return event_log_link(object_type=ObjectType.POOL, object_name=str(pool)) if pool.pk else "-"
 
     def save_model(self, request, obj, form, change):
-        actor = admin_actor(request)
         concrete = {f.name for f in NodePool._meta.concrete_fields}
         names = form.changed_data if change else list(form.fields)
         values = {name: getattr(obj, name) for name in names if name in concrete}
         try:
-            with transaction.atomic():
-                if not change:
-                    if obj.kind == PoolKind.STATIC:
-                        tenant_check_quota(tenant=obj.tenant, quantities={
-                            **_static_quantities(obj.tenant), obj.name: obj.quantity or 0})
-                    object_update(obj, values, actor=actor, object_type=ObjectType.POOL, tenant=obj.tenant)
-                    _reconcile_on_commit(obj.pk)
-                    return
-                expected = form.cleaned_data.get("seen_version")
-                quantity_changed = "quantity" in values
-                quantity = values.pop("quantity", None)
-                if values:
-                    pool = _pool_update(pool_id=obj.pk, values=values, actor=actor, expected_version=expected)
-                    expected = pool.version if expected is not None else None
-                if quantity_changed:
-                    pool_set_quantity(pool=obj, quantity=quantity, actor=actor, expected_version=expected)
+            if change:
+                saved = pool_update(pool=obj, values=values, actor=admin_actor(request),
+                                    expected_version=form.cleaned_data.get("seen_version"))
+            else:
+                saved = pool_create(tenant=obj.tenant, values=values, actor=admin_actor(request))
         except (ValidationError, StaleVersion) as exc:
-            # Lost a race with another writer after the form's own checks passed: the savepoint above
+            # Lost a race with another writer after the form's own checks passed: the service's savepoint
             # undid every write; no admin log entry either, and the change page says why.
             request._pool_save_error = "; ".join(getattr(exc, "messages", None) or [str(exc)])
             return
+        obj.pk = saved.pk
         obj.refresh_from_db()
 
     def log_addition(self, request, obj, message):
@@ -413,24 +401,3 @@ class NodePoolAdmin(admin.ModelAdmin):
         with transaction.atomic():
             for pool in queryset.select_related("tenant"):
                 pool_delete(pool=pool, actor=admin_actor(request))
-
-
-@transaction.atomic
-def _pool_update(*, pool_id: int, values: dict, actor: str, expected_version: int | None) -> NodePool:
-    """Change a pool's fields other than quantity, as pool_set_quantity does for quantity: a stale
-    version is refused, the version is bumped and the pool reconciled on commit."""
-    # Only the pool row (joined rows locked FOR UPDATE would block every insert that points at them).
-    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("tenant", "provider")
-              .get(pk=pool_id))
-    if expected_version is not None and locked.version != expected_version:
-        raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
-    _, changes = object_update(locked, values, actor=actor, object_type=ObjectType.POOL, tenant=locked.tenant)
-    if changes:
-        NodePool.objects.filter(pk=pool_id).update(version=F("version") + 1)
-        locked.version += 1
-        _reconcile_on_commit(pool_id)
-    return locked
-
-
-def _reconcile_on_commit(pool_id: int) -> None:
-    transaction.on_commit(lambda: pools_changed(pool_ids=[pool_id]))

@@ -85,28 +85,65 @@ def _pool_defaults() -> dict:
             "expire_after": "", "weight": None}
 
 
+# One way to create and to change a pool, for the admin, the API and the console. The lock order
+# (core/transactions.py): the tenant FOR NO KEY UPDATE, then the pool. The tenant first: two pools of one
+# tenant changed at once must not both pass the quota check. FOR NO KEY UPDATE: a reconcile that holds the
+# pool still inserts the tenant's claims (its foreign key check takes FOR KEY SHARE), so it finishes instead
+# of waiting for us while we wait for it.
+
 @retry_on_deadlock()
 @transaction.atomic
-def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_version: int | None = None) -> NodePool:
-    """Change a static pool's quantity (console, API); stale versions are refused."""
-    # Lock the tenant first: two pools of one tenant changed at once must not both pass the quota check.
-    # FOR NO KEY UPDATE: a reconcile that holds this pool still inserts the tenant's claims (its foreign key
-    # check takes FOR KEY SHARE), so it finishes instead of waiting for us while we wait for it.
-    Tenant.objects.select_for_update(no_key=True).filter(pk=pool.tenant_id).first()
-    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("tenant", "provider")
+def pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
+    """A new pool of `tenant` (values: its model fields). Validated by NodePool.clean(); a static quantity stays
+    within the tenant's quota; recorded in the Event log and reconciled on commit."""
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
+    values = {name: value for name, value in values.items() if name != "tenant"}
+    pool = NodePool(tenant=tenant)
+    if values.get("kind", PoolKind.STATIC) == PoolKind.STATIC and isinstance(values.get("quantity"), int):
+        others = tenant_static_quantities(tenant=tenant)
+        tenant_check_quota(tenant=tenant, quantities={**others, values.get("name", ""): values["quantity"]})
+    object_update(pool, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
+    pools_changed(pool_ids=[pool.pk])
+    return pool
+
+
+@retry_on_deadlock()
+@transaction.atomic
+def pool_update(*, pool: NodePool, values: dict, actor: str, expected_version: int | None = None) -> NodePool:
+    """Change a pool's fields (quantity included). A stale `expected_version` raises StaleVersion; a change
+    of quantity or kind is checked against the tenant's quota (ValidationError on "quantity"); a change bumps
+    the version, is recorded in the Event log and reconciled on commit. Nothing changes on a refusal."""
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=pool.tenant_id)
+    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("provider")
               .get(pk=pool.pk))
+    locked.tenant = tenant
     if expected_version is not None and locked.version != expected_version:
         raise StaleVersion(f"pool {locked} changed meanwhile (version {locked.version}, not {expected_version})")
-    others = {p.name: p.quantity or 0 for p in locked.tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=pool.pk)}
-    tenant_check_quota(tenant=locked.tenant, quantities={**others, locked.name: quantity})
-    _, changes = object_update(locked, {"quantity": quantity}, actor=actor, object_type=ObjectType.POOL, tenant=locked.tenant)
+    if not values:
+        return locked
+    kind, quantity = values.get("kind", locked.kind), values.get("quantity", locked.quantity)
+    if kind == PoolKind.STATIC and (kind != locked.kind or quantity != locked.quantity) and isinstance(quantity, int):
+        others = tenant_static_quantities(tenant=tenant, exclude=locked.pk)
+        tenant_check_quota(tenant=tenant, quantities={**others, locked.name: quantity})
+    _, changes = object_update(locked, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
     if changes:
-        NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)
+        NodePool.objects.filter(pk=locked.pk).update(version=F("version") + 1)
         locked.version += 1
-        pools_changed(pool_ids=[pool.pk])
+        pools_changed(pool_ids=[locked.pk])
     return locked
 
 
+def pool_set_quantity(*, pool: NodePool, quantity: int, actor: str, expected_version: int | None = None) -> NodePool:
+    """A static pool's quantity: pool_update of that one field."""
+    return pool_update(pool=pool, values={"quantity": quantity}, actor=actor, expected_version=expected_version)
+
+
+def tenant_static_quantities(*, tenant: Tenant, exclude: int | None = None) -> dict[str, int]:
+    """{pool name: quantity} of the tenant's static pools (but `exclude`, a pool id): what its quota counts."""
+    pools = tenant.pools.filter(kind=PoolKind.STATIC)
+    if exclude is not None:
+        pools = pools.exclude(pk=exclude)
+    return {name: quantity or 0 for name, quantity in pools.values_list("name", "quantity")}
 
 
 # What the apps built on pools do when a pool or a tenant goes. They register at start (claims: release a

@@ -278,14 +278,13 @@ def test_host_state_and_claim_phase_are_read_only(admin_client, site):
     assert Event.objects.filter(claim=claim, kind="change").get().actor == "user:admin"
 
 
-# --- Pools: quantity through pool_set_quantity -----------------------------------------------------------
+# --- Pools: through pool_create / pool_update ------------------------------------------------------------
 
 @pytest.fixture
 def reconciles(monkeypatch):
     """The pool ids each triggered reconcile was for (instead of sending the Celery task)."""
     calls = []
-    for where in ("pools.services", "pools.admin"):  # the service's own call, and the admin's for other fields
-        monkeypatch.setattr(f"{where}.pools_changed", lambda *, pool_ids: calls.append(pool_ids))
+    monkeypatch.setattr("pools.services.pools_changed", lambda *, pool_ids: calls.append(pool_ids))
     return calls
 
 

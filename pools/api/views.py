@@ -4,7 +4,6 @@ Event log with the caller as actor."""
 import re
 
 from django.db import transaction
-from django.db.models import F
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -21,7 +20,6 @@ from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_delete, object_update
 from pools.capacity import node_type_capacity
-from pools.choices import PoolKind
 from pools.filtersets import (
     NodeEnvironmentFilterSet,
     NodePoolFilterSet,
@@ -36,15 +34,13 @@ from pools.models import (
     NodeProvider,
     NodeType,
     OSImage,
-    Tenant,
 )
 from pools.selectors import node_environments_visible, pools_visible, tenants_visible
 from pools.services import (
     StaleVersion,
+    pool_create,
     pool_delete,
-    pool_set_quantity,
-    pools_changed,
-    tenant_check_quota,
+    pool_update,
     tenant_delete,
 )
 
@@ -197,45 +193,6 @@ def _stale(pool: NodePool, expected: int) -> StaleVersion:
     return StaleVersion(f"pool {pool} changed meanwhile (version {pool.version}, not {expected})")
 
 
-# Pool creation and whole-pool changes. pools.services has pool_set_quantity and pool_delete but no
-# pool_create / pool_update yet; these two belong there (see the review note).
-
-@retry_on_deadlock()
-@transaction.atomic
-def _pool_create(*, tenant: Tenant, values: dict, actor: str) -> NodePool:
-    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)  # one quota check at a time per tenant
-    pool = NodePool(tenant=tenant)
-    if values.get("kind", PoolKind.STATIC) == PoolKind.STATIC and isinstance(values.get("quantity"), int):
-        others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC)}
-        tenant_check_quota(tenant=tenant, quantities={**others, values["name"]: values["quantity"]})
-    object_update(pool, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
-    pools_changed(pool_ids=[pool.pk])
-    return pool
-
-
-@retry_on_deadlock()
-@transaction.atomic
-def _pool_update(*, pool: NodePool, values: dict, expected: int | None, actor: str) -> NodePool:
-    if set(values) == {"quantity"} and isinstance(values["quantity"], int):
-        return pool_set_quantity(pool=pool, quantity=values["quantity"], actor=actor, expected_version=expected)
-    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=pool.tenant_id)  # the tenant, then the pool
-    locked = (NodePool.objects.select_for_update(no_key=True, of=("self",)).select_related("tenant", "provider")
-              .get(pk=pool.pk))
-    if expected is not None and locked.version != expected:
-        raise _stale(locked, expected)
-    if not values:
-        return locked
-    if values.get("kind", locked.kind) == PoolKind.STATIC:
-        others = {p.name: p.quantity or 0 for p in tenant.pools.filter(kind=PoolKind.STATIC).exclude(pk=locked.pk)}
-        tenant_check_quota(tenant=tenant, quantities={**others, locked.name: values.get("quantity", locked.quantity) or 0})
-    _, changes = object_update(locked, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
-    if changes:
-        NodePool.objects.filter(pk=locked.pk).update(version=F("version") + 1)
-        locked.version += 1
-        pools_changed(pool_ids=[locked.pk])
-    return locked
-
-
 @extend_schema_view(
     retrieve=extend_schema(description="A pool; its ETag header (W/\"<version>\") goes back in If-Match."),
     update=extend_schema(parameters=[IF_MATCH], responses={200: NodePoolSerializer, 412: OpenApiResponse(
@@ -264,7 +221,7 @@ class NodePoolViewSet(ScopedViewMixin, viewsets.ModelViewSet):
         tenant = values.pop("tenant")
         if not scoping.may_change_tenant(self.request.user, tenant):
             raise exceptions.PermissionDenied(f"you may not change tenant {tenant.name}")
-        serializer.instance = _pool_create(tenant=tenant, values=values, actor=actor(self.request))
+        serializer.instance = pool_create(tenant=tenant, values=values, actor=actor(self.request))
 
     def create(self, request, *args, **kwargs):
         response = super().create(request, *args, **kwargs)
@@ -278,7 +235,7 @@ class NodePoolViewSet(ScopedViewMixin, viewsets.ModelViewSet):
         serializer.is_valid(raise_exception=True)
         values = dict(serializer.validated_data)
         expected = expected_version(request, values.pop("version", None))
-        pool = _pool_update(pool=pool, values=values, expected=expected, actor=actor(request))
+        pool = pool_update(pool=pool, values=values, expected_version=expected, actor=actor(request))
         return Response(self.get_serializer(pool).data, headers={"ETag": pool_etag(pool)})
 
     @extend_schema(parameters=[IF_MATCH])
