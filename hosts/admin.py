@@ -12,6 +12,7 @@ from pools.matching import label_selector_q
 from .lifecycle import ConcurrentTransition, IllegalTransition
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 from .services import (
+    host_create,
     host_retest,
     host_retry,
     host_return_to_service,
@@ -91,6 +92,14 @@ class BareMetalHostAdmin(RecordedAdmin):
         if obj is not None and getattr(obj, "claim", None) is not None:
             return False
         return super().has_delete_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        # A new host registers through the one path apply and the API take: its first Event, its drive.
+        host = host_create(values=self.event_values(request, obj, form, change), actor=admin_actor(request))
+        obj.pk = host.pk
+        obj.refresh_from_db()
 
     def event_values(self, request, obj, form, change):
         values = super().event_values(request, obj, form, change)

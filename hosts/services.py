@@ -3,6 +3,7 @@ import logging
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -13,6 +14,7 @@ from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import event_record, events_record, seconds_since
 
+from . import engine
 from .bmc import BMC, BMCError
 from .boot import agent_sessions_end
 from .choices import HostState
@@ -152,11 +154,54 @@ def _human(delta) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
 
-def host_registered(*, host: BareMetalHost) -> None:
-    """A new host (apply, API, admin): start driving it once it is committed (registering: check the BMC)."""
-    from .engine import request_drive
+# The states a host may come in with from Metal3's status (a host another Metal3 already inspected).
+IMPORTABLE_STATES = (HostState.AVAILABLE, HostState.REGISTERING)
 
-    request_drive(host.pk)
+
+@transaction.atomic
+def host_create(*, values: dict, actor: str, status: dict | None = None) -> BareMetalHost:
+    """Register a new host (apply, the API and the admin all call this): validated by BareMetalHost.clean(),
+    saved, its first Event a TRANSITION from nothing into its first state, and a drive asked for on commit.
+
+    The first state is registering (the register flow checks the BMC, inspects and cleans), unless `status`
+    is the Metal3 status of a host another Metal3 already inspected (the `baremetalhost.metal3.io/status`
+    annotation, as `clusterctl move` writes it: {"provisioning": {"state": "available"}, "hardware": {...}}):
+    then the host comes in in that state, with that hardware. This and hosts_transition_batch are the only
+    writers of a host's state: the transition table has no move from nothing, so a new host's first state
+    and its Event are written here, once. Raises ValidationError ({field: message}; "status" for the status)."""
+    state, imported = HostState.REGISTERING, {}
+    if status is not None:
+        state, imported = _imported_status(status)
+    host = BareMetalHost()
+    for name, value in values.items():
+        setattr(host, name, value)
+    now = timezone.now()
+    deadline = deadline_for(state)
+    host.state, host.state_changed_at, host.deadline_at = state, now, now + deadline if deadline else None
+    host.inventory = imported.get("hardware") or host.inventory
+    host.full_clean()
+    host.save()
+    message = "created" if status is None else f"created: imported from Metal3 status as {state}"
+    # Published on commit to the fleet and the host's group: {"object": "host", "ids": [id], "to_state": state}.
+    event_record(kind=EventKind.TRANSITION, object_type=ObjectType.HOST, object_name=host.name, host=host,
+                 to_state=state, actor=actor, message=message,
+                 data={"imported": {"state": state}} if status is not None else {})
+    engine.request_drive(host.pk)
+    return host
+
+
+def _imported_status(status) -> tuple[str, dict]:
+    try:
+        state = status["provisioning"]["state"]
+    except (KeyError, TypeError):
+        raise ValidationError({"status": "must be Metal3 status JSON with provisioning.state"}) from None
+    if state not in IMPORTABLE_STATES:
+        raise ValidationError({"status": f"only hosts that are available (or registering) can be imported, "
+                                         f"not {state!r}"})
+    hardware = status.get("hardware") or {}
+    if not isinstance(hardware, dict):
+        raise ValidationError({"status": "hardware must be a mapping"})
+    return state, {"hardware": hardware}
 
 
 # --- the repair pool: retest, return to service, retire ------------------------------------------------

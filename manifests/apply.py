@@ -13,9 +13,8 @@ from django.db import transaction
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_update
-from hosts.choices import HostState
 from hosts.models import BareMetalHost
-from hosts.services import host_registered
+from hosts.services import host_create
 from pools.choices import CleaningPolicy, PoolKind, ProviderKind
 from pools.models import (
     CHECKSUM_LENGTHS,
@@ -516,24 +515,26 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
              "labels": meta.path + ("labels",), "root_device_hints": spec.path + ("rootDeviceHints",),
              "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name"),
              "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION)}
-    if creating and status:
-        values.update(_imported_status(status, meta.path + ("annotations", STATUS_ANNOTATION)))
-    ctx.update(f"baremetalhost/{name}", host, values, paths, object_type=ObjectType.HOST, self_link="host")
-    if creating:
-        host_registered(host=host)
-
-
-def _imported_status(text: str, path: tuple) -> dict:
-    """Metal3's status annotation (as `clusterctl move` writes it): a host that another Metal3 already
-    inspected comes in available, with its hardware, instead of registering again."""
+    if not creating:
+        ctx.update(f"baremetalhost/{name}", host, values, paths, object_type=ObjectType.HOST, self_link="host")
+        return
+    # A new host registers (or, with Metal3's status, comes in as that status says) through hosts.services.
+    paths["status"] = meta.path + ("annotations", STATUS_ANNOTATION)
     try:
-        status = json.loads(text)
-        state = status["provisioning"]["state"]
-    except (ValueError, KeyError, TypeError):
+        host_create(values={"name": name, **values}, actor=ctx.actor,
+                    status=_status_json(status, paths["status"]) if status else None)
+    except ValidationError as exc:
+        raise _invalid_from(exc, paths) from None
+    ctx.result.add(f"baremetalhost/{name}", True)
+
+
+def _status_json(text: str, path: tuple):
+    """Metal3's status annotation (as `clusterctl move` writes it), read as JSON for hosts.services.host_create,
+    which says what of it a new host may take."""
+    try:
+        return json.loads(text)
+    except ValueError:
         raise Invalid(path, "must be Metal3 status JSON with provisioning.state") from None
-    if state not in (HostState.AVAILABLE, HostState.REGISTERING):
-        raise Invalid(path, f"only hosts that are available (or registering) can be imported, not {state!r}")
-    return {"state": state, "inventory": status.get("hardware") or {}}
 
 
 HANDLERS = {

@@ -25,7 +25,7 @@ from hosts.selectors import (
     health_runs_visible,
     hosts_visible,
 )
-from hosts.services import host_retry, host_set_maintenance
+from hosts.services import host_create, host_retry, host_set_maintenance
 
 from .serializers import (
     EraseCertificateSerializer,
@@ -58,17 +58,14 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         return None  # hosts belong to the platform: only admins change them
 
     def perform_create(self, serializer):
-        host = BareMetalHost()
-        with transaction.atomic():
-            object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type=ObjectType.HOST,
-                          self_link="host")
-        serializer.instance = host  # registering: the register flow picks it up (hosts.engine.drive_stale)
+        # Registering, and driven on commit: the register flow checks the BMC, inspects and cleans.
+        serializer.instance = host_create(values=dict(serializer.validated_data), actor=actor(self.request))
 
     def perform_update(self, serializer):
         host = serializer.instance
         with transaction.atomic():
-            object_update(host, dict(serializer.validated_data), actor=actor(self.request), object_type=ObjectType.HOST,
-                          self_link="host")
+            object_update(host, dict(serializer.validated_data), actor=actor(self.request),
+                          object_type=ObjectType.HOST, self_link="host")
 
     @extend_schema(request=MaintenanceSerializer, responses={200: HostSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])

@@ -1,0 +1,111 @@
+"""One way to register a host: apply (a Metal3 BareMetalHost), the API and the admin all call
+hosts.services.host_create, so every new host has the same first Event (a TRANSITION into its first state)
+and is driven once its row is committed. A Metal3 status annotation comes in through the same path."""
+import json
+
+import pytest
+import yaml
+from django.test import Client
+from django.urls import reverse
+
+import hosts.services
+from events.models import Event
+from hosts.models import BareMetalHost
+from hosts.tasks import drive_host
+
+pytestmark = pytest.mark.django_db
+
+HARDWARE = {"cpu": {"arch": "x86_64", "count": 64}, "ramMebibytes": 524288, "gpus": 8}
+
+
+def bmh(name: str, mac: str, status: dict | None = None) -> str:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-bmc", "namespace": "metal3"},
+              "stringData": {"username": f"user-{name}", "password": f"pw-{name}-7c1d"}}
+    host = {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": name, "namespace": "metal3", "labels": {"role": "gpu"}},
+            "spec": {"bmc": {"address": f"redfish+http://127.0.0.1:8099/redfish/v1/Systems/{name}",
+                             "credentialsName": f"{name}-bmc"}, "bootMACAddress": mac}}
+    if status is not None:
+        host["metadata"]["annotations"] = {"baremetalhost.metal3.io/status": json.dumps(status)}
+    return yaml.safe_dump_all([secret, host])
+
+
+@pytest.fixture
+def drives(monkeypatch) -> list[int]:
+    """The hosts a drive was enqueued for (the Celery task's apply_async, which request_drive calls on commit)."""
+    sent = []
+    monkeypatch.setattr(drive_host, "apply_async", lambda *, kwargs, countdown=None: sent.append(kwargs["host_id"]))
+    return sent
+
+
+def first_event(name: str) -> tuple:
+    event = Event.objects.filter(object_type="host", object_name=name).order_by("pk").first()
+    return (event.kind, event.from_state, event.to_state, event.message, event.data, event.host_id, event.actor)
+
+
+def test_a_host_registered_by_apply_the_api_or_the_admin_has_the_same_first_event_and_is_driven(
+        world, api, apply, drives, django_capture_on_commit_callbacks):
+    admin = Client()
+    admin.force_login(world.users["admin"])
+    with django_capture_on_commit_callbacks(execute=True):
+        apply(bmh("gpu-21", "52:54:00:00:21:01"))
+    with django_capture_on_commit_callbacks(execute=True):
+        made = api("admin", "post", "/api/v1/hosts/", {
+            "name": "gpu-22", "bmc_address": "redfish+http://127.0.0.1:8099/redfish/v1/Systems/gpu-22",
+            "boot_mac": "52:54:00:00:22:01", "bmc_username": "user-gpu-22", "bmc_password": "pw-gpu-22-7c1d"})
+        assert made.status_code == 201 and made.json()["state"] == "registering"
+    with django_capture_on_commit_callbacks(execute=True):
+        add = reverse("admin:hosts_baremetalhost_add")
+        response = admin.post(add, {"name": "gpu-23", "namespace": "metal3", "labels": "{}", "online": "on",
+                                    "root_device_hints": "{}", "automated_cleaning_mode": "metadata",
+                                    "bmc_address": "redfish+http://127.0.0.1:8099/redfish/v1/Systems/gpu-23",
+                                    "boot_mac": "52:54:00:00:23:01", "new_bmc_username": "user-gpu-23",
+                                    "new_bmc_password": "pw-gpu-23-7c1d"})
+        assert response.status_code == 302, response.context["adminform"].form.errors
+    hosts = {h.name: h for h in BareMetalHost.objects.filter(name__in=["gpu-21", "gpu-22", "gpu-23"])}
+    for name, actor in (("gpu-21", "cli:"), ("gpu-22", "user:ada-admin"), ("gpu-23", "user:ada-admin")):
+        host = hosts[name]
+        kind, from_state, to_state, message, data, host_id, by = first_event(name)
+        assert (kind, from_state, to_state, message, data, host_id) == (
+            "transition", "", "registering", "created", {}, host.pk), name
+        assert by.startswith(actor), (name, by)
+        assert host.state == "registering" and host.deadline_at is not None, name
+    assert sorted(drives) == sorted(h.pk for h in hosts.values())
+
+
+def test_an_imported_metal3_status_comes_in_through_host_create(apply, monkeypatch, drives,
+                                                                 django_capture_on_commit_callbacks):
+    calls = []
+    real = hosts.services.host_create
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr("manifests.apply.host_create", spy)
+    status = {"provisioning": {"state": "available"}, "hardware": HARDWARE}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert apply(bmh("gpu-31", "52:54:00:00:31:01", status)) == [
+            "baremetalhost/gpu-31 created", ]
+    [call] = calls
+    assert call["status"] == status and call["values"]["name"] == "gpu-31"
+    host = BareMetalHost.objects.get(name="gpu-31")
+    assert (host.state, host.inventory, host.deadline_at) == ("available", HARDWARE, None)
+    assert first_event("gpu-31")[:5] == ("transition", "", "available", "created: imported from Metal3 status as "
+                                         "available", {"imported": {"state": "available"}})
+    assert drives == [host.pk]
+
+
+@pytest.mark.parametrize("status, message", [
+    ({"provisioning": {"state": "provisioned"}}, "only hosts that are available (or registering) can be imported, "
+                                                 "not 'provisioned'"),
+    ({"hardware": HARDWARE}, "must be Metal3 status JSON with provisioning.state"),
+])
+def test_an_imported_status_a_new_host_cannot_take_is_refused_and_nothing_is_applied(apply, status, message):
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="annotations") as refused:
+        apply(bmh("gpu-41", "52:54:00:00:41:01", status))
+    assert message in str(refused.value)
+    assert not BareMetalHost.objects.filter(name="gpu-41").exists()
+    assert not Event.objects.filter(object_name="gpu-41").exists()
