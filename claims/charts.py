@@ -89,7 +89,8 @@ def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dic
     counts = dict.fromkeys(HostState.values, 0)
     for row in BareMetalHost.objects.order_by().values("state").annotate(n=Count("pk")):
         counts[row["state"]] = row["n"]
-    transitions = list(Event.objects.filter(object_type=ObjectType.HOST, kind=EventKind.TRANSITION, created_at__gte=start)
+    transitions = list(Event.objects.filter(object_type=ObjectType.HOST, kind=EventKind.TRANSITION,
+                                            created_at__gte=start)
                        .exclude(from_state="").order_by("-created_at")
                        .values_list("created_at", "from_state", "to_state")[:cap])
     step = (now - start) / buckets

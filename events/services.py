@@ -41,8 +41,9 @@ def events_record(events: Sequence[Event]) -> list[Event]:
     events = list(events)
     if not events:
         return events
-    for event in events:
-        EventKind(event.kind), ObjectType(event.object_type)  # ValueError: not a declared choice
+    for event in events:  # ValueError: not a declared choice
+        EventKind(event.kind)
+        ObjectType(event.object_type)
     if len(events) == 1:
         events[0].save()
     else:
@@ -77,7 +78,8 @@ def live_message(events: Sequence[Event]) -> dict:
     (the fleet board recounts); from_state and step ride along where the events share them."""
     object_type = events[0].object_type
     own = OWN_LINK.get(object_type)
-    message = {"object": str(object_type), "ids": list(dict.fromkeys(getattr(e, own) for e in events)) if own else []}
+    ids = dict.fromkeys(getattr(e, own) for e in events) if own else {}
+    message = {"object": str(object_type), "ids": [i for i in ids if i is not None]}
     for name in ("from_state", "to_state", "step"):
         values = {getattr(e, name) for e in events}
         if len(values) == 1 and (value := values.pop()):
@@ -144,8 +146,8 @@ def object_relations_set(obj, relations: dict, *, actor: str, object_type: str, 
     if changes:
         message = "; ".join(f"{name}: " + ", ".join([*(f"+{v}" for v in c["added"]), *(f"-{v}" for v in c["removed"])])
                             for name, c in changes.items())
-        event_record(kind=EventKind.CHANGE, object_type=object_type, object_name=str(obj), actor=actor, message=message,
-                     tenant=tenant, host=host, data=changes)
+        event_record(kind=EventKind.CHANGE, object_type=object_type, object_name=str(obj), actor=actor,
+                     message=message, tenant=tenant, host=host, data=changes)
     return changes
 
 

@@ -169,16 +169,16 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     then the host comes in in that state, with that hardware. This and hosts_transition_batch are the only
     writers of a host's state: the transition table has no move from nothing, so a new host's first state
     and its Event are written here, once. Raises ValidationError ({field: message}; "status" for the status)."""
-    state, imported = HostState.REGISTERING, {}
+    state, hardware = HostState.REGISTERING, {}
     if status is not None:
-        state, imported = _imported_status(status)
+        state, hardware = _imported_status(status)
     host = BareMetalHost()
     for name, value in values.items():
         setattr(host, name, value)
     now = timezone.now()
     deadline = deadline_for(state)
     host.state, host.state_changed_at, host.deadline_at = state, now, now + deadline if deadline else None
-    host.inventory = imported.get("hardware") or host.inventory
+    host.inventory = hardware or host.inventory
     host.full_clean()
     host.save()
     message = "created" if status is None else f"created: imported from Metal3 status as {state}"
@@ -191,6 +191,7 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
 
 
 def _imported_status(status) -> tuple[str, dict]:
+    """The state and the hardware a new host takes from Metal3's status."""
     try:
         state = status["provisioning"]["state"]
     except (KeyError, TypeError):
@@ -201,7 +202,7 @@ def _imported_status(status) -> tuple[str, dict]:
     hardware = status.get("hardware") or {}
     if not isinstance(hardware, dict):
         raise ValidationError({"status": "hardware must be a mapping"})
-    return state, {"hardware": hardware}
+    return state, hardware
 
 
 # --- the repair pool: retest, return to service, retire ------------------------------------------------
