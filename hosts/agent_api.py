@@ -162,12 +162,9 @@ def lookup(request, body):
     if host is None:
         raise Refused(403, REFUSED)
     address = client_ip(request)
-    boot = boot_path.lookup_boot(host=host, secret=secret)
+    boot, why = boot_path.lookup_boot(host=host, secret=secret)
     if boot is None:
-        why = ("without a boot secret" if not secret else
-               "with a secret that is not this boot's" if not _used_secret(host, secret) else
-               "again for a boot whose agent already has its session")
-        _refusal_event(host, f"agent lookup refused: {why} (from {address or '?'})", address)
+        _refusal_event(host, why, address)
         raise Refused(403, REFUSED)
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
@@ -179,21 +176,18 @@ def lookup(request, body):
 REFUSED = "lookup refused: no host is booting the agent with these MAC addresses and this boot secret"
 
 
-def _used_secret(host: BareMetalHost, secret: str) -> bool:
-    newest = host.ramdisk_boots.first()
-    return bool(newest and newest.looked_up_at and newest.secret_hash == boot_path.hash_secret(secret))
-
-
-def _refusal_event(host: BareMetalHost, message: str, address: str) -> None:
-    """At most one per boot, reason and minute: a flood of refused lookups is one line, not a full disk."""
-    boot = host.ramdisk_boots.values_list("secret_hash", flat=True).first() or host.created_at.isoformat()
-    key = f"agent-refusal:{host.pk}:{hash_token(boot + message.split(' (from')[0])[:16]}:{int(time.time() // 60)}"
+def _refusal_event(host: BareMetalHost, why: str, address: str) -> None:
+    """At most one per host, reason and minute (a flood of refused lookups is one line, not a full disk). The
+    key carries the host's state change time, so a host's next flow (and a test's fresh database) starts anew."""
+    since = host.state_changed_at.isoformat() if host.state_changed_at else ""
+    key = f"agent-refusal:{host.pk}:{hash_token(since + why)[:16]}:{int(time.time() // 60)}"
     try:
         if not cache.add(key, 1, timeout=70):
             return
-    except Exception:
+    except Exception:  # no cache: every refusal is recorded
         pass
-    boot_path.security_event(host=host, message=message, data={"address": address})
+    boot_path.security_event(host=host, message=f"agent lookup refused: {why} (from {address or '?'})",
+                             data={"address": address})
 
 
 @rate_limited("call")

@@ -106,13 +106,16 @@ def virtual_media_url(host: BareMetalHost) -> str:
     return f"{settings.AGENT_BOOT_URL.rstrip('/')}/boot/{host.boot_mac.replace(':', '-')}.iso"
 
 
-def lookup_boot(*, host: BareMetalHost, secret: str) -> RamdiskBoot | None:
-    """The host's newest boot, when `secret` is its secret and no lookup has used it yet (claimed here)."""
+def lookup_boot(*, host: BareMetalHost, secret: str) -> tuple[RamdiskBoot | None, str]:
+    """(the host's newest boot, "") when `secret` is its secret and no lookup has used it yet (claimed here);
+    else (None, why it is refused). One read of the boot, one compare-and-swap to claim it."""
     boot = RamdiskBoot.objects.filter(host=host).first()
-    if boot is None or not secret or not hmac.compare_digest(boot.secret_hash, hash_secret(secret)):
-        return None
+    if not secret:
+        return None, "without a boot secret"
+    if boot is None or not hmac.compare_digest(boot.secret_hash, hash_secret(secret)):
+        return None, "with a secret that is not this boot's"
     claimed = RamdiskBoot.objects.filter(pk=boot.pk, looked_up_at__isnull=True).update(looked_up_at=timezone.now())
-    return boot if claimed else None
+    return (boot, "") if claimed else (None, "again for a boot whose agent already has its session")
 
 
 def security_event(*, host: BareMetalHost | None, message: str, data: dict | None = None) -> None:

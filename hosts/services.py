@@ -49,8 +49,8 @@ def host_transition(*, host: BareMetalHost, to_state: str, actor: str, reason: s
 
 @transaction.atomic
 def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, actor: str, reason: str = "",
-                     error_type: str = "", step: str = "", data: dict | None = None,
-                     tenant_ids: dict[int, int] | None = None) -> list[BareMetalHost]:
+                           error_type: str = "", step: str = "", data: dict | None = None,
+                           tenant_ids: dict[int, int] | None = None) -> list[BareMetalHost]:
     """Move hosts that share one state to `to_state`, by compare-and-swap on that state.
 
     Raises IllegalTransition when the table forbids it, ConcurrentTransition when another writer moved
@@ -92,19 +92,14 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
                 setattr(host, key, value)
         if to_state == HostState.ERROR:
             host.error_count += 1
-    transaction.on_commit(lambda: _drive_on(ids, to_state))
+    if to_state in STATE_TASKS:
+        for host_id in ids:
+            engine.request_drive(host_id)  # on commit, through the one path that enqueues drives
     moved = HostsMoved(host_ids=ids, names={h.pk: h.name for h in hosts}, from_state=from_state, to_state=to_state,
                        actor=actor, reason=reason, data=data or {})
     for receiver in TRANSITION_RECEIVERS:
         receiver(moved)
     return hosts
-
-
-def _drive_on(ids: list[int], to_state: str) -> None:
-    task_name = STATE_TASKS.get(to_state)
-    if task_name:
-        for host_id in ids:
-            task_send(task_name, host_id=host_id)
 
 
 def host_set_maintenance(*, host: BareMetalHost, on: bool, actor: str, reason: str = "") -> BareMetalHost:

@@ -11,21 +11,11 @@ from claims.models import NodeClaim
 from hosts.models import BareMetalHost
 from hosts.services import hosts_sweep_overdue
 
+from .lab_conftest import gpu_pool
+
 pytestmark = pytest.mark.django_db
 
-GPU_POOL = """\
-privateNodes:
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: ubuntu2404-20260926
-      static:
-        - name: gpu
-          quantity: 1
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              value: gpu-server
-"""
+GPU_POOL = gpu_pool(1)  # one gpu-server node, the demo image
 
 
 def only_gpu_01_and(state_of_gpu_02: str) -> None:

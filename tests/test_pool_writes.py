@@ -11,6 +11,8 @@ from events.models import Event
 from pools.models import NodePool, Tenant
 from pools.services import pool_create
 
+from .test_admin import form_data
+
 pytestmark = pytest.mark.django_db
 
 QUOTA_MESSAGE = "tenant alpha may have at most 2 node(s); these pools ask for 3"
@@ -47,16 +49,7 @@ def change_url(pool: NodePool) -> str:
 
 def admin_form(client: Client, pool: NodePool) -> dict:
     """The pool's admin change form as the browser posts it back unchanged."""
-    form = client.get(change_url(pool)).context["adminform"].form
-    data = {}
-    for field in (f for f in form if not f.field.disabled):
-        value = field.value()
-        if isinstance(field.field.widget, CheckboxInput):
-            if value:
-                data[field.html_name] = "on"
-        else:
-            data[field.html_name] = "" if value is None else value
-    return data
+    return form_data(client.get(change_url(pool)))
 
 
 def pool_events(pool: NodePool) -> list[Event]:
