@@ -174,12 +174,12 @@ def main() -> None:
     from django.contrib.sessions.backends.db import SessionStore
     from django.db import connection
 
-    import hosts.services
+    import hosts.engine
     from events.selectors import latest_event_id
     from hosts.models import BareMetalHost
 
     # No worker here: the states' drive tasks are not sent (this measures the live path, not the flows).
-    hosts.services.STATE_TASKS.clear()
+    hosts.engine.request_drive = lambda host_id, countdown=None: None
     BareMetalHost.objects.bulk_create([
         BareMetalHost(name=f"bench-{i:04d}", bmc_address=f"redfish://10.2.{i // 250}.{i % 250}/redfish/v1/Systems/1",
                       boot_mac=f"52:54:02:00:{i >> 8 & 255:02x}:{i & 255:02x}", labels={"role": "gpu"},

@@ -33,10 +33,6 @@ from .models import BareMetalHost
 
 log = logging.getLogger(__name__)
 
-# The task that drives a host on from each state it enters: {state: "app.tasks.name"}.
-STATE_TASKS: dict[str, str] = {state: "hosts.tasks.drive_host" for state in
-                               (HostState.REGISTERING, HostState.INSPECTING, HostState.PROVISIONING,
-                                HostState.DEPROVISIONING, HostState.RETESTING)}
 
 
 def host_transition(*, host: BareMetalHost, to_state: str, actor: str, reason: str = "", error_type: str = "",
@@ -92,9 +88,9 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
                 setattr(host, key, value)
         if to_state == HostState.ERROR:
             host.error_count += 1
-    if to_state in STATE_TASKS:
+    if to_state in engine.FLOW_FOR_STATE:  # a state with a flow: drive it, on commit
         for host_id in ids:
-            engine.request_drive(host_id)  # on commit, through the one path that enqueues drives
+            engine.request_drive(host_id)
     moved = HostsMoved(host_ids=ids, names={h.pk: h.name for h in hosts}, from_state=from_state, to_state=to_state,
                        actor=actor, reason=reason, data=data or {})
     for receiver in TRANSITION_RECEIVERS:
