@@ -87,6 +87,7 @@ def host_detail(request, name: str):
         "health_runs": list(health_runs_visible(request.user).filter(host=host)
                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
+        "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
     })
     return page(request, "hosts/host.html", context)
 
