@@ -22,7 +22,7 @@ from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
 from hosts.capacity import node_type_capacity
-from manifests.apply import apply_files
+from manifests.apply import Fields, apply_files
 from manifests.source import ManifestError
 from pools.choices import PoolKind
 from pools.filtersets import (
@@ -314,6 +314,10 @@ def catalogue_edit(request, kind: str, key: str | None = None):
 
 # --- YAML apply ------------------------------------------------------------------------------------------
 
+# The page's messages name its own fields, not the command's options.
+APPLY_FIELDS = Fields(tenant="a tenant name in the Tenant field", create_tenant='"Create tenant"')
+
+
 @console_view(scoping.ADMIN)
 def apply_page(request):
     """Paste or upload manifests. "Preview" runs a dry run and shows what would change; "Apply" applies the
@@ -328,7 +332,9 @@ def apply_page(request):
             try:
                 result = apply_files([(form.cleaned_data["file_name"], form.cleaned_data["text"])],
                                      actor=actor(request),
-                                     tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run)
+                                     tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run,
+                                     create_tenant=form.cleaned_data.get("create_tenant", False),
+                                     fields=APPLY_FIELDS)
             except ManifestError as exc:
                 error = str(exc)
                 form.add_error("text", error)
@@ -338,7 +344,8 @@ def apply_page(request):
                     form = forms.ApplyForm(initial={"tenant": form.cleaned_data.get("tenant")})
                 else:
                     form = forms.ApplyForm(initial={"text": form.cleaned_data["text"],
-                                                    "tenant": form.cleaned_data.get("tenant")})
+                                                    "tenant": form.cleaned_data.get("tenant"),
+                                                    "create_tenant": form.cleaned_data.get("create_tenant")})
     else:
         form = forms.ApplyForm()
     return page(request, "pools/apply.html", {"form": form, "result": result, "error": error, "applied": applied,
