@@ -174,19 +174,21 @@ def join_command(request, name: str):
                            "made. A platform admin adds them on the tenant's edit page or with apply.")
     else:
         from claims.tenant_api import TenantAPI, TenantAPIError
-        from claims.tenant_api import join_command as make_command
 
         try:
             api = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
-            token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
-                                               description=f"manual join by {request.user.get_username()}")
-            endpoint = tenant.api_endpoint or api.server.split("://", 1)[-1]
-            ca_hash = api.ca_cert_hash() if tenant.join_mode == "kubeadm" else None
-            result["command"] = make_command(tenant.join_mode, endpoint, token.token, ca_hash)
-            result["expires_at"] = token.expires_at
-            event_record(kind=EventKind.ACTION, object_type=ObjectType.TENANT, object_name=tenant.name, tenant=tenant,
-                         actor=actor(request),
-                         message=f"join token {token.id} created for a manual node")
+            refusal = api.join_refusal(tenant.join_mode)
+            if refusal:  # asked before a token is made: a refused join leaves no token behind
+                result["error"] = f"No join command for tenant {tenant.name}: {refusal}."
+            else:
+                token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
+                                                   description=f"manual join by {request.user.get_username()}")
+                endpoint = tenant.api_endpoint or api.server.split("://", 1)[-1]
+                result["command"], result["note"] = api.join(tenant.join_mode, endpoint, token.token)
+                result["expires_at"] = token.expires_at
+                event_record(kind=EventKind.ACTION, object_type=ObjectType.TENANT, object_name=tenant.name,
+                             tenant=tenant, actor=actor(request),
+                             message=f"join token {token.id} created for a manual node")
         except (TenantAPIError, ValueError) as exc:
             result["error"] = f"The tenant API did not give a join token: {exc}"
     if is_htmx(request):
