@@ -8,7 +8,7 @@ from django.template.loader import render_to_string
 from core import scoping
 from events.models import Event
 from events.selectors import events_visible
-from hosts.selectors import hosts_visible
+from hosts.selectors import attention_explain, hosts_needing_attention, hosts_visible
 from pools.matching import label_selector_matches
 from pools.models import NodeType
 
@@ -72,6 +72,20 @@ def render_rows(hosts: list[BareMetalHost], *, may_see_bmc: bool) -> list[str]:
 
 def render_counts(counts: list[dict], query: str) -> str:
     return render_to_string("hosts/partials/state_counts.html", {"counts": counts, "query": query, "oob": True})
+
+
+ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
+
+
+def attention_board(*, is_admin: bool) -> dict:
+    """The fleet board's "needs attention" card: the first ATTENTION_SHOWN hosts and how many there are."""
+    hosts = attention_explain(list(hosts_needing_attention(row_queryset())[:ATTENTION_SHOWN]))
+    total = len(hosts) if len(hosts) < ATTENTION_SHOWN else hosts_needing_attention().count()
+    return {"attention": hosts, "attention_total": total, "is_admin": is_admin}
+
+
+def render_attention(*, is_admin: bool) -> str:
+    return render_to_string("hosts/partials/attention.html", attention_board(is_admin=is_admin))
 
 
 # --- the host page ----------------------------------------------------------------------------------
