@@ -2,7 +2,7 @@
 their live consumers render through these, so a websocket frame is the same HTML as the page."""
 from urllib.parse import urlsplit
 
-from django.db.models import Count
+from django.db.models import Count, Window
 from django.template.loader import render_to_string
 
 from core import scoping
@@ -79,9 +79,10 @@ ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
 
 def attention_board(*, is_admin: bool) -> dict:
     """The fleet board's "needs attention" card: the first ATTENTION_SHOWN hosts and how many there are."""
-    hosts = attention_explain(list(hosts_needing_attention(row_queryset())[:ATTENTION_SHOWN]))
-    total = len(hosts) if len(hosts) < ATTENTION_SHOWN else hosts_needing_attention().count()
-    return {"attention": hosts, "attention_total": total, "is_admin": is_admin}
+    # One query: the first rows, each with the count of all (COUNT(*) OVER ()).
+    hosts = attention_explain(list(hosts_needing_attention(row_queryset())
+                                   .annotate(attention_total=Window(Count("pk")))[:ATTENTION_SHOWN]))
+    return {"attention": hosts, "attention_total": hosts[0].attention_total if hosts else 0, "is_admin": is_admin}
 
 
 def render_attention(*, is_admin: bool) -> str:
