@@ -110,7 +110,7 @@ def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None 
     return result
 
 
-def _classify(doc: Document, tenant: str | None, fields: Fields) -> str:
+def _classify(doc: Document, tenant: str | None, fields: Fields = Fields()) -> str:
     data = doc.data
     if not isinstance(data, dict):
         raise doc.error(Invalid((), "a manifest must be a mapping"))
