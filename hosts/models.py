@@ -1,6 +1,5 @@
 """BareMetalHost: one server, its BMC, its hardware and where it is in its life cycle."""
 import re
-from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -9,21 +8,10 @@ from core.crypto import EncryptedTextField
 from pools.choices import CleaningPolicy
 from pools.validators import validate_object_name, validate_string_map
 
-from .choices import BMCScheme, CleaningMode, HostState, PowerState, Verdict
+from .bmc import BMCError, parse_address
+from .choices import CleaningMode, HostState, PowerState, Verdict
 
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
-
-
-def parse_bmc_address(address: str):
-    """'redfish+http://127.0.0.1:8000/redfish/v1/Systems/x' → (scheme, netloc, system path)."""
-    parts = urlsplit(address or "")
-    if parts.scheme not in BMCScheme.values:
-        raise ValidationError(
-            f"BMC address {address!r} has an unknown scheme {parts.scheme!r}; "
-            f"expected one of {', '.join(s + '://' for s in BMCScheme.values)}")
-    if not parts.hostname:
-        raise ValidationError(f"BMC address {address!r} has no host")
-    return parts.scheme, parts.netloc, parts.path
 
 
 class BareMetalHost(models.Model):
@@ -74,9 +62,9 @@ class BareMetalHost(models.Model):
     def clean(self):
         errors = {}
         try:
-            parse_bmc_address(self.bmc_address)
-        except ValidationError as exc:
-            errors["bmc_address"] = exc.messages
+            parse_address(self.bmc_address)
+        except BMCError as exc:
+            errors["bmc_address"] = exc.message
         mac = (self.boot_mac or "").lower()
         if not MAC.match(mac):
             errors["boot_mac"] = f"{self.boot_mac!r} is not a MAC address such as 52:54:00:12:34:56"

@@ -5,7 +5,7 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from core.tasks import task_send
@@ -118,10 +118,15 @@ def host_retry(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMeta
 
 def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
     """Move every host past its state's deadline to the state's failure state (lifecycle.STATE_FAILURE), with the
-    reason and the step it was stuck at (what that means for a claim it serves is the claims app's reaction)."""
+    reason and the step it was stuck at (what that means for a claim it serves is the claims app's reaction).
+    A host in progress stored without a deadline (by an older console, or by hand) is held to its state's
+    deadline from when it entered the state."""
     swept = []
     now = timezone.now()
-    overdue = BareMetalHost.objects.filter(deadline_at__lt=now, state__in=list(STATE_FAILURE))
+    undated = Q()
+    for state in STATE_FAILURE:
+        undated |= Q(state=state, deadline_at__isnull=True, state_changed_at__lt=now - deadline_for(state))
+    overdue = BareMetalHost.objects.filter(Q(deadline_at__lt=now, state__in=list(STATE_FAILURE)) | undated)
     for host in overdue:
         limit = deadline_for(host.state)
         reason = f"deadline exceeded: {host.state} for more than {_human(limit)}"

@@ -109,7 +109,7 @@ def test_two_entries_for_one_provider(refused):
 
 def test_bmc_address_with_an_unknown_scheme(refused):
     message = refused(BMH.format(address="http://10.1.1.1/redfish/v1/Systems/1", credentials="new-bmc"),
-                      expect="unknown scheme 'http'", line=14)
+                      expect="BMC address scheme http:// is not supported", line=14)
     assert "spec.bmc.address" in message
 
 
