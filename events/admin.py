@@ -127,6 +127,11 @@ class ServiceDeleteMixin:
             return HttpResponseRedirect(request.path)  # the confirmation page again, with the reason
         return super().response_delete(request, obj_display, obj_id)
 
+    def message_user(self, request, message, level=messages.INFO, *args, **kwargs):
+        if level == messages.SUCCESS and getattr(request, "_delete_refused", ""):
+            return  # delete_selected's "Successfully deleted": nothing was
+        super().message_user(request, message, level, *args, **kwargs)
+
 
 @admin.register(Event)
 class EventAdmin(admin.ModelAdmin):

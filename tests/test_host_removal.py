@@ -2,6 +2,7 @@
 and the Django admin; only a host no flow drives and no tenant uses goes, and its certificates, health runs and
 Events stay. `delete -f` removes catalogue objects too, all or nothing."""
 import pytest
+from django.contrib.messages import get_messages
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
@@ -9,6 +10,7 @@ from django.urls import reverse
 from claims.models import NodeClaim
 from events.models import Event
 from hosts import engine
+from hosts.admin import BareMetalHostAdmin
 from hosts.choices import HostState
 from hosts.lifecycle import IllegalTransition
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
@@ -275,3 +277,21 @@ def test_the_admin_refuses_a_node_type_in_use(world, admin_client):
     assert f"in use by claim(s) {world.claim_a.name}" in page
     admin_client.post(reverse("admin:pools_nodetype_delete", args=[gpu.pk]), {"post": "yes"})
     assert NodeType.objects.filter(pk=gpu.pk).exists()
+
+
+def test_a_refusal_met_at_the_last_moment_is_an_error_in_the_admin_and_deletes_nothing(world, admin_client,
+                                                                                     monkeypatch):
+    # The confirmation page saw a removable host; by the POST it was inspecting (the service's lock decides).
+    monkeypatch.setattr(BareMetalHostAdmin, "delete_refusal", lambda self, obj: "")
+    inspecting = host_transition(host=free_host(world), to_state=HostState.INSPECTING, actor="user:test")
+    free = free_host(world)
+    for url, data in ((admin_url("delete", inspecting.pk), {"post": "yes"}),
+                      (admin_url("changelist"), {"action": "delete_selected", "post": "yes",
+                                                 "_selected_action": [free.pk, inspecting.pk]})):
+        response = admin_client.post(url, data)
+    # Both refusals (the first not yet read), and no "Successfully deleted".
+    refusal = (f"nothing deleted: {inspecting.name} cannot be deleted: the host is inspecting: a flow drives it now; "
+               "wait until it is done, or put the host in maintenance first")
+    assert [str(m) for m in get_messages(response.wsgi_request)] == [refusal, refusal]
+    assert BareMetalHost.objects.filter(pk__in=[free.pk, inspecting.pk]).count() == 2
+    assert not Event.objects.filter(message="deleted").exists()
