@@ -15,7 +15,14 @@ from hosts.choices import HostState
 from hosts.lifecycle import IllegalTransition
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 from hosts.services import REMOVABLE_STATES, host_delete, host_transition
-from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
+from pools.models import (
+    NodeEnvironment,
+    NodePool,
+    NodeProvider,
+    NodeType,
+    OSImage,
+    Tenant,
+)
 from tests.api_conftest import gate_evidence
 
 pytestmark = pytest.mark.django_db
