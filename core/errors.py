@@ -16,3 +16,7 @@ class LocatedError(Exception):
         if line is not None:
             where += f" (line {line})"
         super().__init__(f"{where}: {message}")
+
+
+class InUse(Exception):
+    """The object cannot go: something still uses it (the message names what, and what to do first)."""

@@ -10,6 +10,7 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from core.errors import InUse
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_update
@@ -24,7 +25,7 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.services import PoolSpec, tenant_private_nodes_apply
+from pools.services import PoolSpec, node_type_delete, tenant_private_nodes_apply
 
 from .source import Document, Invalid, ManifestError, Reader, dotted, load_documents
 
@@ -217,10 +218,11 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
             raise Invalid(item.path + ("name",), f"node type {type_name!r} is declared twice")
         declared.add(type_name)
         _apply_node_type(ctx, item, type_name, provider, declared_in_provider=True)
-    for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared):
-        from events.services import object_delete
-
-        object_delete(stale, actor=ctx.actor, object_type=ObjectType.NODETYPE)
+    for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared).order_by("name"):
+        try:
+            node_type_delete(node_type=stale, actor=ctx.actor)
+        except InUse as exc:
+            raise Invalid(block.path + ("nodeTypes",), f"{exc}; keep declaring it until then") from None
         ctx.result.lines.append(f"nodetype/{stale.name} deleted")
         ctx.result.changed += 1
 

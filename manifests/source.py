@@ -125,6 +125,19 @@ class Document:
         return ManifestError(self.file, self.index, self.line_of(exc.path), prefix + exc.message)
 
 
+def read_sources(names: list[str], stdin) -> list[tuple[str, str]]:
+    """The files named on a command line (`-` is standard input) as [(name, text), ...], for apply and delete.
+    Raises OSError with the file's name in `filename`."""
+    sources = []
+    for name in names:
+        if name == "-":
+            sources.append((name, stdin.read()))
+            continue
+        with open(name, encoding="utf-8") as fh:
+            sources.append((name, fh.read()))
+    return sources
+
+
 def load_documents(text: str, file: str, *, line_offset: int = 0, index: int | None = None) -> list[Document]:
     """Parse every document of a YAML stream; empty documents are skipped."""
     loader = None

@@ -15,7 +15,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html_join
 
-from events.admin import RecordedAdmin, admin_actor, event_log_link
+from events.admin import RecordedAdmin, ServiceDeleteMixin, admin_actor, event_log_link
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
@@ -34,6 +34,8 @@ from .services import (
     StaleVersion,
     membership_add,
     membership_remove,
+    node_type_delete,
+    node_type_use,
     pool_create,
     pool_delete,
     pool_update,
@@ -72,7 +74,7 @@ class NodeTypeChangeList(ChangeList):
 
 
 @admin.register(NodeType)
-class NodeTypeAdmin(RecordedAdmin):
+class NodeTypeAdmin(ServiceDeleteMixin, RecordedAdmin):
     event_object_type = ObjectType.NODETYPE
     list_display = ("name", "provider", "display_name", "zone", "resources_text", "cost_text", "total",
                     "available", "provisioned")
@@ -83,6 +85,13 @@ class NodeTypeAdmin(RecordedAdmin):
 
     def get_changelist(self, request, **kwargs):
         return NodeTypeChangeList
+
+    # Deleted through pools.services.node_type_delete (ServiceDeleteMixin): not while a claim uses it.
+    def delete_refusal(self, obj) -> str:
+        return node_type_use(obj)
+
+    def delete_through_service(self, request, obj) -> None:
+        node_type_delete(node_type=obj, actor=admin_actor(request))
 
     @staticmethod
     def _capacity(node_type) -> dict:

@@ -7,14 +7,14 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core.errors import StaleVersion
+from core.errors import InUse, StaleVersion
 from core.tasks import task_send
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
 from events.services import event_record, object_delete, object_update
 
 from .choices import PoolKind
-from .models import NodePool, NodeProvider, Tenant, TenantMembership
+from .models import NodePool, NodeProvider, NodeType, Tenant, TenantMembership
 
 
 @dataclass
@@ -170,6 +170,29 @@ def pool_delete(*, pool: NodePool, actor: str) -> None:
     for receiver in POOL_DELETE_RECEIVERS:
         receiver(pool=pool, actor=actor)
     object_delete(pool, actor=actor, object_type=ObjectType.POOL, tenant=pool.tenant)
+
+
+def node_type_use(node_type: NodeType) -> str:
+    """What still uses a NodeType ("" when nothing): the claims of it that are not yet released."""
+    names = list(node_type.claims.exclude(phase="Released").order_by("name").values_list("name", flat=True)[:4])
+    if not names:
+        return ""
+    more = node_type.claims.exclude(phase="Released").count() - len(names) if len(names) == 4 else 0
+    return (f"node type {node_type.name} is in use by claim(s) {', '.join(names)}" + (f" and {more} more" if more else "")
+            + ": release them (shrink or delete their pools) first")
+
+
+@transaction.atomic
+def node_type_delete(*, node_type: NodeType, actor: str) -> None:
+    """Delete a NodeType (the API, `manage.py delete -f`, apply's stale types and the admin call this). Refused
+    with InUse while a claim that is not released was made for it; its row is locked while that is checked."""
+    locked = NodeType.objects.select_for_update().filter(pk=node_type.pk).first()
+    if locked is None:
+        return
+    use = node_type_use(locked)
+    if use:
+        raise InUse(use)
+    object_delete(locked, actor=actor, object_type=ObjectType.NODETYPE)
 
 
 @transaction.atomic

@@ -435,7 +435,10 @@ def test_adding_a_host_records_it_with_its_credentials_masked(admin_client, site
 
 def test_a_host_serving_a_claim_cannot_be_deleted_and_a_free_one_is_deleted_on_the_record(admin_client, site):
     claimed = NodeClaim.objects.get(pool_name="gpu").host
-    assert admin_client.get(url(BareMetalHost, "delete", claimed.pk)).status_code == 403
+    page = admin_client.get(url(BareMetalHost, "delete", claimed.pk)).content.decode()
+    assert f"{claimed.name} cannot be deleted: it serves claim" in page and "must be released first" in page
+    admin_client.post(url(BareMetalHost, "delete", claimed.pk), {"post": "yes"})
+    assert BareMetalHost.objects.filter(pk=claimed.pk).exists()  # refused (hosts.services.host_delete says why)
     free = available_host("cpu")
     assert admin_client.post(url(BareMetalHost, "delete", free.pk), {"post": "yes"}).status_code == 302
     assert not BareMetalHost.objects.filter(pk=free.pk).exists()

@@ -38,6 +38,7 @@ from pools.models import (
 from pools.selectors import node_environments_visible, pools_visible, tenants_visible
 from pools.services import (
     StaleVersion,
+    node_type_delete,
     pool_create,
     pool_delete,
     pool_update,
@@ -141,6 +142,9 @@ class NodeTypeViewSet(ConfigViewSet):
     def perform_update(self, serializer):
         super().perform_update(serializer)
         serializer.context["capacity"] = node_type_capacity([serializer.instance])
+
+    def perform_destroy(self, instance):
+        node_type_delete(node_type=instance, actor=actor(self.request))
 
 
 class NodeEnvironmentViewSet(ConfigViewSet):
