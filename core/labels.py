@@ -13,7 +13,7 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 TAINT_FIELDS = {"key", "value", "effect"}
 
-NAME_RULE = ("must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+NAME_RULE = ("consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
              "alphanumeric character (e.g. 'MyName', 'my.name' or '123-abc')")
 PREFIX_RULE = ("must be a lowercase RFC 1123 subdomain: lower case alphanumeric characters, '-' or '.', "
                "starting and ending with an alphanumeric character (e.g. 'example.com')")
@@ -69,7 +69,7 @@ def qualified_name_problems(key) -> list[str]:
     elif len(name) > QUALIFIED_NAME_MAX:
         problems.append(f"name part must be no more than {QUALIFIED_NAME_MAX} characters")
     elif not NAME_PART.match(name):
-        problems.append(f"name part {NAME_RULE}")
+        problems.append(f"name part must {NAME_RULE}")
     return problems
 
 
