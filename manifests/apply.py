@@ -26,7 +26,7 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.services import PoolSpec, node_type_delete, tenant_private_nodes_apply
+from pools.services import PoolSpec, node_type_delete, tenant_private_nodes_apply, tenant_quota_warning
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
 
@@ -92,6 +92,7 @@ def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None 
                 except Invalid as exc:
                     raise doc.error(exc) from None
             ctx.check_credentials()
+            ctx.check_quotas()
             if dry_run:
                 raise DryRun
     except DryRun:
@@ -130,11 +131,20 @@ class Context:
         self.actor, self.tenant, self.result = actor, tenant, result
         self.secrets: dict[tuple[str, str], SecretData] = {}
         self.used_secrets: set[tuple[str, str]] = set()
+        self.quotas_set: list[Tenant] = []  # tenants whose quota this run changed
 
     def check_credentials(self) -> None:
         for key, secret in self.secrets.items():
             if key not in self.used_secrets:
                 self.result.lines.append(f"secret {key[0]}/{key[1]} not referenced by any BareMetalHost")
+
+    def check_quotas(self) -> None:
+        """Once every pool is applied: a quota set below what the tenant's pools ask for is applied (nothing is
+        released), with a warning."""
+        for tenant in self.quotas_set:
+            warning = tenant_quota_warning(tenant=tenant, quota=tenant.quota_nodes)
+            if warning:
+                self.result.lines.append(f"Warning: {warning}")
 
     def update(self, what: str, obj, values: dict, paths: dict[str, tuple], *, object_type: str, tenant=None,
                self_link: str = ""):
@@ -421,8 +431,12 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
         values = {"api_endpoint": "", "join_mode": "vcluster", "quota_nodes": None, **values}
     paths = {field: annotations_path + (ANNOTATION_PREFIX + short,) for short, field in known.items()}
     paths["namespace"] = ("metadata", "namespace")
-    return ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type=ObjectType.TENANT,
-                      self_link="tenant")
+    quota = tenant.quota_nodes if tenant.pk else None
+    ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type=ObjectType.TENANT,
+               self_link="tenant")
+    if tenant.quota_nodes != quota:
+        ctx.quotas_set.append(tenant)
+    return tenant
 
 
 STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile"}
