@@ -334,7 +334,7 @@ def apply_page(request):
                                      tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run)
             except ManifestError as exc:
                 error = str(exc)
-                form.add_error("text", error)
+                form.add_error("text", error.splitlines())  # every error of the document, one a line
             else:
                 applied = not dry_run
                 if applied:

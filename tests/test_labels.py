@@ -158,3 +158,15 @@ def test_the_admin_refuses_bad_labels_on_a_host_and_a_claim(world):
     assert "effect must be one of NoSchedule, PreferNoSchedule, NoExecute" in \
         response.context["adminform"].form.errors["taints"][0]
     assert NodeClaim.objects.get(pk=claim.pk).taints == claim.taints
+
+
+def test_the_console_apply_page_lists_every_error_of_the_document(world):
+    admin = Client()
+    admin.force_login(world.users["admin"])
+    response = admin.post(reverse("apply"), {"text": POOL, "tenant": "alpha", "action": "preview"})
+    assert response.status_code == 400
+    errors = response.context["form"].errors["text"]
+    assert len(errors) == 3, errors
+    assert f"(line {line_of(POOL, 'bad key!!')})" in errors[0] and BAD_KEY in errors[0]
+    assert f"(line {line_of(POOL, 'NoSchedul')})" in errors[2] and "taints[0].effect" in errors[2]
+    assert NodePool.objects.get(tenant=world.alpha).node_labels == {}
