@@ -180,7 +180,7 @@ def exception_handler(exc, context):
         exc = Conflict("conflicts with an existing object (changed meanwhile?)")
     elif isinstance(exc, LocatedError):
         return Response({"detail": str(exc), "file": exc.file, "document": exc.document, "line": exc.line,
-                         "message": exc.message}, status=status.HTTP_400_BAD_REQUEST)
+                         "message": exc.message, "errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(exc, PreconditionFailed):
         response.data["code"] = exc.default_code

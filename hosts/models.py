@@ -5,6 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from core.crypto import EncryptedTextField
+from core.labels import validate_labels
 from pools.choices import CleaningPolicy
 from pools.validators import validate_object_name, validate_string_map
 
@@ -71,12 +72,22 @@ class BareMetalHost(models.Model):
         self.boot_mac = mac
         try:
             validate_string_map(self.labels, "labels")
+            validate_labels(self.labels)
         except ValidationError as exc:
-            errors["labels"] = exc.messages
+            errors["labels"] = exc.error_list
         if not isinstance(self.root_device_hints, dict):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
         if errors:
             raise ValidationError(errors)
+
+    def unique_error_message(self, model_class, unique_check):
+        # Name the host that has the MAC: the admin, the API and `apply` all say it (validate_unique).
+        if tuple(unique_check) == ("boot_mac",):
+            other = BareMetalHost.objects.filter(boot_mac=self.boot_mac).exclude(pk=self.pk).first()
+            if other is not None:
+                return ValidationError(f"boot MAC {self.boot_mac} is already the boot MAC of host {other.name}",
+                                       code="unique")
+        return super().unique_error_message(model_class, unique_check)
 
 
 class AgentSession(models.Model):

@@ -34,14 +34,32 @@ class PrivateNodesResult:
 
 
 def tenant_check_quota(*, tenant: Tenant, quantities: dict[str, int]) -> None:
-    """Static quantities may not add up past the tenant's node quota."""
+    """Static quantities may not add up past the tenant's node quota; but a change that does not add to what
+    the tenant's static pools ask for now is always allowed: one that moves toward a quota lowered below use
+    (3 → 1 while 3 are used: 2 → 1 is allowed, 2 → 3 is not). `quantities`: every static pool as it would be;
+    what is asked for now is read from the database (the caller holds the tenant's lock)."""
     if tenant.quota_nodes is None:
         return
     total = sum(quantities.values())
-    if total > tenant.quota_nodes:
-        raise ValidationError(
-            {"quantity": f"tenant {tenant.name} may have at most {tenant.quota_nodes} node(s); "
-                         f"these pools ask for {total}"})
+    if total <= tenant.quota_nodes:
+        return
+    if tenant.pk and total <= sum(tenant_static_quantities(tenant=tenant).values()):
+        return
+    raise ValidationError(
+        {"quantity": f"tenant {tenant.name} may have at most {tenant.quota_nodes} node(s); "
+                     f"these pools ask for {total}"})
+
+
+def tenant_quota_warning(*, tenant: Tenant, quota: int | None) -> str:
+    """For the admin who sets a tenant's quota: "" when its static pools fit, else what a quota below current
+    use means. Such a quota is saved (nothing is released); the pools may then shrink, not grow."""
+    if quota is None or not tenant.pk:
+        return ""
+    used = sum(tenant_static_quantities(tenant=tenant).values())
+    if used <= quota:
+        return ""
+    return (f"tenant {tenant.name}'s pools ask for {used} node(s), more than its new quota of {quota}: nothing is "
+            f"released; its pools may shrink, but not grow, until they fit")
 
 
 @retry_on_deadlock()

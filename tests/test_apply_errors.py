@@ -87,7 +87,7 @@ def test_unknown_selector_operator(refused):
     refused("privateNodes:\n  autoNodes:\n    - provider: metal3\n      static:\n        - name: big\n"
             "          quantity: 1\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
             "              operator: Like\n              values: [gpu-server]\n",
-            expect="unknown operator 'Like'", line=7, document=1)
+            expect="nodeTypeSelector[0].operator: unknown operator 'Like'", line=9, document=1)  # the operator's line
 
 
 def test_duplicate_pool_name(refused):

@@ -86,7 +86,7 @@ def test_an_imported_metal3_status_comes_in_through_host_create(apply, monkeypat
     status = {"provisioning": {"state": "available"}, "hardware": HARDWARE}
     with django_capture_on_commit_callbacks(execute=True):
         assert apply(bmh("gpu-31", "52:54:00:00:31:01", status)) == [
-            "baremetalhost/gpu-31 created", ]
+            "secret/metal3/gpu-31-bmc created", "baremetalhost/gpu-31 created"]
     [call] = calls
     assert call["status"] == status and call["values"]["name"] == "gpu-31"
     host = BareMetalHost.objects.get(name="gpu-31")

@@ -43,6 +43,7 @@ from pools.services import (
     pool_delete,
     pool_update,
     tenant_delete,
+    tenant_quota_warning,
 )
 
 from .serializers import (
@@ -100,6 +101,21 @@ class TenantViewSet(ConfigViewSet):
 
     def event_tenant(self, obj, values=None):
         return None  # self_link fills it
+
+    def perform_update(self, serializer):
+        super().perform_update(serializer)
+        # A quota below what the pools ask for is saved (nothing is released); the caller is told, in the body
+        # and, as RFC 7234 has it for any client, in a Warning header.
+        if "quota_nodes" in serializer.validated_data:
+            warning = tenant_quota_warning(tenant=serializer.instance, quota=serializer.instance.quota_nodes)
+            serializer.context["warnings"] = [warning] if warning else []
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        warnings = response.data.get("warnings") if isinstance(response.data, dict) else None
+        if warnings:
+            response["Warning"] = ", ".join(f'299 - "{warning}"' for warning in warnings)
+        return response
 
     @extend_schema(responses={204: None, 202: OpenApiResponse(description="being deleted: its claims release first")})
     def destroy(self, request, *args, **kwargs):
