@@ -1,5 +1,9 @@
 """NodeClaim: one request for one node."""
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from core.labels import validate_labels, validate_taints
+from pools.validators import check_taints, collect, validate_string_map
 
 from .choices import ClaimPhase
 
@@ -53,6 +57,15 @@ class NodeClaim(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        # What the node is labelled and tainted with in the tenant's cluster: as Kubernetes would take it.
+        errors = {}
+        collect(errors, "node_labels", lambda: validate_string_map(self.node_labels, "node labels"),
+                lambda: validate_labels(self.node_labels))
+        collect(errors, "taints", lambda: check_taints(self.taints), lambda: validate_taints(self.taints))
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def phase_colour(self) -> str:

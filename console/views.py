@@ -41,7 +41,7 @@ from pools.models import (
     Tenant,
 )
 from pools.selectors import tenants_visible
-from pools.services import StaleVersion, pool_update
+from pools.services import StaleVersion, pool_update, tenant_quota_warning
 
 from . import forms
 
@@ -303,6 +303,9 @@ def catalogue_edit(request, kind: str, key: str | None = None):
             if saved is not None:
                 messages.success(request, f"{spec['noun']} {saved} {'saved' if instance else 'created'}")
                 if kind == "tenants":
+                    if instance is not None and "quota_nodes" in form.changed_data and (
+                            warning := tenant_quota_warning(tenant=saved, quota=saved.quota_nodes)):
+                        messages.warning(request, warning)  # saved: nothing is released
                     return redirect("tenant", name=saved.name)
                 return redirect(f"{kind}")
     else:
@@ -339,7 +342,7 @@ def apply_page(request):
                                      fields=APPLY_FIELDS)
             except ManifestError as exc:
                 error = str(exc)
-                form.add_error("text", error)
+                form.add_error("text", error.splitlines())  # every error of the document, one a line
             else:
                 applied = not dry_run
                 if applied:

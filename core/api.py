@@ -15,7 +15,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from core import scoping
 from core.actors import actor  # noqa: F401 (the API's views take it from here)
-from core.errors import LocatedError, StaleVersion
+from core.errors import InUse, LocatedError, StaleVersion
 from core.transitions import ConcurrentTransition, IllegalTransition
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def exception_handler(exc, context):
         exc = exceptions.ValidationError(field_errors(exc))
     elif isinstance(exc, StaleVersion):
         exc = PreconditionFailed(str(exc))
-    elif isinstance(exc, (IllegalTransition, ConcurrentTransition)):
+    elif isinstance(exc, (IllegalTransition, ConcurrentTransition, InUse)):
         exc = Conflict(str(exc))
     elif isinstance(exc, ProtectedError):
         exc = Conflict(_protected_message(exc))
@@ -180,7 +180,7 @@ def exception_handler(exc, context):
         exc = Conflict("conflicts with an existing object (changed meanwhile?)")
     elif isinstance(exc, LocatedError):
         return Response({"detail": str(exc), "file": exc.file, "document": exc.document, "line": exc.line,
-                         "message": exc.message}, status=status.HTTP_400_BAD_REQUEST)
+                         "message": exc.message, "errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(exc, PreconditionFailed):
         response.data["code"] = exc.default_code

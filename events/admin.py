@@ -3,12 +3,15 @@ writes are validated, saved and recorded in the Event log with the admin's name.
 import copy
 from urllib.parse import urlencode
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db import transaction
+from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
 from core.actors import actor
+from core.errors import InUse
+from core.transitions import ConcurrentTransition, IllegalTransition
 
 from .models import Event
 from .services import object_delete, object_relations_set, object_update
@@ -87,6 +90,47 @@ class RecordedAdmin(admin.ModelAdmin):
         with transaction.atomic():
             for obj in queryset:
                 self.delete_model(request, obj)
+
+
+class ServiceDeleteMixin:
+    """Deletes through a service that may refuse (a host in inspection, a node type in use): the confirmation
+    page lists each refusal with its reason instead of offering to delete, and a refusal met at the last
+    moment (the state changed meanwhile) is shown as an error, with nothing deleted. One at a time or a
+    selection: all or nothing."""
+
+    def delete_refusal(self, obj) -> str:
+        """Why `obj` may not be deleted now; "" when it may."""
+        return ""
+
+    def delete_through_service(self, request, obj) -> None:
+        raise NotImplementedError
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        refusals = [f"{obj} cannot be deleted: {reason}" for obj in objs if (reason := self.delete_refusal(obj))]
+        return deleted, counts, perms_needed, [*refusals, *protected]
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, [obj])
+
+    def delete_queryset(self, request, queryset):
+        try:
+            with transaction.atomic():
+                for obj in queryset:
+                    self.delete_through_service(request, obj)
+        except (IllegalTransition, ConcurrentTransition, InUse) as exc:
+            request._delete_refused = str(exc)
+            self.message_user(request, f"nothing deleted: {exc}", messages.ERROR)
+
+    def response_delete(self, request, obj_display, obj_id):
+        if getattr(request, "_delete_refused", ""):
+            return HttpResponseRedirect(request.path)  # the confirmation page again, with the reason
+        return super().response_delete(request, obj_display, obj_id)
+
+    def message_user(self, request, message, level=messages.INFO, *args, **kwargs):
+        if level == messages.SUCCESS and getattr(request, "_delete_refused", ""):
+            return  # delete_selected's "Successfully deleted": nothing was
+        super().message_user(request, message, level, *args, **kwargs)
 
 
 @admin.register(Event)

@@ -6,13 +6,22 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from events.choices import ObjectType
-from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_link
+from events.admin import (
+    RecordedAdmin,
+    ServiceDeleteMixin,
+    admin_actor,
+    badge,
+    brief,
+    event_log_link,
+)
 from pools.matching import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 from .services import (
     host_create,
+    host_delete,
+    host_removal_refusal,
     host_retest,
     host_retry,
     host_return_to_service,
@@ -54,7 +63,7 @@ class LabelFilter(admin.SimpleListFilter):
 
 
 @admin.register(BareMetalHost)
-class BareMetalHostAdmin(RecordedAdmin):
+class BareMetalHostAdmin(ServiceDeleteMixin, RecordedAdmin):
     form = BareMetalHostForm
     event_object_type = ObjectType.HOST
     event_self_link = "host"
@@ -82,16 +91,12 @@ class BareMetalHostAdmin(RecordedAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).defer(*SECRETS)
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        # Deleting a host that serves a claim would orphan the claim: one at a time, checked.
-        actions.pop("delete_selected", None)
-        return actions
+    # Deleted through hosts.services.host_delete (ServiceDeleteMixin): not in a flow, not serving a claim.
+    def delete_refusal(self, obj) -> str:
+        return host_removal_refusal(obj)
 
-    def has_delete_permission(self, request, obj=None):
-        if obj is not None and getattr(obj, "claim", None) is not None:
-            return False
-        return super().has_delete_permission(request, obj)
+    def delete_through_service(self, request, obj) -> None:
+        host_delete(host=obj, actor=admin_actor(request))
 
     def save_model(self, request, obj, form, change):
         if change:

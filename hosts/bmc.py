@@ -2,7 +2,8 @@
 
 It takes plain arguments and imports no Django models, so Celery tasks call it outside any
 transaction. Every HTTP call has a timeout; transient failures (connection errors, timeouts, 5xx)
-are retried with exponential back-off; a 401 never is. A BMC object is not thread-safe: one task
+are retried with exponential back-off; a 401 never is. A BMCError says whether it may heal by itself
+(`transient`): a step retries those until its deadline and fails at once on the rest. A BMC object is not thread-safe: one task
 uses it at a time.
 
     bmc = BMC("redfish+http://127.0.0.1:8001/redfish/v1/Systems/gpu-01", "admin", "secret")
@@ -19,6 +20,7 @@ import errno
 import http.client
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -32,7 +34,10 @@ from sushy import exceptions as sushy_exc
 
 LOG = logging.getLogger(__name__)
 
-KINDS = ("auth", "unreachable", "timeout", "not_found", "server_error", "unsupported", "mismatch")
+KINDS = ("auth", "unreachable", "timeout", "not_found", "server_error", "unsupported", "mismatch", "tls")
+# The kinds that may heal by themselves (the BMC rebooting, busy or away): worth asking again. Wrong credentials,
+# a missing system, a boot MAC the system lacks, an address the console cannot use and a TLS failure never do.
+TRANSIENT_KINDS = frozenset({"unreachable", "timeout", "server_error"})
 
 # scheme → (transport, virtual media boot). The URL path is the Redfish system (Metal3's rule).
 SCHEMES = {
@@ -43,6 +48,7 @@ SCHEMES = {
     "redfish-virtualmedia+https": ("https", True),
     "redfish-virtualmedia+http": ("http", True),
 }
+SCHEME_LIST = ", ".join(s + "://" for s in SCHEMES)
 BOOT_TARGETS = {"pxe": sushy.BootSource.PXE, "disk": sushy.BootSource.HDD, "cd": sushy.BootSource.CD}
 POWER_STATES = {sushy.PowerState.ON: "on", sushy.PowerState.OFF: "off"}
 CD_MEDIA = {sushy.VirtualMediaType.CD, sushy.VirtualMediaType.DVD}
@@ -65,6 +71,10 @@ class BMCError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT_KINDS
+
     def __reduce__(self):  # picklable with both arguments (Celery results, multiprocessing)
         return (type(self), (self.kind, self.message))
 
@@ -72,14 +82,19 @@ class BMCError(Exception):
 def parse_address(address: str) -> tuple[str, str, str]:
     """'redfish+http://127.0.0.1:8001/redfish/v1/Systems/x' → ('redfish+http',
     'http://127.0.0.1:8001', '/redfish/v1/Systems/x'). The path is '' when the address names no
-    system (no path, /redfish/v1 or the Systems collection): the system is then found by MAC."""
-    parts = urlsplit((address or "").strip())
+    system (no path, /redfish/v1 or the Systems collection): the system is then found by MAC.
+
+    The one check of a BMC address (BareMetalHost.clean calls it, so apply, the API and the admin refuse
+    alike): BMCError("unsupported") for an address the console cannot drive."""
+    address = (address or "").strip()
+    parts = urlsplit(address)
     scheme = parts.scheme.lower()
-    if scheme == "ipmi" or (not scheme and address):
-        raise BMCError("unsupported", "IPMI is not supported by this console yet: use a redfish:// address")
+    if scheme == "ipmi" or (address and "://" not in address):  # Metal3 reads an address without a scheme as IPMI
+        raise BMCError("unsupported", f"ipmi:// is not supported by this console yet: use a Redfish address "
+                                      f"({SCHEME_LIST})")
     if scheme not in SCHEMES:
         raise BMCError("unsupported", f"BMC address scheme {scheme + '://' if scheme else '(none)'} is not "
-                                      f"supported: use one of {', '.join(s + '://' for s in SCHEMES)}")
+                                      f"supported: use one of {SCHEME_LIST}")
     if not parts.hostname:
         raise BMCError("unsupported", f"BMC address {address!r} has no host")
     host = parts.netloc.rsplit("@", 1)[-1]  # never carry credentials in the URL
@@ -131,7 +146,8 @@ def _causes(exc: BaseException) -> list[BaseException]:
     seen, todo = [], [exc]
     while todo:
         e = todo.pop(0)
-        if e is None or any(e is s for s in seen):
+        # Not every `reason` is an exception: ssl.SSLError's is OpenSSL's code (a string).
+        if not isinstance(e, BaseException) or any(e is s for s in seen):
             continue
         seen.append(e)
         todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
@@ -151,10 +167,23 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _unreachable_reason(causes: list[BaseException]) -> str:
+def _tls_reason(causes: list[BaseException]) -> str | None:
+    """Why TLS failed, for people; None when it did not. Never healed by asking again."""
+    if not any(isinstance(e, (requests.exceptions.SSLError, ssl.SSLError)) for e in causes):
+        return None
     for e in causes:
-        if isinstance(e, requests.exceptions.SSLError):
-            return f"TLS error ({e.__class__.__name__}); check the certificate or disable verification"
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return (f"certificate verification failed ({e.verify_message or e.reason}): give the BMC a certificate "
+                    "this console trusts, or disable certificate verification for this host")
+    for e in causes:
+        if isinstance(e, ssl.SSLError) and e.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE",
+                                                        "HTTP_REQUEST", "UNKNOWN_PROTOCOL"):
+            return "the BMC does not speak TLS on this port: if it serves plain HTTP, use a redfish+http:// address"
+    reason = next((e.reason for e in causes if isinstance(e, ssl.SSLError) and e.reason), None)
+    return f"{reason or 'handshake failed'}: check the BMC's certificate and the address's scheme"
+
+
+def _unreachable_reason(causes: list[BaseException]) -> str:
     for e in causes:
         if isinstance(e, ConnectionRefusedError):
             return "connection refused"
@@ -415,6 +444,9 @@ class BMC:
         causes = _causes(exc)
         if any(isinstance(e, requests.exceptions.Timeout) for e in causes):
             return BMCError("timeout", f"BMC timed out after {self.timeout:g}s")
+        tls = _tls_reason(causes)
+        if tls:
+            return BMCError("tls", f"BMC TLS error: {tls}")
         if isinstance(exc, (sushy_exc.ConnectionError, requests.RequestException)):
             return BMCError("unreachable", f"BMC unreachable: {_unreachable_reason(causes)}")
         if isinstance(exc, (sushy_exc.MissingActionError, sushy_exc.MissingAttributeError,

@@ -24,14 +24,6 @@ class PowerState(models.TextChoices):
     UNKNOWN = "unknown", "Unknown"
 
 
-class BMCScheme(models.TextChoices):
-    REDFISH = "redfish", "Redfish (HTTPS)"
-    REDFISH_HTTP = "redfish+http", "Redfish (HTTP)"
-    REDFISH_VIRTUALMEDIA = "redfish-virtualmedia", "Redfish virtual media"
-    REDFISH_VIRTUALMEDIA_HTTP = "redfish-virtualmedia+http", "Redfish virtual media (HTTP)"
-    IPMI = "ipmi", "IPMI"
-
-
 class CleaningMode(models.TextChoices):
     METADATA = "metadata", "metadata"
     DISABLED = "disabled", "disabled"

@@ -190,7 +190,9 @@ def drive(host_id: int) -> None:
         Q(drive_lease_until__isnull=True) | Q(drive_lease_until__lt=now)).update(
         drive_lease_until=until, driven_at=now)
     if not taken:
-        request_drive(host_id, countdown=0.3)  # another worker drives it; look again when it is done
+        # Another worker drives it: look again when it is done. A host that is gone (deleted) is driven no more.
+        if BareMetalHost.objects.filter(pk=host_id).exists():
+            request_drive(host_id, countdown=0.3)
         return
     lease = LeaseKeeper(host_id, until)
     try:

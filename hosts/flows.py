@@ -99,16 +99,16 @@ def fail(run: Run, step: Step, failure: StepFailed) -> None:
 
 # --- steps ----------------------------------------------------------------------------------------
 
-TRANSIENT_BMC_ERRORS = ("unreachable", "timeout", "server_error")
-
-
 def _bmc_call(fn, run: "Run | None" = None):
-    """A BMC call from a step. Transient failures (the BMC down, slow or answering 5xx, after the BMC
-    client's own retries) make the step wait and try again until its deadline; the rest fail it."""
+    """A BMC call from a step, the BMC client's creation included (`_bmc_call(run.bmc, run)`: an address stored
+    before the console refused it fails the step with its reason). Transient failures (the BMC down, slow or
+    answering 5xx, after the BMC client's own retries) make the step wait and try again until its deadline,
+    the last one kept for the deadline's message; the rest (wrong credentials, no such system, a boot MAC the
+    system lacks, an address or TLS the console cannot use) fail it at once with their reason."""
     try:
         return fn()
     except BMCError as exc:
-        if run is not None and exc.kind in TRANSIENT_BMC_ERRORS:
+        if run is not None and exc.transient:
             run.flow["last_error"] = str(exc)
             run.save_flow()
             raise Waiting(str(exc), recheck_s=settings.BMC_RETRY_S) from None
@@ -119,7 +119,7 @@ def step_bmc_check(run: Run) -> dict:
     """Registration: the BMC answers, the credentials work, the system exists and has the boot MAC."""
     if not run.host.bmc_password:
         raise StepFailed("no BMC credentials: apply the host's Secret")
-    with run.bmc() as bmc:
+    with _bmc_call(run.bmc, run) as bmc:
         found = _bmc_call(lambda: bmc.check(run.host.boot_mac), run)
     power = found.get("power_state", "unknown")
     BareMetalHost.objects.filter(pk=run.host.pk).update(power_state=power)
@@ -131,7 +131,7 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
     send the change once, then poll on later drives (power lands seconds to minutes later). On the way
     to "on" the host is first powered off, so it really boots what was asked. Returns None when done."""
     scratch = run.data.setdefault(run.flow["step"], {})
-    with run.bmc() as bmc:
+    with _bmc_call(run.bmc, run) as bmc:
         state = _bmc_call(bmc.power_state, run)
         if want == "on" and not scratch.get("was_off"):
             if state != "off":

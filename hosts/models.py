@@ -1,29 +1,18 @@
 """BareMetalHost: one server, its BMC, its hardware and where it is in its life cycle."""
 import re
-from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.db import models
 
 from core.crypto import EncryptedTextField
+from core.labels import validate_labels
 from pools.choices import CleaningPolicy
 from pools.validators import validate_object_name, validate_string_map
 
-from .choices import BMCScheme, CleaningMode, HostState, PowerState, Verdict
+from .bmc import BMCError, parse_address
+from .choices import CleaningMode, HostState, PowerState, Verdict
 
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
-
-
-def parse_bmc_address(address: str):
-    """'redfish+http://127.0.0.1:8000/redfish/v1/Systems/x' → (scheme, netloc, system path)."""
-    parts = urlsplit(address or "")
-    if parts.scheme not in BMCScheme.values:
-        raise ValidationError(
-            f"BMC address {address!r} has an unknown scheme {parts.scheme!r}; "
-            f"expected one of {', '.join(s + '://' for s in BMCScheme.values)}")
-    if not parts.hostname:
-        raise ValidationError(f"BMC address {address!r} has no host")
-    return parts.scheme, parts.netloc, parts.path
 
 
 class BareMetalHost(models.Model):
@@ -74,21 +63,31 @@ class BareMetalHost(models.Model):
     def clean(self):
         errors = {}
         try:
-            parse_bmc_address(self.bmc_address)
-        except ValidationError as exc:
-            errors["bmc_address"] = exc.messages
+            parse_address(self.bmc_address)
+        except BMCError as exc:
+            errors["bmc_address"] = exc.message
         mac = (self.boot_mac or "").lower()
         if not MAC.match(mac):
             errors["boot_mac"] = f"{self.boot_mac!r} is not a MAC address such as 52:54:00:12:34:56"
         self.boot_mac = mac
         try:
             validate_string_map(self.labels, "labels")
+            validate_labels(self.labels)
         except ValidationError as exc:
-            errors["labels"] = exc.messages
+            errors["labels"] = exc.error_list
         if not isinstance(self.root_device_hints, dict):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
         if errors:
             raise ValidationError(errors)
+
+    def unique_error_message(self, model_class, unique_check):
+        # Name the host that has the MAC: the admin, the API and `apply` all say it (validate_unique).
+        if tuple(unique_check) == ("boot_mac",):
+            other = BareMetalHost.objects.filter(boot_mac=self.boot_mac).exclude(pk=self.pk).first()
+            if other is not None:
+                return ValidationError(f"boot MAC {self.boot_mac} is already the boot MAC of host {other.name}",
+                                       code="unique")
+        return super().unique_error_message(model_class, unique_check)
 
 
 class AgentSession(models.Model):

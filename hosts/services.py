@@ -5,7 +5,7 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from core.tasks import task_send
@@ -122,10 +122,15 @@ def host_retry(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMeta
 
 def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
     """Move every host past its state's deadline to the state's failure state (lifecycle.STATE_FAILURE), with the
-    reason and the step it was stuck at (what that means for a claim it serves is the claims app's reaction)."""
+    reason and the step it was stuck at (what that means for a claim it serves is the claims app's reaction).
+    A host in progress stored without a deadline (by an older console, or by hand) is held to its state's
+    deadline from when it entered the state."""
     swept = []
     now = timezone.now()
-    overdue = BareMetalHost.objects.filter(deadline_at__lt=now, state__in=list(STATE_FAILURE))
+    undated = Q()
+    for state in STATE_FAILURE:
+        undated |= Q(state=state, deadline_at__isnull=True, state_changed_at__lt=now - deadline_for(state))
+    overdue = BareMetalHost.objects.filter(Q(deadline_at__lt=now, state__in=list(STATE_FAILURE)) | undated)
     for host in overdue:
         limit = deadline_for(host.state)
         reason = f"deadline exceeded: {host.state} for more than {_human(limit)}"
@@ -246,6 +251,54 @@ def host_retire(*, host: BareMetalHost, actor: str, reason: str) -> BareMetalHos
     if not (reason or "").strip():
         raise IllegalTransition(f"retiring {host.name} needs a reason")
     return host_transition(host=host, to_state=HostState.RETIRED, actor=actor, reason=f"retired: {reason.strip()}")
+
+
+# --- removal: a host deleted for good, its history kept -----------------------------------------------
+
+# A host may go only where no flow drives it and no tenant uses it. Its erase certificates and health runs
+# stay (their host link is emptied; they keep the host's name), and so do its Events (plain ids).
+REMOVABLE_STATES = frozenset({HostState.AVAILABLE, HostState.MAINTENANCE, HostState.ERROR, HostState.REPAIR,
+                              HostState.RETIRED})
+
+
+def host_removal_refusal(host: BareMetalHost, *, state: str | None = None, claim: str | None = None) -> str:
+    """Why the host may not be deleted now; "" when it may. `state` and `claim` (the name of the claim it
+    serves) as read under a lock; by default read now."""
+    if state is None:
+        found = BareMetalHost.objects.filter(pk=host.pk).values("state", "claim__name").first()
+        if found is None:
+            return "it no longer exists"
+        state, claim = found["state"], found["claim__name"]
+    if claim:
+        return (f"it serves claim {claim}: a host serving a tenant must be released first "
+                "(shrink or delete its pool, or release the claim)")
+    if state in REMOVABLE_STATES:
+        return ""
+    if state in IN_PROGRESS:
+        return (f"the host is {state}: a flow drives it now; wait until it is done, or put the host in "
+                "maintenance first")
+    return f"the host is {state}: it serves a tenant and must be released first"
+
+
+def host_delete(*, host: BareMetalHost, actor: str) -> None:
+    """Delete a host for good (the API, `manage.py delete -f` and the admin call this): only in
+    REMOVABLE_STATES and serving no claim, checked under the row's lock. Its certificates, health runs and
+    Events are kept; an Event "deleted" records who removed it and from which state. Raises
+    IllegalTransition (409 over the API) with the reason when it may not go."""
+    with transaction.atomic():
+        # Locked until commit: no claim can take the host, nor a flow start on it, between the check and the delete.
+        locked = (BareMetalHost.objects.select_for_update(of=("self",)).filter(pk=host.pk)
+                  .values("state", "claim__name").first())
+        if locked is None:
+            raise IllegalTransition(f"{host.name} no longer exists")
+        refusal = host_removal_refusal(host, state=locked["state"], claim=locked["claim__name"] or "")
+        if refusal:
+            raise IllegalTransition(f"{host.name} cannot be deleted: {refusal}")
+        BareMetalHost.objects.filter(pk=host.pk).delete()
+        # Published on commit to the fleet and the host's group: the host's page and the board drop it.
+        event_record(kind=EventKind.CHANGE, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
+                     from_state=locked["state"], actor=actor, message="deleted",
+                     data={"deleted": True, "state": locked["state"]})
 
 
 # --- power cycle: a BMC reset asked for by an admin, sent by a worker ------------------------------------

@@ -10,6 +10,8 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from core.errors import InUse
+from core.labels import error_location
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_update
@@ -24,9 +26,9 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.services import PoolSpec, tenant_private_nodes_apply
+from pools.services import PoolSpec, node_type_delete, tenant_private_nodes_apply, tenant_quota_warning
 
-from .source import Document, Invalid, ManifestError, Reader, dotted, load_documents
+from .source import Document, Invalid, ManifestError, Reader, load_documents
 
 LOFT = "management.loft.sh/v1"
 METAL3 = "metal3.io/v1alpha1"
@@ -103,6 +105,7 @@ def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None 
                 except Invalid as exc:
                     raise doc.error(exc) from None
             ctx.check_credentials()
+            ctx.check_quotas()
             if dry_run:
                 raise DryRun
     except DryRun:
@@ -143,11 +146,20 @@ class Context:
         self.create_tenant, self.dry_run, self.fields = create_tenant, dry_run, fields
         self.secrets: dict[tuple[str, str], SecretData] = {}
         self.used_secrets: set[tuple[str, str]] = set()
+        self.quotas_set: list[Tenant] = []  # tenants whose quota this run changed
 
     def check_credentials(self) -> None:
         for key, secret in self.secrets.items():
             if key not in self.used_secrets:
                 self.result.lines.append(f"secret {key[0]}/{key[1]} not referenced by any BareMetalHost")
+
+    def check_quotas(self) -> None:
+        """Once every pool is applied: a quota set below what the tenant's pools ask for is applied (nothing is
+        released), with a warning."""
+        for tenant in self.quotas_set:
+            warning = tenant_quota_warning(tenant=tenant, quota=tenant.quota_nodes)
+            if warning:
+                self.result.lines.append(f"Warning: {warning}")
 
     def update(self, what: str, obj, values: dict, paths: dict[str, tuple], *, object_type: str, tenant=None,
                self_link: str = ""):
@@ -161,11 +173,17 @@ class Context:
 
 
 def _invalid_from(exc: ValidationError, paths: dict[str, tuple]) -> Invalid:
-    if hasattr(exc, "error_dict"):
-        for name, errors in exc.message_dict.items():
-            path = paths.get(name, ("metadata", "name") if name in ("name", "__all__") else ())
-            return Invalid(path, "; ".join(errors))
-    return Invalid((), "; ".join(exc.messages))
+    """Every error of a model's validation, each at its field's path in the manifest plus its position
+    inside the field (a label's key, a taint's effect: core.labels)."""
+    if not hasattr(exc, "error_dict"):
+        return Invalid((), "; ".join(exc.messages))
+    problems = []
+    for name, errors in exc.error_dict.items():
+        path = paths.get(name, ("metadata", "name") if name in ("name", "__all__") else ())
+        for error in errors:
+            inner, message = error_location(error)
+            problems.append(Invalid(path + inner, message))
+    return Invalid.all(problems)
 
 
 def _metadata(doc: Document, *, namespaced: bool = False, default_namespace: str = "") -> tuple[str, str, Reader]:
@@ -203,6 +221,26 @@ def apply_secret(ctx: Context, doc: Document) -> None:
             if not values.get(key):
                 raise Invalid(("data",), f"a BMC credentials Secret needs {key}")
     ctx.secrets[(namespace, name)] = SecretData(doc=doc, values=values, redacted=redacted)
+    what = f"secret/{namespace}/{name}"
+    created, changed = _secret_change(namespace, name, values, redacted)
+    if changed:
+        ctx.result.lines.append(f"{what} configured ({', '.join(changed)} changed)")  # never the data
+        ctx.result.changed += 1
+    else:
+        ctx.result.add(what, created)
+
+
+def _secret_change(namespace: str, name: str, values: dict, redacted: bool) -> tuple[bool, list[str]]:
+    """(created, the keys that changed) of a Secret, as kubectl prints it: a Secret lives in the hosts that
+    name it."""
+    hosts = list(BareMetalHost.objects.filter(namespace=namespace, bmc_credentials_name=name)
+                 .only("bmc_username", "bmc_password"))
+    if not hosts:
+        return True, []
+    if redacted:
+        return False, []  # an export's Secret: the credentials stay as they are
+    return False, [key for key, field_name in (("username", "bmc_username"), ("password", "bmc_password"))
+                   if any(getattr(host, field_name) != values[key] for host in hosts)]
 
 
 # --- NodeProvider, NodeType -----------------------------------------------------------------------
@@ -232,10 +270,11 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
             raise Invalid(item.path + ("name",), f"node type {type_name!r} is declared twice")
         declared.add(type_name)
         _apply_node_type(ctx, item, type_name, provider, declared_in_provider=True)
-    for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared):
-        from events.services import object_delete
-
-        object_delete(stale, actor=ctx.actor, object_type=ObjectType.NODETYPE)
+    for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared).order_by("name"):
+        try:
+            node_type_delete(node_type=stale, actor=ctx.actor)
+        except InUse as exc:
+            raise Invalid(block.path + ("nodeTypes",), f"{exc}; keep declaring it until then") from None
         ctx.result.lines.append(f"nodetype/{stale.name} deleted")
         ctx.result.changed += 1
 
@@ -371,8 +410,7 @@ def apply_virtual_cluster_instance(ctx: Context, doc: Document) -> None:
         except Invalid as exc:
             # The line comes from the inner document, which knows the paths inside the block; the message
             # names the whole path from the VirtualClusterInstance.
-            prefix = f"{dotted(values.path + exc.path)}: "
-            raise ManifestError(vdoc.file, vdoc.index, vdoc.line_of(exc.path), prefix + exc.message) from None
+            raise vdoc.error(exc, outer=values.path) from None
     else:
         _apply_private_nodes(ctx, tenant, values)
 
@@ -416,8 +454,12 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
         values = {"api_endpoint": "", "join_mode": "vcluster", "quota_nodes": None, **values}
     paths = {field: annotations_path + (ANNOTATION_PREFIX + short,) for short, field in known.items()}
     paths["namespace"] = ("metadata", "namespace")
-    return ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type=ObjectType.TENANT,
-                      self_link="tenant")
+    quota = tenant.quota_nodes if tenant.pk else None
+    ctx.update(f"virtualclusterinstance/{name}", tenant, values, paths, object_type=ObjectType.TENANT,
+               self_link="tenant")
+    if tenant.quota_nodes != quota:
+        ctx.quotas_set.append(tenant)
+    return tenant
 
 
 STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile"}
@@ -432,7 +474,7 @@ def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
     enabled = private.bool("enabled", True)
     entries_reader = private.child("autoNodes", [])
     entries = [entries_reader] if isinstance(entries_reader.value, dict) else entries_reader.items()
-    provider_properties, specs, seen_providers, seen_pools = {}, [], {}, {}
+    provider_properties, specs, seen_providers, seen_pools, problems = {}, [], {}, {}, []
     for entry in entries:
         entry.mapping({"provider", "properties", "static", "dynamic"}, required=("provider",))
         provider_name = entry.str("provider", required=True)
@@ -448,8 +490,13 @@ def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
             provider_properties[provider_name] = props
         for kind, allowed in ((PoolKind.STATIC, STATIC_FIELDS), (PoolKind.DYNAMIC, DYNAMIC_FIELDS)):
             for pool in entry.child(kind, []).items():
-                pool.mapping(allowed, required=("name",) + (("quantity",) if kind == PoolKind.STATIC else ()))
-                specs.append(_pool_spec(pool, kind, provider, seen_pools))
+                try:
+                    pool.mapping(allowed, required=("name",) + (("quantity",) if kind == PoolKind.STATIC else ()))
+                    specs.append(_pool_spec(pool, kind, provider, seen_pools))
+                except Invalid as exc:
+                    problems.append(exc)  # and the next pools': every error of the document at once
+    if problems:
+        raise Invalid.all(problems)
     try:
         result = tenant_private_nodes_apply(tenant=tenant, enabled=enabled, provider_properties=provider_properties,
                                             pools=[s for s, _ in specs], actor=ctx.actor)
@@ -491,8 +538,8 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
     except ValidationError as exc:
         field_paths = {"node_type_selector": "nodeTypeSelector", "node_labels": "nodeLabels", "taints": "taints",
                        "disruption": "disruption", "limits": "limits", "quantity": "quantity"}
-        for fname, errors in exc.message_dict.items():
-            raise Invalid(pool.path + (field_paths.get(fname, fname),), "; ".join(errors)) from None
+        raise _invalid_from(exc, {name: pool.path + (field_paths.get(name, name),)
+                                  for name in getattr(exc, "error_dict", {})}) from None
     return PoolSpec(name=name, provider=provider, kind=kind, values=values), pool
 
 

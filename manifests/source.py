@@ -89,11 +89,21 @@ class ManifestError(LocatedError):
 
 
 class Invalid(Exception):
-    """A problem at a path inside one document; the caller adds file, document and line."""
+    """A problem at a path inside one document; the caller adds file, document and line. `more`: further
+    problems of the same document, reported with it."""
 
-    def __init__(self, path: Path, message: str):
-        self.path, self.message = tuple(path), message
+    def __init__(self, path: Path, message: str, more: "list[Invalid]" = ()):
+        self.path, self.message, self.more = tuple(path), message, list(more)
         super().__init__(message)
+
+    @classmethod
+    def all(cls, problems: "list[Invalid]") -> "Invalid":
+        """One Invalid that reports every one of `problems` (each with its own `more`), in order."""
+        flat = [p for problem in problems for p in (problem, *problem.more)]
+        return cls(flat[0].path, flat[0].message, more=flat[1:])
+
+    def problems(self) -> "list[Invalid]":
+        return [self, *self.more]
 
 
 def dotted(path: Path) -> str:
@@ -120,9 +130,25 @@ class Document:
             path = path[:-1]
         return self.line + self.line_offset
 
-    def error(self, exc: Invalid) -> ManifestError:
-        prefix = f"{dotted(exc.path)}: " if exc.path else ""
-        return ManifestError(self.file, self.index, self.line_of(exc.path), prefix + exc.message)
+    def error(self, exc: Invalid, outer: Path = ()) -> ManifestError:
+        """`outer`: the path of this document inside another (a vcluster.yaml inside a VirtualClusterInstance),
+        named in the messages; lines are this document's own."""
+        located = [(self.line_of(p.path), f"{dotted(outer + p.path)}: {p.message}" if outer + p.path else p.message)
+                   for p in exc.problems()]
+        return ManifestError(self.file, self.index, *located[0], more=located[1:])
+
+
+def read_sources(names: list[str], stdin) -> list[tuple[str, str]]:
+    """The files named on a command line (`-` is standard input) as [(name, text), ...], for apply and delete.
+    Raises OSError with the file's name in `filename`."""
+    sources = []
+    for name in names:
+        if name == "-":
+            sources.append((name, stdin.read()))
+            continue
+        with open(name, encoding="utf-8") as fh:
+            sources.append((name, fh.read()))
+    return sources
 
 
 def load_documents(text: str, file: str, *, line_offset: int = 0, index: int | None = None) -> list[Document]:

@@ -15,7 +15,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html_join
 
-from events.admin import RecordedAdmin, admin_actor, event_log_link
+from events.admin import RecordedAdmin, ServiceDeleteMixin, admin_actor, event_log_link
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
@@ -34,11 +34,14 @@ from .services import (
     StaleVersion,
     membership_add,
     membership_remove,
+    node_type_delete,
+    node_type_use,
     pool_create,
     pool_delete,
     pool_update,
     tenant_check_quota,
     tenant_delete,
+    tenant_quota_warning,
     tenant_static_quantities,
 )
 
@@ -72,7 +75,7 @@ class NodeTypeChangeList(ChangeList):
 
 
 @admin.register(NodeType)
-class NodeTypeAdmin(RecordedAdmin):
+class NodeTypeAdmin(ServiceDeleteMixin, RecordedAdmin):
     event_object_type = ObjectType.NODETYPE
     list_display = ("name", "provider", "display_name", "zone", "resources_text", "cost_text", "total",
                     "available", "provisioned")
@@ -83,6 +86,13 @@ class NodeTypeAdmin(RecordedAdmin):
 
     def get_changelist(self, request, **kwargs):
         return NodeTypeChangeList
+
+    # Deleted through pools.services.node_type_delete (ServiceDeleteMixin): not while a claim uses it.
+    def delete_refusal(self, obj) -> str:
+        return node_type_use(obj)
+
+    def delete_through_service(self, request, obj) -> None:
+        node_type_delete(node_type=obj, actor=admin_actor(request))
 
     @staticmethod
     def _capacity(node_type) -> dict:
@@ -159,17 +169,6 @@ class TenantForm(forms.ModelForm):
         model = Tenant
         exclude = ("kubeconfig",)
 
-    def clean(self):
-        cleaned = super().clean()
-        quota = cleaned.get("quota_nodes")
-        if self.instance.pk and quota is not None and "quota_nodes" in self.changed_data:
-            try:
-                tenant_check_quota(tenant=Tenant(name=self.instance.name, quota_nodes=quota),
-                                   quantities=tenant_static_quantities(tenant=self.instance))
-            except ValidationError as exc:
-                self.add_error("quota_nodes", exc.message_dict["quantity"])
-        return cleaned
-
 
 class TenantMembershipInline(admin.TabularInline):
     """Who belongs to which tenant, on the tenant's page and on the user's: rows are added or deleted
@@ -232,6 +231,14 @@ class TenantAdmin(MembershipsRecorded, RecordedAdmin):
         """Through the service: pools go, claims release, the tenant goes once they are all Released."""
         if not tenant_delete(tenant=obj, actor=admin_actor(request)):
             messages.warning(request, f"tenant {obj.name} is being deleted: it goes once its claims are released")
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        # A quota below what the pools ask for is saved (nothing is released), and the admin is told.
+        if change and "quota_nodes" in form.changed_data:
+            warning = tenant_quota_warning(tenant=obj, quota=obj.quota_nodes)
+            if warning:
+                messages.warning(request, warning)
 
     def event_values(self, request, obj, form, change):
         values = super().event_values(request, obj, form, change)

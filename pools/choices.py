@@ -42,12 +42,6 @@ class ConsolidationPolicy(models.TextChoices):
     WHEN_EMPTY_OR_UNDERUTILIZED = "WhenEmptyOrUnderutilized", "WhenEmptyOrUnderutilized"
 
 
-class TaintEffect(models.TextChoices):
-    NO_SCHEDULE = "NoSchedule", "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule", "PreferNoSchedule"
-    NO_EXECUTE = "NoExecute", "NoExecute"
-
-
 class CleaningPolicy(models.TextChoices):
     """How a released host's disks are erased (hosts/cleaning.py, agent/sanitize.py)."""
     METADATA = "metadata", "metadata (partition tables and signatures, first and last 2 MiB)"

@@ -5,6 +5,8 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact, In
 
+from core.labels import field_error, key_errors, label_errors, value_errors
+
 from .choices import SelectorOperator
 
 OPERATORS = {op.value for op in SelectorOperator}
@@ -20,31 +22,40 @@ def normalize_requirement(req: dict) -> tuple[str, str, list[str]]:
     return req["property"], op, [str(v) for v in values]
 
 
-def validate_requirements(requirements, field: str = "nodeTypeSelector") -> None:
+def validate_requirements(requirements) -> None:
+    """A nodeTypeSelector: every requirement's problems, each at its own position ([0].operator)."""
     if not isinstance(requirements, list):
-        raise ValidationError({field: "must be a list of {property, operator, value(s)}"})
+        raise ValidationError("must be a list of {property, operator, value(s)}")
+    errors = []
     for i, req in enumerate(requirements):
-        where = f"{field}[{i}]"
-        if not isinstance(req, dict) or not isinstance(req.get("property"), str) or not req.get("property"):
-            raise ValidationError({field: f"{where}: property is required"})
-        unknown = set(req) - {"property", "operator", "value", "values"}
-        if unknown:
-            raise ValidationError({field: f"{where}: unknown field(s) {', '.join(sorted(unknown))}"})
-        prop, op, values = normalize_requirement(req)
-        if op not in OPERATORS:
-            raise ValidationError({field: f"{where}: unknown operator {op!r}; expected one of "
-                                          "In, NotIn, Exists, DoesNotExist, Gt, Lt (or none for equals)"})
-        if "value" in req and "values" in req:
-            raise ValidationError({field: f"{where}: give value or values, not both"})
-        if op in ("", "In", "NotIn") and not values:
-            raise ValidationError({field: f"{where}: operator {op or 'equals'} needs a value"})
-        if op in ("Exists", "DoesNotExist") and values:
-            raise ValidationError({field: f"{where}: operator {op} takes no value"})
-        if op in ("Gt", "Lt"):
-            if len(values) != 1 or not _is_int(values[0]):
-                raise ValidationError({field: f"{where}: operator {op} needs one integer value"})
-        if op == "" and len(values) != 1:
-            raise ValidationError({field: f"{where}: equals takes one value; use operator In for several"})
+        errors += _requirement_errors(i, req)
+    if errors:
+        raise ValidationError(errors)
+
+
+def _requirement_errors(i: int, req) -> list[ValidationError]:
+    if not isinstance(req, dict) or not isinstance(req.get("property"), str) or not req.get("property"):
+        return [field_error((i,), "property is required")]
+    unknown = sorted(set(map(str, req)) - {"property", "operator", "value", "values"})
+    if unknown:
+        return [field_error((i, unknown[0]), f"unknown field(s) {', '.join(unknown)}")]
+    errors = key_errors(req["property"], (i, "property"), "property name")
+    prop, op, values = normalize_requirement(req)
+    where = (i, "operator")
+    if op not in OPERATORS:
+        errors.append(field_error(where, f"unknown operator {op!r}; expected one of "
+                                         "In, NotIn, Exists, DoesNotExist, Gt, Lt (or none for equals)"))
+    elif "value" in req and "values" in req:
+        errors.append(field_error((i, "values"), "give value or values, not both"))
+    elif op in ("", "In", "NotIn") and not values:
+        errors.append(field_error((i,), f"operator {op or 'equals'} needs a value"))
+    elif op in ("Exists", "DoesNotExist") and values:
+        errors.append(field_error(where, f"operator {op} takes no value"))
+    elif op in ("Gt", "Lt") and (len(values) != 1 or not _is_int(values[0])):
+        errors.append(field_error(where, f"operator {op} needs one integer value"))
+    elif op == "" and len(values) != 1:
+        errors.append(field_error((i, "values"), "equals takes one value; use operator In for several"))
+    return errors
 
 
 def _is_int(text: str) -> bool:
@@ -78,21 +89,31 @@ def requirements_match(requirements: list[dict], properties: dict) -> bool:
     return True
 
 
-def validate_label_selector(selector, field: str = "selector") -> None:
+def validate_label_selector(selector) -> None:
+    """A Kubernetes LabelSelector (a NodeType's hosts): its operators, and keys and values as Kubernetes takes
+    them; every problem, each at its position (matchLabels.role, matchExpressions[0].operator)."""
     if not isinstance(selector, dict):
-        raise ValidationError({field: "must be a mapping with matchLabels and/or matchExpressions"})
-    unknown = set(selector) - {"matchLabels", "matchExpressions"}
+        raise ValidationError("must be a mapping with matchLabels and/or matchExpressions")
+    unknown = sorted(set(map(str, selector)) - {"matchLabels", "matchExpressions"})
     if unknown:
-        raise ValidationError({field: f"unknown field(s) {', '.join(sorted(unknown))}"})
+        raise ValidationError(field_error((unknown[0],), f"unknown field(s) {', '.join(unknown)}"))
     labels = selector.get("matchLabels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-        raise ValidationError({field: "matchLabels must map label keys to string values"})
+        raise ValidationError(field_error(("matchLabels",), "must map label keys to string values"))
+    errors = label_errors(labels, ("matchLabels",))
     for i, expr in enumerate(selector.get("matchExpressions") or []):
+        where = ("matchExpressions", i)
         if not isinstance(expr, dict) or not expr.get("key"):
-            raise ValidationError({field: f"matchExpressions[{i}]: key is required"})
+            errors.append(field_error(where, "key is required"))
+            continue
+        errors += key_errors(expr["key"], where + ("key",))
         if expr.get("operator") not in LABEL_SELECTOR_OPERATORS:
-            raise ValidationError({field: f"matchExpressions[{i}]: unknown operator {expr.get('operator')!r}; "
-                                          "expected In, NotIn, Exists or DoesNotExist"})
+            errors.append(field_error(where + ("operator",), f"unknown operator {expr.get('operator')!r}; "
+                                                             "expected In, NotIn, Exists or DoesNotExist"))
+        for j, value in enumerate(expr.get("values") or []):
+            errors += value_errors(str(value), where + ("values", j))
+    if errors:
+        raise ValidationError(errors)
 
 
 def label_selector_q(selector: dict, field: str = "labels") -> Q:

@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from core.crypto import EncryptedTextField
+from core.labels import validate_labels, validate_taints
 
 from .choices import (
     ChecksumType,
@@ -15,7 +16,6 @@ from .choices import (
     JoinMode,
     PoolKind,
     ProviderKind,
-    TaintEffect,
 )
 from .matching import validate_label_selector, validate_requirements
 from .validators import (
@@ -113,7 +113,7 @@ class NodeType(models.Model):
             errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
-                lambda: validate_label_selector(self.host_selector, "host_selector"))
+                lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
                 lambda: _check_mapping(self.resources, "a mapping such as {cpu: '64', memory: '512Gi'}"),
                 lambda: check_quantities(self.resources))
@@ -364,27 +364,14 @@ class NodePool(models.Model):
         # Shapes first (a number where a list belongs is an error, not a TypeError), then the meaning.
         collect(errors, "node_type_selector", lambda: check_node_type_selector(self.node_type_selector),
                 lambda: validate_requirements(self.node_type_selector))
-        collect(errors, "node_labels", lambda: validate_string_map(self.node_labels, "nodeLabels"))
+        collect(errors, "node_labels", lambda: validate_string_map(self.node_labels, "nodeLabels"),
+                lambda: validate_labels(self.node_labels))
         collect(errors, "taints", lambda: check_taints(self.taints), lambda: validate_taints(self.taints))
         collect(errors, "disruption", lambda: check_disruption(self.disruption),
                 lambda: validate_disruption(self.disruption))
         collect(errors, "limits", lambda: check_quantities(self.limits), lambda: validate_limits(self.limits))
         if errors:
             raise ValidationError(errors)
-
-
-def validate_taints(taints) -> None:
-    if not isinstance(taints, list):
-        raise ValidationError("taints must be a list of {key, value, effect}")
-    effects = {e.value for e in TaintEffect}
-    for i, taint in enumerate(taints):
-        if not isinstance(taint, dict) or not taint.get("key"):
-            raise ValidationError(f"taints[{i}]: key is required")
-        unknown = set(taint) - {"key", "value", "effect"}
-        if unknown:
-            raise ValidationError(f"taints[{i}]: unknown field(s) {', '.join(sorted(unknown))}")
-        if taint.get("effect") not in effects:
-            raise ValidationError(f"taints[{i}]: effect must be one of {', '.join(sorted(effects))}")
 
 
 def validate_limits(limits) -> None:

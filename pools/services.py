@@ -7,14 +7,14 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core.errors import StaleVersion
+from core.errors import InUse, StaleVersion
 from core.tasks import task_send
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
 from events.services import event_record, object_delete, object_update
 
 from .choices import PoolKind
-from .models import NodePool, NodeProvider, Tenant, TenantMembership
+from .models import NodePool, NodeProvider, NodeType, Tenant, TenantMembership
 
 
 @dataclass
@@ -34,14 +34,32 @@ class PrivateNodesResult:
 
 
 def tenant_check_quota(*, tenant: Tenant, quantities: dict[str, int]) -> None:
-    """Static quantities may not add up past the tenant's node quota."""
+    """Static quantities may not add up past the tenant's node quota; but a change that does not add to what
+    the tenant's static pools ask for now is always allowed: one that moves toward a quota lowered below use
+    (3 → 1 while 3 are used: 2 → 1 is allowed, 2 → 3 is not). `quantities`: every static pool as it would be;
+    what is asked for now is read from the database (the caller holds the tenant's lock)."""
     if tenant.quota_nodes is None:
         return
     total = sum(quantities.values())
-    if total > tenant.quota_nodes:
-        raise ValidationError(
-            {"quantity": f"tenant {tenant.name} may have at most {tenant.quota_nodes} node(s); "
-                         f"these pools ask for {total}"})
+    if total <= tenant.quota_nodes:
+        return
+    if tenant.pk and total <= sum(tenant_static_quantities(tenant=tenant).values()):
+        return
+    raise ValidationError(
+        {"quantity": f"tenant {tenant.name} may have at most {tenant.quota_nodes} node(s); "
+                     f"these pools ask for {total}"})
+
+
+def tenant_quota_warning(*, tenant: Tenant, quota: int | None) -> str:
+    """For the admin who sets a tenant's quota: "" when its static pools fit, else what a quota below current
+    use means. Such a quota is saved (nothing is released); the pools may then shrink, not grow."""
+    if quota is None or not tenant.pk:
+        return ""
+    used = sum(tenant_static_quantities(tenant=tenant).values())
+    if used <= quota:
+        return ""
+    return (f"tenant {tenant.name}'s pools ask for {used} node(s), more than its new quota of {quota}: nothing is "
+            f"released; its pools may shrink, but not grow, until they fit")
 
 
 @retry_on_deadlock()
@@ -170,6 +188,29 @@ def pool_delete(*, pool: NodePool, actor: str) -> None:
     for receiver in POOL_DELETE_RECEIVERS:
         receiver(pool=pool, actor=actor)
     object_delete(pool, actor=actor, object_type=ObjectType.POOL, tenant=pool.tenant)
+
+
+def node_type_use(node_type: NodeType) -> str:
+    """What still uses a NodeType ("" when nothing): the claims of it that are not yet released."""
+    names = list(node_type.claims.exclude(phase="Released").order_by("name").values_list("name", flat=True)[:4])
+    if not names:
+        return ""
+    more = node_type.claims.exclude(phase="Released").count() - len(names) if len(names) == 4 else 0
+    return (f"node type {node_type.name} is in use by claim(s) {', '.join(names)}" + (f" and {more} more" if more else "")
+            + ": release them (shrink or delete their pools) first")
+
+
+@transaction.atomic
+def node_type_delete(*, node_type: NodeType, actor: str) -> None:
+    """Delete a NodeType (the API, `manage.py delete -f`, apply's stale types and the admin call this). Refused
+    with InUse while a claim that is not released was made for it; its row is locked while that is checked."""
+    locked = NodeType.objects.select_for_update().filter(pk=node_type.pk).first()
+    if locked is None:
+        return
+    use = node_type_use(locked)
+    if use:
+        raise InUse(use)
+    object_delete(locked, actor=actor, object_type=ObjectType.NODETYPE)
 
 
 @transaction.atomic

@@ -150,5 +150,7 @@ def collect(errors: dict, name: str, *checks) -> None:
         try:
             check()
         except ValidationError as exc:
-            errors.setdefault(name, []).extend(exc.messages)
+            # The errors themselves, not their text: one may carry its position inside the field (core.labels).
+            items = [e for es in exc.error_dict.values() for e in es] if hasattr(exc, "error_dict") else exc.error_list
+            errors.setdefault(name, []).extend(items)
             return

@@ -673,7 +673,9 @@ def test_members_apply_only_their_own_tenant_s_vcluster_yaml(world, api, seed_bl
         assert api(role, "post", "/api/v1/apply/", body).status_code == 403, (role, body)
     assert api("anonymous", "post", "/api/v1/apply/", {"files": [{"text": SITE}]}).status_code == 401
     Tenant.objects.filter(pk=world.alpha.pk).update(quota_nodes=1)
-    over = api("member_a", "post", "/api/v1/apply/", {"files": [{"text": seed_block}], "tenant": "alpha"})
+    # Above the quota already (2 of 1): growing is refused (shrinking toward it is not: test_quota_lowered).
+    grown = seed_block.replace("quantity: 1", "quantity: 2")
+    over = api("member_a", "post", "/api/v1/apply/", {"files": [{"text": grown}], "tenant": "alpha"})
     assert over.status_code == 400 and "at most 1 node" in over.json()["message"]
     assert snapshot()[1] == before[1]
 

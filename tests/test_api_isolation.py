@@ -65,8 +65,9 @@ MATRIX = {
         "create": (201, 403, 403, 403, 401),
         "update": (200, 403, 403, 403, 401),
         "replace": (200, 403, 403, 403, 401),
-        "delete": NOT_ALLOWED,
-        # The host is provisioning: neither in error nor one that may go into maintenance; the service says why.
+        # The host is provisioning: neither in error nor one that may go into maintenance nor be deleted; the
+        # service says why.
+        "delete": (409, 403, 403, 403, 401),
         "retry": (409, 403, 403, 403, 401),
         "maintenance": (409, 403, 403, 403, 401),
     },

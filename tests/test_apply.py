@@ -392,13 +392,13 @@ def test_exists_gt_and_lt_choose_the_node_type_by_its_properties(apply, demo_sit
     ("redfish://10.1.1.9/redfish/v1/Systems/1", "redfish"),
     ("redfish+http://10.1.1.9:8000/redfish/v1/Systems/1", "redfish+http"),
     ("redfish-virtualmedia://10.1.1.9/redfish/v1/Systems/1", "redfish-virtualmedia"),
-    ("ipmi://10.1.1.9:623", "ipmi"),
+    ("redfish-virtualmedia+http://10.1.1.9/redfish/v1/Systems/1", "redfish-virtualmedia+http"),
 ])
-def test_every_bmc_scheme_metal3_writes_is_accepted(apply, address, scheme):
-    from hosts.models import parse_bmc_address
+def test_every_redfish_scheme_metal3_writes_is_accepted(apply, address, scheme):
+    from hosts.bmc import parse_address
     from tests.test_apply_errors import BMH
 
     apply(BMH.format(address=address, credentials="new-bmc"))
     host = BareMetalHost.objects.get(name="new-host")
-    assert host.bmc_address == address and parse_bmc_address(host.bmc_address)[0] == scheme
+    assert host.bmc_address == address and parse_address(host.bmc_address)[0] == scheme
     assert host.bmc_password == "secret"

@@ -87,7 +87,7 @@ def test_unknown_selector_operator(refused):
     refused("privateNodes:\n  autoNodes:\n    - provider: metal3\n      static:\n        - name: big\n"
             "          quantity: 1\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
             "              operator: Like\n              values: [gpu-server]\n",
-            expect="unknown operator 'Like'", line=7, document=1)
+            expect="nodeTypeSelector[0].operator: unknown operator 'Like'", line=9, document=1)  # the operator's line
 
 
 def test_duplicate_pool_name(refused):
@@ -109,7 +109,7 @@ def test_two_entries_for_one_provider(refused):
 
 def test_bmc_address_with_an_unknown_scheme(refused):
     message = refused(BMH.format(address="http://10.1.1.1/redfish/v1/Systems/1", credentials="new-bmc"),
-                      expect="unknown scheme 'http'", line=14)
+                      expect="BMC address scheme http:// is not supported", line=14)
     assert "spec.bmc.address" in message
 
 

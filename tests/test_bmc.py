@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hosts.bmc import BMC, BMCError, parse_address
+from hosts.bmc import BMC, KINDS, BMCError, parse_address
 from lab.redfish import RedfishLab
 
 USER, PASSWORD = "admin", "lab-password"
@@ -128,11 +128,26 @@ def test_it_parses_the_redfish_schemes():
         "redfish-virtualmedia+http", "http://10.0.0.5", "")
 
 
-def test_it_refuses_ipmi_with_a_clear_message():
+REDFISH = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, redfish-virtualmedia+https://, "
+           "redfish-virtualmedia+http://")
+
+
+@pytest.mark.parametrize("address", ["ipmi://10.0.0.5:623", "IPMI://10.0.0.5", "10.0.0.5", "bmc-01.example:623"])
+def test_it_refuses_ipmi_and_addresses_without_a_scheme_naming_the_redfish_schemes(address):
     with pytest.raises(BMCError) as error:
-        parse_address("ipmi://10.0.0.5:623")
-    assert error.value.kind == "unsupported"
-    assert str(error.value) == "IPMI is not supported by this console yet: use a redfish:// address"
+        parse_address(address)
+    assert (error.value.kind, error.value.transient) == ("unsupported", False)
+    assert str(error.value) == f"ipmi:// is not supported by this console yet: use a Redfish address ({REDFISH})"
+
+
+def test_an_unknown_scheme_lists_only_the_redfish_schemes():
+    with pytest.raises(BMCError) as error:
+        parse_address("idrac://10.0.0.5/redfish/v1/Systems/1")
+    assert str(error.value) == f"BMC address scheme idrac:// is not supported: use one of {REDFISH}"
+
+
+def test_only_an_unreachable_slow_or_failing_bmc_is_transient():
+    assert {kind for kind in KINDS if BMCError(kind, "x").transient} == {"unreachable", "timeout", "server_error"}
 
 
 # finding the system
@@ -226,6 +241,16 @@ def test_a_wrong_password_is_an_auth_error_and_is_not_retried(lab):
     assert bmc(lab, "gpu-04", password="gpu-04-password").check("52:54:00:00:00:04")["name"] == "gpu-04"
 
 
+def test_https_to_a_bmc_that_speaks_http_is_a_tls_error_and_is_not_retried(lab):
+    started = time.monotonic()
+    with pytest.raises(BMCError) as error:
+        BMC(lab.system_address("gpu-01", scheme="redfish+https"), USER, PASSWORD, retries=3, backoff=1.0).power_state()
+    assert (error.value.kind, error.value.transient) == ("tls", False)
+    assert str(error.value) == ("BMC TLS error: the BMC does not speak TLS on this port: if it serves plain HTTP, "
+                                "use a redfish+http:// address")
+    assert time.monotonic() - started < 1.0
+
+
 def test_nothing_listening_is_connection_refused(lab):
     nowhere = BMC(f"redfish+http://127.0.0.1:{free_port()}/redfish/v1/Systems/1", USER, PASSWORD,
                   retries=1, backoff=0.05)
@@ -293,3 +318,87 @@ def test_the_emulator_is_gone_after_the_lab_stops():
     with pytest.raises(BMCError, match="connection refused"):
         BMC(address, USER, PASSWORD, retries=0).power_state()
     assert not Path(lab._dir).exists()
+
+
+# a step's BMC errors, driven through the register flow against the emulator: what never heals fails at once
+
+def registered(lab, name: str, *, password: str = PASSWORD, address: str | None = None):
+    from hosts.services import host_create
+
+    mac = next(s["mac"] for s in SYSTEMS if s["name"] == name)
+    return host_create(values={"name": f"host-{name}", "bmc_address": address or lab.system_address(name),
+                               "bmc_username": USER, "bmc_password": password, "boot_mac": mac}, actor="test")
+
+
+def drive(host):
+    from hosts.engine import drive as engine_drive
+
+    started = time.monotonic()
+    engine_drive(host.pk)
+    host.refresh_from_db()
+    return time.monotonic() - started
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, password, address, reason", [
+    ("gpu-01", "wrong", None, "BMC rejected credentials (401)"),
+    ("gpu-01", PASSWORD, "redfish+http://127.0.0.1:{port}/redfish/v1/Systems/no-such-box", "system not found: no-such-box"),
+    ("gpu-01", PASSWORD, "gpu-02's", "boot MAC 52:54:00:00:00:01 not found on system {gpu-02}"),
+    ("gpu-02", PASSWORD, "https", "BMC TLS error: the BMC does not speak TLS on this port: if it serves plain HTTP, "
+                                  "use a redfish+http:// address"),
+])
+def test_a_bmc_error_that_never_heals_fails_the_step_at_once_with_its_reason(lab, name, password, address, reason):
+    from events.models import Event
+
+    if address == "https":
+        address = lab.system_address(name, scheme="redfish+https")
+    elif address == "gpu-02's":
+        address = lab.system_address("gpu-02")
+    elif address:
+        address = address.format(port=lab.port)
+    reason = reason.replace("{gpu-02}", lab.system_id("gpu-02"))
+    host = registered(lab, name, password=password, address=address)
+    assert drive(host) < 2  # one drive, no retries
+    assert (host.state, host.error_type, host.error_message) == (
+        "error", "register error", f"register failed at bmc_check: {reason}")
+    assert "last_error" not in host.flow
+    assert Event.objects.filter(host=host, kind="step", step="bmc_check", message=f"failed: {reason}").exists()
+
+
+@pytest.mark.django_db
+def test_a_bmc_that_is_down_is_retried_with_its_last_error_until_the_step_deadline(lab, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from hosts.models import BareMetalHost
+
+    settings.BMC_TIMEOUT_S = 1
+    host = registered(lab, "gpu-06")
+    lab.set_fault("gpu-06", "bmc-down")
+    for _ in range(2):
+        drive(host)
+        assert host.state == "registering" and host.error_message == ""
+        assert host.flow["step"] == "bmc_check"
+        assert host.flow["last_error"] == "BMC unreachable: connection refused"
+    # The step's own deadline passes (POWER_DEADLINE_S) with the BMC still away.
+    started = timezone.now() - timedelta(seconds=settings.POWER_DEADLINE_S + 1)
+    BareMetalHost.objects.filter(pk=host.pk).update(flow={**host.flow, "step_started_at": started.isoformat()})
+    drive(host)
+    assert (host.state, host.error_type) == ("error", "register error")
+    assert host.error_message == (f"register failed at bmc_check: bmc_check did not finish within "
+                                  f"{int(settings.POWER_DEADLINE_S)}s; last error: BMC unreachable: connection refused")
+
+
+@pytest.mark.django_db
+def test_a_host_stored_with_an_ipmi_address_fails_registration_cleanly(lab, caplog):
+    from hosts.models import BareMetalHost
+
+    # Stored by a console that still accepted ipmi:// (no validation on the way in).
+    host = BareMetalHost.objects.create(name="old-ipmi", bmc_address="ipmi://10.0.0.5:623", bmc_username=USER,
+                                        bmc_password=PASSWORD, boot_mac="52:54:00:00:00:99", state="registering")
+    drive(host)
+    assert (host.state, host.error_type) == ("error", "register error")
+    assert host.error_message == ("register failed at bmc_check: ipmi:// is not supported by this console yet: "
+                                  f"use a Redfish address ({REDFISH})")
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback logged

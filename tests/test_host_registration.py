@@ -86,7 +86,7 @@ def test_an_imported_metal3_status_comes_in_through_host_create(apply, monkeypat
     status = {"provisioning": {"state": "available"}, "hardware": HARDWARE}
     with django_capture_on_commit_callbacks(execute=True):
         assert apply(bmh("gpu-31", "52:54:00:00:31:01", status)) == [
-            "baremetalhost/gpu-31 created", ]
+            "secret/metal3/gpu-31-bmc created", "baremetalhost/gpu-31 created"]
     [call] = calls
     assert call["status"] == status and call["values"]["name"] == "gpu-31"
     host = BareMetalHost.objects.get(name="gpu-31")
@@ -109,3 +109,52 @@ def test_an_imported_status_a_new_host_cannot_take_is_refused_and_nothing_is_app
     assert message in str(refused.value)
     assert not BareMetalHost.objects.filter(name="gpu-41").exists()
     assert not Event.objects.filter(object_name="gpu-41").exists()
+
+
+# --- BMC addresses the console cannot drive: refused alike by apply, the API and the admin --------------------
+
+REDFISH_SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, "
+                   "redfish-virtualmedia+https://, redfish-virtualmedia+http://")
+IPMI_REFUSED = f"ipmi:// is not supported by this console yet: use a Redfish address ({REDFISH_SCHEMES})"
+
+
+@pytest.mark.parametrize("address", ["ipmi://10.1.1.9:623", "10.1.1.9", "IPMI://bmc-21.example"])
+def test_an_ipmi_address_is_refused_by_apply_the_api_and_the_admin_and_nothing_is_registered(
+        world, api, apply, drives, address):
+    from django.core.management import CommandError
+
+    manifest = bmh("gpu-21", "52:54:00:00:21:01").replace(
+        "redfish+http://127.0.0.1:8099/redfish/v1/Systems/gpu-21", address)
+    line = next(n for n, text in enumerate(manifest.splitlines(), 1) if text.strip().startswith("address:"))
+    with pytest.raises(CommandError) as refused:
+        apply(manifest, names=["hosts.yaml"])
+    message = str(refused.value)
+    assert f"/hosts.yaml: document 2 (line {line})" in message and "spec.bmc.address" in message, message
+    assert IPMI_REFUSED in message, message
+
+    made = api("admin", "post", "/api/v1/hosts/", {
+        "name": "gpu-22", "bmc_address": address, "boot_mac": "52:54:00:00:22:01",
+        "bmc_username": "user-gpu-22", "bmc_password": "pw-gpu-22-7c1d"})
+    assert made.status_code == 400 and made.json()["bmc_address"] == [IPMI_REFUSED], made.json()
+
+    admin = Client()
+    admin.force_login(world.users["admin"])
+    response = admin.post(reverse("admin:hosts_baremetalhost_add"), {
+        "name": "gpu-23", "namespace": "metal3", "labels": "{}", "online": "on", "root_device_hints": "{}",
+        "automated_cleaning_mode": "metadata", "bmc_address": address, "boot_mac": "52:54:00:00:23:01",
+        "new_bmc_username": "user-gpu-23", "new_bmc_password": "pw-gpu-23-7c1d"})
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["bmc_address"] == [IPMI_REFUSED]
+
+    assert not BareMetalHost.objects.filter(name__in=["gpu-21", "gpu-22", "gpu-23"]).exists()
+    assert not Event.objects.filter(object_name__in=["gpu-21", "gpu-22", "gpu-23"]).exists()
+    assert drives == []
+
+
+def test_an_address_with_a_scheme_no_bmc_speaks_lists_only_the_redfish_schemes(world, api):
+    made = api("admin", "post", "/api/v1/hosts/", {
+        "name": "gpu-24", "bmc_address": "http://10.1.1.9/redfish/v1/Systems/1", "boot_mac": "52:54:00:00:24:01",
+        "bmc_username": "user-gpu-24", "bmc_password": "pw-gpu-24-7c1d"})
+    assert made.status_code == 400
+    assert made.json()["bmc_address"] == [f"BMC address scheme http:// is not supported: use one of {REDFISH_SCHEMES}"]
+    assert "ipmi" not in made.content.decode().lower()

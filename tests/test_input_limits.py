@@ -98,8 +98,9 @@ def test_a_20000_deep_yaml_document_is_a_400_within_a_second_naming_its_line(wor
         response = world.client(role).post("/api/v1/apply/?tenant=alpha", deep, content_type="application/yaml")
         assert time.monotonic() - started < 1
         assert response.status_code == 400, response.content[:300]
-        assert response.json() | {"detail": None} == {"detail": None, "file": "manifest.yaml", "document": 1,
-                                                     "line": 2, "message": "nested deeper than 100 levels"}
+        assert response.json() | {"detail": None} == {
+            "detail": None, "file": "manifest.yaml", "document": 1, "line": 2, "message": "nested deeper than 100 levels",
+            "errors": [{"line": 2, "message": "nested deeper than 100 levels"}]}
 
 
 def test_a_100000_deep_json_body_is_a_400_on_the_api_and_on_the_agent_endpoints(world):

@@ -54,7 +54,8 @@ def test_a_nul_escape_in_a_vcluster_yaml_is_a_400_naming_its_path_and_line(world
                                content_type="application/yaml")
         assert response.status_code == 400, response.content[:300]
         assert response.json() | {"detail": None} == {"detail": None, "file": "manifest.yaml", "document": 1,
-                                                     "line": 8, "message": message}
+                                                     "line": 8, "message": message,
+                                                     "errors": [{"line": 8, "message": message}]}
     assert NodePool.objects.get(tenant=world.alpha).node_labels == {}
 
 

@@ -85,6 +85,7 @@ AXES_COOLOFF_TIME = timedelta(hours=1)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_SENSITIVE_PARAMETERS = ["password", "token", "key"]
+AXES_VERBOSE = False  # no "AXES: BEGIN" line on every manage.py command; lockouts are still logged
 # The client's address (axes, the agent rate limits): REMOTE_ADDR, or X-Forwarded-For's when REMOTE_ADDR is one
 # of TRUSTED_PROXIES (comma-separated addresses or CIDRs: the reverse proxy in front of the console). Unset, the
 # header is ignored: otherwise anyone could lock anyone's account out, or dodge their own lockout, by forging it.

@@ -152,7 +152,9 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
         read_only_fields = ["inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
                             "error_message", "error_count", "created_at", "updated_at"]
         extra_kwargs = {"cleaning_policy": {"help_text": "overrides its NodeType's cleaning method; empty: the "
-                                                         "NodeType's"}}
+                                                         "NodeType's"},
+                        # No generic uniqueness check: full_clean() says which host has the MAC.
+                        "boot_mac": {"validators": []}}
         list_serializer_class = _HostList
 
     # Registered once; what identifies the server and its BMC is not changed in place (apply a

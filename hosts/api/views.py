@@ -25,7 +25,7 @@ from hosts.selectors import (
     health_runs_visible,
     hosts_visible,
 )
-from hosts.services import host_create, host_retry, host_set_maintenance
+from hosts.services import host_create, host_delete, host_retry, host_set_maintenance
 
 from .serializers import (
     EraseCertificateSerializer,
@@ -40,9 +40,14 @@ from .serializers import (
 CONFLICT = OpenApiResponse(description="not allowed in the host's current state (the message says why)")
 
 
-@extend_schema_view(list=extend_schema(description="Members get their own nodes, without BMC fields."))
+@extend_schema_view(
+    list=extend_schema(description="Members get their own nodes, without BMC fields."),
+    destroy=extend_schema(responses={204: None, 409: CONFLICT},
+                          description="Deletes the host for good (hosts.services.host_delete): only when available, "
+                                      "in maintenance, error, repair or retired, and serving no claim. Its erase "
+                                      "certificates, health runs and Events are kept."))
 class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                  mixins.UpdateModelMixin, viewsets.GenericViewSet):
+                  mixins.UpdateModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     serializer_class = HostSerializer
     filterset_class = BareMetalHostFilterSet
 
@@ -66,6 +71,9 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         with transaction.atomic():
             object_update(host, dict(serializer.validated_data), actor=actor(self.request),
                           object_type=ObjectType.HOST, self_link="host")
+
+    def perform_destroy(self, instance):
+        host_delete(host=instance, actor=actor(self.request))
 
     @extend_schema(request=MaintenanceSerializer, responses={200: HostSerializer, 409: CONFLICT})
     @action(detail=True, methods=["post"])

@@ -30,16 +30,21 @@ class TenantSerializer(StrictModelSerializer):
                                        style={"input_type": "password"},
                                        help_text="the tenant API's kubeconfig; write-only, never returned")
     has_kubeconfig = serializers.SerializerMethodField()
+    warnings = serializers.SerializerMethodField(help_text="what the write just made means, for the caller (also "
+                                                           "in the Warning header): a quota below current use")
 
     class Meta:
         model = Tenant
         fields = ["id", "name", "namespace", "display_name", "api_endpoint", "kubeconfig", "has_kubeconfig",
                   "join_mode", "quota_nodes", "private_nodes_enabled", "provider_properties", "deleting_since",
-                  "created_at", "updated_at"]
+                  "created_at", "updated_at", "warnings"]
         read_only_fields = ["deleting_since", "created_at", "updated_at"]
 
     def get_has_kubeconfig(self, obj) -> bool:
         return bool(obj.kubeconfig)
+
+    def get_warnings(self, obj) -> list[str]:
+        return list(self.context.get("warnings", []))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -38,10 +38,12 @@ from pools.models import (
 from pools.selectors import node_environments_visible, pools_visible, tenants_visible
 from pools.services import (
     StaleVersion,
+    node_type_delete,
     pool_create,
     pool_delete,
     pool_update,
     tenant_delete,
+    tenant_quota_warning,
 )
 
 from .serializers import (
@@ -100,6 +102,21 @@ class TenantViewSet(ConfigViewSet):
     def event_tenant(self, obj, values=None):
         return None  # self_link fills it
 
+    def perform_update(self, serializer):
+        super().perform_update(serializer)
+        # A quota below what the pools ask for is saved (nothing is released); the caller is told, in the body
+        # and, as RFC 7234 has it for any client, in a Warning header.
+        if "quota_nodes" in serializer.validated_data:
+            warning = tenant_quota_warning(tenant=serializer.instance, quota=serializer.instance.quota_nodes)
+            serializer.context["warnings"] = [warning] if warning else []
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        warnings = response.data.get("warnings") if isinstance(response.data, dict) else None
+        if warnings:
+            response["Warning"] = ", ".join(f'299 - "{warning}"' for warning in warnings)
+        return response
+
     @extend_schema(responses={204: None, 202: OpenApiResponse(description="being deleted: its claims release first")})
     def destroy(self, request, *args, **kwargs):
         """Its pools go at once (their claims release: drain, delete the Node, clean the host); the tenant
@@ -141,6 +158,9 @@ class NodeTypeViewSet(ConfigViewSet):
     def perform_update(self, serializer):
         super().perform_update(serializer)
         serializer.context["capacity"] = node_type_capacity([serializer.instance])
+
+    def perform_destroy(self, instance):
+        node_type_delete(node_type=instance, actor=actor(self.request))
 
 
 class NodeEnvironmentViewSet(ConfigViewSet):

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from events.services import cli_actor
 from manifests.apply import apply_files
-from manifests.source import ManifestError
+from manifests.source import ManifestError, read_sources
 
 
 class Command(BaseCommand):
@@ -18,13 +18,10 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
 
     def handle(self, *args, files, tenant, dry_run, **options):
-        sources = []
-        for name in files:
-            try:
-                text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()
-            except OSError as exc:
-                raise CommandError(f"{name}: {exc.strerror}") from None
-            sources.append((name, text))
+        try:
+            sources = read_sources(files, sys.stdin)
+        except OSError as exc:
+            raise CommandError(f"{exc.filename}: {exc.strerror}") from None
         try:
             result = apply_files(sources, actor=cli_actor(), tenant=tenant, dry_run=dry_run)
         except ManifestError as exc:

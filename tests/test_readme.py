@@ -1,0 +1,40 @@
+"""The README's commands work as written on a fresh install, and it documents what bin/run reads."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from rest_framework.test import APIClient
+
+from .api_conftest import ISSUED_KEYS
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def readme_line(start: str) -> str:
+    lines = [line for line in README.splitlines() if line.startswith(start)]
+    assert len(lines) == 1, f"one README line starts with {start!r}"
+    return lines[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_token_example_works_on_a_fresh_database_and_prints_no_axes_line(subprocess_env):
+    example = readme_line("KEY=$(")
+    command = re.fullmatch(r"KEY=\$\((.+?)\)\s+#.*", example).group(1)  # exactly what the reader runs
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=subprocess_env, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip()
+    ISSUED_KEYS.add(key)  # the leak check knows it from here on
+    assert re.fullmatch(r"[0-9a-f]{64}", key)
+    assert "AXES" not in done.stderr  # django-axes is quiet on every manage.py command
+    client = APIClient()  # the README's curl line
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get(readme_line("curl ").split()[-1].replace("http://127.0.0.1:8000", "")).status_code == 200
+
+
+def test_every_setting_bin_run_reads_is_documented():
+    names = set(re.findall(r"\$\{([A-Z_]+):-", (ROOT / "bin" / "run").read_text())) - {"VMETAL_VAR_DIR"}
+    assert names >= {"PORT", "AGENT_PORT", "LAB_HOSTS"}
+    assert not [name for name in names if f"`{name}`" not in README]
