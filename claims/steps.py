@@ -84,10 +84,12 @@ def step_write_seed(run: Run) -> dict:
         try:
             token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
                                                description=f"vmetal join for {claim.name}")
-            command = api.join_command(claim.tenant.join_mode, claim.tenant.api_endpoint or api.server.split("://", 1)[-1],
-                                       token.token, api.ca_cert_hash() if claim.tenant.join_mode == "kubeadm" else None)
+            command, _ = api.join(claim.tenant.join_mode, claim.tenant.api_endpoint or api.server.split("://", 1)[-1],
+                                  token.token)
         except TenantAPIError as exc:
             raise Waiting(str(exc), recheck_s=5) from None
+        except ValueError as exc:  # the tenant's fault (a kubeadm join with no CA to pin), not the host's
+            raise StepFailed(f"join command: {exc}", claim_reason=f"join command: {exc}") from None
         node = run.host.name
         NodeClaim.objects.filter(pk=claim.pk).update(node_name=node, bootstrap_token_id=token.id)
         user_data = "#cloud-config\n" + yaml.safe_dump({"hostname": node, "runcmd": [command]}, sort_keys=False)

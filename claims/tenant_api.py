@@ -70,24 +70,38 @@ def _rfc3339(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def join_command(mode: str, endpoint: str, token: str, ca_cert_hash: str | None = None) -> str:
-    """The shell line a new node runs to join the tenant (it goes into cloud-init, so every part is checked)."""
+B64_RE = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
+KUBEADM_NEEDS_CA = ("a kubeadm join pins the tenant API's CA (--discovery-token-ca-cert-hash), and the tenant's "
+                    "kubeconfig has none: add its certificate-authority-data, or use join mode vcluster")
+
+
+def join_command(mode: str, endpoint: str, token: str, ca_cert_hash: str | None = None, *,
+                 ca_data: str | None = None, scheme: str = "https") -> str:
+    """The shell line a new node runs to join the tenant (it goes into cloud-init and onto the tenant's page, so
+    every part is checked). It never turns certificate checking off: a vCluster join gives curl the tenant API's
+    CA (`ca_data`, base64 PEM as in a kubeconfig) when there is one, else curl checks the machine's trusted CAs
+    (or `scheme` is http: the API has no TLS); a kubeadm join pins the CA's hash, and without one is refused."""
     endpoint = re.sub(r"^https?://", "", endpoint.strip()).rstrip("/")
     if not ENDPOINT_RE.match(endpoint):
         raise ValueError(f"not a host[:port] endpoint: {endpoint!r}")
     if not TOKEN_RE.match(token):
         raise ValueError("not a bootstrap token: want <6 chars [a-z0-9]>.<16 chars [a-z0-9]>")
+    if scheme not in ("https", "http"):
+        raise ValueError(f"scheme must be https or http, not {scheme!r}")
     if mode == "vcluster":
-        return f'curl -fsSLk "https://{endpoint}/node/join?token={token}" | sh -'
+        fetch = f'curl -fsSL "{scheme}://{endpoint}/node/join?token={token}" | sh -'
+        if not ca_data:
+            return fetch
+        if not B64_RE.match(ca_data):
+            raise ValueError("ca_data must be base64 (certificate-authority-data)")
+        return f"echo {ca_data} | base64 -d | " + fetch.replace("curl -fsSL ", "curl -fsSL --cacert /dev/stdin ", 1)
     if mode == "kubeadm":
-        if ca_cert_hash:
-            digest = ca_cert_hash.removeprefix("sha256:").lower()
-            if not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise ValueError("ca_cert_hash must be a sha256 hex digest")
-            return f"kubeadm join {endpoint} --token {token} --discovery-token-ca-cert-hash sha256:{digest}"
-        # No CA in the tenant's kubeconfig: kubeadm cannot pin the API server's identity, so the joining
-        # node trusts whatever answers at the endpoint. Acceptable only on a network the console controls.
-        return f"kubeadm join {endpoint} --token {token} --discovery-token-unsafe-skip-ca-verification"
+        if not ca_cert_hash:
+            raise ValueError(KUBEADM_NEEDS_CA)
+        digest = ca_cert_hash.removeprefix("sha256:").lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ValueError("ca_cert_hash must be a sha256 hex digest")
+        return f"kubeadm join {endpoint} --token {token} --discovery-token-ca-cert-hash sha256:{digest}"
     raise ValueError(f"join mode must be one of {', '.join(JOIN_MODES)}, not {mode!r}")
 
 
@@ -226,6 +240,39 @@ class TenantAPI:
             deleted = self._call(f"delete bootstrap token {token_id}", client.CoreV1Api(api).delete_namespaced_secret,
                                  f"bootstrap-token-{token_id}", BOOTSTRAP_NAMESPACE, tolerate=(404,))
         return deleted is not None
+
+    def ca_data(self) -> str | None:
+        """The cluster CA as the kubeconfig holds it (base64 PEM, whitespace removed), checked to be a certificate;
+        None when the kubeconfig has none."""
+        data = "".join((self._cluster().get("certificate-authority-data") or "").split())
+        if not data:
+            return None
+        self.ca_cert_hash()  # raises TenantAPIError unless it is a PEM certificate
+        return data
+
+    def join_refusal(self, mode: str) -> str:
+        """Why no join command can be made for this tenant ("" when one can): asked before a token is made."""
+        if mode == "kubeadm" and (self.server.lower().startswith("http://") or not self.ca_data()):
+            return KUBEADM_NEEDS_CA
+        return ""
+
+    def join(self, mode: str, endpoint: str, token: str) -> tuple[str, str]:
+        """(the join command for this tenant, a note for whoever runs it by hand on what it verifies)."""
+        plain = self.server.lower().startswith("http://")
+        ca = None if plain else self.ca_data()
+        command = join_command(mode, endpoint, token, self.ca_cert_hash() if ca else None, ca_data=ca,
+                               scheme="http" if plain else "https")
+        if plain:
+            note = ("The tenant API is plain HTTP (no TLS): nothing can verify who answers. Run this only on a "
+                    "network you trust.")
+        elif ca and mode == "kubeadm":
+            note = "kubeadm checks the tenant API against the hash of its CA (from the tenant's kubeconfig)."
+        elif ca:
+            note = "curl checks the tenant API's certificate against its CA (from the tenant's kubeconfig)."
+        else:
+            note = ("The tenant's kubeconfig has no CA: curl checks the tenant API's certificate against the "
+                    "machine's trusted CAs.")
+        return command, note
 
     def ca_cert_hash(self) -> str | None:
         """sha256 (hex) of the cluster CA's SubjectPublicKeyInfo, as kubeadm's --discovery-token-ca-cert-hash."""

@@ -176,7 +176,10 @@ class ApplyForm(forms.Form):
                            widget=forms.Textarea(attrs={"rows": 18, "class": "code", "spellcheck": "false"}))
     file = forms.FileField(required=False, label="or upload a file")
     tenant = forms.CharField(required=False, max_length=63,
-                             help_text="for a tenant's vcluster.yaml (privateNodes); created when missing")
+                             help_text="for a tenant's vcluster.yaml (privateNodes)")
+    create_tenant = forms.BooleanField(required=False, label="Create tenant",
+                                       help_text="create the tenant named above if it does not exist (unticked, "
+                                                 "a mistyped name makes nothing)")
 
     def clean(self):
         data = super().clean()

@@ -22,7 +22,7 @@ from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
 from hosts.capacity import node_type_capacity
-from manifests.apply import apply_files
+from manifests.apply import Fields, apply_files
 from manifests.source import ManifestError
 from pools.choices import PoolKind
 from pools.filtersets import (
@@ -174,19 +174,21 @@ def join_command(request, name: str):
                            "made. A platform admin adds them on the tenant's edit page or with apply.")
     else:
         from claims.tenant_api import TenantAPI, TenantAPIError
-        from claims.tenant_api import join_command as make_command
 
         try:
             api = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
-            token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
-                                               description=f"manual join by {request.user.get_username()}")
-            endpoint = tenant.api_endpoint or api.server.split("://", 1)[-1]
-            ca_hash = api.ca_cert_hash() if tenant.join_mode == "kubeadm" else None
-            result["command"] = make_command(tenant.join_mode, endpoint, token.token, ca_hash)
-            result["expires_at"] = token.expires_at
-            event_record(kind=EventKind.ACTION, object_type=ObjectType.TENANT, object_name=tenant.name, tenant=tenant,
-                         actor=actor(request),
-                         message=f"join token {token.id} created for a manual node")
+            refusal = api.join_refusal(tenant.join_mode)
+            if refusal:  # asked before a token is made: a refused join leaves no token behind
+                result["error"] = f"No join command for tenant {tenant.name}: {refusal}."
+            else:
+                token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
+                                                   description=f"manual join by {request.user.get_username()}")
+                endpoint = tenant.api_endpoint or api.server.split("://", 1)[-1]
+                result["command"], result["note"] = api.join(tenant.join_mode, endpoint, token.token)
+                result["expires_at"] = token.expires_at
+                event_record(kind=EventKind.ACTION, object_type=ObjectType.TENANT, object_name=tenant.name,
+                             tenant=tenant, actor=actor(request),
+                             message=f"join token {token.id} created for a manual node")
         except (TenantAPIError, ValueError) as exc:
             result["error"] = f"The tenant API did not give a join token: {exc}"
     if is_htmx(request):
@@ -317,6 +319,10 @@ def catalogue_edit(request, kind: str, key: str | None = None):
 
 # --- YAML apply ------------------------------------------------------------------------------------------
 
+# The page's messages name its own fields, not the command's options.
+APPLY_FIELDS = Fields(tenant="a tenant name in the Tenant field", create_tenant='"Create tenant"')
+
+
 @console_view(scoping.ADMIN)
 def apply_page(request):
     """Paste or upload manifests. "Preview" runs a dry run and shows what would change; "Apply" applies the
@@ -331,7 +337,9 @@ def apply_page(request):
             try:
                 result = apply_files([(form.cleaned_data["file_name"], form.cleaned_data["text"])],
                                      actor=actor(request),
-                                     tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run)
+                                     tenant=form.cleaned_data.get("tenant") or None, dry_run=dry_run,
+                                     create_tenant=form.cleaned_data.get("create_tenant", False),
+                                     fields=APPLY_FIELDS)
             except ManifestError as exc:
                 error = str(exc)
                 form.add_error("text", error.splitlines())  # every error of the document, one a line
@@ -341,7 +349,8 @@ def apply_page(request):
                     form = forms.ApplyForm(initial={"tenant": form.cleaned_data.get("tenant")})
                 else:
                     form = forms.ApplyForm(initial={"text": form.cleaned_data["text"],
-                                                    "tenant": form.cleaned_data.get("tenant")})
+                                                    "tenant": form.cleaned_data.get("tenant"),
+                                                    "create_tenant": form.cleaned_data.get("create_tenant")})
     else:
         form = forms.ApplyForm()
     return page(request, "pools/apply.html", {"form": form, "result": result, "error": error, "applied": applied,

@@ -48,10 +48,30 @@ def gpu_count(inventory: dict | None) -> int:
     return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
 
 
+def effective_cleaning(host: BareMetalHost, claim=None, node_type=None) -> dict:
+    """The one rule for the cleaning a host gets at its next release, used by the gate, the API and the host page:
+    the host's own override, else its NodeType's (node_type_for), else the site's default. {"method",
+    "fallback", "source", "node_type", "overrides"}: `overrides` is Metal3's automatedCleaningMode on the host
+    when it is not what is applied (the console always erases and verifies; "metadata" or "disabled" there is
+    a Metal3 setting this gate does not follow). Pass `node_type` when it is already known."""
+    if node_type is None:
+        node_type = node_type_for(host, claim)
+    if host.cleaning_policy:
+        method, source = host.cleaning_policy, "host override"
+    elif node_type is not None:
+        method, source = node_type.cleaning_policy, f"NodeType {node_type.name}"
+    else:
+        method, source = settings.CLEANING_DEFAULT_POLICY, "settings.CLEANING_DEFAULT_POLICY"
+    mode = host.automated_cleaning_mode or ""
+    return {"method": method, "fallback": node_type.cleaning_fallback if node_type else "", "source": source,
+            "node_type": node_type.name if node_type else "", "overrides": mode if mode and mode != method else ""}
+
+
 def gate_for(host: BareMetalHost, claim=None) -> dict:
     """Everything the gate's steps need, decided once per flow run (kept in the flow's data)."""
     node_type = node_type_for(host, claim)
-    method = host.cleaning_policy or (node_type.cleaning_policy if node_type else settings.CLEANING_DEFAULT_POLICY)
+    cleaning = effective_cleaning(host, node_type=node_type)
+    method = cleaning["method"]
     gpus_inventory = gpu_count(host.inventory)
     expected = 0
     if node_type is not None:
@@ -61,9 +81,7 @@ def gate_for(host: BareMetalHost, claim=None) -> dict:
             expected = 0
     gate = {
         "node_type": node_type.name if node_type else "",
-        "policy": {"method": method, "fallback": node_type.cleaning_fallback if node_type else "",
-                   "source": "host override" if host.cleaning_policy else
-                   (f"NodeType {node_type.name}" if node_type else "settings.CLEANING_DEFAULT_POLICY"),
+        "policy": {"method": method, "fallback": cleaning["fallback"], "source": cleaning["source"],
                    "concurrency": node_type.erase_concurrency if node_type else 4,
                    "verify_share": node_type.erase_verify_share if node_type else 0.01,
                    "verify_mode": "full" if node_type and node_type.erase_verify_full else "sampled"},

@@ -46,7 +46,7 @@ class FleetConsumer(HostAwareConsumer):
             return set()
         keys = {("host", i) for i in message.get("ids", ()) if i in self.visible}
         if message.get("to_state"):
-            keys.add(("counts",))
+            keys.update({("counts",), ("attention",)})
         FRAGMENTS.want([k for k in keys if k[0] == "host"], time.monotonic())
         return keys
 
@@ -54,10 +54,10 @@ class FleetConsumer(HostAwareConsumer):
         return events.filter(object_type=ObjectType.HOST)
 
     def keys_for_events(self, rows: list[dict]) -> set:
-        return {("counts",)} | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible}
+        return {("counts",), ("attention",)} | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible}
 
     def all_keys(self) -> set:
-        return {("counts",)} | {("host", i) for i in self.visible}
+        return {("counts",), ("attention",)} | {("host", i) for i in self.visible}
 
     def render(self, keys: dict) -> list[str]:
         parts = []
@@ -77,6 +77,8 @@ class FleetConsumer(HostAwareConsumer):
                 else:
                     html = cached[1]
             parts.append(html)
+        if ("attention",) in keys:  # the "needs attention" card: a few rows, with the actions this user may take
+            parts.append(presenters.render_attention(is_admin=scoping.is_admin(self.user)))
         wanted = {key: need for key, need in keys.items() if key[0] == "host"}
         rows = {}
         with FETCH:

@@ -1,17 +1,20 @@
 """What the console shows of hosts: fleet board rows and counts, the host page's parts. The pages and
 their live consumers render through these, so a websocket frame is the same HTML as the page."""
-from django.db.models import Count
+from urllib.parse import urlsplit
+
+from django.db.models import Count, Window
 from django.template.loader import render_to_string
 
 from core import scoping
 from events.models import Event
 from events.selectors import events_visible
-from hosts.selectors import hosts_visible
+from hosts.selectors import attention_explain, hosts_needing_attention, hosts_visible
 from pools.matching import label_selector_matches
 from pools.models import NodeType
 
 from .choices import HostState
-from .cleaning import gpu_count
+from .bmc import SCHEMES
+from .cleaning import effective_cleaning, gpu_count
 from .models import BareMetalHost, CommandStatus, HostCommand
 
 SECRETS = ("bmc_username", "bmc_password")
@@ -71,6 +74,21 @@ def render_counts(counts: list[dict], query: str) -> str:
     return render_to_string("hosts/partials/state_counts.html", {"counts": counts, "query": query, "oob": True})
 
 
+ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
+
+
+def attention_board(*, is_admin: bool) -> dict:
+    """The fleet board's "needs attention" card: the first ATTENTION_SHOWN hosts and how many there are."""
+    # One query: the first rows, each with the count of all (COUNT(*) OVER ()).
+    hosts = attention_explain(list(hosts_needing_attention(row_queryset())
+                                   .annotate(attention_total=Window(Count("pk")))[:ATTENTION_SHOWN]))
+    return {"attention": hosts, "attention_total": hosts[0].attention_total if hosts else 0, "is_admin": is_admin}
+
+
+def render_attention(*, is_admin: bool) -> str:
+    return render_to_string("hosts/partials/attention.html", attention_board(is_admin=is_admin))
+
+
 # --- the host page ----------------------------------------------------------------------------------
 
 def host_for_page(user, name: str) -> BareMetalHost | None:
@@ -96,6 +114,34 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
             "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
+
+
+def cleaning_shown(host: BareMetalHost) -> str:
+    """The cleaning the host gets at its next release and where that comes from (hosts.cleaning's one rule),
+    e.g. "full — from NodeType gpu-server (overrides metadata on the host)"."""
+    cleaning = effective_cleaning(host, getattr(host, "claim", None))
+    source = cleaning["source"]
+    if source == "settings.CLEANING_DEFAULT_POLICY":
+        source = "the site's default (no NodeType matches)"
+    elif source == "host override":
+        source = "the host's own cleaning policy"
+    text = f"{cleaning['method']} — from {source}"
+    if cleaning["fallback"]:
+        text += f", else {cleaning['fallback']}"
+    if cleaning["overrides"]:
+        text += f" (overrides {cleaning['overrides']} on the host)"
+    return text
+
+
+def bmc_tls_shown(host: BareMetalHost) -> str:
+    """What protects the BMC connection: plain HTTP has no TLS to verify."""
+    scheme = urlsplit(host.bmc_address or "").scheme.lower()
+    transport = SCHEMES.get(scheme, ("",))[0]
+    if transport == "http":
+        return "plain HTTP (no TLS)"
+    if transport == "https":
+        return "TLS verification off" if host.bmc_disable_certificate_verification else "TLS verification on"
+    return f"— ({scheme or 'no'} scheme)"
 
 
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",

@@ -1,8 +1,9 @@
-"""Reads of a host's failure record, from the Event log: who failed, how often, with which image."""
+"""Reads of hosts: the failure record from the Event log (who failed, how often, with which image), the hosts
+that need attention, and what each user may see."""
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, Case, IntegerField, JSONField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.utils import timezone
 
 from core import scoping
@@ -11,6 +12,7 @@ from events.models import Event
 from pools.models import Tenant
 
 from .choices import HostState
+from .lifecycle import STATE_FAILURE
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 
@@ -57,6 +59,58 @@ def host_recent_failures(*, host: BareMetalHost) -> list[Event]:
                 continue
         counted.append(event)
     return counted
+
+
+# --- hosts that need attention ----------------------------------------------------------------------
+
+# The action that fixes a host, by why it needs attention: (action slug of hosts.views.ACTIONS or "", label, hint).
+FIX_ERROR = ("retry", "Retry", "register, inspect and clean it again")
+FIX_REPAIR = ("retest", "Retest", "clean and check it again; only a passing retest returns it to service")
+FIX_REPAIR_PASSED = ("return-to-service", "Return to service", "it passed its retest")
+FIX_OVERDUE = ("", "", "nothing drove it past its deadline: check that the workers and the scheduler (beat) run; "
+                       "the sweeper then moves it to {failure} with the reason")
+
+
+def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet:
+    """One list for the fleet board and the repair page: hosts in error, in repair, and any host past its state's
+    deadline (a flow nobody drives). Each row carries `overdue`, and the `reason`, `reason_actor`,
+    `reason_step` and `reason_data` of its move into its state (the Event log); `attention_explain` adds the
+    action that fixes it. Errors first, then overdue hosts, then repair; newest first within each."""
+    qs = BareMetalHost.objects.all() if qs is None else qs
+    now = now or timezone.now()
+    overdue = Q(deadline_at__lt=now)
+    last = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
+    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR]) | overdue)
+            .annotate(overdue=Case(When(overdue, then=Value(True)), default=Value(False), output_field=BooleanField()),
+                      attention_rank=Case(When(state=HostState.ERROR, then=Value(0)), When(overdue, then=Value(1)),
+                                          default=Value(2), output_field=IntegerField()),
+                      reason=Subquery(last.values("message")[:1]),
+                      reason_actor=Subquery(last.values("actor")[:1]),
+                      reason_step=Subquery(last.values("step")[:1]),
+                      reason_data=Subquery(last.values("data")[:1], output_field=JSONField()))
+            .order_by("attention_rank", "-state_changed_at", "pk"))
+
+
+def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
+    """Set each host's `why` (the reason in words) and `fix` ({"action", "label", "hint"}) for hosts read with
+    hosts_needing_attention."""
+    for host in hosts:
+        data = host.reason_data if isinstance(host.reason_data, dict) else {}
+        if host.state == HostState.ERROR:
+            action, label, hint = FIX_ERROR
+            host.why = host.reason or host.error_message or "in error (no reason recorded)"
+        elif host.state == HostState.REPAIR and data.get("retest") == "passed":
+            action, label, hint = FIX_REPAIR_PASSED
+            host.why = host.reason or "retest passed"
+        elif host.state == HostState.REPAIR:
+            action, label, hint = FIX_REPAIR
+            host.why = host.reason or "in repair (no reason recorded)"
+        else:
+            action, label, hint = FIX_OVERDUE
+            hint = hint.format(failure=STATE_FAILURE.get(host.state, HostState.ERROR))
+            host.why = f"{host.state} past its deadline ({host.deadline_at:%Y-%m-%d %H:%M:%S} UTC)"
+        host.fix = {"action": action, "label": label, "hint": hint}
+    return hosts
 
 
 # --- what each user may see (the rule: core.scoping) ----------------------------------------------

@@ -66,8 +66,12 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
     if to_state == HostState.ERROR:
         fields.update(error_type=error_type or f"{from_state} error", error_message=reason,
                       error_count=F("error_count") + 1)
-    elif to_state in (HostState.AVAILABLE, HostState.PROVISIONED):
-        fields.update(error_type="", error_message="", error_count=0)
+    else:
+        # Any move out of error (a Retry, maintenance) leaves the old error behind: a host that is inspecting
+        # shows no error it no longer has. The count of errors in a row ends only when the host serves again.
+        fields.update(error_type="", error_message="")
+        if to_state in (HostState.AVAILABLE, HostState.PROVISIONED):
+            fields.update(error_count=0)
     ids = [h.pk for h in hosts]
     swap(BareMetalHost, ids=ids, field="state", expected=from_state, values=fields, what="host")
     if to_state not in AGENT_STATES:

@@ -4,7 +4,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import JSONField, OuterRef, Subquery
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -18,8 +17,10 @@ from events.choices import EventKind
 from events.models import Event
 from events.views import live_cursor
 from hosts.selectors import (
+    attention_explain,
     erase_certificates_visible,
     health_runs_visible,
+    hosts_needing_attention,
     hosts_visible,
 )
 from pools.models import Tenant
@@ -66,6 +67,7 @@ def fleet(request):
         # Refused agent lookups and boot scripts asked for twice (hosts/boot.py): someone may be after an agent.
         "security_events": Event.objects.filter(kind=EventKind.SECURITY,
                                                 created_at__gte=timezone.now() - timedelta(hours=24)).count(),
+        **presenters.attention_board(is_admin=scoping.is_admin(request.user)),
     })
 
 
@@ -87,6 +89,7 @@ def host_detail(request, name: str):
         "health_runs": list(health_runs_visible(request.user).filter(host=host)
                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
+        "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
     })
     return page(request, "hosts/host.html", context)
 
@@ -212,17 +215,14 @@ def _confirmation(host: BareMetalHost, action: str) -> dict:
 
 @console_view(*STAFF)
 def repair(request):
-    """Hosts set aside because cleaning, the erase check or the health check failed, with the evidence."""
+    """The hosts that need attention (hosts.selectors.hosts_needing_attention): in error, in repair (set aside
+    because cleaning, the erase check or the health check failed, with the evidence), or past their deadline;
+    each with its reason and the action that fixes it."""
     cursor = live_cursor()
-    last_reason = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
-    hosts = (presenters.row_queryset(BareMetalHost.objects.filter(state__in=[HostState.REPAIR, HostState.ERROR]))
-             .annotate(reason=Subquery(last_reason.values("message")[:1]),
-                       reason_actor=Subquery(last_reason.values("actor")[:1]),
-                       reason_step=Subquery(last_reason.values("step")[:1]),
-                       reason_data=Subquery(last_reason.values("data")[:1], output_field=JSONField()))
-             .order_by("state", "-state_changed_at"))
+    hosts = hosts_needing_attention(presenters.row_queryset())
     pager = Paginator(hosts, page_size(request)).get_page(request.GET.get("page"))
     rows = presenters.decorate_rows(list(pager.object_list), presenters.node_types_by_selector())
+    attention_explain(rows)
     _attach_evidence(rows)
     if scoping.is_admin(request.user):
         for h in rows:

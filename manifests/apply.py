@@ -45,10 +45,18 @@ ORDER = ["Secret", "NodeProvider", "NodeType", "OSImage", "VirtualClusterInstanc
 PROVIDER_BLOCKS = {"metal3", "kubeVirt", "terraform", "bcm", "clusterAPI"}
 
 
+@dataclass(frozen=True)
+class Fields:
+    """How the caller's users name apply's choices in messages: the command's options, or a page's fields."""
+    tenant: str = "--tenant NAME"
+    create_tenant: str = ""  # how to ask for a new tenant; empty: a vcluster.yaml's missing tenant is created
+
+
 @dataclass
 class ApplyResult:
     lines: list[str] = field(default_factory=list)  # "nodepool one/gpu created", kubectl-style
     changed: int = 0
+    notes: list[str] = field(default_factory=list)  # what the user must decide before applying
 
     def add(self, what: str, created: bool, changes: dict | None = None) -> None:
         if created:
@@ -73,19 +81,24 @@ class DryRun(Exception):
 
 @retry_on_deadlock()
 def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None = None,
-                dry_run: bool = False) -> ApplyResult:
-    """Apply [(file name, text), ...] in one transaction. Any error: nothing is applied."""
+                dry_run: bool = False, create_tenant: bool = True, fields: Fields = Fields()) -> ApplyResult:
+    """Apply [(file name, text), ...] in one transaction. Any error: nothing is applied.
+
+    `create_tenant`: whether a vcluster.yaml may create its tenant when none has that name (the web page asks
+    for it explicitly, so that a mistyped name makes nothing; a dry run then says so in `notes`). `fields`:
+    how messages name the tenant and that choice."""
     docs = []
     for name, text in files:
         docs += load_documents(text, name)
     if not docs:
         raise ManifestError(files[0][0] if files else "-", None, None, "no documents to apply")
-    classified = [(_classify(doc, tenant), doc) for doc in docs]
+    classified = [(_classify(doc, tenant, fields), doc) for doc in docs]
     classified.sort(key=lambda pair: ORDER.index(pair[0]))
     result = ApplyResult()
     try:
         with transaction.atomic():
-            ctx = Context(actor=actor, tenant=tenant, result=result)
+            ctx = Context(actor=actor, tenant=tenant, result=result, create_tenant=create_tenant, dry_run=dry_run,
+                          fields=fields)
             for kind, doc in classified:
                 try:
                     HANDLERS[kind](ctx, doc)
@@ -100,7 +113,7 @@ def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None 
     return result
 
 
-def _classify(doc: Document, tenant: str | None) -> str:
+def _classify(doc: Document, tenant: str | None, fields: Fields = Fields()) -> str:
     data = doc.data
     if not isinstance(data, dict):
         raise doc.error(Invalid((), "a manifest must be a mapping"))
@@ -110,11 +123,11 @@ def _classify(doc: Document, tenant: str | None) -> str:
             known = ", ".join(f"{k} ({v})" for v, k in sorted(KINDS, key=lambda kv: kv[1]))
             raise doc.error(Invalid(("kind",), f"unknown kind {data.get('kind')!r} of apiVersion "
                                               f"{data.get('apiVersion')!r}; this console accepts {known}, "
-                                              "and vcluster.yaml (privateNodes) with --tenant"))
+                                              f"and vcluster.yaml (privateNodes) with {fields.tenant}"))
         return key[1]
     if "privateNodes" in data or "autoNodes" in data:
         if not tenant:
-            raise doc.error(Invalid((), "a vcluster.yaml applies to a tenant: give --tenant NAME"))
+            raise doc.error(Invalid((), f"a vcluster.yaml applies to a tenant: give {fields.tenant}"))
         return "vcluster.yaml"
     raise doc.error(Invalid((), "not a manifest: expected apiVersion and kind, or a vcluster.yaml with privateNodes"))
 
@@ -127,8 +140,10 @@ class SecretData:
 
 
 class Context:
-    def __init__(self, *, actor: str, tenant: str | None, result: ApplyResult):
+    def __init__(self, *, actor: str, tenant: str | None, result: ApplyResult, create_tenant: bool = True,
+                 dry_run: bool = False, fields: Fields = Fields()):
         self.actor, self.tenant, self.result = actor, tenant, result
+        self.create_tenant, self.dry_run, self.fields = create_tenant, dry_run, fields
         self.secrets: dict[tuple[str, str], SecretData] = {}
         self.used_secrets: set[tuple[str, str]] = set()
         self.quotas_set: list[Tenant] = []  # tenants whose quota this run changed
@@ -401,6 +416,14 @@ def apply_virtual_cluster_instance(ctx: Context, doc: Document) -> None:
 
 
 def apply_vcluster_yaml(ctx: Context, doc: Document) -> None:
+    if not ctx.create_tenant and not Tenant.objects.filter(name=ctx.tenant).exists():
+        # A mistyped name must not make a tenant: a new one is an explicit choice.
+        ask = ctx.fields.create_tenant or "asking for a new tenant"
+        if not ctx.dry_run:
+            raise Invalid((), f"tenant {ctx.tenant!r} does not exist: nothing was applied. Correct the name if it "
+                              f"is mistyped, or tick {ask} to create it")
+        ctx.result.notes.append(f"tenant {ctx.tenant!r} does not exist: it would be created. Apply creates it only "
+                                f"with {ask} ticked; correct the name if it is mistyped.")
     tenant = _tenant_upsert(ctx, ctx.tenant, namespace=None, display_name=None, annotations={}, annotations_path=())
     _apply_private_nodes(ctx, tenant, Reader(doc.data))
 

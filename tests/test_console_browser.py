@@ -213,3 +213,25 @@ def test_a_secret_that_reaches_the_browser_fails_the_test(browser_page, users, n
     with pytest.raises(SecretLeak, match="the browser received"):
         no_secrets_leak.finish()  # what the fixture does when the test ends
     assert {leak.split(" → ")[0] for leak in no_secrets_leak.leaks} >= {"GET /hosts/", "WS /ws/fleet/"}
+
+
+def test_join_node_shows_a_command_that_the_copy_button_copies(browser_page, users):
+    from lab.kube import TenantAPIServer
+    from pools.models import Tenant
+
+    page = browser_page
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    with TenantAPIServer("one") as api:  # the lab's tenant API: plain HTTP, no CA to pin
+        tenant = Tenant.objects.get(name="one")
+        tenant.kubeconfig = api.kubeconfig()
+        tenant.save(update_fields=["kubeconfig"])
+        log_in(page, "alice")
+        page.goto("/tenants/one/")
+        page.click("#join-button")
+        command = page.wait_for_selector("#join-command-text").inner_text()
+        assert command.startswith("curl -fsSL \"http://") and "-k" not in command.split()
+        assert "plain HTTP (no TLS)" in page.inner_text("#join-note")
+        page.click("#join-copy")
+        page.wait_for_function("document.getElementById('join-copy-status').textContent.length > 0")
+        assert page.inner_text("#join-copy-status") == "Copied."
+        assert page.evaluate("navigator.clipboard.readText()") == command

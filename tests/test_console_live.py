@@ -159,3 +159,21 @@ async def test_the_tenant_page_follows_its_claims(client, users, console_site):
     tenant = await sync_to_async(Tenant.objects.get)(name="two")
     assert tenant.name not in re.sub(r"<[^>]+>", "", frame).split()
     await communicator.disconnect()
+
+
+async def test_the_fleet_boards_needs_attention_card_follows_a_host_into_error(client, users):
+    from hosts.services import host_transition
+
+    cookie = await sync_to_async(session_cookie)(client, users["admin"])
+    host = await first_available()
+    communicator = await connect("/ws/fleet/", cookie)
+    await resync(communicator, since=await latest_event(), ids=[host.pk])
+
+    def fail():
+        host_transition(host=host, to_state="registering", actor="test")
+        host_transition(host=host, to_state="error", actor="system:flow", reason="BMC rejected credentials (401)")
+
+    await sync_to_async(fail)()
+    frame = await receive_until(communicator, f'id="attention-{host.pk}"(.|\n)*BMC rejected credentials')
+    assert 'id="attention"' in frame and "BMC rejected credentials (401)" in frame
+    await communicator.disconnect()

@@ -199,7 +199,7 @@ def test_the_join_button_shows_a_fresh_token_once(client, users, monkeypatch):
     assert "0123456789abcdef" not in page
     response = client.post(reverse("tenant-join", args=["one"]), HTTP_HX_REQUEST="true")
     html = unescape(response.content.decode())
-    assert 'curl -fsSLk "https://10.0.0.5:443/node/join?token=abcdef.0123456789abcdef" | sh -' in html
+    assert 'curl -fsSL "https://10.0.0.5:443/node/join?token=abcdef.0123456789abcdef" | sh -' in html
     assert made == ["manual join by alice"]
     event = Event.objects.filter(object_type="tenant", kind="action").latest("pk")
     assert "abcdef" in event.message and "0123456789abcdef" not in event.message
@@ -365,7 +365,38 @@ def test_apply_errors_show_next_to_the_text_and_change_nothing(client, users):
     assert not OSImage.objects.filter(name="ubuntu2404-20261201").exists()
     vcluster = "privateNodes:\n  enabled: true\n  autoNodes: []\n"
     response = client.post(reverse("apply"), {"text": vcluster, "action": "preview"})
-    assert "give --tenant NAME" in response.content.decode()
+    html = unescape(response.content.decode())
+    assert "give a tenant name in the Tenant field" in html and "--tenant" not in html
+
+
+VCLUSTER_YAML = "privateNodes:\n  enabled: true\n  autoNodes: []\n"
+
+
+def test_apply_creates_a_tenant_from_a_vcluster_yaml_only_when_asked(client, users):
+    as_user(client, users["admin"])
+    tenants = set(Tenant.objects.values_list("name", flat=True))
+    events = Event.objects.count()
+    form = {"text": VCLUSTER_YAML, "tenant": "onee"}
+    page = client.get(reverse("apply")).content.decode()
+    assert 'name="create_tenant"' in page and "checked" not in page.split('name="create_tenant"', 1)[1][:40]
+    preview = unescape(client.post(reverse("apply"), {**form, "action": "preview"}).content.decode())
+    assert "virtualclusterinstance/onee created (dry run)" in preview
+    assert "tenant 'onee' does not exist: it would be created. Apply creates it only with \"Create tenant\" " \
+           "ticked" in preview
+    refused = client.post(reverse("apply"), {**form, "action": "apply"})
+    assert refused.status_code == 400
+    html = unescape(refused.content.decode())
+    assert "tenant 'onee' does not exist: nothing was applied" in html and 'tick "Create tenant"' in html
+    assert "--tenant" not in html
+    assert set(Tenant.objects.values_list("name", flat=True)) == tenants and Event.objects.count() == events
+    # An existing tenant needs no tick; a new one is made when it is ticked.
+    assert client.post(reverse("apply"), {**form, "tenant": "one", "action": "apply"}).status_code == 200
+    preview = unescape(client.post(reverse("apply"), {**form, "create_tenant": "on", "action": "preview"})
+                       .content.decode())
+    assert "apply-note" not in preview and not Tenant.objects.filter(name="onee").exists()
+    applied = unescape(client.post(reverse("apply"), {**form, "create_tenant": "on", "action": "apply"})
+                       .content.decode())
+    assert "virtualclusterinstance/onee created" in applied and Tenant.objects.filter(name="onee").exists()
 
 
 # --- claims and timing ------------------------------------------------------------------------------------

@@ -92,14 +92,14 @@ def test_join_commands_for_vcluster_and_kubeadm():
     digest = "a" * 64
 
     assert join_command("vcluster", "https://10.0.0.5:8443", token) == (
-        'curl -fsSLk "https://10.0.0.5:8443/node/join?token=abcdef.0123456789abcdef" | sh -')
+        'curl -fsSL "https://10.0.0.5:8443/node/join?token=abcdef.0123456789abcdef" | sh -')
     assert join_command("kubeadm", "10.0.0.5:6443", token, f"sha256:{digest}") == (
         f"kubeadm join 10.0.0.5:6443 --token {token} --discovery-token-ca-cert-hash sha256:{digest}")
-    assert join_command("kubeadm", "10.0.0.5:6443", token) == (
-        f"kubeadm join 10.0.0.5:6443 --token {token} --discovery-token-unsafe-skip-ca-verification")
+    with pytest.raises(ValueError, match="pins the tenant API's CA"):  # tests/test_join_command.py
+        join_command("kubeadm", "10.0.0.5:6443", token)
     assert TenantAPI.join_command is join_command
     assert parse_join_command(join_command("vcluster", "127.0.0.1:4000", token)) == ("127.0.0.1:4000", token)
-    assert parse_join_command(join_command("kubeadm", "127.0.0.1:4000", token)) == ("127.0.0.1:4000", token)
+    assert parse_join_command(join_command("kubeadm", "127.0.0.1:4000", token, digest)) == ("127.0.0.1:4000", token)
 
 
 @pytest.mark.parametrize("args", [

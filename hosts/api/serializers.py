@@ -1,7 +1,6 @@
 """Hosts as JSON, in two shapes: the whole host for those who may see BMC details (admins, auditors), and a
 tenant's view of its own nodes without any BMC field. BMC credentials are write-only in both: they are
 set when a host is registered (or rotated), never returned."""
-from django.conf import settings
 from django.db import models
 from django.db.models import Prefetch, prefetch_related_objects
 from django.urls import reverse
@@ -9,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
-from hosts.cleaning import node_type_for
+from hosts.cleaning import effective_cleaning
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 CLAIM_FIELDS = ["claim", "tenant"]
@@ -175,15 +174,8 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
     def get_effective_cleaning(self, obj) -> dict:
         """The method the gate will use at the host's next release: the host's override, else its NodeType's
         (hosts.cleaning: the claim's, else the strictest whose selector matches), else the site's default."""
-        node_type = node_type_for(obj, _claim(obj))
-        if obj.cleaning_policy:
-            method, source = obj.cleaning_policy, "host override"
-        elif node_type is not None:
-            method, source = node_type.cleaning_policy, f"NodeType {node_type.name}"
-        else:
-            method, source = settings.CLEANING_DEFAULT_POLICY, "settings.CLEANING_DEFAULT_POLICY"
-        return {"method": method, "fallback": node_type.cleaning_fallback if node_type else "", "source": source,
-                "node_type": node_type.name if node_type else ""}
+        cleaning = effective_cleaning(obj, _claim(obj))
+        return {key: cleaning[key] for key in ("method", "fallback", "source", "node_type")}
 
     @extend_schema_field(EraseCertificateLinkSerializer(many=True))
     def get_erase_certificates(self, obj) -> list:
