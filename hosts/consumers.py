@@ -45,7 +45,7 @@ class FleetConsumer(HostAwareConsumer):
         if message.get("object") != "host":
             return set()
         keys = {("host", i) for i in message.get("ids", ()) if i in self.visible}
-        if message.get("to_state"):
+        if message.get("to_state") or message.get("from_state"):  # a move, or a host deleted from its state
             keys.update({("counts",), ("attention",)})
         FRAGMENTS.want([k for k in keys if k[0] == "host"], time.monotonic())
         return keys
@@ -103,6 +103,8 @@ class FleetConsumer(HostAwareConsumer):
                     if host.pk in mine:
                         self.sent[("host", host.pk)] = max(self.sent.get(("host", host.pk), 0), upto)
                         rows[host.pk] = html
+                for pk in mine - {host.pk for host in hosts}:  # deleted: the page drops its row
+                    rows[pk] = f'<tr id="host-{pk}" hx-swap-oob="delete"></tr>'
         return parts + [rows[i] for i in sorted(rows)]
 
 

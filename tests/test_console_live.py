@@ -177,3 +177,19 @@ async def test_the_fleet_boards_needs_attention_card_follows_a_host_into_error(c
     frame = await receive_until(communicator, f'id="attention-{host.pk}"(.|\n)*BMC rejected credentials')
     assert 'id="attention"' in frame and "BMC rejected credentials (401)" in frame
     await communicator.disconnect()
+
+
+async def test_the_fleet_board_drops_a_deleted_host_and_counts_again(client, users):
+    from hosts.services import host_delete
+
+    cookie = await sync_to_async(session_cookie)(client, users["admin"])
+    host = await first_available()
+    available = await sync_to_async(BareMetalHost.objects.filter(state=HostState.AVAILABLE).count)()
+    communicator = await connect("/ws/fleet/", cookie)
+    await resync(communicator, since=await latest_event(), ids=[host.pk])
+    await sync_to_async(host_delete)(host=host, actor="user:root-admin")
+    frame = await receive_until(communicator, f'<tr id="host-{host.pk}" hx-swap-oob="delete">(.|\n)*|'
+                                               f'count-available">{available - 1}<(.|\n)*id="host-{host.pk}"')
+    assert f'<tr id="host-{host.pk}" hx-swap-oob="delete"></tr>' in frame
+    assert f'id="count-available">{available - 1}<' in frame
+    await communicator.disconnect()
