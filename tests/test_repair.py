@@ -65,8 +65,15 @@ def test_retire_needs_a_reason_and_a_retired_host_goes_nowhere(broken_host):
 
 @pytest.mark.django_db
 def test_the_repair_command_lists_the_pool_and_refuses_a_return_without_retest(broken_host, capsys):
+    in_error = BareMetalHost.objects.create(name="gpu-08", bmc_address="redfish+http://127.0.0.1:1/redfish/v1/Systems/8",
+                                            boot_mac="52:54:00:00:00:08", state="registering")
+    services.host_transition(host=in_error, to_state="error", actor="system:flow",
+                             reason="register failed at bmc_check: BMC rejected credentials (401)")
     call_command("repair")
-    assert "gpu-09\trepair\tdeprovision failed at health_dcgm" in capsys.readouterr().out
+    listed = capsys.readouterr().out.splitlines()  # what /repair/ shows: errors first, then repair
+    assert listed[0] == "gpu-08\terror\tregister failed at bmc_check: BMC rejected credentials (401)\tfix: Retry"
+    assert listed[1].startswith("gpu-09\trepair\tdeprovision failed at health_dcgm")
+    assert "fix: Retest\tfailed certificates: 0, failed health runs: 0" in listed[1]
     with pytest.raises(CommandError, match="no passing retest"):
         call_command("repair", "gpu-09", "return")
     call_command("repair", "gpu-09", "return", "--override-reason", "burn-in passed on the bench", "--actor", "user:bob")

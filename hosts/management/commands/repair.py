@@ -5,10 +5,12 @@ from hosts import services
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition, IllegalTransition
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
+from hosts.selectors import attention_explain, hosts_needing_attention
 
 
 class Command(BaseCommand):
-    help = ("The repair pool: without arguments, list the hosts in repair with why; with HOST and an action, "
+    help = ("The repair pool: without arguments, list the hosts that need attention (in error, in repair, past "
+            "their deadline) with why and what fixes it, as /repair/ does; with HOST and an action, "
             "retest it (clean and health suite again), return it to service (after a passing retest, or with "
             "--override-reason), or retire it (--reason). Every action goes in the Event log.")
 
@@ -41,9 +43,12 @@ class Command(BaseCommand):
         self.stdout.write(f"{host.name}: {host.state}")
 
     def _list(self):
-        for host in BareMetalHost.objects.filter(state__in=[HostState.REPAIR, HostState.RETESTING]):
-            verdict = services.host_last_repair_verdict(host=host)
-            failed_certs = EraseCertificate.objects.filter(host=host, result="fail").count()
-            failed_runs = HealthCheckRun.objects.filter(host=host, verdict="fail").count()
-            self.stdout.write(f"{host.name}\t{host.state}\t{verdict.get('message', '')}\t"
-                              f"failed certificates: {failed_certs}, failed health runs: {failed_runs}")
+        """NAME, state, why, the fix, and for a host in repair the evidence counted (the page links it)."""
+        for host in attention_explain(list(hosts_needing_attention())):
+            fix = host.fix["label"] or host.fix["hint"]
+            line = f"{host.name}\t{host.state}{' (overdue)' if host.overdue else ''}\t{host.why}\tfix: {fix}"
+            if host.state == HostState.REPAIR:
+                failed_certs = EraseCertificate.objects.filter(host=host, result="fail").count()
+                failed_runs = HealthCheckRun.objects.filter(host=host, verdict="fail").count()
+                line += f"\tfailed certificates: {failed_certs}, failed health runs: {failed_runs}"
+            self.stdout.write(line)
