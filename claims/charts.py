@@ -79,8 +79,15 @@ def _time_unit(biggest: float) -> tuple[str, float]:
     return ("min", 60.0) if biggest >= 120 else ("s", 1.0)
 
 
+def nice_step(biggest: float, ticks: int = 4) -> float:
+    """A round tick step (1, 2, 2.5 or 5 times a power of ten) that covers `biggest` in about `ticks` steps."""
+    raw = max(biggest, 1e-9) / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+
+
 def _number(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+    return f"{value:.0f}" if value == int(value) else f"{value:g}"
 
 
 def timing_chart(timings: list[dict], width: int = 960) -> dict:
@@ -95,7 +102,9 @@ def timing_chart(timings: list[dict], width: int = 960) -> dict:
     width = max(width, label_w + value_w + 240)
     biggest = max((t["p95"] for t in timings), default=1.0) or 1.0
     unit, per = _time_unit(biggest)
-    scale = (width - label_w - value_w) / biggest
+    tick = nice_step(biggest / per)
+    axis_max = tick * math.ceil(biggest / per / tick) * per  # the axis ends on a round tick at or past the longest bar
+    scale = (width - label_w - value_w) / axis_max
     bars = []
     for i, (t, label, value) in enumerate(zip(timings, labels, values)):
         y = top + i * row_h
@@ -103,9 +112,9 @@ def timing_chart(timings: list[dict], width: int = 960) -> dict:
                      "w50": max(1.0, t["p50"] * scale), "w95": max(1.0, t["p95"] * scale),
                      "value_x": label_w + max(1.0, t["p95"] * scale) + 6})
     ticks = []
-    for k in range(5):
-        value = biggest * k / 4
-        ticks.append({"x": label_w + value * scale, "label": _number(value / per)})
+    for k in range(round(axis_max / per / tick) + 1):
+        value = k * tick * per
+        ticks.append({"x": label_w + value * scale, "label": _number(round(k * tick, 6))})
     axis_y = top + len(timings) * row_h + 4
     return {"width": width, "height": axis_y + 36, "bars": bars, "label_w": label_w, "ticks": ticks,
             "axis_y": axis_y, "axis_title": f"step duration ({unit})", "title_y": axis_y + 30,
