@@ -94,7 +94,7 @@ def timing_chart(timings: list[dict], width: int = 960) -> dict:
     """Horizontal bars: p50 filled, p95 as a lighter bar behind it, on a linear axis in one unit (named in the
     axis title). The label column is as wide as the longest label and the value labels have room on the right,
     so nothing is clipped; the page scales the SVG to its card (viewBox, width 100%)."""
-    row_h, pad, top = 22, 8, 24
+    row_h, top = 22, 24
     labels = [f"{t['flow']} · {t['step']}" for t in timings]
     values = [f"{t['p50']:.1f} / {t['p95']:.1f} s" for t in timings]
     label_w = CHAR_W * max((len(label) for label in labels), default=10) + 16
@@ -136,7 +136,7 @@ def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dic
                   .order_by("-created_at", "-pk").values_list("created_at", "from_state", "to_state")[:cap])
     first_host = BareMetalHost.objects.aggregate(first=Min("created_at"))["first"]
     if first_host is None and not events:
-        return {"start": now, "end": now, "series": {}, "buckets": buckets}
+        return {"start": now, "end": now, "series": {}, "buckets": buckets, "data_starts_late": False}
     if first_host is not None and first_host <= window_start:
         start = window_start
     else:  # every host came within the window: the first event (a host's creation) is where the data starts
@@ -156,7 +156,7 @@ def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dic
             i += 1
         for s in HostState.values:
             series[s][b] = max(0, current[s])
-    return {"start": start, "end": now, "series": series, "buckets": buckets}
+    return {"start": start, "end": now, "series": series, "buckets": buckets, "data_starts_late": start > window_start}
 
 
 STATE_STROKES = {"registering": "#8a94a6", "inspecting": "#6b7280", "available": "#0ea5e9",
@@ -194,4 +194,4 @@ def history_chart(history: dict, width: int = 960, height: int = 240) -> dict:
             "right_x": width - right + 8, "plot_right": width - right, "bottom_y": bottom_y,
             "x_label_y": bottom_y + 14, "x_title_y": height - 4, "plot_mid": (left + width - right) / 2,
             "y_title_y": top + (bottom_y - top) / 2, "timezone": timezone.get_current_timezone_name(),
-            "start": start, "end": end}
+            "start": start, "end": end, "data_starts_late": history.get("data_starts_late", False)}

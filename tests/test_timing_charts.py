@@ -70,6 +70,7 @@ def test_a_host_created_two_hours_ago_counts_nothing_before_its_creation(users, 
     for moment, total in zip(moments(history), totals(history)):
         assert total == (fleet + 1 if moment >= created else fleet), moment
     assert history["series"][new.state][-1] >= 1
+    assert not history["data_starts_late"]
 
 
 def test_a_deleted_host_counts_until_its_deletion(users):
@@ -101,6 +102,7 @@ def test_the_history_starts_at_the_first_data_point_not_a_day_ago(client, users)
     first_x = float(re.search(r'<polyline [^>]*points="([\d.]+),', svg).group(1))
     assert first_x == charts.history_chart(history)["left"]  # the data's first point is the axis's start
     assert "time (UTC)" in svg and ">hosts</text>" in svg  # both axes say what they count
+    assert "(where the data starts: no host before)" in html
 
 
 def test_an_empty_fleet_draws_no_history(client, users):
