@@ -52,6 +52,6 @@ def test_the_timing_charts_fill_their_cards_and_clip_no_label(browser_page, user
     for width in (1360, 900, 390):
         page.set_viewport_size({"width": width, "height": 900})
         page.goto("/timing/")
-        assert page.locator("#timing-chart text.label").first.text_content() == "register · bmc_check"
+        assert page.locator("#timing-chart g[data-step] text").first.text_content() == "register · bmc_check"
         assert_fills_its_card_and_clips_nothing(page, "timing-chart")
         assert_fills_its_card_and_clips_nothing(page, "state-history")
