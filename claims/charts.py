@@ -92,16 +92,16 @@ def _number(value: float) -> str:
 
 def timing_chart(timings: list[dict], width: int = 960) -> dict:
     """Horizontal bars: p50 filled, p95 as a lighter bar behind it, on a linear axis in one unit (named in the
-    axis title). The label column is as wide as the longest label and the value labels have room on the right,
+    axis title and after each bar's values). The label column is as wide as the longest label and the value labels have room on the right,
     so nothing is clipped; the page scales the SVG to its card (viewBox, width 100%)."""
     row_h, top = 22, 24
+    biggest = max((t["p95"] for t in timings), default=1.0) or 1.0
+    unit, per = _time_unit(biggest)
     labels = [f"{t['flow']} · {t['step']}" for t in timings]
-    values = [f"{t['p50']:.1f} / {t['p95']:.1f} s" for t in timings]
+    values = [f"{t['p50'] / per:.1f} / {t['p95'] / per:.1f} {unit}" for t in timings]  # the axis's unit
     label_w = CHAR_W * max((len(label) for label in labels), default=10) + 16
     value_w = CHAR_W * max((len(v) for v in values), default=10) + 12
     width = max(width, label_w + value_w + 240)
-    biggest = max((t["p95"] for t in timings), default=1.0) or 1.0
-    unit, per = _time_unit(biggest)
     tick = nice_step(biggest / per)
     axis_max = tick * math.ceil(biggest / per / tick) * per  # the axis ends on a round tick at or past the longest bar
     scale = (width - label_w - value_w) / axis_max
@@ -118,7 +118,8 @@ def timing_chart(timings: list[dict], width: int = 960) -> dict:
     axis_y = top + len(timings) * row_h + 4
     return {"width": width, "height": axis_y + 36, "bars": bars, "label_w": label_w, "ticks": ticks,
             "axis_y": axis_y, "axis_title": f"step duration ({unit})", "title_y": axis_y + 30,
-            "plot_mid": label_w + (width - label_w - value_w) / 2, "unit": unit}
+            "plot_mid": label_w + (width - label_w - value_w) / 2, "unit": unit,
+            "unit_name": "minutes" if unit == "min" else "seconds"}
 
 
 def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dict:

@@ -157,6 +157,7 @@ def test_minutes_on_the_axis_once_a_step_takes_minutes():
                                   "max": 480.0}])
     assert chart["axis_title"] == "step duration (min)"
     assert [t["label"] for t in chart["ticks"]] == ["0", "2", "4", "6", "8"]
+    assert chart["bars"][0]["value"] == "5.0 / 8.0 min"
 
 
 def test_a_tenant_member_gets_no_timing_page(client, users):
