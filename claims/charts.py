@@ -92,8 +92,8 @@ def _number(value: float) -> str:
 
 def timing_chart(timings: list[dict], width: int = 960) -> dict:
     """Horizontal bars: p50 filled, p95 as a lighter bar behind it, on a linear axis in one unit (named in the
-    axis title and after each bar's values). The label column is as wide as the longest label and the value labels have room on the right,
-    so nothing is clipped; the page scales the SVG to its card (viewBox, width 100%)."""
+    axis title and after each bar's values). The label column is as wide as the longest label and the value
+    labels have room on the right, so nothing is clipped; the page scales the SVG to its card (viewBox, 100%)."""
     row_h, top = 22, 24
     biggest = max((t["p95"] for t in timings), default=1.0) or 1.0
     unit, per = _time_unit(biggest)
