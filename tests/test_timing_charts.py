@@ -43,7 +43,8 @@ def age(*, hours: float, hosts=None) -> None:
     """Test setup, as data: the given hosts (all when None), and their events, came `hours` ago."""
     then = timezone.now() - timedelta(hours=hours)
     rows = BareMetalHost.objects.all() if hosts is None else BareMetalHost.objects.filter(pk__in=[h.pk for h in hosts])
-    Event.objects.filter(object_type="host", host_id__in=list(rows.values_list("pk", flat=True))).update(created_at=then)
+    ids = list(rows.values_list("pk", flat=True))
+    Event.objects.filter(object_type="host", host_id__in=ids).update(created_at=then)
     rows.update(created_at=then)
 
 
