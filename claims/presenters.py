@@ -171,7 +171,7 @@ def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline
             running.progress = round(command.progress, 1)
             running.message = command.message or running.message
         host = claim.host if _host_loaded(claim) else None
-        status = step_status(host.flow) if host is not None else {}
+        status = step_status(host) if host is not None else {}
         if status.get("name") == running.name:
             timeline.step = status
             running.last_error = status["last_error"] or running.last_error

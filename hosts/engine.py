@@ -332,12 +332,14 @@ def step_retry(run: Run, error: str, *, recheck_s: float | None) -> Waiting:
     return Waiting(error, recheck_s=recheck_s)
 
 
-def step_status(flow: dict | None) -> dict:
-    """The step a host's flow runs now, as the pages show it: name, start, deadline (the step's own), tries
-    and the last error. Empty when no step runs."""
-    flow = flow or {}
+def step_status(host: BareMetalHost) -> dict:
+    """The step the host's flow runs now, as the pages show it: name, start, deadline (the step's own), tries
+    and the last error. Empty when no step runs (a flow left on the row by a state that is over says nothing)."""
+    flow = host.flow or {}
     name, started = flow.get("step"), parse_datetime(flow.get("step_started_at") or "")
-    if not name or started is None:
+    if not name or started is None or FLOW_FOR_STATE.get(host.state) != flow.get("name"):
+        return {}
+    if flow.get("state_since") and host.state_changed_at and flow["state_since"] != host.state_changed_at.isoformat():
         return {}
     step = next((s for s in FLOWS[flow["name"]].steps if s.name == name), None) if flow.get("name") in FLOWS else None
     return {"name": name, "started_at": started, "retries": int(flow.get("retries") or 0),

@@ -112,7 +112,7 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
     flow = host.flow or {}
     is_admin = scoping.is_admin(user)
     return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
-            "step": step_status(flow),
+            "step": step_status(host),
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
             "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
