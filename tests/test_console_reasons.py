@@ -23,6 +23,7 @@ from pools.models import Tenant, TenantMembership
 from .lab_conftest import gpu_pool
 
 pytestmark = pytest.mark.django_db
+pytest_plugins = ["tests.console_conftest"]
 PASSWORD = "pw-reasons-5e1b"
 WRITE_ERROR = "agent: write_image: /dev/vda: Input/output error at sector 81920"
 
@@ -196,3 +197,33 @@ def test_the_fleet_board_shows_a_long_error_whole_on_demand(demo_site):
     cell = re.search(r'<td class="small host-error">(.*?)</td>', row, re.S).group(1)
     assert f'title="{reason}"' in cell  # on hover
     assert re.search(r'<details class="clipped">.*<span class="clipped-whole">' + re.escape(reason), cell, re.S)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_the_host_page_is_told_of_each_try_live_even_when_the_error_repeats(client, users):
+    """A try that repeats the last error writes no Event; the host's page still gets its new count (a live message
+    on commit, as for agent progress)."""
+    from channels.db import database_sync_to_async as sync_to_async
+
+    from .test_console_live import connect, latest_event, receive_until, resync, session_cookie
+
+    def retrying_host():
+        host = BareMetalHost.objects.filter(state="available").order_by("name").first()
+        BareMetalHost.objects.filter(pk=host.pk).update(state="registering")
+        host.refresh_from_db()
+        run = engine.Run(host)
+        run.flow = {"name": "register", "id": "r1", "state_since": host.state_changed_at.isoformat(), "done": {},
+                    "data": {}, "step": "bmc_check", "step_started_at": timezone.now().isoformat()}
+        run.save_flow()
+        engine.step_retry(run, "BMC unreachable: connection refused", recheck_s=None)
+        return run
+
+    run = await sync_to_async(retrying_host)()
+    cookie = await sync_to_async(session_cookie)(client, users["admin"])
+    communicator = await connect(f"/ws/hosts/{run.host.pk}/", cookie)
+    await resync(communicator, since=await latest_event())
+    await sync_to_async(engine.step_retry)(run, "BMC unreachable: connection refused", recheck_s=None)
+    frame = await receive_until(communicator, 'id="host-step-error"[^>]*data-retries="2"')
+    assert "bmc_check failed 2 times" in frame
+    await communicator.disconnect()
