@@ -32,3 +32,37 @@ def test_a_claim_created_by_apply_appears_on_an_open_filtered_claims_page_within
     assert page.locator(f"#claim-{cpu.pk}").count() == 0
     assert page.locator("#claims-empty").count() == 0
     assert page.evaluate("window.sameDocument") == "not reloaded"
+
+
+def test_the_badge_offers_reconnect_now_and_the_click_reconnects_at_once(browser_page, users):
+    page = browser_page
+    routes = []
+
+    def through(route):  # the page's socket, passed to the server; the test can cut it as a restart would
+        routes.append(route)
+        route.connect_to_server()
+
+    page.route_web_socket("**/ws/claims/**", through)
+    log_in(page, "root-admin")
+    page.goto("/claims/")
+    wait_live(page)
+    # The automatic back-off is capped (the extension's own went up to 64 s) ...
+    assert page.evaluate("Math.max(...Array.from({length: 30}, (_, n) => htmx.config.wsReconnectDelay(n)))") <= 10000
+    # ... and a user does not wait for it: with a long wait ahead, "reconnect now" opens a socket at once.
+    page.evaluate("htmx.config.wsReconnectDelay = () => 600000")
+    routes[-1].close(code=1012, reason="restart")
+    page.wait_for_selector("#live-status.off #live-reconnect")
+    page.click("#live-reconnect")
+    page.wait_for_selector("#live-status.on", timeout=5000)
+    assert len(routes) == 2
+    assert page.locator("#live-reconnect").count() == 0
+
+
+def test_a_page_that_is_not_live_says_so(browser_page, users):
+    page = browser_page
+    log_in(page, "root-admin")
+    page.goto("/providers/")
+    assert page.inner_text("#live-status") == "not live"
+    page.goto("/claims/")
+    wait_live(page)
+    assert page.inner_text("#live-status") == "live"

@@ -1,17 +1,43 @@
 /* Live views: the page's websocket (htmx ws extension) re-syncs on every open. It sends the cursor (the
    newest Event id the page reflects) and the ids of the objects it shows; the server answers with the
-   partials that changed since, and from then on with each change, as elements swapped by id. */
+   partials that changed since, and from then on with each change, as elements swapped by id.
+   While disconnected the badge offers "reconnect now"; the automatic back-off is capped at MAX_DELAY_MS. */
 (function () {
+  var MAX_DELAY_MS = 10000;
+  var socket = null;  // the ws extension's socket wrapper: reconnect() opens a new socket at once
+  if (window.htmx) {
+    // The extension's "full-jitter" waits up to 64 s after a long outage; ours doubles from 1 s up to 10 s.
+    htmx.config.wsReconnectDelay = function (retryCount) {
+      var delay = Math.min(MAX_DELAY_MS, 1000 * Math.pow(2, Math.min(retryCount, 10)));
+      return delay / 2 + Math.random() * delay / 2;
+    };
+  }
   function visibleIds() {
     return Array.prototype.map.call(document.querySelectorAll("[data-live-id]"), function (el) {
       return parseInt(el.getAttribute("data-live-id"), 10);
     }).filter(function (n) { return !isNaN(n); });
   }
-  function setStatus(text, cls) {
+  function setStatus(text, cls, offerReconnect) {
     var el = document.getElementById("live-status");
-    if (el) { el.textContent = text; el.className = "live-status " + cls; }
+    if (!el) { return; }
+    el.textContent = text;
+    el.className = "live-status " + cls;
+    if (offerReconnect && socket) {
+      var button = document.createElement("button");
+      button.type = "button";
+      button.id = "live-reconnect";
+      button.className = "live-reconnect";
+      button.textContent = "reconnect now";
+      button.addEventListener("click", function () {
+        setStatus("connecting…", "");
+        socket.reconnect();
+      });
+      el.appendChild(document.createTextNode(" "));
+      el.appendChild(button);
+    }
   }
   document.addEventListener("htmx:wsOpen", function (evt) {
+    socket = evt.detail.socketWrapper;
     var cursor = document.getElementById("live-cursor");
     evt.detail.socketWrapper.send(JSON.stringify({
       type: "resync", since: cursor ? cursor.getAttribute("data-cursor") : "0", ids: visibleIds()
@@ -20,7 +46,8 @@
   });
   document.addEventListener("htmx:wsClose", function (evt) {
     var code = evt.detail && evt.detail.event ? evt.detail.event.code : 0;
-    setStatus(code === 4403 ? "not allowed" : "reconnecting…", "off");
+    if (evt.detail && evt.detail.socketWrapper) { socket = evt.detail.socketWrapper; }
+    if (code === 4403) { setStatus("not allowed", "off"); } else { setStatus("reconnecting…", "off", true); }
   });
   document.addEventListener("htmx:wsAfterMessage", function () {
     window.liveMessages = (window.liveMessages || 0) + 1;  // browser tests read this
