@@ -1,12 +1,17 @@
 """The live views' source of changes: the Event log. Every page's consumer builds on EventLogConsumer."""
 from django.db.models import Max
+from django.http import QueryDict
+from django.template.loader import render_to_string
 
-from core.live_views import LiveConsumer
+from core import scoping
+from core.live_views import FLEET_GROUPS, RESYNC, LiveConsumer
 
+from .filtersets import EventFilterSet
 from .models import Event
-from .selectors import latest_event_id
+from .selectors import events_visible, latest_event_id
 
 MAX_REPLAY = 20000  # events one re-sync reads; past that it renders everything the page shows
+MAX_NEW = 100  # new events one frame adds to the Event log page (its page size)
 
 
 class EventLogConsumer(LiveConsumer):
@@ -18,3 +23,48 @@ class EventLogConsumer(LiveConsumer):
         rows = list(events.order_by().values("host_id", "claim_id", "tenant_id", "object_type")
                     .annotate(last=Max("pk"))[:MAX_REPLAY])
         return None if len(rows) >= MAX_REPLAY else rows
+
+
+class EventLogPageConsumer(EventLogConsumer):
+    """The Event log page: events newer than the page's cursor, in the user's scope and matching the page's
+    filters, added at the top of its first page. Messages to the user's groups (the fleet's and the claims' for
+    those who see everything, their tenants' for members) bring the page to re-sync at once; events linked to
+    no host, claim or tenant (catalogue changes) arrive with the periodic re-sync."""
+
+    top: int | None = None  # the newest Event id the page shows or has passed over
+
+    def authorize(self) -> bool:
+        return scoping.role(self.user) != scoping.NOBODY
+
+    def wanted_groups(self) -> set[str]:
+        ids = scoping.tenant_ids(self.user)
+        return set(FLEET_GROUPS) if ids is None else {f"tenant-{t}" for t in ids}
+
+    def keys_for_message(self, message: dict) -> set:
+        return {RESYNC}
+
+    def events_in_scope(self, events):
+        return events_visible(self.user, events)
+
+    def keys_for_events(self, rows: list[dict]) -> set:
+        return {("new",)} if rows else set()
+
+    def all_keys(self) -> set:
+        return {("new",)}
+
+    def render(self, keys: dict) -> list[str]:
+        if ("new",) not in keys or self.query.get("page", "1") != "1":
+            return []
+        top = self.cursor or 0 if self.top is None else self.top
+        upto = latest_event_id()
+        data = QueryDict(mutable=True)
+        data.update(self.query)
+        filtered = EventFilterSet(data, queryset=events_visible(self.user, Event.objects.filter(pk__gt=top,
+                                                                                              pk__lte=upto))).qs
+        new = list(filtered.order_by("-pk")[:MAX_NEW])
+        self.top = max(top, upto)
+        if not new:
+            return []
+        rows = "".join(render_to_string("events/partials/event_row.html", {"e": e}) for e in new)
+        return ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
+                f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']

@@ -1,5 +1,7 @@
 """Lists that follow the fleet live, new rows included, with the page's filters applied, spoken to as a browser
 does (a websocket with the session cookie): the claims list, and isolation on it."""
+import re
+
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
 
@@ -79,4 +81,42 @@ async def test_a_members_claims_list_never_receives_another_tenants_new_claims(c
     frame += await resync(communicator, since=0)
     assert theirs["cpu"].name not in frame
     assert "two" not in [w for w in frame.replace("<", " ").replace(">", " ").split()]
+    await communicator.disconnect()
+
+
+async def test_new_events_appear_at_the_top_of_the_event_log_with_its_filters(client, users, apply, seed_block):
+    from hosts.services import host_set_maintenance
+
+    from .test_console_live import first_available
+
+    cookie = await sync_to_async(session_cookie)(client, users["auditor"])
+    communicator = await connect("/ws/events/?object_type=pool", cookie)
+    await resync(communicator, since=await latest_event())
+    host = await first_available()
+    await sync_to_async(host_set_maintenance)(host=host, on=True, actor="test", reason="fan swap")
+    await sync_to_async(apply)(seed_block, tenant="one")
+    frame = await receive_until(communicator, 'hx-swap-oob="afterbegin:#event-log-rows"><tr data-event="\\d+"')
+    assert re.search(r"<td>pool \S*gpu</td>", frame) and "quantity: 0 → 1" in frame
+    assert "fan swap" not in frame and host.name not in frame
+    await communicator.disconnect()
+
+
+async def test_a_members_event_log_never_receives_another_tenants_events(client, users, apply, seed_block):
+    from .console_conftest import TWO_YAML
+
+    cookie = await sync_to_async(session_cookie)(client, users["alice"])  # member of one only
+    communicator = await connect("/ws/events/", cookie)
+    await resync(communicator, since=await latest_event())
+    await sync_to_async(apply)(TWO_YAML.replace("quantity: 1", "quantity: 3"), tenant="two")
+    await sync_to_async(apply)(seed_block, tenant="one")
+    frame = await receive_until(communicator, "quantity: 0 → 1")
+    frame += await resync(communicator, since=0)
+    assert "quantity: 1 → 3" not in frame
+    assert not [w for w in frame.replace("<", " ").replace(">", " ").split() if w == "two"]
+    await communicator.disconnect()
+
+
+async def test_the_event_log_socket_is_refused_without_a_login(client, users):
+    communicator = await connect("/ws/events/", None)
+    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
     await communicator.disconnect()
