@@ -82,6 +82,9 @@ def tenant_context(user, tenant: Tenant) -> dict:
 def render_tenant_live(user, tenant: Tenant) -> list[str]:
     ctx = {**tenant_context(user, tenant), "oob": True}
     parts = [render_to_string("pools/partials/pool_claims.html", {**ctx, "pool": pool}) for pool in ctx["pools"]]
+    # Quantities changed elsewhere (another page, the API, apply); live.js keeps a box the user is editing.
+    parts += [render_to_string("pools/partials/pool_quantity.html", {**ctx, "pool": pool, "form": None})
+              for pool in ctx["pools"]]
     parts.append(render_to_string("pools/partials/tenant_quota.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_claims.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_nodes.html", ctx))

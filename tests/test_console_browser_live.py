@@ -66,3 +66,44 @@ def test_a_page_that_is_not_live_says_so(browser_page, users):
     page.goto("/claims/")
     wait_live(page)
     assert page.inner_text("#live-status") == "live"
+
+
+def test_the_tenant_pages_quantity_box_follows_a_change_made_elsewhere_unless_the_user_is_editing_it(
+        browser_page, users):
+    from pools.services import pool_set_quantity
+
+    page = browser_page
+    log_in(page, "root-admin")
+    page.goto("/tenants/one/")
+    wait_live(page)
+    gpu, cpu = pool("one", "gpu"), pool("one", "cpu")
+    gpu_box, cpu_box = f"#pool-{gpu.pk}-quantity input[name=quantity]", f"#pool-{cpu.pk}-quantity input[name=quantity]"
+    pool_set_quantity(pool=gpu, quantity=1, actor="user:elsewhere")
+    page.wait_for_function(f"document.querySelector('{gpu_box}').value === '1'")
+    page.fill(cpu_box, "2")  # typing, not sent yet
+    pool_set_quantity(pool=pool("one", "cpu"), quantity=1, actor="user:elsewhere")
+    pool_set_quantity(pool=pool("one", "gpu"), quantity=0, actor="user:elsewhere")
+    page.wait_for_function(f"document.querySelector('{gpu_box}').value === '0'")
+    assert page.input_value(cpu_box) == "2"
+
+
+def test_since_times_refresh_without_a_reload(browser_page, users):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from hosts.choices import HostState
+    from hosts.models import BareMetalHost
+
+    page = browser_page
+    host = BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()
+    BareMetalHost.objects.filter(pk=host.pk).update(state_changed_at=timezone.now() - timedelta(hours=2, minutes=1))
+    page.clock.install()
+    log_in(page, "root-admin")
+    page.goto("/hosts/")
+    cell = f"#host-{host.pk} td[data-timestamp]"
+    assert page.inner_text(cell).replace("\xa0", " ") == "2 hours, 1 minute"
+    page.evaluate("window.sameDocument = 'not reloaded'")
+    page.clock.fast_forward("01:00:00")
+    page.wait_for_function(f"document.querySelector('{cell}').textContent.startsWith('3\\u00a0hours')")
+    assert page.evaluate("window.sameDocument") == "not reloaded"

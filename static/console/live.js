@@ -49,6 +49,43 @@
     if (evt.detail && evt.detail.socketWrapper) { socket = evt.detail.socketWrapper; }
     if (code === 4403) { setStatus("not allowed", "off"); } else { setStatus("reconnecting…", "off", true); }
   });
+  // A live update never overwrites a box the user is typing in (focused, or changed and not sent), nor redraws
+  // one that already shows the new value (the "saved" note of the user's own change stays).
+  document.addEventListener("htmx:oobBeforeSwap", function (evt) {
+    var target = evt.detail.target;
+    var mine = target && target.querySelector && target.querySelector("input[name=quantity]");
+    if (!mine) { return; }
+    var theirs = evt.detail.fragment && evt.detail.fragment.querySelector("input[name=quantity]");
+    var editing = document.activeElement === mine || mine.value !== mine.defaultValue;
+    if (editing || (theirs && theirs.value === mine.value)) { evt.detail.shouldSwap = false; }
+  });
+  // "Since" times: elements with data-timestamp (ISO 8601) show the time since it, as Django's timesince
+  // does, and are refreshed here every 20 s, live page or not.
+  var UNITS = [["year", 365 * 86400], ["month", 30 * 86400], ["week", 7 * 86400], ["day", 86400],
+               ["hour", 3600], ["minute", 60]];
+  function timesince(seconds) {
+    seconds = Math.max(0, Math.floor(seconds));
+    for (var i = 0; i < UNITS.length; i++) {
+      var count = Math.floor(seconds / UNITS[i][1]);
+      if (count > 0 || i === UNITS.length - 1) {
+        var text = count + "\u00a0" + UNITS[i][0] + (count === 1 ? "" : "s");
+        if (i + 1 < UNITS.length) {
+          var next = Math.floor((seconds - count * UNITS[i][1]) / UNITS[i + 1][1]);
+          if (next > 0 && count > 0) { text += ", " + next + "\u00a0" + UNITS[i + 1][0] + (next === 1 ? "" : "s"); }
+        }
+        return text;
+      }
+    }
+  }
+  function refreshTimes() {
+    var now = Date.now();
+    Array.prototype.forEach.call(document.querySelectorAll("[data-timestamp]"), function (el) {
+      var at = Date.parse(el.getAttribute("data-timestamp"));
+      if (!isNaN(at)) { el.textContent = timesince((now - at) / 1000); }
+    });
+  }
+  window.liveTimesince = timesince;  // browser tests read this
+  setInterval(refreshTimes, 20000);
   document.addEventListener("htmx:wsAfterMessage", function () {
     window.liveMessages = (window.liveMessages || 0) + 1;  // browser tests read this
   });
