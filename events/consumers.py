@@ -6,6 +6,7 @@ from django.template.loader import render_to_string
 from core import scoping
 from core.live_views import FLEET_GROUPS, RESYNC, LiveConsumer
 
+from .choices import ObjectType
 from .filtersets import EventFilterSet
 from .models import Event
 from .selectors import events_visible, latest_event_id
@@ -68,3 +69,48 @@ class EventLogPageConsumer(EventLogConsumer):
         rows = "".join(render_to_string("events/partials/event_row.html", {"e": e}) for e in new)
         return ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
                 f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']
+
+
+# Rarely changing lists: the object types each follows, and whether members may watch it (their tenants' only).
+LIST_TOPICS = {
+    "repair": ({ObjectType.HOST}, False),
+    "tenants": ({ObjectType.TENANT, ObjectType.POOL, ObjectType.CLAIM, ObjectType.MEMBERSHIP}, True),
+    "catalogue": ({ObjectType.NODEPROVIDER, ObjectType.NODETYPE, ObjectType.NODEENVIRONMENT, ObjectType.OSIMAGE,
+                   ObjectType.HOST}, False),
+}
+
+
+class ListPageConsumer(EventLogConsumer):
+    """A rarely changing list (/repair/, /tenants/, the catalogue): when an object of the kinds it shows changes,
+    the page is told its list is stale and re-fetches it through its own view (live.js), so the page's filters
+    and the user's scope apply as on a reload. Catalogue changes link no tenant and reach no group: they
+    arrive with the periodic re-sync."""
+
+    async def connect(self):
+        self.topic = self.scope["url_route"]["kwargs"]["topic"]
+        await super().connect()
+
+    def authorize(self) -> bool:
+        if self.topic not in LIST_TOPICS:
+            return False
+        for_members = LIST_TOPICS[self.topic][1]
+        return scoping.sees_everything(self.user) or (for_members and scoping.role(self.user) != scoping.NOBODY)
+
+    def wanted_groups(self) -> set[str]:
+        ids = scoping.tenant_ids(self.user)
+        return set(FLEET_GROUPS) if ids is None else {f"tenant-{t}" for t in ids}
+
+    def keys_for_message(self, message: dict) -> set:
+        return {RESYNC} if message.get("object") in LIST_TOPICS[self.topic][0] else set()
+
+    def events_in_scope(self, events):
+        return events_visible(self.user, events).filter(object_type__in=LIST_TOPICS[self.topic][0])
+
+    def keys_for_events(self, rows: list[dict]) -> set:
+        return {("stale",)} if rows else set()
+
+    def all_keys(self) -> set:
+        return {("stale",)}
+
+    def render(self, keys: dict) -> list[str]:
+        return [f'<span id="live-stale" data-at="{latest_event_id()}" hidden></span>'] if keys else []

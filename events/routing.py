@@ -4,4 +4,5 @@ from . import consumers
 
 websocket_urlpatterns = [
     path("ws/events/", consumers.EventLogPageConsumer.as_asgi()),
+    path("ws/lists/<str:topic>/", consumers.ListPageConsumer.as_asgi()),
 ]

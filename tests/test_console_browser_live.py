@@ -61,7 +61,7 @@ def test_the_badge_offers_reconnect_now_and_the_click_reconnects_at_once(browser
 def test_a_page_that_is_not_live_says_so(browser_page, users):
     page = browser_page
     log_in(page, "root-admin")
-    page.goto("/providers/")
+    page.goto("/timing/")
     assert page.inner_text("#live-status") == "not live"
     page.goto("/claims/")
     wait_live(page)
@@ -106,4 +106,21 @@ def test_since_times_refresh_without_a_reload(browser_page, users):
     page.evaluate("window.sameDocument = 'not reloaded'")
     page.clock.fast_forward("01:00:00")
     page.wait_for_function(f"document.querySelector('{cell}').textContent.startsWith('3\\u00a0hours')")
+    assert page.evaluate("window.sameDocument") == "not reloaded"
+
+
+def test_the_repair_list_follows_a_host_into_error_without_a_reload(browser_page, users):
+    from hosts.choices import HostState
+    from hosts.models import BareMetalHost
+    from hosts.services import host_transition
+
+    page = browser_page
+    log_in(page, "root-admin")
+    page.goto("/repair/")
+    wait_live(page)
+    page.evaluate("window.sameDocument = 'not reloaded'")
+    host = BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()
+    host_transition(host=host, to_state=HostState.REGISTERING, actor="test")
+    host_transition(host=host, to_state=HostState.ERROR, actor="system:flow", reason="BMC unreachable")
+    page.wait_for_selector(f"main >> text={host.name}")
     assert page.evaluate("window.sameDocument") == "not reloaded"

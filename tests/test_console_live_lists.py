@@ -120,3 +120,41 @@ async def test_the_event_log_socket_is_refused_without_a_login(client, users):
     communicator = await connect("/ws/events/", None)
     assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
     await communicator.disconnect()
+
+
+async def test_a_rarely_changing_list_is_told_it_is_stale_when_its_objects_change(client, users):
+    from hosts.choices import HostState
+    from hosts.services import host_transition
+
+    from .test_console_live import first_available
+
+    cookie = await sync_to_async(session_cookie)(client, users["auditor"])
+    communicator = await connect("/ws/lists/repair/", cookie)
+    first = await resync(communicator, since=await latest_event())
+    assert "live-stale" not in first  # nothing changed since the page was rendered
+    host = await first_available()
+
+    def fail():
+        host_transition(host=host, to_state=HostState.REGISTERING, actor="test")
+        host_transition(host=host, to_state=HostState.ERROR, actor="system:flow", reason="BMC unreachable")
+
+    await sync_to_async(fail)()
+    await receive_until(communicator, 'id="live-stale"')
+    await communicator.disconnect()
+
+
+async def test_a_members_tenant_list_is_not_told_of_another_tenants_changes(client, users, apply, seed_block):
+    from .console_conftest import TWO_YAML
+
+    cookie = await sync_to_async(session_cookie)(client, users["alice"])
+    since = await latest_event()
+    await sync_to_async(apply)(TWO_YAML.replace("quantity: 1", "quantity: 3"), tenant="two")
+    communicator = await connect("/ws/lists/tenants/", cookie)
+    assert "live-stale" not in await resync(communicator, since=since)
+    await sync_to_async(apply)(seed_block, tenant="one")
+    await receive_until(communicator, 'id="live-stale"')
+    await communicator.disconnect()
+    for topic in ("repair", "catalogue", "nonsense"):
+        refused = await connect(f"/ws/lists/{topic}/", cookie)
+        assert await refused.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}, topic
+        await refused.disconnect()

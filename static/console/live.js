@@ -86,6 +86,14 @@
   }
   window.liveTimesince = timesince;  // browser tests read this
   setInterval(refreshTimes, 20000);
+  // A rarely changing list (server: events.consumers.ListPageConsumer) was told it is stale: fetch the page
+  // again through its own view and swap its main part, unless the user is typing in it.
+  document.addEventListener("htmx:oobAfterSwap", function (evt) {
+    if (!evt.detail.target || evt.detail.target.id !== "live-stale") { return; }
+    var main = document.querySelector("main");
+    if (main && main.contains(document.activeElement) && document.activeElement.matches("input, select, textarea")) { return; }
+    htmx.ajax("GET", location.href, {target: "main", select: "main", swap: "outerHTML"});
+  });
   document.addEventListener("htmx:wsAfterMessage", function () {
     window.liveMessages = (window.liveMessages || 0) + 1;  // browser tests read this
   });
