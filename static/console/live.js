@@ -87,12 +87,19 @@
   window.liveTimesince = timesince;  // browser tests read this
   setInterval(refreshTimes, 20000);
   // A rarely changing list (server: events.consumers.ListPageConsumer) was told it is stale: fetch the page
-  // again through its own view and swap its main part, unless the user is typing in it.
-  document.addEventListener("htmx:oobAfterSwap", function (evt) {
-    if (!evt.detail.target || evt.detail.target.id !== "live-stale") { return; }
+  // again through its own view and swap its main part, unless the user is typing in it; at most one fetch
+  // every REFETCH_MS, however busy the fleet (the last change is always fetched).
+  var REFETCH_MS = 2000, lastFetch = 0, pending = null;
+  function refetch() {
+    pending = null;
     var main = document.querySelector("main");
     if (main && main.contains(document.activeElement) && document.activeElement.matches("input, select, textarea")) { return; }
+    lastFetch = Date.now();
     htmx.ajax("GET", location.href, {target: "main", select: "main", swap: "outerHTML"});
+  }
+  document.addEventListener("htmx:oobAfterSwap", function (evt) {
+    if (!evt.detail.target || evt.detail.target.id !== "live-stale" || pending) { return; }
+    pending = setTimeout(refetch, Math.max(0, lastFetch + REFETCH_MS - Date.now()));
   });
   document.addEventListener("htmx:wsAfterMessage", function () {
     window.liveMessages = (window.liveMessages || 0) + 1;  // browser tests read this
