@@ -5,6 +5,7 @@ from claims.selectors import claims_visible
 from core import scoping
 from core.live_views import RESYNC, group_rule
 from events.choices import ObjectType
+from events.selectors import events_visible
 from hosts.consumers import HostAwareConsumer
 
 from . import presenters
@@ -37,7 +38,7 @@ class ClaimListConsumer(HostAwareConsumer):
     def events_in_scope(self, events):
         if self.query.get("page", "1") != "1":  # a later page gets no new rows: newest first, they go on page 1
             return events.filter(claim_id__in=self.visible)
-        return events.filter(claim_id__isnull=False, object_type=ObjectType.CLAIM)
+        return events_visible(self.user, events.filter(claim_id__isnull=False, object_type=ObjectType.CLAIM))
 
     def keys_for_events(self, rows: list[dict]) -> set:
         return {self._key(r["claim_id"]) for r in rows if r["claim_id"]}
