@@ -26,6 +26,7 @@ from hosts.selectors import (
 from pools.models import Tenant
 
 from . import presenters, services
+from .capacity import fleet_capacity
 from .choices import HostState
 from .filtersets import HostFilterSet, without_state
 from .lifecycle import ConcurrentTransition, IllegalTransition
@@ -56,6 +57,7 @@ def fleet(request):
     query = without_state(request.GET)
     return page(request, "hosts/fleet.html", {
         "cursor": cursor, "counts": presenters.state_counts(counted.qs), "page_obj": current, "rows": rows,
+        "capacity": fleet_capacity(node_types),
         "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),
