@@ -426,7 +426,7 @@ BMC_CONTACT_STEP = "bmc_contact"
 
 def host_bmc_contact(*, host: BareMetalHost, ok: bool, error: str = "", actor: str = "system:flow") -> bool:
     """Record the outcome of a contact with the host's BMC (no transaction is open around the call that made it).
-    A change between answering and not answering is written to the Event log (the fleet board's capacity card
+    A BMC that stops answering, or answers again, is written to the Event log (the fleet board's capacity card
     follows it live); a repeat only refreshes the time, and a success at most every BMC_CONTACT_REFRESH_S (a
     power step polls every few seconds). Returns True when the BMC's colour changed."""
     now = timezone.now()
@@ -436,8 +436,11 @@ def host_bmc_contact(*, host: BareMetalHost, ok: bool, error: str = "", actor: s
         return False
     values = {"bmc_ok": ok, "bmc_checked_at": now, "bmc_error": error}
     with transaction.atomic():
-        # Compare-and-swap on the colour: of two workers seeing the same change, one writes the Event.
-        flipped = (BareMetalHost.objects.filter(pk=host.pk).exclude(bmc_ok=ok).update(**values) == 1)
+        # Compare-and-swap on the colour: of two workers seeing the same change, one writes the Event. A first
+        # answer (never asked before) is no change: only turning red, and green again after red, are.
+        changing = (BareMetalHost.objects.filter(pk=host.pk, bmc_ok=False) if ok
+                    else BareMetalHost.objects.filter(pk=host.pk).exclude(bmc_ok=False))
+        flipped = changing.update(**values) == 1
         if flipped:
             event_record(kind=EventKind.STEP, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
                          step=BMC_CONTACT_STEP, actor=actor,
