@@ -49,7 +49,7 @@ def fleet(request):
     queries whatever the fleet's size: one count, one page, one aggregate, the NodeTypes, the tenants."""
     cursor = live_cursor()
     filters = list_filter(request, HostFilterSet, BareMetalHost.objects.all())
-    counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all())
+    counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all(), request=request)
     node_types = presenters.node_types_by_selector()
     pager = Paginator(presenters.row_queryset(filters.qs).order_by("name"), page_size(request))
     current = pager.get_page(request.GET.get("page"))
