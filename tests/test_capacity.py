@@ -166,3 +166,21 @@ def test_a_flows_bmc_calls_record_the_answer_and_a_red_bmc_holds_an_available_ho
     assert list(Event.objects.filter(host_id=host.pk, step="bmc_contact").order_by("pk")
                 .values_list("message", flat=True)) == [
         "BMC does not answer: BMC at 127.0.0.1 unreachable: connection refused", "BMC answers"]
+
+
+@pytest.mark.django_db
+def test_the_allocator_gives_the_next_claim_an_allocatable_host_before_one_whose_bmc_is_red(users, console_site):
+    from claims.models import NodeClaim
+    from claims.services import pools_reconcile
+    from pools.services import pool_set_quantity
+
+    from .console_conftest import pool
+
+    first = BareMetalHost.objects.filter(labels__role="gpu", state=HostState.AVAILABLE).order_by("pk").first()
+    host_bmc_contact(host=first, ok=False, error="BMC at 127.0.0.1 unreachable")
+    gpu = pool("one", "gpu")
+    pool_set_quantity(pool=gpu, quantity=1, actor="user:alice")
+    pools_reconcile(pool_ids=[gpu.pk])
+    claim = NodeClaim.objects.get(pool=gpu)
+    assert claim.host_id is not None and claim.host_id != first.pk
+    assert BareMetalHost.objects.get(pk=first.pk).state == HostState.AVAILABLE
