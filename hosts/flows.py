@@ -22,6 +22,7 @@ from .engine import (
     agent_command,
     register_flow,
     setting,
+    step_retry,
 )
 from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost
@@ -111,9 +112,7 @@ def _bmc_call(fn, run: "Run | None" = None):
         if run is not None:
             _bmc_contact(run, ok=False, error=str(exc))
         if run is not None and exc.transient:
-            run.flow["last_error"] = str(exc)
-            run.save_flow()
-            raise Waiting(str(exc), recheck_s=settings.BMC_RETRY_S) from None
+            raise step_retry(run, str(exc), recheck_s=settings.BMC_RETRY_S) from None
         raise StepFailed(str(exc)) from None
     if run is not None and fn != run.bmc:  # making the client is no contact with the BMC
         _bmc_contact(run, ok=True)
@@ -185,7 +184,9 @@ def _send_once(run: Run, scratch: dict, key: str, fn) -> None:
     if sent and (timezone.now() - parse_datetime(sent)).total_seconds() < settings.POWER_DEADLINE_S:
         return
     if sent:
-        run.flow["last_error"] = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
+        # Counted as a try, without waiting: the request goes again now.
+        error = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
+        step_retry(run, error, recheck_s=None)
     _bmc_call(fn, run)
     scratch[key] = timezone.now().isoformat()
     run.save_flow()

@@ -12,9 +12,10 @@ from hosts.selectors import attention_explain, hosts_needing_attention, hosts_vi
 from pools.matching import label_selector_matches
 from pools.models import NodeType
 
-from .choices import HostState
 from .bmc import SCHEMES
+from .choices import HostState
 from .cleaning import effective_cleaning, gpu_count
+from .engine import step_status
 from .models import BareMetalHost, CommandStatus, HostCommand
 
 SECRETS = ("bmc_username", "bmc_password")
@@ -115,6 +116,7 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
     flow = host.flow or {}
     is_admin = scoping.is_admin(user)
     return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
+            "step": step_status(host),
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
             "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
