@@ -511,9 +511,20 @@ def board(total: int, repeat: int) -> None:
                   f"{percentile(times, 50) * 1000:.1f} ms, p95 {percentile(times, 95) * 1000:.1f} ms; slowest query "
                   f"{float(slowest['time']) * 1000:.1f} ms: {slowest['sql'][:70]}…", flush=True)
 
-    make_hosts(200, states=BOARD_STATES, labels=labels)
+    def history(hosts: list) -> None:
+        """Each host's move into its state, in the Event log (where the board's "needs attention" card reads
+        the reason), behind a few older moves: a fleet that has been running a while."""
+        from events.models import Event
+
+        Event.objects.bulk_create([
+            Event(kind="transition", object_type="host", object_name=h.name, host_id=h.pk, from_state=a, to_state=b,
+                  message=f"bench: {a} → {b}", actor="bench:board")
+            for h in hosts for a, b in (("registering", "inspecting"), ("inspecting", "available"),
+                                        ("available", h.state))], batch_size=5000)
+
+    history(make_hosts(200, states=BOARD_STATES, labels=labels))
     serve(200)
-    make_hosts(total - 200, start=200, states=BOARD_STATES, labels=labels)
+    history(make_hosts(total - 200, start=200, states=BOARD_STATES, labels=labels)[200:])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # as autovacuum would soon after a bulk load
     serve(total)
