@@ -47,7 +47,7 @@ MARK = "bench #"  # each change's reason or message carries its number: what a r
 # The version orders the changes of one object: a row whose version is at least a change's shows that change.
 
 HOST_ROW = re.compile(r'<tr id="host-(\d+)" data-live-id="\d+" data-state="(\w+)" data-changed="([\d.]+)"')
-CLAIM_ROW = re.compile(r'<tr id="claim-(\d+)"[^>]*?data-phase="(\w+)"(.*?)</tr>', re.S)
+CLAIM_ROW = re.compile(r'<tr id="claim-(\d+)"[^>]*?data-phase="(\w+)"(.*?)</tr>', re.DOTALL)
 MARKED = re.compile(re.escape(MARK) + r"(\d+)\b")
 
 
@@ -477,7 +477,9 @@ def board(total: int, repeat: int) -> None:
     NodeType.objects.create(name="gpu-server", provider=provider, host_selector={"matchLabels": {"role": "gpu"}})
     NodeType.objects.create(name="cpu-server", provider=provider, host_selector={"matchLabels": {"role": "cpu"}})
     tenants = [Tenant.objects.create(name=f"bench-{t}") for t in range(4)]
-    labels = lambda i: {"role": "gpu" if i % 2 else "cpu", "rack": f"r{i % 40}", "rail-group": f"g{i % 8}"}  # noqa: E731
+    def labels(i: int) -> dict:
+        return {"role": "gpu" if i % 2 else "cpu", "rack": f"r{i % 40}", "rail-group": f"g{i % 8}"}
+
     admin = User.objects.create_superuser("bench", "bench@example.invalid", "bench-password-not-used")
     client = Client(HTTP_HOST="127.0.0.1")
     client.force_login(admin)
