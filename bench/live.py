@@ -320,6 +320,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=200, help="objects on the watched page (≤ 200: one page)")
     parser.add_argument("--gap", type=float, default=2.0, help="seconds each client stays disconnected, once")
     parser.add_argument("--writers", type=int, default=4, help="threads making the changes")
+    parser.add_argument("--settle", type=float, default=4.0, help="seconds the clients listen after the last change")
     parser.add_argument("--board", action="store_true", help="the fleet board's cost per page instead")
     parser.add_argument("--board-hosts", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=20, help="renders timed per board page")
@@ -385,7 +386,7 @@ def live(page: Page, args) -> None:
                     raise RuntimeError(log.read_text()[-2000:])
                 time.sleep(0.1)
         print(f"== {page.name} ({page.ws}): daphne pid {server.pid} on port {port}", file=sys.stderr, flush=True)
-        settle = 4.0
+        settle = args.settle
         spawn = multiprocessing.get_context("spawn")
         receiver, sender = spawn.Pipe(duplex=False)
         writer_done = spawn.Event()
