@@ -8,7 +8,7 @@ its connection once, for a while, mid-run) and got back from the re-sync on reco
 may be lost: every client's last view of every object is the database's.
 
     .venv/bin/python bench/live.py [--pages fleet,claims] [--clients 20] [--rate 200] [--duration 60]
-                                   [--hosts 200] [--gap 2]
+                                   [--hosts 200] [--gap 2] [--settle 4]
 
 Board: the fleet board rendered in this process (Django's test client, DEBUG off) at 200 hosts and at 10,000:
 server time and SQL queries per render for the first page, filtered pages and the last page.
