@@ -2,8 +2,9 @@
 their live consumers render through these, so a websocket frame is the same HTML as the page."""
 from urllib.parse import urlsplit
 
-from django.db.models import Count, Window
+from django.db.models import Count, F, Func, Subquery
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from core import scoping
 from events.models import Event
@@ -84,9 +85,17 @@ ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
 
 def attention_board(*, is_admin: bool) -> dict:
     """The fleet board's "needs attention" card: the first ATTENTION_SHOWN hosts and how many there are."""
-    # One query: the first rows, each with the count of all (COUNT(*) OVER ()).
-    hosts = attention_explain(list(hosts_needing_attention(row_queryset())
-                                   .annotate(attention_total=Window(Count("pk")))[:ATTENTION_SHOWN]))
+    # One query: the first hosts picked from the host table alone (a
+    # top-N sort of narrow rows), then only those joined to their claims and reasons, and the count of all as
+    # an uncorrelated subquery that PostgreSQL runs once. With COUNT(*) OVER () every host needing attention
+    # went, joined and wide, through a window and a sort: a median of 39 ms against 13 ms now, at 10,000 hosts of
+    # which 4,000 need attention (bench/live.py --board, same rows and count).
+    now = timezone.now()
+    attention = hosts_needing_attention(BareMetalHost.objects.all(), now=now)
+    first = attention.values("pk")[:ATTENTION_SHOWN]
+    total = attention.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")
+    hosts = attention_explain(list(hosts_needing_attention(row_queryset().filter(pk__in=Subquery(first)), now=now)
+                                   .annotate(attention_total=Subquery(total))))
     return {"attention": hosts, "attention_total": hosts[0].attention_total if hosts else 0, "is_admin": is_admin}
 
 
