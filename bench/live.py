@@ -1,11 +1,19 @@
-"""bench/live.py: live views under load. N websocket clients watch the fleet board (a page of hosts) on a real
-ASGI server (daphne) with the Redis channel layer, while this process moves hosts through their life cycle at a
-fixed rate, each transition through hosts.services (commit, then the on-commit publish). Measures the time from
-each transition's commit to each client receiving its row, and counts what a client missed (it drops its
-connection once, for a while, mid-run) and got back from the re-sync on reconnect. After the run nothing may
-be lost: every client's last view of every host is the database's.
+"""bench/live.py: live views under load, and the fleet board's cost per page at fleet scale.
 
-    .venv/bin/python bench/live.py [--clients 20] [--rate 200] [--duration 60] [--hosts 200] [--gap 2]
+Live: N websocket clients watch one live page (the fleet board by default; the claims list; the event log once
+it is live) on a real ASGI server (daphne) with the Redis channel layer, while this process changes the page's
+objects at a fixed rate, each change through its service (commit, then the on-commit publish). Measures the
+time from each change's commit to each client receiving its row, and counts what a client missed (it drops
+its connection once, for a while, mid-run) and got back from the re-sync on reconnect. After the run nothing
+may be lost: every client's last view of every object is the database's.
+
+    .venv/bin/python bench/live.py [--pages fleet,claims] [--clients 20] [--rate 200] [--duration 60]
+                                   [--hosts 200] [--gap 2] [--settle 4]
+
+Board: the fleet board rendered in this process (Django's test client, DEBUG off) at 200 hosts and at 10,000:
+server time and SQL queries per render for the first page, filtered pages and the last page.
+
+    .venv/bin/python bench/live.py --board [--board-hosts 10000] [--repeat 20]
 
 Uses its own PostgreSQL database (vmetal_bench, dropped and created; DATABASE_URL to change) and Redis
 (REDIS_URL, default redis://127.0.0.1:6379/3) for the channel layer."""
@@ -31,16 +39,47 @@ os.environ.setdefault("DEBUG", "False")
 os.environ.setdefault("SECRET_KEY", "bench-secret-key-not-for-production-0123456789")
 import _setup  # noqa: E402  (sets the bench database and Django settings)
 
-ROW = re.compile(r'<tr id="host-(\d+)" data-live-id="\d+" data-state="(\w+)" data-changed="([\d.]+)"')
 CURSOR = re.compile(r'id="live-cursor" data-cursor="(\d+)"')
+MARK = "bench #"  # each change's reason or message carries its number: what a row that shows it was rendered from
+
+
+# --- what a client finds in a message: (object id, label, version) per row ---------------------------------
+# The version orders the changes of one object: a row whose version is at least a change's shows that change.
+
+HOST_ROW = re.compile(r'<tr id="host-(\d+)" data-live-id="\d+" data-state="(\w+)" data-changed="([\d.]+)"')
+CLAIM_ROW = re.compile(r'<tr id="claim-(\d+)"[^>]*?data-phase="(\w+)"(.*?)</tr>', re.DOTALL)
+MARKED = re.compile(re.escape(MARK) + r"(\d+)\b")
+
+
+def fleet_rows(message: str) -> list[tuple]:
+    return [(int(h), s, float(c)) for h, s, c in HOST_ROW.findall(message)]
+
+
+def claim_rows(message: str) -> list[tuple]:
+    """A claim's row shows its message, which the bench's change sets to "bench #<n>"."""
+    rows = []
+    for claim, phase, body in CLAIM_ROW.findall(message):
+        found = MARKED.search(body)
+        if found:
+            rows.append((int(claim), phase, int(found.group(1))))
+    return rows
+
+
+def event_rows(message: str) -> list[tuple]:
+    """Each Event of a bench change is an object of its own (its number), whatever the log's row looks like."""
+    return [(int(n), "", int(n)) for n in MARKED.findall(message)]
+
+
+PARSERS = {"fleet_rows": fleet_rows, "claim_rows": claim_rows, "event_rows": event_rows}
 
 
 # --- the clients (a child process of their own: they never share a GIL with the writer) -------------------
 
 def run_clients(url: str, cookie: str, ids: list[int], cursor: int, clients: int, duration: float, gap: float,
-                settle: float, writer_done, out) -> None:
+                settle: float, writer_done, out, parser: str = "fleet_rows") -> None:
     import websocket  # websocket-client
 
+    parse = PARSERS[parser]
     results = [None] * clients
 
     def client(n: int) -> None:
@@ -79,7 +118,7 @@ def run_clients(url: str, cookie: str, ids: list[int], cursor: int, clients: int
                 at = time.time()
                 found = CURSOR.search(message)
                 kind = "resync" if found else "live"
-                rows = [(int(h), s, float(c)) for h, s, c in ROW.findall(message)]
+                rows = parse(message)
                 if rows:
                     seen.append((at, kind, rows))
                 if found:
@@ -109,21 +148,142 @@ def cpu_seconds(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# --- the pages: what each one watches and how the bench changes it ----------------------------------------
+
+HOST_CYCLE = {"available": "maintenance", "maintenance": "registering", "registering": "inspecting",
+              "inspecting": "available"}
+CLAIM_CYCLE = {"Pending": "Provisioning", "Provisioning": "Joining", "Joining": "Pending"}
+
+
+class Page:
+    """A live page under load. `ws` is its consumer's path; `parser` reads a client's messages (PARSERS);
+    `setup` makes the objects it shows; `change` makes change number n of one of them, inside the writer's
+    transaction, and returns its version; `final` gives each object's (label, version) in the database."""
+
+    name, ws, parser, declares_ids = "", "", "", True
+
+    def setup(self, n: int) -> list:
+        raise NotImplementedError
+
+    def change(self, obj, n: int) -> float:
+        raise NotImplementedError
+
+    def final(self) -> dict:
+        raise NotImplementedError
+
+
+def make_hosts(n: int, prefix: str = "bench", start: int = 0, states=("available",), labels=None) -> list:
+    from hosts.models import BareMetalHost
+
+    BareMetalHost.objects.bulk_create([
+        BareMetalHost(name=f"{prefix}-{i:05d}", bmc_address=f"redfish://10.2.{i // 250}.{i % 250}/redfish/v1/Systems/1",
+                      boot_mac=f"52:54:02:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}",
+                      labels=labels(i) if labels else {"role": "gpu"}, state=states[i % len(states)])
+        for i in range(start, start + n)], batch_size=2000)
+    return list(BareMetalHost.objects.filter(name__startswith=f"{prefix}-").order_by("pk"))
+
+
+class FleetPage(Page):
+    """The fleet board: hosts move available → maintenance → registering → inspecting → available."""
+
+    name, ws, parser = "fleet", "/ws/fleet/?per_page=200", "fleet_rows"
+    prefix = "bench"  # each page its own hosts: pages run one after the other on one database
+
+    def setup(self, n):
+        return make_hosts(n, prefix=self.prefix)
+
+    def change(self, host, n):
+        from hosts.services import host_transition
+
+        host_transition(host=host, to_state=HOST_CYCLE[host.state], actor="bench:live", reason=f"{MARK}{n}")
+        return host.state_changed_at.timestamp()
+
+    def final(self):
+        from hosts.models import BareMetalHost
+
+        return {h: (s, c.timestamp()) for h, s, c in BareMetalHost.objects.filter(name__startswith=f"{self.prefix}-")
+                .values_list("pk", "state", "state_changed_at")}
+
+
+class ClaimsPage(Page):
+    """The claims list (/ws/claims/, an admin's: every tenant's claims): claims go Pending → Provisioning →
+    Joining → Pending through claims.services.claims_transition, each with the message "bench #<n>"."""
+
+    name, ws, parser = "claims", "/ws/claims/", "claim_rows"
+
+    def setup(self, n):
+        from claims.models import NodeClaim
+        from pools.models import NodeProvider, Tenant
+
+        provider = NodeProvider.objects.get_or_create(name="metal3")[0]
+        tenants = [Tenant.objects.get_or_create(name=f"bench-{t}")[0] for t in range(4)]
+        NodeClaim.objects.bulk_create([
+            NodeClaim(name=f"bench-claim-{i:05d}", tenant=tenants[i % len(tenants)], provider=provider,
+                      pool_name="gpu", message=f"{MARK}0") for i in range(n)])
+        return list(NodeClaim.objects.filter(name__startswith="bench-claim-").order_by("pk"))
+
+    def change(self, claim, n):
+        from claims.services import claims_transition
+
+        claims_transition(claims=[claim], to_phase=CLAIM_CYCLE[claim.phase], actor="bench:live", message=f"{MARK}{n}")
+        return n
+
+    def final(self):
+        from claims.models import NodeClaim
+
+        return {c: (p, int(m[len(MARK):])) for c, p, m in
+                NodeClaim.objects.filter(message__startswith=MARK).values_list("pk", "phase", "message")}
+
+
+class EventsPage(FleetPage):
+    """The event log: every host move is an Event whose message is "bench #<n>"; each is an object of its own,
+    which every client must get, live or in the re-sync."""
+
+    name, ws, parser, declares_ids = "events", "/ws/events/", "event_rows", False
+    prefix = "evbench"
+
+    def setup(self, n):
+        from events.selectors import latest_event_id
+
+        self.since = latest_event_id()  # this page's Events only, not those of a page run before it
+        return super().setup(n)
+
+    def change(self, host, n):
+        super().change(host, n)
+        return n
+
+    def final(self):
+        from events.models import Event
+
+        made = Event.objects.filter(pk__gt=self.since, message__startswith=MARK).values_list("message", flat=True)
+        return {n: ("", n) for n in (int(m[len(MARK):]) for m in made)}
+
+
+# A page that becomes live is one line here (its consumer's path, how its rows read, how the bench changes it).
+PAGES = {"fleet": FleetPage, "claims": ClaimsPage, "events": EventsPage}
+
+
+def is_live(page: Page) -> bool:
+    """Whether the console serves a websocket at the page's path (the event log is not live on every build)."""
+    from vmetal_console.asgi import websocket_urlpatterns
+
+    path = page.ws.split("?", 1)[0].lstrip("/")
+    return any(route.pattern.match(path) for route in websocket_urlpatterns)
+
+
 # --- the writer --------------------------------------------------------------------------------------------
 
-CYCLE = {"available": "maintenance", "maintenance": "registering", "registering": "inspecting",
-         "inspecting": "available"}
+def drive(page: Page, objects: list, rate: float, duration: float, writers: int) -> list[tuple[int, float, float]]:
+    """Change objects round-robin at `rate` changes per second in all, from `writers` threads (as several
+    Celery worker threads would), each in its own transaction; returns (object id, version, commit time)
+    per change (for the event log the object is the change's Event, by its number)."""
+    import itertools
 
-
-def drive(hosts: list, rate: float, duration: float, writers: int) -> list[tuple[int, float, float]]:
-    """Move hosts round-robin at `rate` transitions per second in all, from `writers` threads (as several
-    Celery worker threads would); returns (host id, state_changed_at, commit time) per transition."""
     from django.db import connection, transaction
-
-    from hosts.services import host_transition
 
     done = []
     start = time.time() + 0.2
+    numbers = itertools.count(1)  # next() on a count is atomic under the GIL
 
     def writer(mine: list) -> None:
         k = 0
@@ -135,18 +295,19 @@ def drive(hosts: list, rate: float, duration: float, writers: int) -> list[tuple
                 now = time.time()
                 if due > now:
                     time.sleep(due - now)
-                host = mine[k % len(mine)]
+                obj = mine[k % len(mine)]
                 committed = {}
+                n = next(numbers)
                 with transaction.atomic():
                     # Registered first, so it runs first after COMMIT: before the service's own publish.
                     transaction.on_commit(lambda: committed.setdefault("at", time.time()))
-                    host_transition(host=host, to_state=CYCLE[host.state], actor="bench:live", reason="bench")
-                done.append((host.pk, host.state_changed_at.timestamp(), committed["at"]))
+                    version = page.change(obj, n)
+                done.append((n if isinstance(page, EventsPage) else obj.pk, version, committed["at"]))
                 k += 1
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=writer, args=(hosts[i::writers],)) for i in range(writers)]
+    threads = [threading.Thread(target=writer, args=(objects[i::writers],)) for i in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -160,37 +321,57 @@ def percentile(values, p):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", default="fleet,claims,events",
+                        help="live pages to load, one after the other (those not live on this build are skipped)")
     parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=200, help="transitions per second")
-    parser.add_argument("--duration", type=float, default=60, help="seconds of transitions")
-    parser.add_argument("--hosts", type=int, default=200, help="hosts on the watched page (≤ 200: one page)")
+    parser.add_argument("--rate", type=float, default=200, help="changes per second")
+    parser.add_argument("--duration", type=float, default=60, help="seconds of changes, per page")
+    parser.add_argument("--hosts", type=int, default=200, help="objects on the watched page (≤ 200: one page)")
     parser.add_argument("--gap", type=float, default=2.0, help="seconds each client stays disconnected, once")
-    parser.add_argument("--writers", type=int, default=4, help="threads making the transitions")
+    parser.add_argument("--writers", type=int, default=4, help="threads making the changes")
+    parser.add_argument("--settle", type=float, default=4.0, help="seconds the clients listen after the last change")
+    parser.add_argument("--board", action="store_true", help="the fleet board's cost per page instead")
+    parser.add_argument("--board-hosts", type=int, default=10000)
+    parser.add_argument("--repeat", type=int, default=20, help="renders timed per board page")
     args = parser.parse_args()
 
     _setup.fresh_database()
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-    from django.contrib.auth.models import User
-    from django.contrib.sessions.backends.db import SessionStore
-    from django.db import connection
-
+    if args.board:
+        board(args.board_hosts, args.repeat)
+        return
     import hosts.engine
-    from events.selectors import latest_event_id
-    from hosts.models import BareMetalHost
 
     # No worker here: the states' drive tasks are not sent (this measures the live path, not the flows).
     hosts.engine.request_drive = lambda host_id, countdown=None: None
-    BareMetalHost.objects.bulk_create([
-        BareMetalHost(name=f"bench-{i:04d}", bmc_address=f"redfish://10.2.{i // 250}.{i % 250}/redfish/v1/Systems/1",
-                      boot_mac=f"52:54:02:00:{i >> 8 & 255:02x}:{i & 255:02x}", labels={"role": "gpu"},
-                      state="available") for i in range(args.hosts)])
-    hosts_ = list(BareMetalHost.objects.order_by("pk"))
-    admin = User.objects.create_superuser("bench", "bench@example.invalid", "bench-password-not-used")
+    for name in args.pages.split(","):
+        page = PAGES[name.strip()]()
+        if not is_live(page):
+            print(f"== {page.name}: not live on this build (no websocket at {page.ws}); skipped\n", flush=True)
+            continue
+        live(page, args)
+
+
+def admin_session() -> str:
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.auth.models import User
+    from django.contrib.sessions.backends.db import SessionStore
+
+    admin = User.objects.filter(username="bench").first() or User.objects.create_superuser(
+        "bench", "bench@example.invalid", "bench-password-not-used")
     session = SessionStore()
     session.update({SESSION_KEY: str(admin.pk), BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
                     HASH_SESSION_KEY: admin.get_session_auth_hash()})
     session.create()
+    return session.session_key
 
+
+def live(page: Page, args) -> None:
+    from django.db import connection
+
+    from events.selectors import latest_event_id
+
+    objects = page.setup(args.hosts)
+    session_key = admin_session()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -199,6 +380,7 @@ def main() -> None:
     # would otherwise open a new PostgreSQL connection for every render.
     env = {**os.environ, "LOG_LEVEL": "WARNING", "AXES_ENABLED": "False",
            "DB_CONN_MAX_AGE": os.environ.get("DB_CONN_MAX_AGE", "60")}
+    connection.close()
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "vmetal_console.asgi:application"], cwd=_setup.ROOT, env=env,
                               stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -212,21 +394,21 @@ def main() -> None:
                 if server.poll() is not None or time.time() > deadline:
                     raise RuntimeError(log.read_text()[-2000:])
                 time.sleep(0.1)
-        print(f"daphne pid {server.pid} on port {port}", file=sys.stderr, flush=True)
-        settle = 4.0
+        print(f"== {page.name} ({page.ws}): daphne pid {server.pid} on port {port}", file=sys.stderr, flush=True)
+        settle = args.settle
         spawn = multiprocessing.get_context("spawn")
         receiver, sender = spawn.Pipe(duplex=False)
         writer_done = spawn.Event()
-        ids = [h.pk for h in hosts_]
+        ids = [o.pk for o in objects] if page.declares_ids else []
         clients = spawn.Process(
-            target=run_clients, args=(f"ws://127.0.0.1:{port}/ws/fleet/?per_page=200",
-                                      f"sessionid={session.session_key}", ids, latest_event_id(), args.clients,
-                                      args.duration, args.gap, settle, writer_done, sender))
+            target=run_clients, args=(f"ws://127.0.0.1:{port}{page.ws}", f"sessionid={session_key}", ids,
+                                      latest_event_id(), args.clients, args.duration, args.gap, settle, writer_done,
+                                      sender, page.parser))
         clients.start()
         time.sleep(1.0)  # the clients connect and re-sync once
         load_before, server_cpu, writer_cpu = os.getloadavg(), cpu_seconds(server.pid), cpu_seconds()
         started = time.time()
-        transitions = drive(hosts_, args.rate, args.duration, args.writers)
+        transitions = drive(page, objects, args.rate, args.duration, args.writers)
         elapsed = time.time() - started
         writer_cpu = cpu_seconds() - writer_cpu
         writer_done.set()
@@ -235,28 +417,28 @@ def main() -> None:
         server_cpu = cpu_seconds(server.pid) - server_cpu
         load_after = os.getloadavg()
         clients.join(30)
-        final = {h: (s, c.timestamp()) for h, s, c in
-                 BareMetalHost.objects.values_list("pk", "state", "state_changed_at")}
+        final = page.final()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(15)
 
+    print(f"== {page.name} ({page.ws})")
     report(args, transitions, elapsed, results, final)
     print(f"CPU seconds during the run: server (daphne) {server_cpu:.1f}, writer process {writer_cpu:.1f}, "
           f"clients process {clients_cpu:.1f}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after "
-          f"({os.cpu_count()} CPUs)")
+          f"({os.cpu_count()} CPUs)\n", flush=True)
 
 
 def report(args, transitions, elapsed, results, final) -> None:
     latencies, missed, recovered, lost = [], 0, 0, 0
     frames = sum(len(r["seen"]) for r in results)
     for r in results:
-        by_host: dict[int, list] = {}
+        by_object: dict[int, list] = {}
         for at, kind, rows in r["seen"]:
-            for host, state, changed in rows:
-                by_host.setdefault(host, []).append((at, kind, changed, state))
-        for host_id, changed, committed in transitions:
-            first = next(((at, kind) for at, kind, seen, _ in by_host.get(host_id, ()) if seen >= changed - 1e-6), None)
+            for obj, label, version in rows:
+                by_object.setdefault(obj, []).append((at, kind, version, label))
+        for obj, version, committed in transitions:
+            first = next(((at, kind) for at, kind, seen, _ in by_object.get(obj, ()) if seen >= version - 1e-6), None)
             if first is None:
                 lost += 1
                 continue
@@ -267,19 +449,104 @@ def report(args, transitions, elapsed, results, final) -> None:
             else:
                 missed += 1
                 recovered += 1
-        # After the run, each client's last view of each host must be the database's.
-        for host_id, (state, changed) in final.items():
-            views = by_host.get(host_id)
+        # After the run, each client's last view of each object it changed must be the database's.
+        changed = {obj for obj, _, _ in transitions}
+        for obj, (label, version) in final.items():
+            if obj not in changed:
+                continue  # never changed in a short run: the page had it from the start
+            views = by_object.get(obj)
             last = max(views, key=lambda v: v[2]) if views else None
-            if last is None or abs(last[2] - changed) > 1e-3 or last[3] != state:
+            if last is None or abs(last[2] - version) > 1e-3 or last[3] != label:
                 lost += 1
-    print(f"clients {args.clients}, hosts on the page {args.hosts}, transitions {len(transitions)} in {elapsed:.1f} s "
+    print(f"clients {args.clients}, objects on the page {args.hosts}, changes {len(transitions)} in {elapsed:.1f} s "
           f"({len(transitions) / elapsed:.0f}/s), messages received {frames}")
-    print(f"commit → client (live): p50 {percentile(latencies, 50) * 1000:.0f} ms, p95 "
-          f"{percentile(latencies, 95) * 1000:.0f} ms, p99 {percentile(latencies, 99) * 1000:.0f} ms, max "
-          f"{max(latencies) * 1000:.0f} ms over {len(latencies)} deliveries")
+    if latencies:
+        print(f"commit → client (live): p50 {percentile(latencies, 50) * 1000:.0f} ms, p95 "
+              f"{percentile(latencies, 95) * 1000:.0f} ms, p99 {percentile(latencies, 99) * 1000:.0f} ms, max "
+              f"{max(latencies) * 1000:.0f} ms over {len(latencies)} deliveries")
+    else:
+        print("commit → client (live): nothing delivered live")
     print(f"missed live (a client was disconnected, or the message did not come): {missed}; "
           f"recovered by the re-sync: {recovered}; lost after the re-sync: {lost}")
+
+
+# --- the fleet board's cost per page ------------------------------------------------------------------------
+
+BOARD_STATES = ("available", "provisioned", "repair", "error", "maintenance")
+
+
+def board(total: int, repeat: int) -> None:
+    """Renders the fleet board in this process, as the web server would (middleware, session, view, template),
+    at 200 hosts and at `total`: server time per render and the SQL queries it ran."""
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from hosts.models import BareMetalHost
+    from pools.models import NodeProvider, NodeType, Tenant
+
+    provider = NodeProvider.objects.create(name="metal3")
+    NodeType.objects.create(name="gpu-server", provider=provider, host_selector={"matchLabels": {"role": "gpu"}})
+    NodeType.objects.create(name="cpu-server", provider=provider, host_selector={"matchLabels": {"role": "cpu"}})
+    tenants = [Tenant.objects.create(name=f"bench-{t}") for t in range(4)]
+    def labels(i: int) -> dict:
+        return {"role": "gpu" if i % 2 else "cpu", "rack": f"r{i % 40}", "rail-group": f"g{i % 8}"}
+
+    admin = User.objects.create_superuser("bench", "bench@example.invalid", "bench-password-not-used")
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(admin)
+
+    def serve(hosts: int) -> None:
+        from claims.models import NodeClaim
+
+        # Every fifth host serves a claim of one of the tenants: rows with a claim and its tenant.
+        served = [h for h in BareMetalHost.objects.filter(state="provisioned", claim__isnull=True).order_by("pk")]
+        NodeClaim.objects.bulk_create([
+            NodeClaim(name=f"bench-claim-{h.pk}", tenant=tenants[h.pk % len(tenants)], provider=provider,
+                      pool_name="gpu", phase="Available", host=h, host_name=h.name) for h in served], batch_size=2000)
+        pages = -(-hosts // 50)
+        views = [("first page", {}), ("filtered: state=available, label rack=r3", {"state": "available", "label": "rack=r3"}),
+                 ("filtered: node_type=gpu-server, tenant=bench-1", {"node_type": "gpu-server", "tenant": "bench-1"}),
+                 ("filtered: q=bench-0000", {"q": "bench-0000"}),
+                 (f"last page (page={pages})", {"page": str(pages)})]
+        print(f"fleet board at {hosts:,} hosts ({repeat} renders each, after one to warm up):")
+        for label, params in views:
+            client.get("/hosts/", params)
+            times, cpu = [], []
+            for _ in range(repeat):
+                started, cpu_started = time.perf_counter(), time.process_time()
+                response = client.get("/hosts/", params)
+                times.append(time.perf_counter() - started)
+                cpu.append(time.process_time() - cpu_started)
+                assert response.status_code == 200, (response.status_code, label)
+            sql = []
+            for _ in range(3):  # the fastest of three: the database's own cost, not the machine's load
+                with CaptureQueriesContext(connection) as ctx:
+                    client.get("/hosts/", params)
+                sql.append([float(q["time"]) for q in ctx.captured_queries])
+            sql = min(sql, key=sum)
+            print(f"  {label:<50} {len(sql):>2} queries; server time p50 {percentile(times, 50) * 1000:.0f} ms, "
+                  f"p95 {percentile(times, 95) * 1000:.0f} ms; its CPU p50 {percentile(cpu, 50) * 1000:.0f} ms; "
+                  f"SQL {sum(sql) * 1000:.0f} ms (slowest query {max(sql) * 1000:.0f} ms)", flush=True)
+
+    def history(hosts: list) -> None:
+        """Each host's move into its state, in the Event log (where the board's "needs attention" card reads
+        the reason), behind a few older moves: a fleet that has been running a while."""
+        from events.models import Event
+
+        Event.objects.bulk_create([
+            Event(kind="transition", object_type="host", object_name=h.name, host_id=h.pk, from_state=a, to_state=b,
+                  message=f"bench: {a} → {b}", actor="bench:board")
+            for h in hosts for a, b in (("registering", "inspecting"), ("inspecting", "available"),
+                                        ("available", h.state))], batch_size=5000)
+
+    history(make_hosts(200, states=BOARD_STATES, labels=labels))
+    serve(200)
+    history(make_hosts(total - 200, start=200, states=BOARD_STATES, labels=labels)[200:])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # as autovacuum would soon after a bulk load
+    serve(total)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ from datetime import datetime, timedelta
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from events.choices import EventKind
+from events.choices import EventKind, ObjectType
 from events.models import Event
+from hosts.engine import step_status
 from hosts.models import HostCommand
 
 from .choices import ClaimPhase
@@ -38,15 +39,34 @@ class StepBar:
     started_at: datetime
     ended_at: datetime | None = None
     duration_s: float | None = None
-    status: str = "running"  # running | done | failed
+    status: str = "running"  # running | done | failed | abandoned
     message: str = ""
     progress: float | None = None
     left: float = 0.0  # percent of the timeline
     width: float = 0.0
+    attempt: int = 1  # the claim's attempt (one per host allocated to it) the step belongs to
+    last_error: str = ""  # a step that retries: its last error ("retrying: …" Events)
+    retries: int = 0
 
     @property
     def dom_id(self) -> str:
-        return f"step-{self.flow}-{self.name}"
+        return f"step-{self.flow}-{self.name}" + (f"-a{self.attempt}" if self.attempt > 1 else "")
+
+    @property
+    def reason(self) -> str:
+        """Why a failed (or skipped) step ended so: its Event's words without the "failed: " prefix."""
+        return self.message.split(": ", 1)[1] if self.status == "failed" and ": " in self.message else ""
+
+
+@dataclass
+class Attempt:
+    """One host's turn at the claim: the wait for it (allocate), the steps on it, how it ended."""
+    number: int
+    host: str = ""
+    bars: list[StepBar] = field(default_factory=list)
+    outcome: str = "running"  # running | failed | the claim's phase for the last one
+    reason: str = ""  # why a failed attempt ended (the claim's move back to Pending)
+    seconds: float = 0.0  # its steps' time, the wait for the host not counted
 
 
 @dataclass
@@ -57,39 +77,75 @@ class Timeline:
     seed: list[dict] = field(default_factory=list)
     total_s: float = 0.0
     running: StepBar | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    step: dict = field(default_factory=dict)  # the running step as its host's flow has it (hosts.engine)
+
+
+def _allocations(claim: NodeClaim, now: datetime) -> tuple[list[StepBar], list[str]]:
+    """The claim's waits for a host, one per attempt, from its phase changes: from its creation (or its move
+    back to Pending after a host failed it) to the next Scheduled. Time spent on a failed host is not a wait.
+    Also why each attempt but the current one ended (the message of the move back to Pending)."""
+    moves = list(Event.objects.filter(claim_id=claim.pk, kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM)
+                 .order_by("pk").values("from_state", "to_state", "created_at", "message"))
+    waits, ended, since = [], [], claim.created_at
+    for move in moves:
+        if move["to_state"] == ClaimPhase.PROVISIONING and since is not None:
+            waits.append(StepBar(name=ALLOCATE, flow="claim", host="", started_at=since, ended_at=move["created_at"],
+                                 duration_s=(move["created_at"] - since).total_seconds(), status="done",
+                                 message=f"a host was allocated: {move['message']}", attempt=len(waits) + 1))
+            since = None
+        elif move["to_state"] == ClaimPhase.PENDING and move["from_state"] not in ("", ClaimPhase.PENDING) and waits:
+            ended.append(move["message"] or "")
+            since = move["created_at"]
+    if not waits and claim.scheduled_at:  # no phase changes recorded (older claims): its one timestamp
+        end = claim.scheduled_at
+        waits.append(StepBar(name=ALLOCATE, flow="claim", host="", started_at=claim.created_at, ended_at=end,
+                             duration_s=(end - claim.created_at).total_seconds(), status="done",
+                             message="a host was allocated"))
+        since = None
+    if claim.phase == ClaimPhase.PENDING and since is not None:
+        waits.append(StepBar(name=ALLOCATE, flow="claim", host="", started_at=since, attempt=len(waits) + 1,
+                             message=claim.message or "waiting for a host"))
+    return waits, ended
 
 
 def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline:
-    """Every step of the claim, in order, as bars on one time axis. Two queries: the claim's step Events
-    and, when a step is under way, its agent command's progress."""
+    """Every step of the claim, in order, as bars on one time axis, grouped by attempt (one per host it was
+    given). Three queries: the claim's step Events, its phase changes and, when a step is under way, its agent
+    command's progress."""
     now = now or timezone.now()
     events = list(Event.objects.filter(claim_id=claim.pk, kind=EventKind.STEP).order_by("pk")
                   .values("step", "message", "duration_s", "created_at", "object_name", "data"))
-    bars: list[StepBar] = []
-    open_bars: dict[tuple, StepBar] = {}
-    scheduled = claim.scheduled_at
-    if scheduled or claim.phase == ClaimPhase.PENDING:
-        end = scheduled or None
-        bars.append(StepBar(name=ALLOCATE, flow="claim", host="", started_at=claim.created_at, ended_at=end,
-                            duration_s=(end - claim.created_at).total_seconds() if end else None,
-                            status="done" if end else "running",
-                            message="a host was allocated" if end else (claim.message or "waiting for a host")))
-        if end is None:
-            open_bars[("claim", ALLOCATE)] = bars[-1]
+    waits, ended = _allocations(claim, now)
+    bars: list[StepBar] = list(waits)
+    open_bars: dict[tuple, StepBar] = {("claim", ALLOCATE): b for b in waits if b.ended_at is None}
+    starts = [b.ended_at for b in waits if b.ended_at is not None]  # each attempt's Scheduled
+
+    def attempt_at(when) -> int:
+        return max(1, sum(1 for at in starts if at <= when))
+
     for e in events:
-        flow = (e["data"] or {}).get("flow") or "provision"
+        data = e["data"] or {}
+        flow = data.get("flow") or "provision"
         key = (flow, e["step"], e["object_name"])
         message = e["message"] or ""
         if message == "started":
-            bar = StepBar(name=e["step"], flow=flow, host=e["object_name"], started_at=e["created_at"])
+            bar = StepBar(name=e["step"], flow=flow, host=e["object_name"], started_at=e["created_at"],
+                          attempt=attempt_at(e["created_at"]))
             bars.append(bar)
             open_bars[key] = bar
+            continue
+        if message.startswith("retrying: "):  # the step goes on: its error so far
+            bar = open_bars.get(key)
+            if bar is not None:
+                bar.last_error, bar.retries = message.removeprefix("retrying: "), data.get("retries") or 0
             continue
         bar = open_bars.pop(key, None)
         if bar is None:  # no "started" seen (older events): place it by its duration
             duration = e["duration_s"] or 0.0
             bar = StepBar(name=e["step"], flow=flow, host=e["object_name"],
                           started_at=e["created_at"] - timedelta(seconds=duration))
+            bar.attempt = attempt_at(bar.started_at)
             bars.append(bar)
         bar.ended_at = e["created_at"]
         bar.duration_s = e["duration_s"] if e["duration_s"] is not None else \
@@ -97,21 +153,29 @@ def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline
         bar.status = "failed" if message.startswith(("failed", "skipped")) else "done"
         bar.message = message
     live = claim.phase not in (ClaimPhase.RELEASED, ClaimPhase.FAILED)
+    last_attempt = max((b.attempt for b in bars), default=1)
     running = None
     for bar in bars:
         if bar.status == "running":
-            if live:
+            if live and bar.attempt == last_attempt:
                 bar.duration_s = (now - bar.started_at).total_seconds()
                 running = bar
             else:
                 bar.status = "abandoned"
+    bars.sort(key=lambda b: (b.attempt, b.started_at))
+    timeline = Timeline(bars=bars, running=running)
     if running is not None and claim.host_id and running.flow != "claim":
         command = (HostCommand.objects.filter(host_id=claim.host_id, step=running.name).defer("secret_args")
                    .order_by("-pk").first())
         if command is not None and command.progress is not None:
             running.progress = round(command.progress, 1)
             running.message = command.message or running.message
-    timeline = Timeline(bars=bars, running=running)
+        host = claim.host if _host_loaded(claim) else None
+        status = step_status(host) if host is not None else {}
+        if status.get("name") == running.name:
+            timeline.step = status
+            running.last_error = status["last_error"] or running.last_error
+            running.retries = status["retries"] or running.retries
     if bars:
         timeline.start = min(b.started_at for b in bars)
         timeline.end = max((b.ended_at or now) for b in bars)
@@ -121,20 +185,55 @@ def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline
             bar.width = round(max(0.4, 100 * (bar.duration_s or 0) / span), 3)
             bar.width = min(bar.width, round(100 - bar.left, 3)) if bar.left < 100 else 0.4
         timeline.total_s = span
-    timeline.seed = seed_summary(bars)
+    timeline.attempts = _attempts(claim, bars, ended, last_attempt)
+    timeline.seed = seed_summary(bars, last_attempt)
     return timeline
 
 
-def seed_summary(bars: list[StepBar]) -> list[dict]:
-    """The seed's six steps with the time each took for this claim (its provisioning only)."""
+def _host_loaded(claim: NodeClaim) -> bool:
+    return NodeClaim.host.is_cached(claim) and claim.host is not None
+
+
+def _attempts(claim: NodeClaim, bars: list[StepBar], ended: list[str], last: int) -> list[Attempt]:
+    attempts = [Attempt(number=n) for n in range(1, last + 1)]
+    for bar in bars:
+        attempt = attempts[bar.attempt - 1]
+        attempt.bars.append(bar)
+        if bar.name != ALLOCATE:
+            attempt.host = attempt.host or bar.host
+            attempt.seconds += bar.duration_s or 0
+    for attempt in attempts:
+        if attempt.number < last:
+            attempt.outcome = "failed"
+            attempt.reason = ended[attempt.number - 1] if attempt.number - 1 < len(ended) else ""
+        else:
+            attempt.outcome = claim.phase
+            attempt.host = attempt.host or claim.host_name
+            if claim.phase == ClaimPhase.FAILED:
+                attempt.reason = claim.message
+    return attempts
+
+
+def seed_summary(bars: list[StepBar], last_attempt: int = 1) -> list[dict]:
+    """The seed's six steps with the time each took for this claim (its provisioning only): the waits for a
+    host (every attempt's) as step 1, the steps of the current attempt as steps 2-6, and the time the claim
+    spent on hosts that failed it, when any, as a row of its own."""
     provision = [b for b in bars if b.flow in ("provision", "claim")]
     total = sum(b.duration_s or 0 for b in provision) or 0.0
     rows = []
     for number, what, expectation, steps in SEED_STEPS:
-        spent = sum(b.duration_s or 0 for b in provision if b.name in steps)
-        seen = any(b.name in steps for b in provision)
+        counted = [b for b in provision if b.name in steps and (b.name == ALLOCATE or b.attempt == last_attempt)]
+        spent = sum(b.duration_s or 0 for b in counted)
         rows.append({"number": number, "what": what, "expectation": expectation, "steps": steps,
-                     "seconds": spent if seen else None, "share": round(100 * spent / total, 1) if total else 0})
+                     "seconds": spent if counted else None,
+                     "share": round(100 * spent / total, 1) if total else 0})
+    earlier = [b for b in provision if b.name != ALLOCATE and b.attempt < last_attempt]
+    if earlier:
+        hosts = ", ".join(dict.fromkeys(b.host for b in earlier if b.host))
+        spent = sum(b.duration_s or 0 for b in earlier)
+        rows.append({"number": "", "what": f"Earlier attempts, on hosts that failed the claim ({hosts})",
+                     "expectation": "—", "steps": (), "seconds": spent, "earlier": True,
+                     "share": round(100 * spent / total, 1) if total else 0})
     return rows
 
 

@@ -18,7 +18,7 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record, object_delete, seconds_since
-from hosts.capacity import node_type_capacity
+from hosts.capacity import node_type_capacity, not_allocatable_q
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
@@ -335,9 +335,11 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                                                     state=HostState.AVAILABLE).exclude(name__in=excluded)
                 if pinned:
                     free = free.filter(name=pinned)
-                # Hosts that already failed one of these claims come last (when they are all that is left).
+                # Hosts that already failed one of these claims come last (when they are all that is left), and
+                # before them hosts held back (a BMC that does not answer: hosts.capacity), which the flow's BMC
+                # step would only confirm or clear.
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
-                order = [Case(When(name__in=tried, then=1), default=0), "pk"] if tried else ["pk"]
+                order = [Case(When(name__in=tried, then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
                 if not hosts:
                     return 0
@@ -353,6 +355,7 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                                   message=f"a {node_type.name} host was allocated",
                                   fields={"node_type": node_type, "attempts": F("attempts") + 1},
                                   event_messages={c.pk: f"host {c.host_name} ({node_type.name})" for c in chosen})
+                _say_retried(chosen, node_type.name)
                 return len(chosen)
         except ConcurrentTransition:
             for claim in claims:
@@ -384,6 +387,17 @@ def _describe(requirements: list[dict]) -> str:
     for prop, op, values in map(normalize_requirement, requirements):
         parts.append(f"{prop}={values[0]}" if op == "" else f"{prop} {op} {','.join(values)}".strip())
     return "; ".join(parts) or "(no selector)"
+
+
+def _say_retried(claims: list[NodeClaim], node_type: str) -> None:
+    """A claim given another host after one failed it says so: "allocated" alone would hide the failure its
+    page shows (one update per retried claim; first attempts keep the batch's message)."""
+    for claim in claims:
+        if claim.attempts > 1:
+            failed = ", ".join(claim.failed_hosts)
+            claim.message = (f"a {node_type} host was allocated: {claim.host_name}, attempt {claim.attempts}"
+                             + (f" ({failed} failed it before)" if failed else " (the attempt before failed)"))
+            NodeClaim.objects.filter(pk=claim.pk).update(message=claim.message)
 
 
 def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str) -> str:

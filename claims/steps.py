@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from hosts.choices import HostState
-from hosts.engine import SKIP, Run, Step, StepFailed, Waiting, agent_command, setting
+from hosts.engine import SKIP, Run, Step, StepFailed, Waiting, agent_command, setting, step_retry
 from hosts.flows import (
     CLEANING_STEPS,
     INSPECT_UNLESS_KNOWN,
@@ -87,7 +87,7 @@ def step_write_seed(run: Run) -> dict:
             command, _ = api.join(claim.tenant.join_mode, claim.tenant.api_endpoint or api.server.split("://", 1)[-1],
                                   token.token)
         except TenantAPIError as exc:
-            raise Waiting(str(exc), recheck_s=5) from None
+            raise step_retry(run, str(exc), recheck_s=5) from None
         except ValueError as exc:  # the tenant's fault (a kubeadm join with no CA to pin), not the host's
             raise StepFailed(f"join command: {exc}", claim_reason=f"join command: {exc}") from None
         node = run.host.name
@@ -173,7 +173,7 @@ def step_node_labels(run: Run) -> dict:
     try:
         _tenant_api(claim).set_node_labels_and_taints(claim.node_name or run.host.name, labels, claim.taints)
     except TenantAPIError as exc:
-        raise Waiting(str(exc), recheck_s=2) from None
+        raise step_retry(run, str(exc), recheck_s=2) from None
     return {"labels": sorted(labels), "taints": len(claim.taints)}
 
 
@@ -189,9 +189,7 @@ def _release_call(run: Run, what: str, fn) -> dict:
         return fn(_tenant_api(claim), claim) or {}
     except TenantAPIError as exc:
         log.warning("%s of %s: %s", what, claim.node_name, exc)
-        run.flow["last_error"] = str(exc)
-        run.save_flow()
-        raise Waiting(str(exc), recheck_s=settings.DRAIN_POLL_S) from None
+        raise step_retry(run, str(exc), recheck_s=settings.DRAIN_POLL_S) from None
 
 
 def step_drain_node(run: Run) -> dict:
@@ -220,10 +218,8 @@ def step_drain_node(run: Run) -> dict:
                        refused=found["refused"], at=timezone.now().isoformat())
         left = ", ".join(found["left"][:5])
         refused = "; ".join(f"{pod}: {why}" for pod, why in list(found["refused"].items())[:3])
-        run.flow["last_error"] = (f"{len(found['left'])} pod(s) still on {claim.node_name}: {left}"
-                                  + (f"; eviction refused: {refused}" if refused else ""))
-        run.save_flow()
-        raise Waiting(run.flow["last_error"], recheck_s=settings.DRAIN_POLL_S)
+        raise step_retry(run, f"{len(found['left'])} pod(s) still on {claim.node_name}: {left}"
+                         + (f"; eviction refused: {refused}" if refused else ""), recheck_s=settings.DRAIN_POLL_S)
 
     return _release_call(run, "drain", drain)
 

@@ -12,8 +12,10 @@ from events.selectors import latest_event_id
 from hosts.selectors import hosts_visible
 
 from . import presenters
+from .capacity import fleet_capacity
 from .filtersets import HostFilterSet, without_state
 from .models import BareMetalHost, CommandStatus, HostCommand
+from .services import BMC_CONTACT_STEP
 
 group_rule("host", lambda user, pk: hosts_visible(user).filter(pk=pk).exists())
 
@@ -23,9 +25,14 @@ class HostAwareConsumer(EventLogConsumer):
     in-memory layer the re-sync reads it from the hosts' open agent commands."""
 
     def progress_of(self, hosts: set[int]) -> dict:
-        return {row[0]: row[1:] for row in HostCommand.objects.filter(
+        found = {row[0]: row[1:] for row in HostCommand.objects.filter(
             host_id__in=hosts, status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).order_by("host_id", "pk")
             .values_list("host_id", "pk", "progress")}
+        # A step's tries (hosts.engine.step_retry) are not in the Event log either, past the first of each error.
+        for pk, tries in BareMetalHost.objects.filter(pk__in=hosts, flow__retries__isnull=False).values_list(
+                "pk", "flow__retries"):
+            found[pk] = (*found.get(pk, ()), tries)
+        return found
 
 
 FRAGMENTS = FragmentCache()  # fleet rows and counts: the same for every admin and auditor
@@ -46,7 +53,9 @@ class FleetConsumer(HostAwareConsumer):
             return set()
         keys = {("host", i) for i in message.get("ids", ()) if i in self.visible}
         if message.get("to_state") or message.get("from_state"):  # a move, or a host deleted from its state
-            keys.update({("counts",), ("attention",)})
+            keys.update({("counts",), ("attention",), ("capacity",)})
+        if message.get("step") == BMC_CONTACT_STEP:  # a BMC turned red or answers again
+            keys.add(("capacity",))
         FRAGMENTS.want([k for k in keys if k[0] == "host"], time.monotonic())
         return keys
 
@@ -54,10 +63,11 @@ class FleetConsumer(HostAwareConsumer):
         return events.filter(object_type=ObjectType.HOST)
 
     def keys_for_events(self, rows: list[dict]) -> set:
-        return {("counts",), ("attention",)} | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible}
+        return ({("counts",), ("attention",), ("capacity",)}
+                | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible})
 
     def all_keys(self) -> set:
-        return {("counts",), ("attention",)} | {("host", i) for i in self.visible}
+        return {("counts",), ("attention",), ("capacity",)} | {("host", i) for i in self.visible}
 
     def render(self, keys: dict) -> list[str]:
         parts = []
@@ -74,6 +84,16 @@ class FleetConsumer(HostAwareConsumer):
                     counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
                     html = presenters.render_counts(presenters.state_counts(counted.qs), query)
                     FRAGMENTS.put(("counts", query), read_at, upto, html)
+                else:
+                    html = cached[1]
+            parts.append(html)
+        if ("capacity",) in keys:  # the same card for every admin and auditor: read once per change
+            with FETCH:
+                cached = FRAGMENTS.get(("capacity",), keys[("capacity",)])
+                if cached is None:
+                    read_at, upto = time.monotonic(), latest_event_id()
+                    html = presenters.render_capacity(fleet_capacity(node_types()))
+                    FRAGMENTS.put(("capacity",), read_at, upto, html)
                 else:
                     html = cached[1]
             parts.append(html)

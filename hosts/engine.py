@@ -267,6 +267,8 @@ def _advance(host_id: int) -> bool:
         flow.finish(run)
         return True
     if run.flow.get("step") != step.name:
+        for kept in RETRY_KEYS:
+            run.flow.pop(kept, None)
         run.flow.update(step=step.name, step_started_at=timezone.now().isoformat())
         run.save_flow()
         _step_event(run, step.name, "started")
@@ -291,7 +293,8 @@ def _advance(host_id: int) -> bool:
     elapsed = (timezone.now() - run.step_started_at()).total_seconds()
     run.flow["done"][step.name] = {"at": timezone.now().isoformat(), "duration_s": round(elapsed, 3)}
     run.flow.pop("step", None)
-    run.flow.pop("last_error", None)
+    for kept in RETRY_KEYS:
+        run.flow.pop(kept, None)
     run.save_flow()
     _step_event(run, step.name, "done", duration_s=elapsed, data=data)
     after = flow.after_step.get(step.name)
@@ -304,9 +307,44 @@ def _skip(run: Run, step: str, reason: str, elapsed: float) -> None:
     """A SKIP step that could not finish: recorded as skipped, with the reason, and the flow goes on."""
     run.flow["done"][step] = {"at": timezone.now().isoformat(), "skipped": reason, "duration_s": round(elapsed, 3)}
     run.flow.pop("step", None)
-    run.flow.pop("last_error", None)
+    for kept in RETRY_KEYS:
+        run.flow.pop(kept, None)
     run.save_flow()
     _step_event(run, step, f"skipped: {reason}", duration_s=elapsed, data={"skipped": reason})
+
+
+RETRY_KEYS = ("last_error", "last_error_at", "retries")  # a step's retries, on the flow row while it runs
+
+
+def step_retry(run: Run, error: str, *, recheck_s: float | None) -> Waiting:
+    """A step that failed for now and will try again (the BMC down, a drain not done): the error, when and how
+    many tries so far are kept on the host's flow row (the host and claim pages show them, with the step's
+    deadline). The first error and each new one go in the Event log ("retrying: …", the timelines); a repeat
+    only tells the live views. Raise what it returns."""
+    new = run.flow.get("last_error") != error
+    run.flow.update(last_error=error, last_error_at=timezone.now().isoformat(),
+                    retries=int(run.flow.get("retries") or 0) + 1)
+    run.save_flow()
+    if new:
+        _step_event(run, run.flow["step"], f"retrying: {error}", data={"retries": run.flow["retries"]})
+    else:
+        publish_progress(run.host.pk)
+    return Waiting(error, recheck_s=recheck_s)
+
+
+def step_status(host: BareMetalHost) -> dict:
+    """The step the host's flow runs now, as the pages show it: name, start, deadline (the step's own), tries
+    and the last error. Empty when no step runs (a flow left on the row by a state that is over says nothing)."""
+    flow = host.flow or {}
+    name, started = flow.get("step"), parse_datetime(flow.get("step_started_at") or "")
+    if not name or started is None or FLOW_FOR_STATE.get(host.state) != flow.get("name"):
+        return {}
+    if flow.get("state_since") and host.state_changed_at and flow["state_since"] != host.state_changed_at.isoformat():
+        return {}
+    step = next((s for s in FLOWS[flow["name"]].steps if s.name == name), None) if flow.get("name") in FLOWS else None
+    return {"name": name, "started_at": started, "retries": int(flow.get("retries") or 0),
+            "deadline_at": started + timedelta(seconds=step.deadline_s()) if step else None,
+            "last_error": flow.get("last_error") or "", "last_error_at": parse_datetime(flow.get("last_error_at") or "")}
 
 
 def _step_event(run: Run, step: str, message: str, duration_s: float | None = None, data: dict | None = None):

@@ -22,6 +22,7 @@ from .engine import (
     agent_command,
     register_flow,
     setting,
+    step_retry,
 )
 from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost
@@ -106,13 +107,22 @@ def _bmc_call(fn, run: "Run | None" = None):
     the last one kept for the deadline's message; the rest (wrong credentials, no such system, a boot MAC the
     system lacks, an address or TLS the console cannot use) fail it at once with their reason."""
     try:
-        return fn()
+        result = fn()
     except BMCError as exc:
+        if run is not None:
+            _bmc_contact(run, ok=False, error=str(exc))
         if run is not None and exc.transient:
-            run.flow["last_error"] = str(exc)
-            run.save_flow()
-            raise Waiting(str(exc), recheck_s=settings.BMC_RETRY_S) from None
+            raise step_retry(run, str(exc), recheck_s=settings.BMC_RETRY_S) from None
         raise StepFailed(str(exc)) from None
+    if run is not None and fn != run.bmc:  # making the client is no contact with the BMC
+        _bmc_contact(run, ok=True)
+    return result
+
+
+def _bmc_contact(run: Run, *, ok: bool, error: str = "") -> None:
+    from .services import host_bmc_contact
+
+    host_bmc_contact(host=run.host, ok=ok, error=error)
 
 
 def step_bmc_check(run: Run) -> dict:
@@ -174,7 +184,9 @@ def _send_once(run: Run, scratch: dict, key: str, fn) -> None:
     if sent and (timezone.now() - parse_datetime(sent)).total_seconds() < settings.POWER_DEADLINE_S:
         return
     if sent:
-        run.flow["last_error"] = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
+        # Counted as a try, without waiting: the request goes again now.
+        error = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
+        step_retry(run, error, recheck_s=None)
     _bmc_call(fn, run)
     scratch[key] = timezone.now().isoformat()
     run.save_flow()

@@ -2,8 +2,9 @@
 their live consumers render through these, so a websocket frame is the same HTML as the page."""
 from urllib.parse import urlsplit
 
-from django.db.models import Count, Window
+from django.db.models import Count, F, Func, Subquery
 from django.template.loader import render_to_string
+from django.utils import timezone
 
 from core import scoping
 from events.models import Event
@@ -12,9 +13,10 @@ from hosts.selectors import attention_explain, hosts_needing_attention, hosts_vi
 from pools.matching import label_selector_matches
 from pools.models import NodeType
 
-from .choices import HostState
 from .bmc import SCHEMES
+from .choices import HostState
 from .cleaning import effective_cleaning, gpu_count
+from .engine import step_status
 from .models import BareMetalHost, CommandStatus, HostCommand
 
 SECRETS = ("bmc_username", "bmc_password")
@@ -74,14 +76,26 @@ def render_counts(counts: list[dict], query: str) -> str:
     return render_to_string("hosts/partials/state_counts.html", {"counts": counts, "query": query, "oob": True})
 
 
+def render_capacity(capacity: dict) -> str:
+    return render_to_string("hosts/partials/capacity.html", {"capacity": capacity})
+
+
 ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
 
 
 def attention_board(*, is_admin: bool) -> dict:
     """The fleet board's "needs attention" card: the first ATTENTION_SHOWN hosts and how many there are."""
-    # One query: the first rows, each with the count of all (COUNT(*) OVER ()).
-    hosts = attention_explain(list(hosts_needing_attention(row_queryset())
-                                   .annotate(attention_total=Window(Count("pk")))[:ATTENTION_SHOWN]))
+    # One query: the first hosts picked from the host table alone (a
+    # top-N sort of narrow rows), then only those joined to their claims and reasons, and the count of all as
+    # an uncorrelated subquery that PostgreSQL runs once. With COUNT(*) OVER () every host needing attention
+    # went, joined and wide, through a window and a sort: a median of 39 ms against 13 ms now, at 10,000 hosts of
+    # which 4,000 need attention (bench/live.py --board, same rows and count).
+    now = timezone.now()
+    attention = hosts_needing_attention(BareMetalHost.objects.all(), now=now)
+    first = attention.values("pk")[:ATTENTION_SHOWN]
+    total = attention.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")
+    hosts = attention_explain(list(hosts_needing_attention(row_queryset().filter(pk__in=Subquery(first)), now=now)
+                                   .annotate(attention_total=Subquery(total))))
     return {"attention": hosts, "attention_total": hosts[0].attention_total if hosts else 0, "is_admin": is_admin}
 
 
@@ -111,6 +125,7 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
     flow = host.flow or {}
     is_admin = scoping.is_admin(user)
     return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
+            "step": step_status(host),
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
             "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}

@@ -1,6 +1,7 @@
 """Query counts: the fleet board, the host, claim and tenant pages run as many queries for 10,000 hosts (or
 hundreds of events and claims) as for a handful."""
 import io
+import json
 
 import pytest
 from django.core.management import call_command
@@ -12,6 +13,7 @@ from claims.models import NodeClaim
 from events.models import Event
 from hosts.choices import HostState
 from hosts.models import BareMetalHost, HostCommand
+from hosts.selectors import hosts_needing_attention
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import pool  # noqa: E402
@@ -45,21 +47,51 @@ def admin_client_(client, users):
 
 
 FLEET_VIEWS = [{}, {"page": "2"}, {"state": "available"}, {"node_type": "gpu-server", "label": "rack=r3"},
-               {"tenant": "two", "per_page": "200"}, {"q": "node-0000"}]
+               {"tenant": "two", "per_page": "200"}, {"q": "node-0000"}, {"page": "200"}]  # the last: the late page
 
 
-def test_the_fleet_board_runs_a_constant_number_of_queries(admin_client_):
+def test_the_fleet_board_runs_a_constant_number_of_queries(admin_client_, no_secrets_leak):
     call_command("reconcile", stdout=io.StringIO())  # tenant two's claim holds a host: rows with claims
+    no_secrets_leak.pin()  # the response check's own reads of the secrets would count otherwise
     add_hosts(10)
     small = [queries(admin_client_, reverse("fleet"), params) for params in FLEET_VIEWS]
     add_hosts(9990, start=10)
     assert BareMetalHost.objects.count() > 10000
     big = [queries(admin_client_, reverse("fleet"), params) for params in FLEET_VIEWS]
     assert big == small
-    assert max(big) <= 16  # a handful: session, user, counts, the page of hosts and what it shows
+    assert max(big) <= 12  # issue 17's target: session, user, counts, the page of hosts and what it shows
     html = admin_client_.get(reverse("fleet"), {"state": "repair", "per_page": "100"}).content.decode()
     assert html.count('data-state="repair"') == 101  # 100 rows and the count card
     assert 'id="count-repair">2000<' in html
+
+
+def test_the_needs_attention_card_joins_and_sorts_ten_hosts_however_many_need_attention(admin_client_):
+    """The card's query picks its ten hosts from the host table alone: no join, window or sort in its plan
+    carries more rows than it shows (with COUNT(*) OVER () every host needing attention went through all of them:
+    39 ms against 13 ms at 10,000 hosts, 4,000 needing attention, bench/live.py --board)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("reads PostgreSQL's plan")
+    add_hosts(500)  # 200 of them in repair or in error
+    with CaptureQueriesContext(connection) as ctx:
+        page = admin_client_.get(reverse("fleet")).content.decode()
+    total = hosts_needing_attention().count()
+    assert total >= 200
+    assert page.count('<tr id="attention-') == 10 and f'id="attention-total">({total})<' in page
+    sql = next(q["sql"] for q in ctx.captured_queries if '"attention_total"' in q["sql"])
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", ()):
+            yield from nodes(child)
+
+    heavy = [(n["Node Type"], n["Actual Rows"] * n["Actual Loops"]) for n in nodes(plan[0]["Plan"])
+             if n["Node Type"] in ("Hash Join", "Nested Loop", "Merge Join", "WindowAgg", "Sort")
+             and n["Actual Rows"] * n["Actual Loops"] > 10]
+    assert heavy == [], heavy
 
 
 def test_the_repair_page_runs_a_constant_number_of_queries(admin_client_):
