@@ -28,7 +28,6 @@ SEED_STEPS = [
      ("reboot_to_disk", "boot_from_disk")),
     (6, "The kubelet registers with the tenant API and the node goes Ready", "Seconds", ("node_ready", "node_labels")),
 ]
-FLOW_LABELS = {"provision": "Provision", "deprovision": "Release (drain, clean, check)", "claim": "Claim"}
 
 
 @dataclass
