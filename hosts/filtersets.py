@@ -4,7 +4,7 @@ import re
 
 import django_filters as filters
 from django import forms
-from django.db.models import Q, TextField
+from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
 
 from events.filtersets import IdFilter, TimestampFilter
@@ -45,6 +45,17 @@ SORT_FIELDS = (("name", "name"), ("state", "state"), ("power_state", "power"), (
                ("claim__tenant__name", "tenant"), ("state_changed_at", "since"), ("error_message", "error"))
 
 
+class NullsLastOrderingFilter(filters.OrderingFilter):
+    """Sorts as asked, with the rows that have no value (a free host's claim and tenant) last either way."""
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        ordering = [self.get_ordering_value(param) for param in value]
+        return qs.order_by(*[F(o[1:]).desc(nulls_last=True) if o.startswith("-") else F(o).asc(nulls_last=True)
+                             for o in ordering])
+
+
 class HostFilterSet(filters.FilterSet):
     q = filters.CharFilter(method="filter_q", label="Search",
                            help_text="name, MAC, serial, BMC address, claim, tenant or GPU model (any part of it)")
@@ -58,7 +69,7 @@ class HostFilterSet(filters.FilterSet):
     tenant = filters.CharFilter(field_name="claim__tenant__name", label="Tenant",
                                 help_text="hosts serving this tenant's claims")
     # The fleet board's column headers and its CSV export sort by these; a tie keeps the name's order.
-    sort = filters.OrderingFilter(fields=SORT_FIELDS, label="Sort",
+    sort = NullsLastOrderingFilter(fields=SORT_FIELDS, label="Sort",
                                   help_text="a column (name, state, power, claim, tenant, since, error); "
                                             "a leading - for descending")
 
