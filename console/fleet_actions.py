@@ -4,7 +4,7 @@ import csv
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponseBadRequest, StreamingHttpResponse
+from django.http import Http404, QueryDict, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
@@ -35,6 +35,8 @@ def bulk_label(action: str) -> tuple[str, str]:
 
 
 def _fleet_url(query: str) -> str:
+    """The board with the query it was opened with, parsed and encoded again: nothing but a query string."""
+    query = QueryDict(query).urlencode()
     return reverse("fleet") + (f"?{query}" if query else "")
 
 
