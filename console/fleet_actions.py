@@ -4,7 +4,12 @@ import csv
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, QueryDict, HttpResponseBadRequest, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpResponseBadRequest,
+    QueryDict,
+    StreamingHttpResponse,
+)
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
@@ -24,9 +29,9 @@ from hosts.views import ACTIONS, action_run
 # What the board's selection may do, in the order its menu shows them. Release is the claim's (claims.services):
 # the host page has no such action, a host serving a tenant is freed by releasing its claim.
 BULK_ACTIONS = tuple(slug for slug, _ in presenters.BULK_ACTIONS)
-RELEASE = ("Release", "Release the claims these hosts serve: each node is drained and deleted from its tenant's "
-                      "cluster, the host is erased and checked, then returns to the pool. The pools ask for new "
-                      "nodes at the next reconcile unless their quantity is lowered.")
+RELEASE = ("Release", ("Release the claims these hosts serve: each node is drained and deleted from its tenant's "
+                       "cluster, the host is erased and checked, then returns to the pool. The pools ask for new "
+                       "nodes at the next reconcile unless their quantity is lowered."))
 BULK_LIMIT = 500  # hosts per request: the largest page (200) with room to spare
 
 
@@ -97,7 +102,8 @@ def fleet_bulk(request):
         rows = [{"host": h, "refusal": _refusal(h, action)} for h in hosts]
         return page(request, "hosts/confirm_bulk.html", {
             "action": action, "label": label, "warning": warning.format(host="each selected host"), "rows": rows,
-            "will_run": sum(1 for r in rows if not r["refusal"]), "missing": sorted(set(names) - {h.name for h in hosts}),
+            "will_run": sum(1 for r in rows if not r["refusal"]),
+            "missing": sorted(set(names) - {h.name for h in hosts}),
             "danger": action in presenters.DANGEROUS_ACTIONS or action == "release", "next": back,
             "fleet_url": _fleet_url(back), "nav": "fleet"})
     who = actor(request)

@@ -76,7 +76,7 @@ def board_rows(client: Client, query: str = "") -> list[str]:
     response = client.get(reverse("fleet") + query)
     assert response.status_code == 200
     table = text(response).split('id="fleet-table"', 1)[1].split("</table>", 1)[0]
-    return re.findall(r'<tr id="host-\d+"[^>]*>.*?<a href="/hosts/([^/]+)/">', table, re.S)
+    return re.findall(r'<tr id="host-\d+"[^>]*>.*?<a href="/hosts/([^/]+)/">', table, re.DOTALL)
 
 
 def bulk(client: Client, action: str, hosts: list[str], reason: str = "", next_query: str = ""):
