@@ -4,9 +4,11 @@ import pytest
 
 from events.models import Event
 from hosts.models import BareMetalHost
+from hosts.services import host_transition
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import log_in, wait_live  # noqa: E402
+from .test_console_browser import with_thread  # noqa: E402
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,6 +29,12 @@ def test_a_bulk_maintenance_on_20_selected_hosts_writes_20_events(browser_page, 
     wait_live(page)
     assert page.locator("#fleet-table tbody input.select-host").count() == 20
     page.check("#select-all")
+    assert page.inner_text("#bulk-count") == "20 selected"
+    # A row the live view swaps in while selected stays selected (r7-gpu-05 starts registering again).
+    moved = BareMetalHost.objects.get(name="r7-gpu-05")
+    with_thread(host_transition, host=moved, to_state="registering", actor="test", reason="re-register")
+    page.wait_for_selector(f'#host-{moved.pk}[data-state="registering"]')
+    assert page.is_checked(f"#host-{moved.pk} input.select-host")
     assert page.inner_text("#bulk-count") == "20 selected"
     page.select_option("#bulk-action", "maintenance-on")
     page.click("#bulk-submit")
