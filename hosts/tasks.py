@@ -32,3 +32,8 @@ def power_cycle_host(host_id: int, request_id: int) -> None:
 @shared_task(name="hosts.tasks.power_host", acks_late=False)
 def power_host(host_id: int, request_id: int) -> None:
     services.host_power_send(host_id=host_id, request_id=request_id)
+
+
+@shared_task(name="hosts.tasks.check_bmcs")
+def check_bmcs() -> list[str]:
+    return services.hosts_bmc_check_due()
