@@ -4,7 +4,8 @@ import re
 
 import django_filters as filters
 from django import forms
-from django.db.models import Q
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
 
 from events.filtersets import IdFilter, TimestampFilter
 from pools.matching import label_selector_q
@@ -39,8 +40,25 @@ class LabelsFilter(filters.CharFilter):
     field_class = LabelsField
 
 
+# The sortable columns: (field, the name in ?sort=).
+SORT_FIELDS = (("name", "name"), ("state", "state"), ("power_state", "power"), ("claim__name", "claim"),
+               ("claim__tenant__name", "tenant"), ("state_changed_at", "since"), ("error_message", "error"))
+
+
+class NullsLastOrderingFilter(filters.OrderingFilter):
+    """Sorts as asked, with the rows that have no value (a free host's claim and tenant) last either way."""
+
+    def filter(self, qs, value):
+        if not value:
+            return qs
+        ordering = [self.get_ordering_value(param) for param in value]
+        return qs.order_by(*[F(o[1:]).desc(nulls_last=True) if o.startswith("-") else F(o).asc(nulls_last=True)
+                             for o in ordering])
+
+
 class HostFilterSet(filters.FilterSet):
-    q = filters.CharFilter(method="filter_q", label="Name / MAC")
+    q = filters.CharFilter(method="filter_q", label="Search",
+                           help_text="name, MAC, serial, BMC address, claim, tenant or GPU model (any part of it)")
     state = filters.MultipleChoiceFilter(choices=HostState.choices)
     power_state = filters.ChoiceFilter(choices=PowerState.choices)
     online = filters.BooleanFilter()
@@ -50,14 +68,29 @@ class HostFilterSet(filters.FilterSet):
                          help_text="key=value or key, comma separated, all must match: role=gpu, rack=r1")
     tenant = filters.CharFilter(field_name="claim__tenant__name", label="Tenant",
                                 help_text="hosts serving this tenant's claims")
+    # The fleet board's column headers and its CSV export sort by these; a tie keeps the name's order.
+    sort = NullsLastOrderingFilter(fields=SORT_FIELDS, label="Sort",
+                                  help_text="a column (name, state, power, claim, tenant, since, error); "
+                                            "a leading - for descending")
 
     class Meta:
         model = BareMetalHost
         fields = {"name": ["exact"]}
 
     def filter_q(self, queryset, name, value):
+        """Any part of the name, boot MAC, BMC address, claim or tenant; or of the inventory the agent reported
+        (disk and system serials, NIC MACs, GPU models), searched as its JSON text."""
         value = value.strip()
-        return queryset.filter(Q(name__icontains=value) | Q(boot_mac__icontains=value.lower())) if value else queryset
+        if not value:
+            return queryset
+        return queryset.annotate(inventory_text=Cast("inventory", TextField())).filter(
+            Q(name__icontains=value) | Q(boot_mac__icontains=value) | Q(bmc_address__icontains=value)
+            | Q(claim__name__icontains=value) | Q(claim__tenant__name__icontains=value)
+            | Q(inventory_text__icontains=value))
+
+    def filter_queryset(self, queryset):
+        queryset = super().filter_queryset(queryset)
+        return queryset.order_by(*queryset.query.order_by, "name") if queryset.query.order_by else queryset
 
     def filter_node_type(self, queryset, name, value):
         # Looked up once per request: the fleet board filters its rows and its counts with it.

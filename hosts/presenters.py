@@ -17,11 +17,37 @@ from .bmc import SCHEMES
 from .choices import HostState
 from .cleaning import effective_cleaning, gpu_count
 from .engine import step_status
-from .models import BareMetalHost, CommandStatus, HostCommand
+from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
 
 SECRETS = ("bmc_username", "bmc_password")
 ROW_DEFER = (*SECRETS, "inventory", "flow", "root_device_hints")
 SHOWN_LABELS = ("rack", "rail-group", "rail_group", "railGroup", "role")
+
+
+# The fleet board's columns, each with its parts: (label, the name ?sort= knows it by, or "" for no sort).
+FLEET_COLUMNS = ((("Host", "name"),), (("State", "state"),), (("Power", "power"),), (("NodeType", ""),),
+                 (("Labels", ""),), (("Claim", "claim"), ("tenant", "tenant")), (("Since", "since"),),
+                 (("Error", "error"),))
+
+
+def sort_columns(query) -> list[dict]:
+    """Each column's header: its parts, each a label and, when it sorts, the link that sorts by it (the other way
+    round when it sorts by it now), keeping the filters and the page size; the page starts again at 1."""
+    current = query.get("sort", "")
+    columns = []
+    for parts in FLEET_COLUMNS:
+        links = []
+        for label, key in parts:
+            link = {"label": label, "url": "", "arrow": ""}
+            if key:
+                params = query.copy()
+                params.pop("page", None)
+                params["sort"] = f"-{key}" if current == key else key
+                link["url"] = "?" + params.urlencode()
+                link["arrow"] = "▲" if current == key else "▼" if current == f"-{key}" else ""
+            links.append(link)
+        columns.append({"links": links})
+    return columns
 
 
 def node_types_by_selector() -> list[NodeType]:
@@ -159,10 +185,43 @@ def bmc_tls_shown(host: BareMetalHost) -> str:
     return f"— ({scheme or 'no'} scheme)"
 
 
+def bmc_web_url(address: str) -> str:
+    """The BMC's own web interface: the address's host and port, over https unless the address says plain http
+    (redfish+http://, redfish-virtualmedia+http://). "" for an address without a host."""
+    parts = urlsplit(address or "")
+    transport = SCHEMES.get(parts.scheme.lower(), ("https",))[0]
+    try:
+        port = parts.port
+    except ValueError:
+        return ""
+    if not parts.hostname:
+        return ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{transport}://{host}{f':{port}' if port else ''}/"
+
+
+def flow_log(host: BareMetalHost) -> dict:
+    """What the console keeps of the current flow's run on the agent: its ramdisk boots (how each boot was
+    delivered, when the agent called home) and the agent's commands with their output (status, progress,
+    message, error). The console keeps no console or boot log text of the server itself."""
+    flow_id = (host.flow or {}).get("id", "")
+    if not flow_id:
+        return {"flow_id": "", "boots": [], "commands": []}
+    boots = list(RamdiskBoot.objects.filter(host=host, flow_id=flow_id).defer("secret")
+                 .order_by("created_at", "pk")[:20])
+    commands = list(HostCommand.objects.filter(host=host, flow_id=flow_id).defer("secret_args", "args", "result")
+                    .order_by("pk")[:100])
+    return {"flow_id": flow_id, "boots": boots, "commands": commands}
+
+
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
-                 "power-cycle": "Power cycle", "retest": "Retest", "return-to-service": "Return to service",
-                 "retire": "Retire"}
-DANGEROUS_ACTIONS = frozenset({"power-cycle", "retire"})
+                 "power-cycle": "Power cycle", "power-on": "Power on", "power-off": "Power off", "retest": "Retest",
+                 "return-to-service": "Return to service", "retire": "Retire"}
+# What the fleet board's selection may do (console.fleet_actions), in its menu's order. Release is the claim's.
+BULK_ACTIONS = (("maintenance-on", "Maintenance on"), ("maintenance-off", "Maintenance off"), ("retry", "Retry"),
+                ("retest", "Retest"), ("power-on", "Power on"), ("power-off", "Power off"),
+                ("power-cycle", "Power cycle"), ("release", "Release (its claim)"))
+DANGEROUS_ACTIONS = frozenset({"power-cycle", "power-off", "retire"})
 
 
 def host_actions(host: BareMetalHost) -> list[dict]:
@@ -181,7 +240,7 @@ def host_actions(host: BareMetalHost) -> list[dict]:
     if HostState.RETIRED in _next_states(host.state):
         allowed.append("retire")
     if host.state in POWER_CYCLE_STATES:
-        allowed.append("power-cycle")
+        allowed += ["power-on", "power-off", "power-cycle"]
     return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed]
 
 

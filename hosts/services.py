@@ -310,10 +310,13 @@ def host_delete(*, host: BareMetalHost, actor: str) -> None:
 POWER_CYCLE_STATES = frozenset({HostState.AVAILABLE, HostState.PROVISIONED, HostState.ERROR, HostState.REPAIR,
                                 HostState.MAINTENANCE})
 POWER_CYCLE_STEP = "power_cycle"
+# The operator's power actions: the step their request and outcome Events carry, and their name in messages.
+POWER_STEPS = {"power-cycle": POWER_CYCLE_STEP, "power-on": "power_on", "power-off": "power_off"}
+POWER_WORDS = {"power-cycle": "power cycle", "power-on": "power on", "power-off": "power off"}
 
 
 def power_cycle_refusal(state: str) -> str:
-    """Why a host in `state` may not be power cycled; "" when it may."""
+    """Why a host in `state` may not be power cycled (nor powered on or off); "" when it may."""
     if state in POWER_CYCLE_STATES:
         return ""
     if state in IN_PROGRESS:
@@ -323,27 +326,34 @@ def power_cycle_refusal(state: str) -> str:
 
 
 def host_power_cycle(*, host: BareMetalHost, actor: str, reason: str = "") -> Event:
-    """Ask for a power cycle (a BMC reset; power on when it is off). Writes the request to the Event log with
-    the actor; on commit a worker sends it (hosts.tasks.power_cycle_host), outside any transaction, and
+    """Ask for a power cycle (a BMC reset; power on when it is off): host_power_request's "power-cycle"."""
+    return host_power_request(host=host, action="power-cycle", actor=actor, reason=reason)
+
+
+def host_power_request(*, host: BareMetalHost, action: str, actor: str, reason: str = "") -> Event:
+    """Ask for a power action (`action`: power-cycle, power-on or power-off). Writes the request to the Event
+    log with the actor; on commit a worker sends it (hosts.tasks.power_host), outside any transaction, and
     records the BMC's answer. Raises IllegalTransition in a state where a flow drives the power."""
+    words = POWER_WORDS[action]
     with transaction.atomic():
         # Locked until commit: a flow cannot start on the host (its state change waits) between this check
-        # and the request's Event. The worker checks the state again before it sends the reset.
+        # and the request's Event. The worker checks the state again before it sends the request.
         locked = (BareMetalHost.objects.select_for_update(of=("self",)).filter(pk=host.pk)
                   .values("state", "claim__tenant_id").first())
         if locked is None:
             raise IllegalTransition(f"{host.name} no longer exists")
         refusal = power_cycle_refusal(locked["state"])
         if refusal:
-            raise IllegalTransition(f"{host.name} cannot be power cycled now: {refusal}")
+            verb = {"power-cycle": "power cycled", "power-on": "powered on", "power-off": "powered off"}[action]
+            raise IllegalTransition(f"{host.name} cannot be {verb} now: {refusal}")
         reason = (reason or "").strip()
         event = event_record(
             kind=EventKind.ACTION, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
-            tenant_id=locked["claim__tenant_id"], step=POWER_CYCLE_STEP, actor=actor,
-            message="power cycle requested" + (f": {reason}" if reason else ""),
-            data={"action": "power-cycle", "state": locked["state"], "reason": reason})
+            tenant_id=locked["claim__tenant_id"], step=POWER_STEPS[action], actor=actor,
+            message=f"{words} requested" + (f": {reason}" if reason else ""),
+            data={"action": action, "state": locked["state"], "reason": reason})
         request_id = event.pk
-        transaction.on_commit(lambda: task_send("hosts.tasks.power_cycle_host", host_id=host.pk,
+        transaction.on_commit(lambda: task_send("hosts.tasks.power_host", host_id=host.pk,
                                                 request_id=request_id))
     return event
 
@@ -357,53 +367,70 @@ def host_bmc(host: BareMetalHost, *, kept: bool = False) -> BMC:
                 boot_mac=host.boot_mac)
 
 
-def host_power_cycle_send(*, host_id: int, request_id: int) -> Event | None:
-    """The worker's half of a power cycle: the reset through the BMC, then its outcome in the Event log (by
+def host_power_send(*, host_id: int, request_id: int) -> Event | None:
+    """The worker's half of a power action: the request through the BMC, then its outcome in the Event log (by
     the actor who asked for it). Idempotent: a request already answered is not sent again. No transaction
     is open around the BMC call."""
-    request = Event.objects.filter(pk=request_id, host_id=host_id, step=POWER_CYCLE_STEP).first()
-    if request is None or Event.objects.filter(host_id=host_id, step=POWER_CYCLE_STEP,
+    request = Event.objects.filter(pk=request_id, host_id=host_id, step__in=POWER_STEPS.values()).first()
+    if request is None or Event.objects.filter(host_id=host_id, step=request.step,
                                                data__request_id=request_id).exists():
         return None
+    action = (request.data or {}).get("action") or "power-cycle"
+    words = POWER_WORDS.get(action, "power cycle")
     host = BareMetalHost.objects.filter(pk=host_id).select_related("claim").first()
     if host is None:
         return None
     refusal = power_cycle_refusal(host.state)
     outcome: dict = {"request_id": request_id}
     if refusal:  # the host moved on between the request and now
-        return _power_cycle_outcome(host, request, ok=False, message=f"power cycle not sent: {refusal}",
+        return _power_cycle_outcome(host, request, ok=False, message=f"{words} not sent: {refusal}",
                                     data={**outcome, "error": "state", "state": host.state})
     if not host.bmc_password:
         return _power_cycle_outcome(host, request, ok=False,
-                                    message="power cycle failed: no BMC credentials (apply the host's Secret)",
+                                    message=f"{words} failed: no BMC credentials (apply the host's Secret)",
                                     data={**outcome, "error": "auth"})
     started = timezone.now()
+    want = "off" if action == "power-off" else "on"
     try:
         with host_bmc(host) as bmc:
             before = bmc.power_state()
-            if before == "off":
+            if action == "power-cycle" and before == "off":
                 bmc.power_on()  # nothing to reset: a cycle of a host that is off is switching it on
                 how = "powered on (it was off)"
-            else:
+            elif action == "power-cycle":
                 bmc.reset()
                 how = "reset"
+            elif before == want:
+                how = f"it was {want} already"
+            elif want == "on":
+                bmc.power_on()
+                how = "powered on"
+            else:
+                bmc.power_off()
+                how = "powered off"
             try:
-                # Evidence that it came back: the power is on again (a reset lands in seconds).
-                bmc.wait_power("on", deadline_s=settings.POWER_DEADLINE_S, poll_s=min(1.0, settings.POWER_POLL_S))
-                after = "on"
+                # Evidence that it got there: the power is on again (a reset lands in seconds), or off.
+                bmc.wait_power(want, deadline_s=settings.POWER_DEADLINE_S, poll_s=min(1.0, settings.POWER_POLL_S))
+                after = want
             except BMCError as exc:
                 if exc.kind != "timeout":
                     raise
                 after = "unknown"
     except BMCError as exc:
         host_bmc_contact(host=host, ok=False, error=str(exc), actor=request.actor)
-        return _power_cycle_outcome(host, request, ok=False, message=f"power cycle failed: {exc}",
+        return _power_cycle_outcome(host, request, ok=False, message=f"{words} failed: {exc}",
                                     data={**outcome, "error": exc.kind})
     host_bmc_contact(host=host, ok=True, actor=request.actor)
     BareMetalHost.objects.filter(pk=host.pk).update(power_state=after)
-    message = f"power cycle done: {how}; power {'on again' if after == 'on' else 'not seen on yet'}"
+    if action == "power-cycle":
+        message = f"power cycle done: {how}; power {'on again' if after == 'on' else 'not seen on yet'}"
+    else:
+        message = f"{words} done: {how}; power {after if after == want else f'not seen {want} yet'}"
     return _power_cycle_outcome(host, request, ok=True, message=message, started=started,
                                 data={**outcome, "how": how, "power_before": before, "power_after": after})
+
+
+host_power_cycle_send = host_power_send  # its earlier name
 
 
 def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, message: str, data: dict,
@@ -412,7 +439,7 @@ def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, messa
     # Its live groups (the fleet, the host's, its tenant's) show its power and timeline.
     event = event_record(
         kind=EventKind.ACTION, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
-        tenant_id=request.tenant_id, step=POWER_CYCLE_STEP, actor=request.actor, message=message,
+        tenant_id=request.tenant_id, step=request.step, actor=request.actor, message=message,
         duration_s=seconds_since(started, now) if started else None, data={**data, "ok": ok})
     if not ok:
         log.warning("host %s: %s", host.name, message)

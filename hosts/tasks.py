@@ -25,7 +25,13 @@ def drive_stale_hosts() -> int:
 # service skips a request already answered, should the task be delivered twice anyway.
 @shared_task(name="hosts.tasks.power_cycle_host", acks_late=False)
 def power_cycle_host(host_id: int, request_id: int) -> None:
-    services.host_power_cycle_send(host_id=host_id, request_id=request_id)
+    services.host_power_send(host_id=host_id, request_id=request_id)
+
+
+# A power cycle, power on or power off (the request's Event says which); at most once, as above.
+@shared_task(name="hosts.tasks.power_host", acks_late=False)
+def power_host(host_id: int, request_id: int) -> None:
+    services.host_power_send(host_id=host_id, request_id=request_id)
 
 
 @shared_task(name="hosts.tasks.check_bmcs")

@@ -51,7 +51,8 @@ def fleet(request):
     filters = list_filter(request, HostFilterSet, BareMetalHost.objects.all())
     counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all(), request=request)
     node_types = presenters.node_types_by_selector()
-    pager = Paginator(presenters.row_queryset(filters.qs).order_by("name"), page_size(request))
+    hosts = filters.qs if filters.qs.query.order_by else filters.qs.order_by("name")
+    pager = Paginator(presenters.row_queryset(hosts), page_size(request))
     current = pager.get_page(request.GET.get("page"))
     rows = presenters.decorate_rows(list(current.object_list), node_types)
     query = without_state(request.GET)
@@ -61,11 +62,13 @@ def fleet(request):
         "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),
-        "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "tenant")},
+        "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "tenant", "sort")},
         "per_page": page_size(request), "page_sizes": PAGE_SIZES,
         "query": query.urlencode() if hasattr(query, "urlencode") else "",
         "ws_url": f"/ws/fleet/?{request.GET.urlencode()}", "nav": "fleet",
-        "paging_query": paging_query(request),
+        "paging_query": paging_query(request), "columns": presenters.sort_columns(request.GET),
+        "bulk_actions": presenters.BULK_ACTIONS,
+        "export_query": paging_query(request),
         # Refused agent lookups and boot scripts asked for twice (hosts/boot.py): someone may be after an agent.
         "security_events": Event.objects.filter(kind=EventKind.SECURITY,
                                                 created_at__gte=timezone.now() - timedelta(hours=24)).count(),
@@ -93,6 +96,8 @@ def host_detail(request, name: str):
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
     })
+    if scoping.may_see_bmc(request.user):  # the BMC's web interface and the agent's log: staff only
+        context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address), flow_log=presenters.flow_log(host))
     return page(request, "hosts/host.html", context)
 
 
@@ -137,6 +142,11 @@ ACTIONS = {
     "retest": ("Retest", "Clean and check {host} again: power cycle into the agent, erase, verify, GPU reset, health "
                          "suite. It comes back to repair with the verdict; only a passing retest lets it return to "
                          "service."),
+    "power-on": ("Power on", "Switch {host} on through its BMC (nothing happens if it is on). A worker sends the "
+                             "request; the BMC's answer appears in the timeline. " + POWER_CYCLE_RULE),
+    "power-off": ("Power off", "Switch {host} off through its BMC, at once (a forced off, not a shutdown). "
+                               "Whatever runs on it stops. A worker sends the request; the BMC's answer appears in "
+                               "the timeline. " + POWER_CYCLE_RULE),
     "return-to-service": ("Return to service", "Put {host} back in the pool of available hosts."),
     "retire": ("Retire", "Take {host} out of the fleet for good: it is never allocated again and no action brings it "
                          "back. The reason is required and goes in the Event log."),
@@ -163,28 +173,9 @@ def host_action(request, name: str, action: str):
     reason = request.POST.get("reason", "").strip()[:500]
     if "\x00" in reason:  # no browser sends one; PostgreSQL would refuse it in the Event
         return HttpResponseBadRequest("reason: contains a NUL character")
-    done = f"{label}: done for {host.name}"
     try:
-        if action == "maintenance-on":
-            services.host_set_maintenance(host=host, on=True, actor=who, reason=reason)
-        elif action == "maintenance-off":
-            services.host_set_maintenance(host=host, on=False, actor=who, reason=reason)
-        elif action == "retry":
-            services.host_retry(host=host, actor=who, reason=reason)
-        elif action == "retest":
-            services.host_retest(host=host, actor=who, reason=reason)
-            done = f"{label}: {host.name} is being cleaned and checked again"
-        elif action == "return-to-service":
-            # The reason counts as an override only when the admin ticked it: a note typed on the way is not one.
-            override = request.POST.get("override") == "on"
-            passed = services.host_last_repair_verdict(host=host).get("retest") == "passed"
-            services.host_return_to_service(host=host, actor=who,
-                                            override_reason=reason if (override or passed) else "")
-        elif action == "retire":
-            services.host_retire(host=host, actor=who, reason=reason)
-        else:
-            services.host_power_cycle(host=host, actor=who, reason=reason)
-            done = f"{label}: asked for {host.name}; the BMC's answer will appear in the timeline"
+        done = action_run(host=host, action=action, actor=who, reason=reason,
+                          override=request.POST.get("override") == "on")
     except (IllegalTransition, ConcurrentTransition) as exc:
         messages.error(request, f"{label}: {exc}")
     else:
@@ -192,11 +183,40 @@ def host_action(request, name: str, action: str):
     return redirect("repair") if back else redirect("host", name=host.name)
 
 
+def action_run(*, host: BareMetalHost, action: str, actor: str, reason: str = "", override: bool = False) -> str:
+    """One of ACTIONS on one host, through hosts.services: what it did, in words. Raises IllegalTransition or
+    ConcurrentTransition when refused (nothing changed then). The host page and the fleet board's bulk actions
+    (console.fleet_actions) both call this."""
+    label = ACTIONS[action][0]
+    if action == "maintenance-on":
+        services.host_set_maintenance(host=host, on=True, actor=actor, reason=reason)
+    elif action == "maintenance-off":
+        services.host_set_maintenance(host=host, on=False, actor=actor, reason=reason)
+    elif action == "retry":
+        services.host_retry(host=host, actor=actor, reason=reason)
+    elif action == "retest":
+        services.host_retest(host=host, actor=actor, reason=reason)
+        return f"{label}: {host.name} is being cleaned and checked again"
+    elif action == "return-to-service":
+        # The reason counts as an override only when the admin ticked it: a note typed on the way is not one.
+        passed = services.host_last_repair_verdict(host=host).get("retest") == "passed"
+        services.host_return_to_service(host=host, actor=actor,
+                                        override_reason=reason if (override or passed) else "")
+    elif action == "retire":
+        services.host_retire(host=host, actor=actor, reason=reason)
+    elif action in services.POWER_STEPS:
+        services.host_power_request(host=host, action=action, actor=actor, reason=reason)
+        return f"{label}: asked for {host.name}; the BMC's answer will appear in the timeline"
+    else:
+        raise ValueError(f"unknown action {action!r}")
+    return f"{label}: done for {host.name}"
+
+
 def _confirmation(host: BareMetalHost, action: str) -> dict:
     """What the confirmation page says besides the warning: why it is refused now, what else it affects."""
     notes, refusal, override = [], "", False
     claim = getattr(host, "claim", None)
-    if action == "power-cycle":
+    if action in services.POWER_STEPS:
         refusal = services.power_cycle_refusal(host.state)
         if claim is not None and not refusal:
             notes.append(f"It serves claim {claim.name} of tenant {claim.tenant.name}: that node goes down and "

@@ -280,3 +280,41 @@ def test_a_power_cycle_the_bmc_refuses_is_in_the_event_log_with_the_reason(
     assert unreachable.data["error"] == "unreachable"
     page = text(admin.get(reverse("host", args=[wrong.name])))
     assert "power cycle failed: BMC rejected credentials (401)" in page
+
+
+def power_outcome(host: BareMetalHost, step: str, timeout: float = 30) -> Event:
+    wait_for(lambda: Event.objects.filter(host_id=host.pk, step=step, data__has_key="request_id").exists(),
+             timeout=timeout)
+    return Event.objects.get(host_id=host.pk, step=step, data__has_key="request_id")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_admin_powers_hosts_off_and_on_through_the_console_and_the_worker_sends_it(
+        people, redfish, fast_worker, celery_worker_process):
+    on = lab_host(redfish, "gpu-01", "maintenance")
+    off = lab_host(redfish, "gpu-02", "available")
+    admin = browser(people["admin"])
+    since = max((e["seq"] for e in redfish.events()), default=0)
+
+    response = confirm(admin, on.name, "power-off", {"reason": "PSU swap"})
+    assert "Power off: asked for gpu-01" in text(response)
+    request = Event.objects.get(host_id=on.pk, step="power_off")
+    assert (request.actor, request.message) == ("user:root-admin", "power off requested: PSU swap")
+    assert redfish.wait_event("gpu-01", "Off", since=since, timeout=30)["cause"] == "power-off"
+    done = power_outcome(on, "power_off")
+    assert done.message == "power off done: powered off; power off" and done.data["ok"] is True
+    assert BareMetalHost.objects.get(pk=on.pk).power_state == "off"
+    assert redfish.state("gpu-01")["power_state"] == "Off"
+
+    confirm(admin, off.name, "power-on")
+    assert redfish.wait_event("gpu-02", "On", since=since, timeout=30)["cause"] == "power-on"
+    assert power_outcome(off, "power_on").message == "power on done: powered on; power on"
+    assert BareMetalHost.objects.get(pk=off.pk).state == "available"  # power changes no state
+
+    # A host that is on already is left alone, and the answer says so.
+    seq = max(e["seq"] for e in redfish.events())
+    Event.objects.filter(host_id=off.pk, step="power_on").delete()
+    confirm(admin, off.name, "power-on")
+    assert power_outcome(off, "power_on").message == "power on done: it was on already; power on"
+    assert not [e for e in redfish.events(seq) if e["system"] == "gpu-02"]

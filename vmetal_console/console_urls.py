@@ -6,6 +6,7 @@ from django.urls.converters import StringConverter
 from claims import views as claims
 from events import views as events
 from hosts import views as hosts
+from console import fleet_actions
 from console import views as pools
 
 
@@ -24,6 +25,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # hosts
     path("hosts/", hosts.fleet, name="fleet"),
+    path("fleet/bulk/", fleet_actions.fleet_bulk, name="fleet-bulk"),
+    path("fleet/export.csv", fleet_actions.fleet_export, name="fleet-export"),
     path("repair/", hosts.repair, name="repair"),
     path("hosts/<name:name>/", hosts.host_detail, name="host"),
     path("hosts/<name:name>/actions/<slug:action>/", hosts.host_action, name="host-action"),
