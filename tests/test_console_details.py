@@ -3,6 +3,7 @@ state and every label, the 403 and 404 pages carry the navigation, a refused req
 import io
 import logging
 import re
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -44,9 +45,8 @@ def test_available_is_one_badge_class_for_a_host_and_a_claim(reconciled):
     host_row, = host_presenters.render_rows(
         host_presenters.decorate_rows(list(host_presenters.row_queryset().filter(pk=free.pk)),
                                       host_presenters.node_types_by_selector()), may_see_bmc=True)
-    claim_row, = claim_presenters.render_claim_rows(
-        claim_presenters.with_progress(list(claim_presenters.claims_rows_queryset(NodeClaim.objects.filter(pk=claim.pk)))),
-        show_tenant=True)
+    claims = list(claim_presenters.claims_rows_queryset(NodeClaim.objects.filter(pk=claim.pk)))
+    claim_row, = claim_presenters.render_claim_rows(claim_presenters.with_progress(claims), show_tenant=True)
     assert badge_class(host_row, "Available") == badge_class(claim_row, "Available") == "badge-success"
 
 
@@ -92,7 +92,7 @@ def test_the_fleet_board_shows_every_label_role_included(client, reconciled):
     client.force_login(reconciled["admin"])
     host = BareMetalHost.objects.filter(labels__role="gpu").order_by("name").first()
     html = client.get("/hosts/").content.decode()
-    row = re.search(rf'<tr id="host-{host.pk}".*?</tr>', html, re.S).group(0)
+    row = re.search(rf'<tr id="host-{host.pk}".*?</tr>', html, re.DOTALL).group(0)
     for key, value in host.labels.items():
         assert f"{key}={value}" in row
 
@@ -104,7 +104,7 @@ def test_the_403_page_has_the_navigation_of_the_user_s_role(client, reconciled):
     response = client.get("/hosts/")
     assert response.status_code == 403
     html = response.content.decode()
-    nav = re.search(r"<nav>(.*?)</nav>", html, re.S).group(1)
+    nav = re.search(r"<nav>(.*?)</nav>", html, re.DOTALL).group(1)
     assert "My tenants" in nav and 'href="/claims/"' in nav and 'href="/hosts/"' not in nav
     assert "Not allowed" in html and "bob · member" in html
 
@@ -113,7 +113,7 @@ def test_the_404_page_has_the_navigation(client, reconciled):
     client.force_login(reconciled["auditor"])
     response = client.get("/hosts/no-such-host/")
     assert response.status_code == 404
-    nav = re.search(r"<nav>(.*?)</nav>", response.content.decode(), re.S).group(1)
+    nav = re.search(r"<nav>(.*?)</nav>", response.content.decode(), re.DOTALL).group(1)
     assert 'href="/hosts/"' in nav and 'href="/events/"' in nav and "Apply YAML" not in nav
 
 
@@ -159,7 +159,6 @@ def test_the_handler_keeps_a_single_line_for_refusals_only():
         try:
             raise PermissionError("no")
         except PermissionError:
-            import sys
             return logging.LogRecord("django.request", logging.WARNING, __file__, 1, "answer: %s", ("/x",),
                                      sys.exc_info())
 
