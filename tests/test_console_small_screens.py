@@ -60,6 +60,19 @@ def test_each_main_page_fits_a_390_px_screen(browser_page, busy_site, tmp_path):
     assert len(list(tmp_path.glob("*.png"))) == len(pages) == 12
 
 
+def test_a_member_s_pages_fit_a_390_px_screen_and_the_refusal_keeps_the_navigation(browser_page, busy_site, tmp_path):
+    page = browser_page
+    page.set_viewport_size(PHONE)
+    log_in(page, "bob")
+    for name, url, status in (("member-tenant", "/tenants/two/", 200), ("member-claims", "/claims/", 200),
+                              ("member-events", "/events/", 200), ("member-403", "/hosts/", 403)):
+        assert page.goto(url).status == status, url
+        page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+        width = page_width(page)
+        assert width["scroll"] <= width["inner"], f"{name} ({url}) scrolls sideways: {width['scroll']} px"
+    assert page.locator("header.top nav a", has_text="My tenants").is_visible()  # on the 403 page
+
+
 def test_on_a_phone_every_state_of_the_filter_is_in_sight(browser_page, busy_site):
     page = browser_page
     page.set_viewport_size(PHONE)
