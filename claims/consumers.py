@@ -1,17 +1,23 @@
 """Live views of claims: the claims list (phases) and one claim's page (phase, step timeline, progress)."""
+from django.http import QueryDict
+
 from claims.selectors import claims_visible
 from core import scoping
 from core.live_views import RESYNC, group_rule
+from events.choices import ObjectType
+from events.selectors import events_visible
 from hosts.consumers import HostAwareConsumer
 
 from . import presenters
+from .filtersets import NodeClaimFilterSet
 from .models import NodeClaim
 
 group_rule("claim", lambda user, pk: claims_visible(user).filter(pk=pk).exists())
 
 
 class ClaimListConsumer(HostAwareConsumer):
-    """The rows the page shows. Admins and auditors listen to every claim; members to their tenants'."""
+    """The rows the page shows, and new claims that match the page's filters (added at the top of the first
+    page). Admins and auditors listen to every claim; members to their tenants'."""
 
     def authorize(self) -> bool:
         return scoping.role(self.user) != scoping.NOBODY
@@ -22,23 +28,43 @@ class ClaimListConsumer(HostAwareConsumer):
 
     def keys_for_message(self, message: dict) -> set:
         if message.get("object") == "claim":
-            return {("claim", i) for i in message.get("ids", ()) if i in self.visible}
+            return {self._key(i) for i in message.get("ids", ())}
         return set()
 
+    def _key(self, claim_id: int) -> tuple:
+        # A claim the page does not show may be new: whether it matches the filters is read when it renders.
+        return ("claim", claim_id) if claim_id in self.visible else ("new", claim_id)
+
     def events_in_scope(self, events):
-        return events.filter(claim_id__in=self.visible)
+        if self.query.get("page", "1") != "1":  # a later page gets no new rows: newest first, they go on page 1
+            return events.filter(claim_id__in=self.visible)
+        return events_visible(self.user, events.filter(claim_id__isnull=False, object_type=ObjectType.CLAIM))
 
     def keys_for_events(self, rows: list[dict]) -> set:
-        return {("claim", r["claim_id"]) for r in rows if r["claim_id"] in self.visible}
+        return {self._key(r["claim_id"]) for r in rows if r["claim_id"]}
 
     def all_keys(self) -> set:
         return {("claim", i) for i in self.visible}
 
     def render(self, keys: set) -> list[str]:
         ids = [k[1] for k in keys if k[0] == "claim"]
+        tenants = scoping.tenant_ids(self.user)
+        show_tenant = tenants is None or len(tenants) != 1
         claims = list(presenters.claims_rows_queryset(claims_visible(self.user).filter(pk__in=ids)))
-        return presenters.render_claim_rows(presenters.with_progress(claims), show_tenant=scoping.tenant_ids(self.user) is None
-                                        or len(scoping.tenant_ids(self.user)) != 1)
+        parts = presenters.render_claim_rows(presenters.with_progress(claims), show_tenant=show_tenant)
+        new = [k[1] for k in keys if k[0] == "new" and k[1] not in self.visible]
+        if new and self.query.get("page", "1") == "1":
+            data = QueryDict(mutable=True)
+            data.update(self.query)
+            # The page's own filters, on the claims this user may see: a claim that does not match stays off.
+            matching = NodeClaimFilterSet(data, queryset=claims_visible(self.user).filter(pk__in=new)).qs
+            added = list(presenters.claims_rows_queryset(matching).order_by("-created_at", "-pk"))
+            if added:
+                self.visible.update(c.pk for c in added)
+                rows = "".join(presenters.render_claim_rows(presenters.with_progress(added), show_tenant=show_tenant))
+                parts += ['<tr id="claims-empty" hx-swap-oob="delete"></tr>',
+                          f'<tbody hx-swap-oob="afterbegin:#claims-rows">{rows}</tbody>']
+        return parts
 
 
 class ClaimConsumer(HostAwareConsumer):

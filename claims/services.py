@@ -18,7 +18,7 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record, object_delete, seconds_since
-from hosts.capacity import node_type_capacity
+from hosts.capacity import node_type_capacity, not_allocatable_q
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
@@ -335,9 +335,11 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                                                     state=HostState.AVAILABLE).exclude(name__in=excluded)
                 if pinned:
                     free = free.filter(name=pinned)
-                # Hosts that already failed one of these claims come last (when they are all that is left).
+                # Hosts that already failed one of these claims come last (when they are all that is left), and
+                # before them hosts held back (a BMC that does not answer: hosts.capacity), which the flow's BMC
+                # step would only confirm or clear.
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
-                order = [Case(When(name__in=tried, then=1), default=0), "pk"] if tried else ["pk"]
+                order = [Case(When(name__in=tried, then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
                 if not hosts:
                     return 0

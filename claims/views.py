@@ -30,7 +30,7 @@ def claim_list(request):
         "cursor": cursor, "page_obj": current, "rows": rows, "filters": filters, "phases": ClaimPhase.choices,
         "phase": request.GET.get("phase", ""), "tenant": request.GET.get("tenant", ""),
         "q": request.GET.get("q", ""), "tenants": tenants, "show_tenant": len(tenants) != 1,
-        "paging_query": paging_query(request), "ws_url": "/ws/claims/", "nav": "claims"})
+        "paging_query": paging_query(request), "ws_url": f"/ws/claims/?{request.GET.urlencode()}", "nav": "claims"})
 
 
 def claim_for_page(user, name: str) -> NodeClaim:

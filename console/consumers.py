@@ -24,6 +24,8 @@ class TenantConsumer(HostAwareConsumer):
     def keys_for_message(self, message: dict) -> set:
         if message.get("object") == "claim":
             return {("tenant",), RESYNC}  # a claim may have a new host to follow
+        if message.get("object") == "pool":  # a quantity changed elsewhere
+            return {("tenant",)}
         if message.get("object") == "host" and self.host_ids.intersection(message.get("ids", ())):
             return {("tenant",)}
         return set()

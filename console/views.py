@@ -82,6 +82,9 @@ def tenant_context(user, tenant: Tenant) -> dict:
 def render_tenant_live(user, tenant: Tenant) -> list[str]:
     ctx = {**tenant_context(user, tenant), "oob": True}
     parts = [render_to_string("pools/partials/pool_claims.html", {**ctx, "pool": pool}) for pool in ctx["pools"]]
+    # Quantities changed elsewhere (another page, the API, apply); live.js keeps a box the user is editing.
+    parts += [render_to_string("pools/partials/pool_quantity.html", {**ctx, "pool": pool, "form": None})
+              for pool in ctx["pools"]]
     parts.append(render_to_string("pools/partials/tenant_quota.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_claims.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_nodes.html", ctx))
@@ -219,7 +222,7 @@ def provider_list(request):
     filters = list_filter(request, NodeProviderFilterSet, NodeProvider.objects.all())
     providers = list(filters.qs.annotate(types=Count("node_types", distinct=True),
                                          pools_n=Count("pools", distinct=True)))
-    return page(request, "pools/provider_list.html", {"objects": providers, "filters": filters, "kind": "providers",
+    return page(request, "pools/provider_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": providers, "filters": filters, "kind": "providers",
                                                        **_kind("providers")})
 
 
@@ -232,7 +235,7 @@ def node_type_list(request):
         t.capacity = capacity.get(t.pk, {"total": 0, "available": 0, "provisioned": 0})
         t.cost_shown = t.effective_cost()
         t.verify_shown = "every byte" if t.erase_verify_full else f"{t.erase_verify_share * 100:g}% sampled"
-    return page(request, "pools/node_type_list.html", {"objects": types, "filters": filters, "kind": "node-types",
+    return page(request, "pools/node_type_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": types, "filters": filters, "kind": "node-types",
                                                         **_kind("node-types")})
 
 
@@ -245,14 +248,14 @@ def environment_list(request):
         env.cidr = env.properties.get(NodeEnvironment.CIDR, "")
         env.ip_range = env.properties.get(NodeEnvironment.IP_RANGE, "")
         env.dns = env.properties.get(NodeEnvironment.DNS, "")
-    return page(request, "pools/environment_list.html", {"objects": envs, "filters": filters, "kind": "environments",
+    return page(request, "pools/environment_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": envs, "filters": filters, "kind": "environments",
                                                           **_kind("environments")})
 
 
 @console_view(*STAFF)
 def image_list(request):
     filters = list_filter(request, OSImageFilterSet, OSImage.objects.all())
-    return page(request, "pools/image_list.html", {"objects": list(filters.qs), "filters": filters, "kind": "images",
+    return page(request, "pools/image_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": list(filters.qs), "filters": filters, "kind": "images",
                                                     **_kind("images")})
 
 
@@ -267,7 +270,7 @@ def tenant_list(request):
                 .values("tenant_id").annotate(n=Count("pk")).values_list("tenant_id", "n"))
     for t in tenants:
         t.live_claims = live.get(t.pk, 0)
-    return page(request, "pools/tenant_list.html", {"objects": tenants, "filters": filters, "kind": "tenants",
+    return page(request, "pools/tenant_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/tenants/", "objects": tenants, "filters": filters, "kind": "tenants",
                                                      **_kind("tenants")})
 
 

@@ -1,12 +1,18 @@
 """The live views' source of changes: the Event log. Every page's consumer builds on EventLogConsumer."""
 from django.db.models import Max
+from django.http import QueryDict
+from django.template.loader import render_to_string
 
-from core.live_views import LiveConsumer
+from core import scoping
+from core.live_views import FLEET_GROUPS, RESYNC, LiveConsumer
 
+from .choices import ObjectType
+from .filtersets import EventFilterSet
 from .models import Event
-from .selectors import latest_event_id
+from .selectors import events_visible, latest_event_id
 
 MAX_REPLAY = 20000  # events one re-sync reads; past that it renders everything the page shows
+MAX_NEW = 100  # new events one frame adds to the Event log page (its page size)
 
 
 class EventLogConsumer(LiveConsumer):
@@ -18,3 +24,93 @@ class EventLogConsumer(LiveConsumer):
         rows = list(events.order_by().values("host_id", "claim_id", "tenant_id", "object_type")
                     .annotate(last=Max("pk"))[:MAX_REPLAY])
         return None if len(rows) >= MAX_REPLAY else rows
+
+
+class EventLogPageConsumer(EventLogConsumer):
+    """The Event log page: events newer than the page's cursor, in the user's scope and matching the page's
+    filters, added at the top of its first page. Messages to the user's groups (the fleet's and the claims' for
+    those who see everything, their tenants' for members) bring the page to re-sync at once; events linked to
+    no host, claim or tenant (catalogue changes) arrive with the periodic re-sync."""
+
+    top: int | None = None  # the newest Event id the page shows or has passed over
+
+    def authorize(self) -> bool:
+        return scoping.role(self.user) != scoping.NOBODY
+
+    def wanted_groups(self) -> set[str]:
+        ids = scoping.tenant_ids(self.user)
+        return set(FLEET_GROUPS) if ids is None else {f"tenant-{t}" for t in ids}
+
+    def keys_for_message(self, message: dict) -> set:
+        return {RESYNC}
+
+    def events_in_scope(self, events):
+        return events_visible(self.user, events)
+
+    def keys_for_events(self, rows: list[dict]) -> set:
+        return {("new",)} if rows else set()
+
+    def all_keys(self) -> set:
+        return {("new",)}
+
+    def render(self, keys: dict) -> list[str]:
+        if ("new",) not in keys or self.query.get("page", "1") != "1":
+            return []
+        top = self.cursor or 0 if self.top is None else self.top
+        upto = latest_event_id()
+        data = QueryDict(mutable=True)
+        data.update(self.query)
+        filtered = EventFilterSet(data, queryset=events_visible(self.user, Event.objects.filter(pk__gt=top,
+                                                                                              pk__lte=upto))).qs
+        new = list(filtered.order_by("-pk")[:MAX_NEW])
+        self.top = max(top, upto)
+        if not new:
+            return []
+        rows = "".join(render_to_string("events/partials/event_row.html", {"e": e}) for e in new)
+        return ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
+                f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']
+
+
+# Rarely changing lists: the object types each follows, and whether members may watch it (their tenants' only).
+LIST_TOPICS = {
+    "repair": ({ObjectType.HOST}, False),
+    "tenants": ({ObjectType.TENANT, ObjectType.POOL, ObjectType.CLAIM, ObjectType.MEMBERSHIP}, True),
+    "catalogue": ({ObjectType.NODEPROVIDER, ObjectType.NODETYPE, ObjectType.NODEENVIRONMENT, ObjectType.OSIMAGE,
+                   ObjectType.HOST}, False),
+}
+
+
+class ListPageConsumer(EventLogConsumer):
+    """A rarely changing list (/repair/, /tenants/, the catalogue): when an object of the kinds it shows changes,
+    the page is told its list is stale and re-fetches it through its own view (live.js), so the page's filters
+    and the user's scope apply as on a reload. Catalogue changes link no tenant and reach no group: they
+    arrive with the periodic re-sync."""
+
+    async def connect(self):
+        self.topic = self.scope["url_route"]["kwargs"]["topic"]
+        await super().connect()
+
+    def authorize(self) -> bool:
+        if self.topic not in LIST_TOPICS:
+            return False
+        for_members = LIST_TOPICS[self.topic][1]
+        return scoping.sees_everything(self.user) or (for_members and scoping.role(self.user) != scoping.NOBODY)
+
+    def wanted_groups(self) -> set[str]:
+        ids = scoping.tenant_ids(self.user)
+        return set(FLEET_GROUPS) if ids is None else {f"tenant-{t}" for t in ids}
+
+    def keys_for_message(self, message: dict) -> set:
+        return {RESYNC} if message.get("object") in LIST_TOPICS[self.topic][0] else set()
+
+    def events_in_scope(self, events):
+        return events_visible(self.user, events).filter(object_type__in=LIST_TOPICS[self.topic][0])
+
+    def keys_for_events(self, rows: list[dict]) -> set:
+        return {("stale",)} if rows else set()
+
+    def all_keys(self) -> set:
+        return {("stale",)}
+
+    def render(self, keys: dict) -> list[str]:
+        return [f'<span id="live-stale" data-at="{latest_event_id()}" hidden></span>'] if keys else []

@@ -18,6 +18,7 @@ def live_cursor() -> int:
 @console_view()
 def event_log(request):
     """The audit log, newest first, in the user's scope, filtered as /api/v1/events/ is."""
+    cursor = live_cursor()
     filters = list_filter(request, EventFilterSet, events_visible(request.user))
     pager = Paginator(filters.qs.order_by("-pk"), 100).get_page(request.GET.get("page"))
     return page(request, "events/event_log.html", {
@@ -25,4 +26,5 @@ def event_log(request):
         **{name: request.GET.get(name, "") for name in ("object_type", "actor", "kind")},
         "object_types": ObjectType.values,
         "event_log_url": reverse("events"), "paging_query": paging_query(request),
+        "cursor": cursor, "ws_url": f"/ws/events/?{request.GET.urlencode()}",
     })

@@ -12,8 +12,10 @@ from events.selectors import latest_event_id
 from hosts.selectors import hosts_visible
 
 from . import presenters
+from .capacity import fleet_capacity
 from .filtersets import HostFilterSet, without_state
 from .models import BareMetalHost, CommandStatus, HostCommand
+from .services import BMC_CONTACT_STEP
 
 group_rule("host", lambda user, pk: hosts_visible(user).filter(pk=pk).exists())
 
@@ -46,7 +48,9 @@ class FleetConsumer(HostAwareConsumer):
             return set()
         keys = {("host", i) for i in message.get("ids", ()) if i in self.visible}
         if message.get("to_state") or message.get("from_state"):  # a move, or a host deleted from its state
-            keys.update({("counts",), ("attention",)})
+            keys.update({("counts",), ("attention",), ("capacity",)})
+        if message.get("step") == BMC_CONTACT_STEP:  # a BMC turned red or answers again
+            keys.add(("capacity",))
         FRAGMENTS.want([k for k in keys if k[0] == "host"], time.monotonic())
         return keys
 
@@ -54,10 +58,11 @@ class FleetConsumer(HostAwareConsumer):
         return events.filter(object_type=ObjectType.HOST)
 
     def keys_for_events(self, rows: list[dict]) -> set:
-        return {("counts",), ("attention",)} | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible}
+        return ({("counts",), ("attention",), ("capacity",)}
+                | {("host", r["host_id"]) for r in rows if r["host_id"] in self.visible})
 
     def all_keys(self) -> set:
-        return {("counts",), ("attention",)} | {("host", i) for i in self.visible}
+        return {("counts",), ("attention",), ("capacity",)} | {("host", i) for i in self.visible}
 
     def render(self, keys: dict) -> list[str]:
         parts = []
@@ -74,6 +79,16 @@ class FleetConsumer(HostAwareConsumer):
                     counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
                     html = presenters.render_counts(presenters.state_counts(counted.qs), query)
                     FRAGMENTS.put(("counts", query), read_at, upto, html)
+                else:
+                    html = cached[1]
+            parts.append(html)
+        if ("capacity",) in keys:  # the same card for every admin and auditor: read once per change
+            with FETCH:
+                cached = FRAGMENTS.get(("capacity",), keys[("capacity",)])
+                if cached is None:
+                    read_at, upto = time.monotonic(), latest_event_id()
+                    html = presenters.render_capacity(fleet_capacity(node_types()))
+                    FRAGMENTS.put(("capacity",), read_at, upto, html)
                 else:
                     html = cached[1]
             parts.append(html)

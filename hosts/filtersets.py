@@ -60,10 +60,17 @@ class HostFilterSet(filters.FilterSet):
         return queryset.filter(Q(name__icontains=value) | Q(boot_mac__icontains=value.lower())) if value else queryset
 
     def filter_node_type(self, queryset, name, value):
-        node_type = NodeType.objects.filter(name=value.strip()).only("host_selector").first()
-        if node_type is None:
+        # Looked up once per request: the fleet board filters its rows and its counts with it.
+        memo = getattr(self.request, "_node_type_selectors", {}) if self.request is not None else {}
+        if value.strip() not in memo:
+            node_type = NodeType.objects.filter(name=value.strip()).only("host_selector").first()
+            memo[value.strip()] = node_type.host_selector if node_type is not None else None
+            if self.request is not None:
+                self.request._node_type_selectors = memo
+        selector = memo[value.strip()]
+        if selector is None:
             return queryset.none()
-        return queryset.filter(label_selector_q(node_type.host_selector))
+        return queryset.filter(label_selector_q(selector))
 
     def filter_label(self, queryset, name, value):
         return queryset.filter(label_selector_q({

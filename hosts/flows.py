@@ -106,13 +106,24 @@ def _bmc_call(fn, run: "Run | None" = None):
     the last one kept for the deadline's message; the rest (wrong credentials, no such system, a boot MAC the
     system lacks, an address or TLS the console cannot use) fail it at once with their reason."""
     try:
-        return fn()
+        result = fn()
     except BMCError as exc:
+        if run is not None:
+            _bmc_contact(run, ok=False, error=str(exc))
         if run is not None and exc.transient:
             run.flow["last_error"] = str(exc)
             run.save_flow()
             raise Waiting(str(exc), recheck_s=settings.BMC_RETRY_S) from None
         raise StepFailed(str(exc)) from None
+    if run is not None and fn != run.bmc:  # making the client is no contact with the BMC
+        _bmc_contact(run, ok=True)
+    return result
+
+
+def _bmc_contact(run: Run, *, ok: bool, error: str = "") -> None:
+    from .services import host_bmc_contact
+
+    host_bmc_contact(host=run.host, ok=ok, error=error)
 
 
 def step_bmc_check(run: Run) -> dict:

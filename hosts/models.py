@@ -33,6 +33,11 @@ class BareMetalHost(models.Model):
     cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="")
     inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
     power_state = models.CharField(max_length=8, choices=PowerState.choices, default=PowerState.UNKNOWN)
+    # The last contact with the BMC (hosts.services.host_bmc_contact): written by the flows' BMC calls and by the
+    # periodic check of available hosts. False ("BMC red"): the host is not allocatable (hosts/capacity.py).
+    bmc_ok = models.BooleanField(null=True, blank=True)
+    bmc_checked_at = models.DateTimeField(null=True, blank=True)
+    bmc_error = models.CharField(max_length=500, blank=True)
     # Written only by hosts.services.hosts_transition_batch.
     state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
                              db_index=True)

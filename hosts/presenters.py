@@ -74,6 +74,10 @@ def render_counts(counts: list[dict], query: str) -> str:
     return render_to_string("hosts/partials/state_counts.html", {"counts": counts, "query": query, "oob": True})
 
 
+def render_capacity(capacity: dict) -> str:
+    return render_to_string("hosts/partials/capacity.html", {"capacity": capacity})
+
+
 ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
 
 

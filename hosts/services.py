@@ -1,6 +1,7 @@
 """Every write to a host. `hosts_transition_batch` is the only code that changes a host's state."""
 import logging
 from collections.abc import Iterable
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -395,8 +396,10 @@ def host_power_cycle_send(*, host_id: int, request_id: int) -> Event | None:
                     raise
                 after = "unknown"
     except BMCError as exc:
+        host_bmc_contact(host=host, ok=False, error=str(exc), actor=request.actor)
         return _power_cycle_outcome(host, request, ok=False, message=f"power cycle failed: {exc}",
                                     data={**outcome, "error": exc.kind})
+    host_bmc_contact(host=host, ok=True, actor=request.actor)
     BareMetalHost.objects.filter(pk=host.pk).update(power_state=after)
     message = f"power cycle done: {how}; power {'on again' if after == 'on' else 'not seen on yet'}"
     return _power_cycle_outcome(host, request, ok=True, message=message, started=started,
@@ -414,3 +417,71 @@ def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, messa
     if not ok:
         log.warning("host %s: %s", host.name, message)
     return event
+
+
+# --- BMC contact: the record behind "BMC red" (hosts/capacity.py counts such hosts as not allocatable) ---------
+
+BMC_CONTACT_STEP = "bmc_contact"
+
+
+def host_bmc_contact(*, host: BareMetalHost, ok: bool, error: str = "", actor: str = "system:flow") -> bool:
+    """Record the outcome of a contact with the host's BMC (no transaction is open around the call that made it).
+    A BMC that stops answering, or answers again, is written to the Event log (the fleet board's capacity card
+    follows it live); a repeat only refreshes the time, and a success at most every BMC_CONTACT_REFRESH_S (a
+    power step polls every few seconds). Returns True when the BMC's colour changed."""
+    now = timezone.now()
+    error = "" if ok else (error or "no answer")[:500]
+    if (ok and host.bmc_ok is True and host.bmc_checked_at is not None
+            and (now - host.bmc_checked_at).total_seconds() < settings.BMC_CONTACT_REFRESH_S):
+        return False
+    values = {"bmc_ok": ok, "bmc_checked_at": now, "bmc_error": error}
+    with transaction.atomic():
+        # Compare-and-swap on the colour: of two workers seeing the same change, one writes the Event. A first
+        # answer (never asked before) is no change: only turning red, and green again after red, are.
+        changing = (BareMetalHost.objects.filter(pk=host.pk, bmc_ok=False) if ok
+                    else BareMetalHost.objects.filter(pk=host.pk).exclude(bmc_ok=False))
+        flipped = changing.update(**values) == 1
+        if flipped:
+            event_record(kind=EventKind.STEP, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
+                         step=BMC_CONTACT_STEP, actor=actor,
+                         message="BMC answers" if ok else f"BMC does not answer: {error}",
+                         data={"bmc_ok": ok, **({"error": error} if error else {})})
+        else:
+            BareMetalHost.objects.filter(pk=host.pk).update(**values)
+    for name, value in values.items():
+        setattr(host, name, value)
+    return flipped
+
+
+def hosts_bmc_check_due(*, limit: int = 200) -> list[str]:
+    """The periodic low-cost check: one power-state read (no retries, a short timeout) from each available host
+    whose BMC was last heard from more than BMC_CHECK_EVERY_S ago, a few at a time. Returns the names of the
+    hosts whose BMC changed colour."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cutoff = timezone.now() - timedelta(seconds=settings.BMC_CHECK_EVERY_S)
+    hosts = list(BareMetalHost.objects.filter(state=HostState.AVAILABLE)
+                 .filter(Q(bmc_checked_at__isnull=True) | Q(bmc_checked_at__lt=cutoff))
+                 .order_by(F("bmc_checked_at").asc(nulls_first=True), "pk")[:limit])
+
+    def ask(host: BareMetalHost) -> tuple[str | None, str]:
+        """The BMC's power state, or None and why not. Network only: the rows are written by the caller's thread."""
+        if not host.bmc_password:
+            return None, "no BMC credentials (apply the host's Secret)"
+        try:
+            with BMC(host.bmc_address, host.bmc_username, host.bmc_password,
+                     verify_tls=not host.bmc_disable_certificate_verification,
+                     timeout=settings.BMC_CHECK_TIMEOUT_S, retries=0, boot_mac=host.boot_mac) as bmc:
+                return bmc.power_state(), ""
+        except BMCError as exc:
+            return None, str(exc)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(ask, hosts))
+    flipped = []
+    for host, (power, error) in zip(hosts, answers):
+        if power in ("on", "off") and power != host.power_state:
+            BareMetalHost.objects.filter(pk=host.pk).update(power_state=power)
+        host.bmc_checked_at = None  # a periodic check always refreshes the time
+        flipped.append(host_bmc_contact(host=host, ok=power is not None, error=error, actor="system:bmc-check"))
+    return [h.name for h, changed in zip(hosts, flipped) if changed]

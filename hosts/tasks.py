@@ -26,3 +26,8 @@ def drive_stale_hosts() -> int:
 @shared_task(name="hosts.tasks.power_cycle_host", acks_late=False)
 def power_cycle_host(host_id: int, request_id: int) -> None:
     services.host_power_cycle_send(host_id=host_id, request_id=request_id)
+
+
+@shared_task(name="hosts.tasks.check_bmcs")
+def check_bmcs() -> list[str]:
+    return services.hosts_bmc_check_due()

@@ -26,6 +26,7 @@ from hosts.selectors import (
 from pools.models import Tenant
 
 from . import presenters, services
+from .capacity import fleet_capacity
 from .choices import HostState
 from .filtersets import HostFilterSet, without_state
 from .lifecycle import ConcurrentTransition, IllegalTransition
@@ -48,7 +49,7 @@ def fleet(request):
     queries whatever the fleet's size: one count, one page, one aggregate, the NodeTypes, the tenants."""
     cursor = live_cursor()
     filters = list_filter(request, HostFilterSet, BareMetalHost.objects.all())
-    counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all())
+    counted = HostFilterSet(without_state(request.GET), queryset=BareMetalHost.objects.all(), request=request)
     node_types = presenters.node_types_by_selector()
     pager = Paginator(presenters.row_queryset(filters.qs).order_by("name"), page_size(request))
     current = pager.get_page(request.GET.get("page"))
@@ -56,6 +57,7 @@ def fleet(request):
     query = without_state(request.GET)
     return page(request, "hosts/fleet.html", {
         "cursor": cursor, "counts": presenters.state_counts(counted.qs), "page_obj": current, "rows": rows,
+        "capacity": fleet_capacity(node_types),
         "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),

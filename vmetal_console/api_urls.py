@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from claims.api.views import NodeClaimViewSet
 from events.api.views import EventViewSet
-from hosts.api.views import EraseCertificateViewSet, HealthRunViewSet, HostViewSet
+from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet
 from manifests.api import ApplyView
 from pools.api.tokens import TokenViewSet
 from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
@@ -29,6 +29,7 @@ router.register("tokens", TokenViewSet, basename="token")
 
 v1 = [
     re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
+    re_path(r"^capacity/?$", CapacityView.as_view(), name="capacity"),
     *router.urls,
 ]
 

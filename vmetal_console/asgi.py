@@ -16,11 +16,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from claims.routing import websocket_urlpatterns as claim_routes  # noqa: E402
+from events.routing import websocket_urlpatterns as event_routes  # noqa: E402
 from hosts.routing import websocket_urlpatterns as host_routes  # noqa: E402
 from console.routing import websocket_urlpatterns as pool_routes  # noqa: E402
 from core.limits import BodyLimit  # noqa: E402
 
-websocket_urlpatterns = [*host_routes, *claim_routes, *pool_routes]
+websocket_urlpatterns = [*host_routes, *claim_routes, *pool_routes, *event_routes]
 
 application = ProtocolTypeRouter({
     "http": BodyLimit(ASGIStaticFilesHandler(django_asgi_app)),  # a body over MAX_REQUEST_BODY: 413, unread

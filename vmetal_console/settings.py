@@ -185,6 +185,8 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-overdue-hosts": {"task": "hosts.tasks.sweep_overdue_hosts", "schedule": 30.0},
     "drive-stale-hosts": {"task": "hosts.tasks.drive_stale_hosts",
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
+    # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
+    "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
 }
 
 # Host life cycle: each in-progress state's deadline is its flow's step deadlines (below) added up, plus this
@@ -207,6 +209,9 @@ def env_float(name: str, default: float) -> float:
 
 BMC_TIMEOUT_S = env_float("BMC_TIMEOUT_S", 10)
 BMC_RETRY_S = env_float("BMC_RETRY_S", 5)  # a step whose BMC is away tries again this often, until its deadline
+BMC_CHECK_EVERY_S = env_float("BMC_CHECK_EVERY_S", 60)  # the periodic check of available hosts' BMCs
+BMC_CHECK_TIMEOUT_S = env_float("BMC_CHECK_TIMEOUT_S", 5)  # its one read, without retries
+BMC_CONTACT_REFRESH_S = env_float("BMC_CONTACT_REFRESH_S", 60)  # a flow's successful BMC call is recorded this often
 # A drive's lease on its host, renewed every third of it while the drive runs: a worker killed mid-step holds
 # its host this long at most.
 DRIVE_LEASE_S = env_float("DRIVE_LEASE_S", 30)

@@ -5,14 +5,16 @@ a tenant member sees only the hosts serving its claims, without BMC details. The
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, viewsets
+from rest_framework import exceptions, mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from core import scoping
-from core.api import ScopedViewMixin, actor
+from core.api import ScopedPermission, ScopedViewMixin, actor
 from events.choices import ObjectType
 from events.services import object_update
+from hosts.capacity import fleet_capacity
 from hosts.certificate_views import signed_file
 from hosts.filtersets import (
     BareMetalHostFilterSet,
@@ -129,3 +131,20 @@ class HealthRunViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_class(self):
         return HealthRunDetailSerializer if self.action == "retrieve" else HealthRunSerializer
+
+
+class CapacityView(APIView):
+    """GET /api/v1/capacity/: what the fleet board's capacity card shows (hosts.capacity.fleet_capacity), for
+    admins and auditors; a tenant member is refused (the fleet is not theirs to see)."""
+
+    permission_classes = [ScopedPermission]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT},
+                   description="Per NodeType, per rack (the `rack` label) and in all: hosts total, free (available), "
+                               "allocatable (available and not held back), serving a claim, broken (error, repair, "
+                               "retesting), and the free hosts held back by each reason (bmc_red: the BMC's last "
+                               "answer failed).")
+    def get(self, request):
+        if not scoping.sees_everything(request.user):
+            raise exceptions.PermissionDenied("the fleet's capacity is for admins and auditors")
+        return Response(fleet_capacity())
