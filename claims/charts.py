@@ -160,9 +160,11 @@ def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dic
     return {"start": start, "end": now, "series": series, "buckets": buckets, "data_starts_late": start > window_start}
 
 
-STATE_STROKES = {"registering": "#8a94a6", "inspecting": "#6b7280", "available": "#0ea5e9",
-                 "provisioning": "#f59e0b", "provisioned": "#16a34a", "deprovisioning": "#d97706",
-                 "repair": "#ea580c", "error": "#dc2626", "maintenance": "#334155"}
+# Each state's line in its badge's colour family (hosts.choices.HostState): available green, provisioned blue,
+# repair violet, the in-progress states amber.
+STATE_STROKES = {"registering": "#8a94a6", "inspecting": "#6b7280", "available": "#16a34a",
+                 "provisioning": "#f59e0b", "provisioned": "#1c7ed6", "deprovisioning": "#d97706",
+                 "repair": "#7048e8", "error": "#dc2626", "maintenance": "#334155"}
 
 
 def history_chart(history: dict, width: int = 960, height: int = 240) -> dict:

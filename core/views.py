@@ -49,6 +49,16 @@ def page(request, template: str, context: dict | None = None, *, status: int = 2
     return render(request, template, ctx, status=status)
 
 
+def permission_denied(request, exception=None):
+    """The 403 page (handler403): the layout with the role's navigation, and what was refused."""
+    return page(request, "403.html", {"exception": str(exception or "")}, status=403)
+
+
+def page_not_found(request, exception=None):
+    """The 404 page (handler404): the layout with the role's navigation."""
+    return page(request, "404.html", status=404)
+
+
 def is_htmx(request) -> bool:
     return request.headers.get("HX-Request") == "true"
 

@@ -19,7 +19,7 @@ from .services import object_delete, object_relations_set, object_update
 # The Bootstrap colour names the choices declare (core.choices.ColouredChoices: HostState, ClaimPhase),
 # as the admin has no Bootstrap.
 BADGE_COLOURS = {"secondary": "#6c757d", "info": "#0b7285", "warning": "#b35c00", "success": "#2b8a3e",
-                 "danger": "#c92a2a", "dark": "#343a40", "orange": "#d9480f"}
+                 "primary": "#1864ab", "danger": "#c92a2a", "dark": "#343a40", "purple": "#7048e8"}
 
 
 def admin_actor(request) -> str:

@@ -6,11 +6,12 @@ from core.choices import ColouredChoices
 class HostState(ColouredChoices):
     REGISTERING = "registering", "Registering", "secondary"
     INSPECTING = "inspecting", "Inspecting", "secondary"
-    AVAILABLE = "available", "Available", "info"
+    # Available is green as a claim's Available is; provisioned (serving a claim) is blue.
+    AVAILABLE = "available", "Available", "success"
     PROVISIONING = "provisioning", "Provisioning", "warning"
-    PROVISIONED = "provisioned", "Provisioned", "success"
+    PROVISIONED = "provisioned", "Provisioned", "primary"
     DEPROVISIONING = "deprovisioning", "Deprovisioning", "warning"
-    REPAIR = "repair", "Repair", "orange"
+    REPAIR = "repair", "Repair", "purple"  # not an in-progress amber: it waits for a person
     # In repair: cleaned and checked again (hosts.services.host_retest).
     RETESTING = "retesting", "Retesting", "warning"
     RETIRED = "retired", "Retired", "dark"  # taken out of the fleet for good

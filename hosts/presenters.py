@@ -80,7 +80,7 @@ def row_queryset(qs=None):
 def decorate_rows(hosts: list[BareMetalHost], node_types: list[NodeType]) -> list[BareMetalHost]:
     for host in hosts:
         host.node_type_name = node_type_of(host, node_types)
-        host.shown_labels = [(k, v) for k, v in sorted((host.labels or {}).items()) if k != "role"]
+        host.shown_labels = sorted((host.labels or {}).items())
     return hosts
 
 

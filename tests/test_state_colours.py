@@ -9,23 +9,23 @@ from events.admin import BADGE_COLOURS
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 
-# The colours the badges have always had.
+# Each state's one colour (issue 17.6: Available green for hosts and claims alike, repair violet, not amber).
 HOST_COLOURS = {
-    "registering": "secondary", "inspecting": "secondary", "available": "info", "provisioning": "warning",
-    "provisioned": "success", "deprovisioning": "warning", "repair": "orange", "retesting": "warning",
+    "registering": "secondary", "inspecting": "secondary", "available": "success", "provisioning": "warning",
+    "provisioned": "primary", "deprovisioning": "warning", "repair": "purple", "retesting": "warning",
     "retired": "dark", "error": "danger", "maintenance": "dark"}
 PHASE_COLOURS = {"Pending": "secondary", "Provisioning": "warning", "Joining": "warning", "Available": "success",
                  "Failed": "danger", "Releasing": "warning", "Released": "dark"}
 
 
-def test_each_state_and_phase_declares_the_colour_its_badge_has_always_had():
+def test_each_state_and_phase_declares_its_one_colour():
     assert HostState.colours == HOST_COLOURS
     assert ClaimPhase.colours == PHASE_COLOURS
     assert [label for _, label in HostState.choices][:3] == ["Registering", "Inspecting", "Available"]
 
 
 def test_the_models_and_an_unknown_value_ask_the_choices():
-    assert BareMetalHost(state=HostState.REPAIR).state_colour == "orange"
+    assert BareMetalHost(state=HostState.REPAIR).state_colour == "purple"
     assert NodeClaim(phase=ClaimPhase.FAILED).phase_colour == "danger"
     assert HostState.colour("no-such-state") == ClaimPhase.colour("") == "secondary"
 

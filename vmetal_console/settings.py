@@ -253,7 +253,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # A refused request (4xx) is logged as one line (core.logs): on django.request itself, and on the handler
+    # for the django.security.* loggers' refusals.
+    "filters": {"refusals_one_line": {"()": "core.logs.RefusalsOneLine"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["refusals_one_line"]}},
+    "loggers": {"django.request": {"filters": ["refusals_one_line"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 

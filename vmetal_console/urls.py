@@ -7,3 +7,7 @@ urlpatterns = [
     path("", include("hosts.urls")),
     path("", include("vmetal_console.console_urls")),
 ]
+
+# The console's refusals are its own pages, with the navigation of the user's role (core.views).
+handler403 = "core.views.permission_denied"
+handler404 = "core.views.page_not_found"
