@@ -129,7 +129,8 @@ def test_admin_sets_a_pool_and_watches_the_claim_become_available_without_a_relo
     page.wait_for_selector('#tenant-nodes tr[data-node="gpu-01"]')
     assert page.evaluate("window.sameDocument") == "not reloaded"
     assert page.evaluate("window.liveMessages") >= messages_before + 5  # every change came over the websocket
-    assert page.inner_text(f"#pool-{gpu.pk}-claims").strip() == "1 Available"
+    # The pool's count follows the claim's phase in a message of its own: wait for it, as a reader would.
+    page.wait_for_function(f"document.querySelector('#pool-{gpu.pk}-claims').textContent.trim() === '1 Available'")
 
     page.goto(f"/claims/{claim.name}/")
     wait_live(page)
