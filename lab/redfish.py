@@ -77,6 +77,17 @@ def system_uuid(name: str) -> str:
     return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"vmetal-lab/{name}"))
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a TCP port can be bound now (a lab restart asks for the ports it had)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _htpasswd(username: str, password: str) -> str:
     import bcrypt
 
@@ -113,6 +124,7 @@ class RedfishLab:
                 "power_delay": _delay_range(spec["power_delay"]) if spec.get("power_delay") else None,
                 "fault": _fault_spec(spec["fault"]) if spec.get("fault") else None,
                 "macs": [mac] + [m.lower() for m in spec.get("extra_macs", ())],
+                "port": int(spec.get("port") or 0),  # 0: a free one
             }
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
@@ -189,7 +201,7 @@ class RedfishLab:
                 auth = os.path.join(directory, f"htpasswd-{s['uuid']}")
                 with open(auth, "w") as f:
                     f.write(_htpasswd(s["username"], s["password"]))
-            lab_systems[s["uuid"]] = {"name": s["name"], "auth_file": auth,
+            lab_systems[s["uuid"]] = {"name": s["name"], "auth_file": auth, "port": s["port"],
                                       "power_delay": s["power_delay"], "fault": s["fault"]}
         options = {
             "SUSHY_EMULATOR_LISTEN_IP": self.host,
@@ -808,7 +820,7 @@ def serve(config_path: str, parent_pid: int | None = None) -> None:
     site.driver = app.systems
 
     for uuid, spec in site.systems.items():
-        site.open_port(uuid)
+        site.open_port(uuid, spec.get("port") or None)
         if spec.get("fault"):
             f = spec["fault"]
             site.set_fault(uuid, f["kind"], f.get("seconds"), f.get("requests"), f.get("delay"))

@@ -44,7 +44,7 @@ from pathlib import Path
 from agent.seed import SeedError, read_seed
 
 from .kube import TenantAPIServer, kubelet_join, parse_join_command
-from .redfish import RedfishLab
+from .redfish import RedfishLab, port_free
 
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,15 +184,19 @@ class LabSite:
                 with open(path, "ab") as f:
                     f.truncate(host.disk_bytes)
         self._make_images()
-        self._start_image_server()
-        systems = [{"name": h.name, "mac": h.mac, "password": h.password,
+        # The ports of the lab's last start in this var_dir, where still free: a restart re-registers its servers,
+        # tenant APIs and images at the addresses they had, so the console's objects do not change.
+        last = self._ports_last()
+        self._start_image_server(last.get("images", 0))
+        systems = [{"name": h.name, "mac": h.mac, "password": h.password, "port": last.get("bmc", {}).get(h.name, 0),
                     **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
                             if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]
         self.redfish = RedfishLab(systems, username="admin", password=secrets.token_urlsafe(12),
-                                  power_delay=self.power_delay, port=self.bmc_port).start()
+                                  power_delay=self.power_delay, port=self.bmc_port or last.get("shared", 0)).start()
         for name in self.tenant_names:
-            self.tenants[name] = TenantAPIServer(name).start()
+            self.tenants[name] = TenantAPIServer(name, port=last.get("tenants", {}).get(name, 0)).start()
+        self._ports_keep()
         self._controller = threading.Thread(target=self._control, name="lab-controller", daemon=True)
         self._controller.start()
         return self
@@ -299,7 +303,30 @@ class LabSite:
     def image_url(self, image: LabImage) -> str:
         return f"http://127.0.0.1:{self._image_server.server_address[1]}/{image.path.name}"
 
-    def _start_image_server(self) -> None:
+    PORTS_FILE = "ports.json"
+
+    def _ports_last(self) -> dict:
+        """The ports recorded by the last start (bmc per host, shared, tenants, images), each kept only if free."""
+        try:
+            last = json.loads((self.var_dir / self.PORTS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(last, dict):
+            return {}
+
+        def free(port) -> int:
+            return port if isinstance(port, int) and 0 < port < 65536 and port_free(port) else 0
+
+        return {"images": free(last.get("images")), "shared": free(last.get("shared")),
+                "bmc": {k: free(v) for k, v in (last.get("bmc") or {}).items()},
+                "tenants": {k: free(v) for k, v in (last.get("tenants") or {}).items()}}
+
+    def _ports_keep(self) -> None:
+        ports = {"images": self._image_server.server_address[1], "shared": self.redfish.port,
+                 "bmc": {name: self.redfish.system_port(name) for name in self.hosts}, "tenants": {n: t.port for n, t in self.tenants.items()}}
+        (self.var_dir / self.PORTS_FILE).write_text(json.dumps(ports, indent=1))
+
+    def _start_image_server(self, port: int = 0) -> None:
         site = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -333,7 +360,7 @@ class LabSite:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self._image_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._image_server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._image_server.daemon_threads = True
         threading.Thread(target=self._image_server.serve_forever, name="lab-images", daemon=True).start()
 
