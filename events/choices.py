@@ -7,6 +7,7 @@ class EventKind(models.TextChoices):
     CHANGE = "change", "Configuration change"
     ACTION = "action", "Action"
     SECURITY = "security", "Security"  # a refused agent lookup, a boot script asked for twice
+    DECISION = "decision", "Auto Nodes decision"  # a dynamic pool added, did not add or released nodes (autonodes)
 
 
 class ObjectType(models.TextChoices):

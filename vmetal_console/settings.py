@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "pools",
     "hosts",
     "claims",
+    "autonodes",
     "manifests",
     "console",
     # The lab (a simulated data centre: `manage.py lab`) is installed where it runs: the embedded console, the

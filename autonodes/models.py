@@ -1,0 +1,91 @@
+"""Auto Nodes: the demand dynamic pools answer (Pending pods), the watchers that see it, and each node's use.
+
+Decisions themselves are Events (events.EventKind.DECISION, object_type pool): one log for audit, the pool
+page and the live views. Data of a decision Event: {"reason": DecisionReason, "pool": name, "pods": ["ns/name",
+...], "claims": [names], "node_type": name, ...}.
+"""
+from django.db import models
+
+from .choices import DemandStatus, WatchState
+
+
+class PendingPod(models.Model):
+    """One pod of a tenant that the tenant's scheduler could not place (PodScheduled=False, Unschedulable).
+    Written by the tenant's watcher (autonodes.watcher); decided on by autonodes.services."""
+
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.CASCADE, related_name="pending_pods")
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64)
+    owner = models.CharField(max_length=253, blank=True)  # "Job/train-7": the workload it belongs to
+    # What it asks, as the pod spec says it (summed over containers, max with init containers).
+    requests = models.JSONField(default=dict, blank=True)  # {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}
+    node_selector = models.JSONField(default=dict, blank=True)
+    # spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms
+    node_affinity = models.JSONField(default=list, blank=True)
+    tolerations = models.JSONField(default=list, blank=True)
+    scheduler_message = models.TextField(blank=True)  # the PodScheduled condition's message
+    seen_at = models.DateTimeField(auto_now_add=True)  # first seen Pending
+    updated_at = models.DateTimeField(auto_now=True)
+    # The console's answer.
+    status = models.CharField(max_length=16, choices=DemandStatus.choices, default=DemandStatus.NEW, db_index=True)
+    claim = models.ForeignKey("claims.NodeClaim", null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="pending_pods")  # the claim launched for it
+    pool = models.ForeignKey("pools.NodePool", null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="pending_pods")
+    reason = models.TextField(blank=True)  # for people: why waiting / unservable
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "seen_at", "namespace", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "uid"], name="uniq_pending_pod")]
+        indexes = [models.Index(fields=["tenant", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def status_colour(self) -> str:
+        return DemandStatus.colour(self.status)
+
+
+class TenantWatch(models.Model):
+    """The pod watcher of one tenant, as its supervisor last reported it: shown on the pages, read by decisions
+    (a tenant whose API is down is not decided for)."""
+
+    tenant = models.OneToOneField("pools.Tenant", on_delete=models.CASCADE, related_name="watch")
+    state = models.CharField(max_length=16, choices=WatchState.choices, default=WatchState.STARTING)
+    resource_version = models.CharField(max_length=64, blank=True)  # where a resumed watch starts
+    connected_at = models.DateTimeField(null=True, blank=True)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)  # the last failure, for people
+    failures = models.PositiveIntegerField(default=0)  # in a row; drives the back-off
+    retry_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"watch of {self.tenant_id}: {self.state}"
+
+    @property
+    def state_colour(self) -> str:
+        return WatchState.colour(self.state)
+
+
+class NodeUsage(models.Model):
+    """What runs on the node of one claim of a dynamic pool, and what disruption plans for it."""
+
+    claim = models.OneToOneField("claims.NodeClaim", on_delete=models.CASCADE, related_name="usage")
+    pods = models.PositiveIntegerField(default=0)  # non-daemonset pods bound to the node
+    requested = models.JSONField(default=dict, blank=True)  # their requests summed: {"cpu": "8", ...}
+    empty_since = models.DateTimeField(null=True, blank=True)
+    do_not_disrupt = models.BooleanField(default=False)  # a pod on it has karpenter.sh/do-not-disrupt: "true"
+    checked_at = models.DateTimeField(null=True, blank=True)
+    # The next disruption decision, for people: "released at 12:13 unless a pod arrives".
+    next_action = models.CharField(max_length=300, blank=True)
+    next_action_at = models.DateTimeField(null=True, blank=True)
+    # Expiry or drift: the claim that replaces this one (this one is released once its pods have moved).
+    replacement = models.ForeignKey("claims.NodeClaim", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="replaces")
+
+    def __str__(self) -> str:
+        return f"usage of claim {self.claim_id}"
