@@ -26,6 +26,7 @@ from hosts.services import hosts_transition_batch
 from pools.choices import PoolKind
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
+    NODE_TYPE_PROPERTY,
     OS_IMAGE_PROPERTY,
     SERVER_NAME_PROPERTY,
     NodePool,
@@ -157,14 +158,22 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
     return result
 
 
-def _claims_create(growing: list[tuple[NodePool, int]], actor: str) -> list[str]:
+def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type: NodeType | None = None,
+                   message: str = "") -> list[str]:
     tenant_names = [pool.tenant.name for pool, missing in growing for _ in range(missing)]
     names = iter(_new_claim_names(tenant_names))
+
+    def requirements(pool):
+        if node_type is None:
+            return pool.node_type_selector
+        # A dynamic pool's decision chose the type: the allocator takes only that one.
+        return [*pool.node_type_selector, {"property": NODE_TYPE_PROPERTY, "operator": "In", "values": [node_type.name]}]
+
     claims = [
         NodeClaim(name=next(names), namespace=pool.tenant.namespace, tenant=pool.tenant, pool=pool,
-                  pool_name=pool.name, provider=pool.provider, requirements=pool.node_type_selector,
+                  pool_name=pool.name, provider=pool.provider, requirements=requirements(pool),
                   properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
-                  reason="Created", message="waiting for a host")
+                  node_type=node_type, reason="Created", message="waiting for a host")
         for pool, missing in growing for _ in range(missing)
     ]
     NodeClaim.objects.bulk_create(claims)
@@ -174,10 +183,20 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str) -> list[str]
             created[name].pk = pk
     events_record([
         Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
-              tenant_id=c.tenant_id, to_state=P.PENDING, message=f"pool {c.pool_name} needs a node", actor=actor)
+              tenant_id=c.tenant_id, to_state=P.PENDING, message=message or f"pool {c.pool_name} needs a node",
+              actor=actor)
         for c in claims
     ])
     return [c.name for c in claims]
+
+
+def claims_create(*, pool: NodePool, count: int, actor: str, node_type: NodeType | None = None,
+                  message: str = "") -> list[NodeClaim]:
+    """New Pending claims in a pool (a dynamic pool's decision, a replacement), optionally of one NodeType.
+    The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit."""
+    names = _claims_create([(pool, count)], actor, node_type=node_type, message=message)
+    task_send_on_commit(RECONCILE_TASK, pool_ids=[pool.pk])  # allocates this pool's pending claims
+    return list(NodeClaim.objects.filter(name__in=names).order_by("pk"))
 
 
 @transaction.atomic
