@@ -623,7 +623,7 @@ class TenantEmulator(kmock.KubernetesEmulator):
         verdict changes, so a pass that decides nothing new publishes nothing."""
         pods = self._live(PODS)
         pending = [(k, p) for k, p in pods if not (p.get("spec") or {}).get("nodeName")
-                   and not p["metadata"].get("deletionTimestamp")
+                   and not p["metadata"].get("deletionTimestamp") and not (p.get("spec") or {}).get("schedulingGates")
                    and (p.get("status") or {}).get("phase", "Pending") == "Pending"
                    and (p.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"]
         if not pending:
