@@ -1,5 +1,6 @@
 """The lab's tenant API schedules as kube-scheduler does and runs Jobs as the Job controller does, so that Auto Nodes
 has real Pending pods to answer: bound where they fit, Unschedulable with kube-scheduler's message where not."""
+import itertools
 import threading
 import time
 
@@ -176,7 +177,7 @@ def test_a_node_joining_binds_a_pending_pod_and_a_watcher_sees_each_verdict(join
     assert ("MODIFIED", None, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.") in waiting
     assert all(kind == "MODIFIED" and node is None for kind, node, _ in waiting)
     messages = [message for _, _, message in waiting]
-    assert all(a != b for a, b in zip(messages, messages[1:]))  # a pass that decides nothing new writes nothing
+    assert all(a != b for a, b in itertools.pairwise(messages))  # a pass that decides nothing new writes nothing
 
 
 def test_a_lab_servers_node_reports_its_hardware_and_a_dynamic_pools_node_starts_empty(tenant, kubectl):
