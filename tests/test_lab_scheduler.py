@@ -1,5 +1,6 @@
 """The lab's tenant API schedules as kube-scheduler does and runs Jobs as the Job controller does, so that Auto Nodes
 has real Pending pods to answer: bound where they fit, Unschedulable with kube-scheduler's message where not."""
+import io
 import itertools
 import threading
 import time
@@ -11,6 +12,8 @@ from kubernetes import client, config, watch
 from claims.tenant_api import TenantAPI
 from lab.kube import TenantAPIServer, kubelet_join
 from lab.site import LabSite
+
+pytest_plugins = ["tests.lab_conftest"]
 
 GPU_SERVER = {"cpu": "192", "memory": "2097152Mi", "nvidia.com/gpu": "8", "pods": "110"}
 CPU_SERVER = {"cpu": "64", "memory": "524288Mi", "pods": "110"}
@@ -257,3 +260,42 @@ def test_deleting_a_job_deletes_its_pods(join, kubectl, batch):
     assert job_pods(kubectl, "train-7", live=False) == []
     assert len(job_pods(kubectl, "other")) == 1
     assert [j.metadata.name for j in batch.list_namespaced_job("default").items] == ["other"]
+
+
+# -- the whole loop in the lab: a dynamic pool's claim becomes a node that takes the Pending pod
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_dynamic_pools_server_joins_with_its_gpus_and_no_sample_pods_and_takes_the_pending_pod(
+        lab_factory, celery_worker_process, apply):
+    from django.core.management import call_command
+    from django.db import transaction
+
+    from claims.choices import ClaimPhase
+    from claims.models import NodeClaim
+    from claims.services import claims_create
+    from conftest import DEMO, wait_for
+    from pools.models import NodePool
+
+    from .lab_conftest import wait_hosts
+
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["two"])
+    apply((DEMO / "tenant-two.yaml").read_text(), tenant="two")
+    wait_hosts("available", 1)
+    call_command("workload", "submit", "--tenant", "two", "--name", "train-7", "--gpus", "8", stdout=io.StringIO())
+    kubectl = client.CoreV1Api(config.new_client_from_config_dict(
+        yaml.safe_load(site.tenants["two"].kubeconfig()), persist_config=False))
+    (waiting,) = kubectl.list_namespaced_pod("default", label_selector="job-name=train-7").items
+    assert placement(kubectl, waiting.metadata.name) == "Unschedulable: no nodes available to schedule pods"
+
+    with transaction.atomic():  # what a decision does for that pod
+        (claim,) = claims_create(pool=NodePool.objects.get(name="gpu-auto"), count=1, actor="system:test")
+    wait_for(lambda: NodeClaim.objects.get(pk=claim.pk).phase == ClaimPhase.AVAILABLE, timeout=180)
+
+    node = kubectl.read_node("gpu-01")
+    assert node.status.allocatable == {"cpu": "192", "memory": "2097152Mi", "nvidia.com/gpu": "8", "pods": "110"}
+    assert node.metadata.labels["workload"] == "gpu-auto"
+    assert placement(kubectl, waiting.metadata.name) == "gpu-01"
+    on_node = kubectl.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-01").items
+    assert sorted(p.metadata.name for p in on_node) == sorted(["kube-proxy-gpu-01", waiting.metadata.name])
