@@ -188,6 +188,10 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Dynamic pools give back empty, underutilized, expired and drifted nodes (autonodes/disruption.py): one list
+    # of each tenant's pods per pass.
+    "autonodes-disrupt": {"task": "autonodes.tasks.disrupt",
+                          "schedule": float(os.environ.get("AUTONODES_DISRUPT_EVERY_S", "10"))},
 }
 
 # Host life cycle: each in-progress state's deadline is its flow's step deadlines (below) added up, plus this
