@@ -474,6 +474,30 @@ def test_a_tenant_whose_api_is_down_is_skipped_and_another_tenants_node_still_re
     assert not NodeUsage.objects.filter(claim=down).exists()  # nothing is known of its pods
 
 
+# -- Celery beat runs the pass
+
+
+@pytest.fixture
+def worker_settings() -> dict:
+    return {"WITH_BEAT": "1", "AUTONODES_DISRUPT_EVERY_S": "1"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_celery_beat_runs_the_pass_and_the_worker_releases_the_empty_node(site, celery_worker_process):
+    from conftest import wait_for
+
+    pool = site.pool(site.tenant("one"), disruption={"consolidateAfter": "1s", "minNodeLifetime": "0s"})
+    empty, busy = site.node(pool), site.node(pool)
+    site.pod("one", busy, "train-0", gpus=8)
+
+    wait_for(lambda: phase(empty) == "Releasing", timeout=30)
+
+    event = decisions("Empty").get()
+    assert event.actor == "system:disruption" and event.data["claims"] == [empty.name]
+    assert phase(busy) == "Available" and usage(busy).pods == 1
+    assert "autonodes.tasks.disrupt" in celery_worker_process.log.read_text()
+
+
 # -- validation: apply refuses what the pass could not read
 
 
