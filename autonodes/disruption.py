@@ -310,7 +310,7 @@ def pools_disrupt(*, actor: str = ACTOR, now: datetime | None = None) -> Disrupt
                                      deleting_since__isnull=True).distinct().order_by("pk"))
     for tenant in tenants:
         try:  # network I/O: outside any transaction
-            pods = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S).list_pods()
+            pods = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S).list_node_pods()
         except TenantAPIError as exc:
             log.warning("disruption: tenant %s skipped: %s", tenant.name, exc)
             result.skipped[tenant.name] = str(exc)

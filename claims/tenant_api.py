@@ -439,19 +439,7 @@ class TenantAPI:
             return self._call(f"delete node {node_name}", client.CoreV1Api(api).delete_node, node_name,
                               tolerate=(404,)) is not None
 
-    # -- pods
-
-    def list_unschedulable_pods(self) -> list[dict]:
-        """Pending pods the scheduler could not place (PodScheduled=False, reason Unschedulable), as dicts."""
-        with self._client() as api:
-            pods = self._call("list pending pods", client.CoreV1Api(api).list_pod_for_all_namespaces,
-                              field_selector="status.phase=Pending").items
-            return [raw for raw in map(api.sanitize_for_serialization, pods)
-                    if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
-                           and c.get("reason") == "Unschedulable"
-                           for c in (raw.get("status") or {}).get("conditions") or [])]
-
-    def list_pods(self) -> list[dict]:
+    def list_node_pods(self) -> list[dict]:
         """Every pod bound to a node and not finished (Succeeded or Failed), as dicts: one list call for the whole
         tenant, which autonodes.disruption reads to see what runs on each node. Parsed straight from the JSON:
         the client's models cost more than the call with thousands of pods."""
@@ -466,3 +454,15 @@ class TenantAPI:
             except (ValueError, AttributeError) as exc:
                 raise TenantAPIError(f"list pods: tenant API answered something that is not a pod list: "
                                      f"{type(exc).__name__}") from None
+
+    # -- pods
+
+    def list_unschedulable_pods(self) -> list[dict]:
+        """Pending pods the scheduler could not place (PodScheduled=False, reason Unschedulable), as dicts."""
+        with self._client() as api:
+            pods = self._call("list pending pods", client.CoreV1Api(api).list_pod_for_all_namespaces,
+                              field_selector="status.phase=Pending").items
+            return [raw for raw in map(api.sanitize_for_serialization, pods)
+                    if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                           and c.get("reason") == "Unschedulable"
+                           for c in (raw.get("status") or {}).get("conditions") or [])]
