@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
@@ -75,6 +75,9 @@ DEFAULT_BUDGET = {"nodes": "10%"}
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 UNLIMITED = 2**31 - 1
+# A replacement that failed is not made again at once: a broken image or no server of the type would otherwise
+# launch and fail a claim on every pass (issue 12.7a: never relaunched in a loop).
+REPLACEMENT_RETRY = timedelta(minutes=30)
 
 
 # --- the pool's settings, as this module reads them (the show pages ask the same functions) ---------------------
@@ -247,6 +250,7 @@ class Node:
     allocatable: dict[str, float]
     guarded: list[str]  # pods with do-not-disrupt
     blocked_before: str = ""  # its usage's blocked_by when the pass began
+    retry_at: datetime | None = None  # its usage's next_action_at when the pass began
     expires_at: datetime | None = None  # created_at + expireAfter
 
     @property
@@ -316,7 +320,11 @@ def pools_disrupt(*, actor: str = ACTOR, now: datetime | None = None) -> Disrupt
             result.skipped[tenant.name] = str(exc)
             _say_skipped(tenant, str(exc))
             continue
-        result.merge(tenant_disrupt(tenant_id=tenant.pk, pods=pods, actor=actor, now=now))
+        try:
+            result.merge(tenant_disrupt(tenant_id=tenant.pk, pods=pods, actor=actor, now=now))
+        except (ConcurrentTransition, DatabaseError) as exc:  # retried already; the others still go on
+            log.exception("disruption: tenant %s failed", tenant.name)
+            result.skipped[tenant.name] = f"failed: {exc}"
     return result
 
 
@@ -411,11 +419,11 @@ class _Pass:
         self.kept: set[int] = set()  # nodes something keeps in this pass: one decision per node and pass
         by_id = {c.pk: c for c in self.claims}
         for node in self.nodes:
-            node.usage.next_action, node.usage.next_action_at = "", None
-            node.blocked_before, node.usage.blocked_by = node.usage.blocked_by, ""
+            node.blocked_before, node.retry_at = node.usage.blocked_by, node.usage.next_action_at
+            node.usage.next_action, node.usage.next_action_at, node.usage.blocked_by = "", None, ""
         self._replacements(by_id)
         policy = consolidation_policy(self.pool)
-        candidates = [n for n in self.nodes if n.claim.pk not in self.gone]
+        candidates = [n for n in self.nodes if n.claim.pk not in self.gone | self.kept]
         for node in candidates:
             self._expiry_or_drift(node)
         for node in sorted(candidates, key=lambda n: (n.usage.empty_since or self.now, n.claim.pk)):
@@ -436,16 +444,28 @@ class _Pass:
                 continue
             replacement = by_id.get(replacement.pk) or replacement
             why, reason = self._why_replace(node)
+            if replacement.phase == P.AVAILABLE and node.guarded:
+                self.gone.add(node.claim.pk)
+                self.disrupting += 1
+                self._block(node, f"do-not-disrupt:{node.guarded[0]}",
+                            f"kept: pod {node.guarded[0]} has do-not-disrupt (its replacement {replacement.name} "
+                            "is Ready)")
+                continue
             if replacement.phase == P.AVAILABLE:
                 message = f"released {node.claim.name}: its replacement {replacement.name} is Ready ({why})"
                 self._release([node], reason, message, extra={"replacement": replacement.name})
                 continue
             if replacement.phase in (P.FAILED, P.RELEASING, P.RELEASED):
-                # Tried again on a later pass, within the budget; the node keeps its pods meanwhile.
+                # The node keeps its pods; replaced again after a while, within the budget.
                 node.usage.replacement = None
+                retry = self.now + REPLACEMENT_RETRY
                 self._event(reason, [node], f"replacement {replacement.name} of {node.claim.name} is "
-                                            f"{replacement.phase}: {node.claim.name} kept, replaced again later",
-                            extra={"replacement": replacement.name})
+                                            f"{replacement.phase}: {node.claim.name} kept, replaced again from "
+                                            f"{_hhmm(retry)}", extra={"replacement": replacement.name})
+                node.retry_at, node.blocked_before = retry, "replacement-failed"
+                self._block(node, "replacement-failed", f"kept: replacement {replacement.name} "
+                                                        f"{replacement.phase}; replaced again from {_hhmm(retry)}")
+                node.usage.next_action_at = retry
                 continue
             self.gone.add(node.claim.pk)
             self.disrupting += 1
@@ -467,6 +487,12 @@ class _Pass:
         else:
             if expiry is not None:
                 node.expires_at = node.claim.created_at + expiry
+            return
+        if (node.blocked_before == "replacement-failed" and node.retry_at is not None and node.retry_at > self.now
+                and node.pods):
+            node.usage.next_action_at = node.retry_at
+            self._block(node, "replacement-failed", f"kept: its last replacement failed; replaced again from "
+                                                    f"{_hhmm(node.retry_at)}")
             return
         if self._blocked(node, reason, lifetime=False):
             return

@@ -433,6 +433,25 @@ def test_an_expired_node_is_replaced_first_and_released_once_the_replacement_is_
     assert done.pk != started.pk and f"its replacement {new.name} is Ready" in done.message
 
 
+def test_a_failed_replacement_keeps_the_node_and_is_not_made_again_on_every_pass(site):
+    pool = site.pool(site.tenant("one"), expire_after="1h", disruption={"consolidateAfter": "Never"})
+    old = site.node(pool)
+    site.pod("one", old, "train-0", gpus=8)
+    disruption.pools_disrupt()
+    first = NodeClaim.objects.exclude(pk=old.pk).get()
+    NodeClaim.objects.filter(pk=first.pk).update(phase=ClaimPhase.FAILED)
+
+    disruption.pools_disrupt()
+    disruption.pools_disrupt()
+
+    assert phase(old) == "Available" and NodeClaim.objects.count() == 2  # no second replacement yet
+    kept = usage(old)
+    assert kept.replacement is None and kept.next_action.startswith("kept: its last replacement failed; replaced again")
+    assert datetime.timedelta(minutes=29) < kept.next_action_at - timezone.now() <= datetime.timedelta(minutes=30)
+    assert "is Failed" in decisions("Expired").last().message
+    assert not decisions("Blocked").exists()
+
+
 def test_a_drifted_node_is_replaced_and_an_empty_expired_one_just_released(site):
     one = site.tenant("one")
     pool = site.pool(one, expire_after="1h", disruption={"consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]})
