@@ -3,7 +3,8 @@ how few new nodes hold them all. Pure: plain dataclasses in and out, no database
 reads the rows, calls `simulate` and writes what it decided).
 
 The rules, in order, for each pod, largest first (first-fit decreasing):
-1. a node that exists (a Ready node or a claim in flight) where it fits: nothing is launched for it;
+1. a node that exists (a Ready node or a claim in flight) where it fits (and that has no extended resource the
+   pod does not ask for, as in 3.): nothing is launched for it;
 2. a node this pass already opened, if the pod fits it with one of the NodeTypes still possible for that node;
 3. a new node of the first pool (highest weight first) that may serve it: its nodeSelector and required node
    affinity against the pool's nodeLabels + the type's properties, its tolerations against the pool's taints;
@@ -72,7 +73,7 @@ class PoolOption:
 class Node:
     """Capacity that exists: a Ready node or a claim in flight (name: the claim's), its labels (the claim's
     node_labels + its type's properties), taints, and what is free on it (allocatable less daemonset overhead
-    less what is bound or already planned there)."""
+    less what is bound or already planned there; every resource of its type is a key, 0 when used up)."""
 
     name: str
     pool: str
@@ -285,7 +286,11 @@ class _Simulation:
 
     # --- the pass ------------------------------------------------------------------------------------------
     def place_on_existing(self, pod: PodDemand) -> bool:
+        asked = {k for k, v in pod.demand.requests.items() if v > 0}
         for node in self.nodes:
+            # The extended-resource rule holds here too: a CPU pod does not wait for a GPU server.
+            if any(is_extended(k) and k not in asked for k in node.free):
+                continue
             if why_not(pod.demand, node.labels, list(node.taints), node.free) is None:
                 for k, v in pod.demand.requests.items():
                     node.free[k] = node.free.get(k, 0.0) - v

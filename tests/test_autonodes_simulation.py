@@ -181,6 +181,9 @@ def test_pods_that_fit_on_existing_capacity_launch_nothing():
     tainted = Node(name="t", pool="other", labels={}, taints=({"key": "k", "effect": "NoSchedule"},), free={"cpu": 64})
     outcome = run([pod("d", cpu=1)], [pool(types=(CPU,))], nodes=(tainted,))
     assert not outcome.placed and len(outcome.launches) == 1
+    # Nor does a GPU node for a pod that asks no GPU.
+    outcome = run([pod("e", cpu=1)], [pool(types=(CPU,))], nodes=(node,))
+    assert not outcome.placed and launched(outcome) == [("burst", "cpu-server", ("ml/e",))]
 
 
 def test_a_tenant_without_dynamic_pools_gets_a_reason():
