@@ -155,6 +155,6 @@ def format_quantity(resource: str, value: float) -> str:
     """For messages: memory in Gi, cpu in cores (or m), counts as integers."""
     if resource == "memory" or resource.endswith("storage"):
         return f"{value / 2**30:g}Gi"
-    if resource == "cpu" and value != int(value) and value < 1:  # 500m; 63.75 stays in cores
+    if resource == "cpu" and value != int(value):
         return f"{round(value * 1000)}m"
     return f"{value:g}"

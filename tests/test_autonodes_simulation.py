@@ -4,7 +4,14 @@ import time
 
 from autonodes.choices import DecisionReason
 from autonodes.fit import Demand
-from autonodes.simulation import Node, PodDemand, PoolOption, Problem, TypeOption, simulate
+from autonodes.simulation import (
+    Node,
+    PodDemand,
+    PoolOption,
+    Problem,
+    TypeOption,
+    simulate,
+)
 
 GI = 2**30
 GPU = TypeOption("gpu-server", 1_000_000, {"cpu": 192, "memory": 2048 * GI, "nvidia.com/gpu": 8},
@@ -166,7 +173,7 @@ def test_no_free_host_of_the_type_makes_the_pod_wait_or_takes_another_type():
 
 def test_daemonset_overhead_is_counted_on_every_node():
     outcome = run([pod("full", cpu=64)], [pool(types=(CPU,))], overhead={"cpu": 0.25})
-    assert outcome.unservable["ml/full"].message == "no NodeType fits pod ml/full: asks 64 cpu, largest type has 63.75"
+    assert outcome.unservable["ml/full"].message == "no NodeType fits pod ml/full: asks 64 cpu, largest type has 63750m"
     outcome = run([pod("a", cpu=32), pod("b", cpu=31.75)], [pool(types=(CPU,))], overhead={"cpu": 0.25})
     assert len(outcome.launches) == 1
 
