@@ -3,7 +3,7 @@ recorded as an Event; and the pods of a claim that ended without serving them ba
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -20,9 +20,10 @@ from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record
-from hosts.capacity import node_type_capacity
+from hosts.choices import HostState
+from hosts.models import BareMetalHost
 from pools.choices import PoolKind
-from pools.matching import requirements_match
+from pools.matching import label_selector_q, requirements_match
 from pools.models import NodePool, NodeType, Tenant
 
 from .choices import DecisionReason, DemandStatus, WatchState
@@ -156,13 +157,14 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
                                 tenant_id=tenant.pk, actor=actor, message=message,
                                 data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
-                                      "node_type": type_name, "pods": sorted(m.__str__() for m in members),
+                                      "node_type": type_name, "pods": sorted(str(m) for m in members),
                                       "claims": [c.name for c in created]}))
 
         # Pods that fit on a node that exists or is on its way: nothing launched; they wait for it.
         placed: dict[int, list[PendingPod]] = defaultdict(list)
+        claim_named = {c.name: c for c in open_claims.values()}
         for key, claim_name in outcome.placed.items():
-            claim = next(c for c in open_claims.values() if c.name == claim_name)
+            claim = claim_named[claim_name]
             placed[claim.pk].append(by_key[key])
             result.placed[key] = claim_name
         for claim_id, members in placed.items():
@@ -217,11 +219,9 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
     properties = {t.pk: t.effective_properties() for t in node_types}
     dynamic_ids = {p.pk for p in pools}
 
-    # Free hosts per type: available, less the claims (of any tenant) already waiting for one of that type.
-    capacity = node_type_capacity(node_types)
-    waiting_claims = Counter(dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__isnull=False)
-                                  .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n")))
-    free_hosts = {t.pk: max(0, capacity[t.pk]["available"] - waiting_claims.get(t.pk, 0)) for t in node_types}
+    matching = {p.pk: [t for t in node_types if t.provider_id == p.provider_id
+                       and requirements_match(p.node_type_selector, properties[t.pk])] for p in pools}
+    free_hosts = _free_hosts(list({t.pk: t for types in matching.values() for t in types}.values()))
 
     used: dict[int, dict[str, float]] = defaultdict(dict)
     for claim in claims:
@@ -235,8 +235,7 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         types = tuple(
             TypeOption(name=t.name, cost=t.effective_cost(), allocatable=resources[t.pk], properties=properties[t.pk],
                        free_hosts=free_hosts[t.pk])
-            for t in node_types
-            if t.provider_id == pool.provider_id and requirements_match(pool.node_type_selector, properties[t.pk]))
+            for t in matching[pool.pk])
         options.append(PoolOption(name=pool.name, types=types, weight=pool.weight or 0,
                                   labels=dict(pool.node_labels or {}), taints=tuple(pool.taints or ()),
                                   limits=quantities(pool.limits), used=dict(used[pool.pk])))
@@ -268,6 +267,18 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         quota_left = tenant.quota_nodes - static - dynamic
     pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner) for p in undecided)
     return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
+
+
+def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
+    """Per type: its available hosts, less the claims (of any tenant) already waiting for one of that type. Two
+    queries whatever the number of types."""
+    if not node_types:
+        return {}
+    available = BareMetalHost.objects.filter(state=HostState.AVAILABLE).aggregate(
+        **{f"t{t.pk}": Count("pk", filter=label_selector_q(t.host_selector)) for t in node_types})
+    promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=node_types)
+                    .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))
+    return {t.pk: max(0, available[f"t{t.pk}"] - promised.get(t.pk, 0)) for t in node_types}
 
 
 def _owners(pods: list[PendingPod]) -> str:
