@@ -71,7 +71,7 @@ class Decision:
 def daemonset_overhead() -> dict[str, float]:
     """What daemonset pods take on every node (settings.AUTONODES_DAEMONSET_OVERHEAD: one setting for all pools,
     as the console does not watch the tenants' DaemonSets)."""
-    return quantities(getattr(settings, "AUTONODES_DAEMONSET_OVERHEAD", {}))
+    return quantities(settings.AUTONODES_DAEMONSET_OVERHEAD)
 
 
 def _demand(pod: PendingPod) -> Demand:
@@ -120,9 +120,15 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         changed = max([p.updated_at for p in pools] + [t.updated_at for t in node_types], default=None)
 
         kept, undecided = [], []
+        unbound = timezone.now() - timedelta(seconds=settings.AUTONODES_BIND_GRACE_S)
         for pod in pods:
             if pod.status == DemandStatus.LAUNCHED and pod.claim_id in open_claims:
-                kept.append(pod)
+                claim = open_claims[pod.claim_id]
+                if (claim.phase == P.AVAILABLE and claim.available_at and claim.available_at < unbound
+                        and (pod.decided_at is None or pod.decided_at < unbound)):
+                    undecided.append(pod)  # its node is Ready and the scheduler still did not place it: look again
+                else:
+                    kept.append(pod)
             elif pod.status == DemandStatus.UNSERVABLE:
                 if pod.decided_at is None or (changed is not None and changed > pod.decided_at):
                     undecided.append(pod)
@@ -329,8 +335,13 @@ def claims_ended(*, claims: list[NodeClaim], to_phase: str, actor: str) -> None:
 def tenants_to_decide() -> list[int]:
     """Tenants with demand to look at again (the periodic sweep): pods waiting (a limit, the quota or free hosts
     may have changed), new ones older than a batch window (a lost decide task), unservable ones (a pool or a
-    NodeType may have changed: tenant_decide tells)."""
-    stale = timezone.now() - timedelta(seconds=getattr(settings, "AUTONODES_SWEEP_NEW_AFTER_S", 30))
+    NodeType may have changed: tenant_decide tells), and pods still Pending AUTONODES_BIND_GRACE_S after the node
+    launched for them was Ready (the scheduler could not place them there after all)."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.AUTONODES_SWEEP_NEW_AFTER_S)
+    unbound = now - timedelta(seconds=settings.AUTONODES_BIND_GRACE_S)
     q = (Q(status=DemandStatus.WAITING) | Q(status=DemandStatus.NEW, updated_at__lt=stale)
-         | Q(status=DemandStatus.UNSERVABLE))
+         | Q(status=DemandStatus.UNSERVABLE)
+         | Q(status=DemandStatus.LAUNCHED, claim__phase=P.AVAILABLE, claim__available_at__lt=unbound,
+             decided_at__lt=unbound))
     return sorted(set(PendingPod.objects.filter(q).values_list("tenant_id", flat=True)))

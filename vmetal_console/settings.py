@@ -298,3 +298,6 @@ HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)
 AUTONODES_DAEMONSET_OVERHEAD = json.loads(os.environ.get("AUTONODES_DAEMONSET_OVERHEAD",
                                                          '{"cpu": "250m", "memory": "512Mi"}'))
 AUTONODES_SWEEP_NEW_AFTER_S = env_float("AUTONODES_SWEEP_NEW_AFTER_S", 30)
+# A pod launched on a node that has been Ready this long and still Pending is decided again (the tenant's scheduler
+# could not place it there after all).
+AUTONODES_BIND_GRACE_S = env_float("AUTONODES_BIND_GRACE_S", 120)
