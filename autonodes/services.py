@@ -38,6 +38,7 @@ from .simulation import (
     Verdict,
     is_extended,
     simulate,
+    with_undeclared,
 )
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,8 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
             if claim.pool_id not in dynamic_ids or claim.pk not in usage:
                 continue  # what runs there is unknown; the tenant's scheduler has seen it anyway
             _sum(planned[claim.pk], quantities(usage[claim.pk].requested))
-        free = {k: v - overhead.get(k, 0.0) - planned[claim.pk].get(k, 0.0) for k, v in resources[claim.node_type_id].items()}
+        free = {k: v - overhead.get(k, 0.0) - planned[claim.pk].get(k, 0.0)
+                for k, v in with_undeclared(resources[claim.node_type_id]).items()}
         nodes.append(Node(name=claim.name, pool=claim.pool_name, labels={**(claim.node_labels or {}),
                                                                          **properties[claim.node_type_id]},
                           taints=tuple(claim.taints or ()), free=free))
