@@ -156,7 +156,8 @@ def test_the_demo_gives_tenant_two_a_dynamic_gpu_pool_that_survives_export_and_a
     assert (pool.kind, pool.quantity, pool.provider.name) == ("dynamic", None, "metal3")
     assert pool.node_type_selector == [{"property": "vcluster.com/node-type", "value": "gpu-server"}]
     assert pool.limits == {"nodes": "4", "nvidia.com/gpu": "32"}
-    assert pool.disruption == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "2m"}
+    assert pool.disruption == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "2m", "minNodeLifetime": "2m",
+                               "budgets": [{"nodes": "100%"}]}
     out = io.StringIO()
     call_command("export", stdout=out)
     exported = out.getvalue()
