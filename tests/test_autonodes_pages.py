@@ -16,7 +16,7 @@ from claims.choices import ClaimPhase
 from pools.models import Tenant
 
 pytest.register_assert_rewrite("tests.autonodes_conftest")
-from .autonodes_conftest import backing_off, claim, decision, pending, usage  # noqa: E402
+from .autonodes_conftest import backing_off, claim, decision, pending, usage
 
 pytest_plugins = ["tests.console_conftest", "tests.autonodes_conftest"]
 pytestmark = pytest.mark.django_db
@@ -37,7 +37,7 @@ def page_of(client: Client, url: str = URL) -> str:
 
 
 def section(html: str, dom_id: str) -> str:
-    found = re.search(rf'<(section|div|tr)[^>]*id="{dom_id}"(.*?)</\1>', html, re.S)
+    found = re.search(rf'<(section|div|tr)[^>]*id="{dom_id}"(.*?)</\1>', html, re.DOTALL)
     assert found, f"no element {dom_id}"
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", found.group(2)))
 

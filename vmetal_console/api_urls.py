@@ -32,7 +32,7 @@ router.register("decisions", DecisionViewSet, basename="decision")
 v1 = [
     re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
     re_path(r"^capacity/?$", CapacityView.as_view(), name="capacity"),
-    re_path(r"^pools/(?P<pk>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
+    re_path(r"^pools/(?P<id>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
     *router.urls,
 ]
 

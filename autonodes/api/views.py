@@ -1,6 +1,7 @@
 """Auto Nodes over HTTP, read only and tenant-scoped: a pool's status and the decisions (issue 12, point 5)."""
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,9 +22,12 @@ class PoolStatusView(APIView):
 
     permission_classes = [ScopedPermission]
 
-    @extend_schema(responses={200: PoolStatusSerializer}, operation_id="pools_status")
-    def get(self, request, pk: int):
-        pool = pools_visible(request.user, NodePool.objects.select_related("tenant", "provider")).filter(pk=pk).first()
+    @extend_schema(responses={200: PoolStatusSerializer}, operation_id="pools_status_retrieve",
+                   parameters=[OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH)])
+    def get(self, request, id: str):  # the path's name, as the other pool URLs have it
+        if len(id) > 18:  # past PostgreSQL's bigint: no such pool (not a failed query)
+            raise Http404("no such pool")
+        pool = pools_visible(request.user, NodePool.objects.select_related("tenant", "provider")).filter(pk=int(id)).first()
         if pool is None:
             raise Http404("no such pool")
         return Response(PoolStatusSerializer(pool_status(pool, decisions=STATUS_DECISIONS)).data)
