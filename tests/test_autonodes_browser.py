@@ -11,8 +11,8 @@ from autonodes.live import demand_changed
 from autonodes.models import NodeUsage
 
 pytest.register_assert_rewrite("tests.console_conftest", "tests.autonodes_conftest")
-from .autonodes_conftest import decision, pending  # noqa: E402
-from .console_conftest import log_in, wait_live  # noqa: E402
+from .autonodes_conftest import decision, pending
+from .console_conftest import log_in, wait_live
 
 pytest_plugins = ["tests.console_conftest", "tests.autonodes_conftest"]
 pytestmark = pytest.mark.django_db(transaction=True)
