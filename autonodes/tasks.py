@@ -1,0 +1,30 @@
+"""Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
+from celery import shared_task
+
+from . import disruption, services
+
+
+@shared_task(name="autonodes.tasks.disrupt")
+def disrupt() -> dict:
+    """Celery beat's disruption pass (AUTONODES_DISRUPT_EVERY_S): empty, underutilized, expired and drifted
+    nodes of dynamic pools given back within their budgets."""
+    result = disruption.pools_disrupt()
+    return {"tenants": len(result.tenants), "skipped": result.skipped, "released": result.released,
+            "replacing": result.replacing, "blocked": len(result.blocked)}
+
+
+@shared_task(name="autonodes.tasks.decide")
+def decide(tenant_id: int) -> dict:
+    """One decision for one tenant's Pending pods (enqueued by its watcher's batch, a claim that ended, the sweep)."""
+    result = services.tenant_decide(tenant_id=tenant_id)
+    return {"launched": len(result.launched), "placed": len(result.placed), "waiting": len(result.waiting),
+            "unservable": len(result.unservable), "skipped": result.skipped}
+
+
+@shared_task(name="autonodes.tasks.decide_waiting")
+def decide_waiting() -> int:
+    """Beat: the tenants whose pods wait (or were not decided) are decided again, each in its own task."""
+    tenant_ids = services.tenants_to_decide()
+    for tenant_id in tenant_ids:
+        decide.delay(tenant_id=tenant_id)
+    return len(tenant_ids)
