@@ -41,9 +41,12 @@ TWO_AUTO_YAML = """privateNodes:
             consolidateAfter: 10m
             budgets:
               - nodes: "0"
-                schedule: "0 9 * * 1-5"
-                duration: 8h
+                schedule: "0 * * * *"
+                duration: 1h
               - nodes: "1"
+              - nodes: "5"
+                schedule: "0 0 1 1 *"
+                duration: 1m
       properties:
         vcluster.com/os-image: ubuntu2404-20260926
 """

@@ -51,7 +51,8 @@ def test_the_pool_status_has_the_watcher_demand_nodes_limits_budgets_and_decisio
     assert {(lim["resource"], lim["used"], lim["limit"]) for lim in body["limits"]} == {
         ("nodes", 3.0, 4.0), ("nvidia.com/gpu", 24.0, 32.0)}
     assert [(b["nodes"], b["schedule"], b["in_force"], b["blocks"]) for b in body["budgets"]] == [
-        ("0", "0 9 * * 1-5", None, True), ("1", "", True, False)]
+        ("0", "0 * * * *", True, True), ("1", "", True, False), ("5", "0 0 1 1 *", False, False)]
+    assert body["budgets"][0]["until"] and body["budgets"][1]["until"] is None
     assert body["disruption"]["consolidationPolicy"] == "WhenEmpty"
     assert [d["id"] for d in body["decisions"]] == sorted((e.pk for e in auto_rows["decisions"]), reverse=True)
 

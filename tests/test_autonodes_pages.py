@@ -108,12 +108,24 @@ def test_limits_used_count_the_live_claims_times_their_node_types_resources(auto
     assert 'data-resource="nodes" data-used="4"' in html and "reached" in section(html, "pool-limits")
 
 
-def test_the_disruption_settings_and_budgets_are_shown(auto_rows):
+def test_the_disruption_settings_and_the_budgets_in_force_now_are_shown(auto_rows):
     html = page_of(client_of(auto_rows["users"]["bob"]))
     settings_ = section(html, "pool-disruption")
-    assert "WhenEmpty" in settings_ and "10m" in settings_
-    assert "0 nodes at a time, from 0 9 * * 1-5 for 8h: in force inside its window blocks disruption" in settings_
+    assert "WhenEmpty" in settings_ and "10m" in settings_ and "30m (default)" in settings_  # minimum lifetime
+    until = (timezone.localtime().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)).strftime("%H:%M")
+    assert "0 nodes at a time, from 0 * * * * for 1h: in force until" in settings_
+    assert f"{until} blocks disruption" in settings_
     assert "1 node at a time: in force" in settings_
+    assert "5 nodes at a time, from 0 0 1 1 * for 1m: not in force now" in settings_
+
+
+def test_a_pool_that_leaves_disruption_out_shows_the_defaults_that_apply(auto_rows):
+    from pools.models import NodePool
+
+    NodePool.objects.filter(pk=auto_rows["train"].pk).update(disruption={}, expire_after="")
+    settings_ = section(page_of(client_of(auto_rows["users"]["bob"])), "pool-disruption")
+    assert "WhenEmpty (default)" in settings_ and "30m (default for GPU NodeTypes)" in settings_
+    assert "expireAfter Never" in settings_ and "10% nodes at a time: in force" in settings_
 
 
 def test_the_watchers_trouble_is_shown_with_its_error_and_when_it_retries(auto_rows):

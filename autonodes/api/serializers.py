@@ -109,7 +109,8 @@ class BudgetSerializer(serializers.Serializer):
     schedule = serializers.CharField()
     duration = serializers.CharField()
     reasons = serializers.ListField(child=serializers.CharField())
-    in_force = serializers.BooleanField(allow_null=True, help_text="null: in force only inside its schedule's windows")
+    in_force = serializers.BooleanField(help_text="now: always without a schedule, inside its windows with one")
+    until = serializers.DateTimeField(allow_null=True, help_text="when a scheduled budget in force stops being so")
     blocks = serializers.BooleanField()
 
 
