@@ -36,18 +36,20 @@ def pending_pods_visible(user, qs: QuerySet | None = None) -> QuerySet:
 
 
 def decisions_visible(user, qs: QuerySet | None = None) -> QuerySet:
-    """Decision Events (kind DECISION, about a pool) of the tenants the user sees, newest first."""
+    """Decision Events (kind DECISION: about a pool, or about the tenant when no pool matches a pod) of the tenants
+    the user sees, newest first."""
     qs = Event.objects.all() if qs is None else qs
-    qs = qs.filter(kind=EventKind.DECISION, object_type=ObjectType.POOL)
+    qs = qs.filter(kind=EventKind.DECISION)
     ids = scoping.tenant_ids(user)
     qs = qs if ids is None else qs.filter(tenant_id__in=ids)
     return qs.order_by("-created_at", "-pk")
 
 
 def pool_decisions(pool: NodePool) -> QuerySet:
-    """A pool's decision Events (they name the pool by its name, within its tenant), newest first."""
-    return (Event.objects.filter(kind=EventKind.DECISION, object_type=ObjectType.POOL, tenant_id=pool.tenant_id,
-                                 object_name=pool.name).order_by("-created_at", "-pk"))
+    """A pool's decision Events (they name the pool by its name, within its tenant), and its tenant's about pods no
+    pool matches (the page lists those pods too), newest first."""
+    return (Event.objects.filter(Q(object_type=ObjectType.POOL, object_name=pool.name) | Q(object_type=ObjectType.TENANT),
+                                 kind=EventKind.DECISION, tenant_id=pool.tenant_id).order_by("-created_at", "-pk"))
 
 
 # --- one Pending pod's state, for people (issue 12, 7c) -------------------------------------------

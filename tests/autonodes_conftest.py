@@ -121,6 +121,13 @@ def decision(pool: NodePool, message: str, *, reason: str = DecisionReason.LAUNC
                               "node_type": "gpu-server"})
 
 
+def tenant_decision(tenant: Tenant, message: str, *, pods=()):
+    """What the decision records when no pool matches a pod: a decision about the tenant (reason NoPool)."""
+    return event_record(kind=EventKind.DECISION, object_type=ObjectType.TENANT, object_name=tenant.name,
+                        tenant_id=tenant.pk, actor="system:autonodes", message=message,
+                        data={"reason": DecisionReason.NO_POOL.value, "pool": None, "pods": list(pods), "claims": []})
+
+
 @pytest.fixture
 def auto_rows(auto_site):
     """A dynamic pool mid-way through a job: two nodes Ready (one running pods, one empty and due for release),

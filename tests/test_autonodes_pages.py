@@ -16,7 +16,7 @@ from claims.choices import ClaimPhase
 from pools.models import Tenant
 
 pytest.register_assert_rewrite("tests.autonodes_conftest")
-from .autonodes_conftest import backing_off, claim, decision, pending, usage
+from .autonodes_conftest import backing_off, claim, decision, pending, tenant_decision, usage
 
 pytest_plugins = ["tests.console_conftest", "tests.autonodes_conftest"]
 pytestmark = pytest.mark.django_db
@@ -87,6 +87,13 @@ def test_the_decisions_are_listed_newest_first_with_their_reason_pods_and_claims
     assert 'href="/claims/two-inst1/"' in html and 'href="#pod-ml--train-7-0"' in html
     assert "Not added: pool limit" in section(html, f"decision-{auto_rows['decisions'][1].pk}")
     assert "No NodeType fits" in section(html, f"decision-{auto_rows['decisions'][2].pk}")
+
+
+def test_a_decision_about_a_pod_no_pool_matches_shows_on_the_tenants_dynamic_pool_pages(auto_rows):
+    event = tenant_decision(auto_rows["two"], "no pool matches pod ml/odd-0: nodeSelector disk=nvme", pods=["ml/odd-0"])
+    html = page_of(client_of(auto_rows["users"]["bob"]))
+    assert re.findall(r'id="decision-(\d+)"', html)[0] == str(event.pk)
+    assert "No pool matches" in section(html, f"decision-{event.pk}")
 
 
 def test_the_nodes_show_age_pods_emptiness_and_the_next_disruption_action(auto_rows):
