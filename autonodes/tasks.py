@@ -1,7 +1,24 @@
-"""Celery tasks for Auto Nodes: thin, idempotent, safe to run twice."""
+"""Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
-from . import launches
+from . import launches, services
+
+
+@shared_task(name="autonodes.tasks.decide")
+def decide(tenant_id: int) -> dict:
+    """One decision for one tenant's Pending pods (enqueued by its watcher's batch, a claim that ended, the sweep)."""
+    result = services.tenant_decide(tenant_id=tenant_id)
+    return {"launched": len(result.launched), "placed": len(result.placed), "waiting": len(result.waiting),
+            "unservable": len(result.unservable), "skipped": result.skipped}
+
+
+@shared_task(name="autonodes.tasks.decide_waiting")
+def decide_waiting() -> int:
+    """Beat: the tenants whose pods wait (or were not decided) are decided again, each in its own task."""
+    tenant_ids = services.tenants_to_decide()
+    for tenant_id in tenant_ids:
+        decide.delay(tenant_id=tenant_id)
+    return len(tenant_ids)
 
 
 @shared_task(name="autonodes.tasks.check_launches")
