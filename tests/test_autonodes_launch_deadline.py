@@ -10,6 +10,7 @@ from django.utils import timezone
 from autonodes.choices import DecisionReason, DemandStatus
 from autonodes.launches import launches_check
 from autonodes.models import PendingPod
+from autonodes.services import tenant_decide
 from claims.charts import percentile
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
@@ -178,6 +179,10 @@ def test_the_beat_reports_a_slow_claim_once_and_neither_releases_it_nor_launches
     assert slow_events(claim).count() == 2
     claim.refresh_from_db()
     assert claim.phase == ClaimPhase.PENDING
+    assert list(NodeClaim.objects.filter(pool=site).values_list("name", flat=True)) == [claim.name]
+    # A decision on the same demand keeps the pods on their slow claim: nothing launched a second time.
+    decision = tenant_decide(tenant_id=site.tenant_id)
+    assert decision.launched == {}
     assert list(NodeClaim.objects.filter(pool=site).values_list("name", flat=True)) == [claim.name]
     for pod in pods:
         pod.refresh_from_db()
