@@ -146,7 +146,7 @@ class TenantWatcher(threading.Thread):
                 api = TenantAPI(self._kubeconfig, timeout=timeout)
                 if relist or self._relist.is_set():
                     self._relist.clear()
-                    pods, self.resource_version = api.list_pods()
+                    pods, self.resource_version = api.list_pods_for_watch()
                     self.lists += 1
                     relist = False
                     failures = 0
