@@ -25,6 +25,7 @@ class DecisionReason(ColouredChoices):
     LAUNCHED = "Launched", "Nodes added", "success"
     LIMIT = "LimitReached", "Not added: pool limit", "warning"
     QUOTA = "QuotaReached", "Not added: tenant quota", "warning"
+    NO_CAPACITY = "NoCapacity", "Not added: no free server", "warning"
     NO_NODE_TYPE = "NoNodeType", "No NodeType fits", "danger"
     NO_POOL = "NoPool", "No pool matches", "danger"
     EMPTY = "Empty", "Released: empty", "secondary"

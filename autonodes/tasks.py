@@ -1,12 +1,21 @@
-"""Celery tasks for Auto Nodes: thin, idempotent, safe to run twice."""
+"""Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
 from celery import shared_task
+
+from . import services
 
 
 @shared_task(name="autonodes.tasks.decide")
-def decide(tenant_id: int) -> None:
-    """One scheduling decision for the tenant's pending pods: sent when the tenant's batch window closes
-    (autonodes.watcher) and when a claim gives its pods back."""
-    # Imported here: autonodes.services comes with the decide part of issue 12.
-    from . import services
+def decide(tenant_id: int) -> dict:
+    """One decision for one tenant's Pending pods (enqueued by its watcher's batch, a claim that ended, the sweep)."""
+    result = services.tenant_decide(tenant_id=tenant_id)
+    return {"launched": len(result.launched), "placed": len(result.placed), "waiting": len(result.waiting),
+            "unservable": len(result.unservable), "skipped": result.skipped}
 
-    services.tenant_decide(tenant_id=tenant_id)
+
+@shared_task(name="autonodes.tasks.decide_waiting")
+def decide_waiting() -> int:
+    """Beat: the tenants whose pods wait (or were not decided) are decided again, each in its own task."""
+    tenant_ids = services.tenants_to_decide()
+    for tenant_id in tenant_ids:
+        decide.delay(tenant_id=tenant_id)
+    return len(tenant_ids)

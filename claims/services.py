@@ -48,6 +48,18 @@ PHASE_TIMESTAMPS = {P.PROVISIONING: ("scheduled_at",), P.JOINING: ("provisioned_
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # as Kubernetes' generateName
 
 
+# Who hears that claims ended (Failed or Released), inside the transaction that ends them: apps built on claims
+# register at start (autonodes: the Pending pods a dynamic pool's claim was launched for go back to its demand);
+# claims know nothing of them. fn(claims=[NodeClaim], to_phase=, actor=).
+CLAIM_END_RECEIVERS: list = []
+ENDED = frozenset({P.FAILED, P.RELEASED})
+
+
+def on_claim_end(receiver) -> None:
+    if receiver not in CLAIM_END_RECEIVERS:
+        CLAIM_END_RECEIVERS.append(receiver)
+
+
 @transaction.atomic
 def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str, reason: str = "",
                       message: str | None = "", step: str = "", fields: dict | None = None,
@@ -85,6 +97,9 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
         for key, value in values.items():
             if not hasattr(value, "resolve_expression"):  # F() expressions were applied in the database
                 setattr(claim, key, value)
+    if to_phase in ENDED:
+        for receiver in CLAIM_END_RECEIVERS:
+            receiver(claims=claims, to_phase=to_phase, actor=actor)
     tenants = sorted({c.tenant_id for c in claims})
     if to_phase == P.RELEASED:
         deleting = list(Tenant.objects.filter(pk__in=tenants, deleting_since__isnull=False).values_list("pk", flat=True))

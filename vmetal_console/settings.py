@@ -3,6 +3,7 @@ SQLite and a file-system Celery broker, so a fresh machine needs nothing but Pyt
 
 With DATABASE_URL naming a production database (anything but SQLite) the console refuses to start without its
 keys, or with DEBUG on: nothing here falls back to a value written in this file."""
+import json
 import os
 import sys
 from pathlib import Path
@@ -188,6 +189,9 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Auto Nodes: pods that wait (a limit, the quota, no free host) are decided again now and then.
+    "autonodes-decide-waiting": {"task": "autonodes.tasks.decide_waiting",
+                                 "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
 }
 
 # Host life cycle: each in-progress state's deadline is its flow's step deadlines (below) added up, plus this
@@ -296,3 +300,10 @@ CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # f
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)
 HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)
+
+# Auto Nodes decisions (autonodes.services): what daemonset pods take on every node of a dynamic pool, counted
+# before the tenant's pods (one setting for all pools: the console does not watch the tenants' DaemonSets), as
+# JSON: {"cpu": "250m", "memory": "512Mi"}. New pods not decided after this long are swept up by the beat.
+AUTONODES_DAEMONSET_OVERHEAD = json.loads(os.environ.get("AUTONODES_DAEMONSET_OVERHEAD",
+                                                         '{"cpu": "250m", "memory": "512Mi"}'))
+AUTONODES_SWEEP_NEW_AFTER_S = env_float("AUTONODES_SWEEP_NEW_AFTER_S", 30)

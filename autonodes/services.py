@@ -1,0 +1,325 @@
+"""Decisions of dynamic pools: a tenant's Pending pods in, claims out (autonodes.simulation decides), each decision
+recorded as an Event; and the pods of a claim that ended without serving them back to the demand."""
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from claims.choices import ClaimPhase as P
+from claims.models import NodeClaim
+from claims.services import claims_create
+from core.tasks import task_send_on_commit
+from core.transactions import retry_on_deadlock
+from events.choices import EventKind, ObjectType
+from events.models import Event
+from events.services import events_record
+from hosts.capacity import node_type_capacity
+from pools.choices import PoolKind
+from pools.matching import requirements_match
+from pools.models import NodePool, NodeType, Tenant
+
+from .choices import DecisionReason, DemandStatus, WatchState
+from .fit import Demand, format_quantity, quantities
+from .models import NodeUsage, PendingPod, TenantWatch
+from .simulation import (
+    Node,
+    PodDemand,
+    PoolOption,
+    Problem,
+    TypeOption,
+    Verdict,
+    is_extended,
+    simulate,
+)
+
+log = logging.getLogger(__name__)
+
+DECIDE_TASK = "autonodes.tasks.decide"
+ACTOR = "system:autonodes"
+# Claims that hold (or will hold) a node: they count against a pool's limits and the tenant's quota.
+ACTIVE = (P.PENDING, P.PROVISIONING, P.JOINING, P.AVAILABLE, P.RELEASING)
+# Claims a Pending pod may still land on: in flight, or Ready.
+IN_FLIGHT = (P.PENDING, P.PROVISIONING, P.JOINING)
+OPEN = (*IN_FLIGHT, P.AVAILABLE)
+
+
+def decide_soon(*, tenant_id: int) -> None:
+    """A decision for the tenant once the current transaction commits (a worker runs it)."""
+    task_send_on_commit(DECIDE_TASK, tenant_id=tenant_id)
+
+
+@dataclass
+class Decision:
+    """What one tenant_decide did: claim → its pods, pod → claim it fits on, pod → why it waits / is not served."""
+
+    launched: dict[str, list[str]] = field(default_factory=dict)
+    placed: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)
+    unservable: dict[str, str] = field(default_factory=dict)
+    skipped: str = ""  # why nothing was decided
+    events: int = 0
+
+
+def daemonset_overhead() -> dict[str, float]:
+    """What daemonset pods take on every node (settings.AUTONODES_DAEMONSET_OVERHEAD: one setting for all pools,
+    as the console does not watch the tenants' DaemonSets)."""
+    return quantities(getattr(settings, "AUTONODES_DAEMONSET_OVERHEAD", {}))
+
+
+def _demand(pod: PendingPod) -> Demand:
+    return Demand(requests=quantities(pod.requests), node_selector=dict(pod.node_selector or {}),
+                  node_affinity=list(pod.node_affinity or []), tolerations=list(pod.tolerations or []))
+
+
+def _sum(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    for key, value in more.items():
+        into[key] = into.get(key, 0.0) + value
+    return into
+
+
+@retry_on_deadlock()
+def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
+    """Decide for the tenant's undecided Pending pods (new, waiting, launched on a claim that is gone, and
+    unservable ones when a pool or NodeType changed since): create the claims of the dynamic pools that serve
+    them, and say per pod what was decided. Idempotent: pods launched on a live claim stay launched on it,
+    so a second call on the same demand creates nothing. Reads and writes the database only (no tenant API)."""
+    result = Decision()
+    with transaction.atomic():
+        # One decision at a time per tenant: the tenant's row FOR NO KEY UPDATE, the first lock of the project's
+        # order (core/transactions.py: tenant → pools → hosts → claims). A second decision waits here and then
+        # sees the first one's pods as launched. NO KEY: the claims and Events inserted below (here and
+        # elsewhere) check the tenant's key with FOR KEY SHARE, which this lock does not block.
+        tenant = Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
+        if tenant is None or tenant.deleting_since is not None:
+            result.skipped = "tenant gone or being deleted"
+            return result
+        pods = list(PendingPod.objects.filter(tenant=tenant).order_by("seen_at", "pk"))
+        if not pods:
+            return result
+        watch = TenantWatch.objects.filter(tenant=tenant).first()
+        if watch is not None and watch.state == WatchState.BACKING_OFF:
+            # Its API is down: what we know of its pods may be stale, so nothing is decided until it is back.
+            why = "not decided: the tenant's API is unreachable; decisions resume when the watch reconnects"
+            PendingPod.objects.filter(tenant=tenant, status__in=[DemandStatus.NEW, DemandStatus.WAITING]).exclude(
+                reason=why).update(reason=why)
+            result.skipped = why
+            return result
+        pools = list(NodePool.objects.filter(tenant=tenant, kind=PoolKind.DYNAMIC).select_related("provider")
+                     .order_by("pk"))
+        node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
+        claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE).select_related("node_type", "pool"))
+        open_claims = {c.pk: c for c in claims if c.phase in OPEN}
+        changed = max([p.updated_at for p in pools] + [t.updated_at for t in node_types], default=None)
+
+        kept, undecided = [], []
+        for pod in pods:
+            if pod.status == DemandStatus.LAUNCHED and pod.claim_id in open_claims:
+                kept.append(pod)
+            elif pod.status == DemandStatus.UNSERVABLE:
+                if pod.decided_at is None or (changed is not None and changed > pod.decided_at):
+                    undecided.append(pod)
+            else:
+                undecided.append(pod)
+        if not undecided:
+            return result
+
+        problem = _problem(tenant, undecided, kept, pools, node_types, claims, open_claims)
+        outcome = simulate(problem)
+        now = timezone.now()
+        by_key = {f"{p.namespace}/{p.name}": p for p in undecided}
+        pool_of = {p.name: p for p in pools}
+        type_of = {t.name: t for t in node_types}
+        events: list[Event] = []
+
+        # New nodes: one claims_create and one Event per pool and NodeType.
+        groups: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
+        for launch in outcome.launches:
+            groups[(launch.pool, launch.node_type)].append(launch.pods)
+        for (pool_name, type_name), nodes in groups.items():
+            pool, node_type = pool_of[pool_name], type_of[type_name]
+            members = [by_key[k] for keys in nodes for k in keys]
+            message = (f"added {len(nodes)} {type_name} for {_owners(members)}: {_describe(members)}")
+            created = claims_create(pool=pool, count=len(nodes), node_type=node_type, actor=actor,
+                                    message=f"{pool.name}: {message}")
+            for claim, keys in zip(created, nodes):
+                result.launched[claim.name] = list(keys)
+                PendingPod.objects.filter(pk__in=[by_key[k].pk for k in keys]).update(
+                    status=DemandStatus.LAUNCHED, claim=claim, pool=pool, decided_at=now,
+                    reason=f"a {type_name} node is being added for it (claim {claim.name})")
+            events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
+                                tenant_id=tenant.pk, actor=actor, message=message,
+                                data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
+                                      "node_type": type_name, "pods": sorted(m.__str__() for m in members),
+                                      "claims": [c.name for c in created]}))
+
+        # Pods that fit on a node that exists or is on its way: nothing launched; they wait for it.
+        placed: dict[int, list[PendingPod]] = defaultdict(list)
+        for key, claim_name in outcome.placed.items():
+            claim = next(c for c in open_claims.values() if c.name == claim_name)
+            placed[claim.pk].append(by_key[key])
+            result.placed[key] = claim_name
+        for claim_id, members in placed.items():
+            claim = open_claims[claim_id]
+            where = "its node" if claim.phase == P.AVAILABLE else f"its node, on its way ({claim.phase})"
+            PendingPod.objects.filter(pk__in=[m.pk for m in members]).update(
+                status=DemandStatus.LAUNCHED, claim=claim, pool=claim.pool, decided_at=now,
+                reason=f"fits on claim {claim.name}: waits for {where}")
+
+        events += _verdicts(tenant, outcome.waiting, DemandStatus.WAITING, by_key, pool_of, now, actor)
+        events += _verdicts(tenant, outcome.unservable, DemandStatus.UNSERVABLE, by_key, pool_of, now, actor)
+        result.waiting = {k: v.message for k, v in outcome.waiting.items()}
+        result.unservable = {k: v.message for k, v in outcome.unservable.items()}
+        events_record(events)
+        result.events = len(events)
+    return result
+
+
+def _verdicts(tenant: Tenant, verdicts: dict[str, Verdict], status: str, by_key: dict[str, PendingPod],
+              pool_of: dict[str, NodePool], now, actor: str) -> list[Event]:
+    """Write waiting or unservable pods; an Event per (pool, reason) for the pods whose answer changed (so a
+    pod that stays waiting, or stays unservable, is reported once, not at every decision)."""
+    events = []
+    groups: dict[tuple[str, str, str], list[PendingPod]] = defaultdict(list)
+    for key, verdict in verdicts.items():
+        groups[(verdict.pool, verdict.reason, verdict.message)].append(by_key[key])
+    reported: dict[tuple[str, str], list[tuple[PendingPod, str]]] = defaultdict(list)
+    for (pool_name, reason, message), members in groups.items():
+        pool = pool_of.get(pool_name)
+        PendingPod.objects.filter(pk__in=[m.pk for m in members]).update(
+            status=status, claim=None, pool=pool, reason=message, decided_at=now)
+        for member in members:
+            if (member.status, member.reason) != (status, message):
+                reported[(pool_name, reason)].append((member, message))
+    for (pool_name, reason), members in reported.items():
+        names = sorted(str(m) for m, _ in members)
+        message = members[0][1]
+        if len(members) > 1:
+            message += f" ({len(members)} pods: {', '.join(names[:5])}{', …' if len(names) > 5 else ''})"
+        # A pod no pool matches is the tenant's matter, not a pool's.
+        where = (ObjectType.POOL, pool_name) if pool_name else (ObjectType.TENANT, tenant.name)
+        events.append(Event(kind=EventKind.DECISION, object_type=where[0], object_name=where[1], tenant_id=tenant.pk,
+                            actor=actor, message=message,
+                            data={"reason": reason, "pool": pool_name or None, "pods": names, "claims": []}))
+    return events
+
+
+def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod], pools: list[NodePool],
+             node_types: list[NodeType], claims: list[NodeClaim], open_claims: dict[int, NodeClaim]) -> Problem:
+    overhead = daemonset_overhead()
+    resources = {t.pk: quantities(t.resources) for t in node_types}
+    properties = {t.pk: t.effective_properties() for t in node_types}
+    dynamic_ids = {p.pk for p in pools}
+
+    # Free hosts per type: available, less the claims (of any tenant) already waiting for one of that type.
+    capacity = node_type_capacity(node_types)
+    waiting_claims = Counter(dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__isnull=False)
+                                  .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n")))
+    free_hosts = {t.pk: max(0, capacity[t.pk]["available"] - waiting_claims.get(t.pk, 0)) for t in node_types}
+
+    used: dict[int, dict[str, float]] = defaultdict(dict)
+    for claim in claims:
+        if claim.pool_id in dynamic_ids:
+            counted = used[claim.pool_id]
+            counted["nodes"] = counted.get("nodes", 0.0) + 1
+            if claim.node_type_id:
+                _sum(counted, resources[claim.node_type_id])
+    options = []
+    for pool in pools:
+        types = tuple(
+            TypeOption(name=t.name, cost=t.effective_cost(), allocatable=resources[t.pk], properties=properties[t.pk],
+                       free_hosts=free_hosts[t.pk])
+            for t in node_types
+            if t.provider_id == pool.provider_id and requirements_match(pool.node_type_selector, properties[t.pk]))
+        options.append(PoolOption(name=pool.name, types=types, weight=pool.weight or 0,
+                                  labels=dict(pool.node_labels or {}), taints=tuple(pool.taints or ()),
+                                  limits=quantities(pool.limits), used=dict(used[pool.pk])))
+
+    # Capacity that exists: claims in flight (their node is coming) and Ready nodes of dynamic pools whose use
+    # is known (autonodes.disruption keeps NodeUsage); less what is planned there (pods launched on them).
+    planned: dict[int, dict[str, float]] = defaultdict(dict)
+    for pod in kept:
+        _sum(planned[pod.claim_id], quantities(pod.requests))
+    usage = {u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=list(open_claims), checked_at__isnull=False)}
+    nodes = []
+    for claim in sorted(open_claims.values(), key=lambda c: (c.created_at, c.pk)):
+        if claim.node_type_id is None:
+            continue  # its type is not chosen yet: what it will hold is unknown
+        if claim.phase == P.AVAILABLE:
+            if claim.pool_id not in dynamic_ids or claim.pk not in usage:
+                continue  # what runs there is unknown; the tenant's scheduler has seen it anyway
+            _sum(planned[claim.pk], quantities(usage[claim.pk].requested))
+        free = {k: v - overhead.get(k, 0.0) - planned[claim.pk].get(k, 0.0) for k, v in resources[claim.node_type_id].items()}
+        nodes.append(Node(name=claim.name, pool=claim.pool_name, labels={**(claim.node_labels or {}),
+                                                                         **properties[claim.node_type_id]},
+                          taints=tuple(claim.taints or ()), free=free))
+
+    quota_left = None
+    if tenant.quota_nodes is not None:
+        static = sum(q or 0 for q in NodePool.objects.filter(tenant=tenant, kind=PoolKind.STATIC)
+                     .values_list("quantity", flat=True))
+        dynamic = sum(1 for c in claims if c.pool_id is None or c.pool_id in dynamic_ids)
+        quota_left = tenant.quota_nodes - static - dynamic
+    pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner) for p in undecided)
+    return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
+
+
+def _owners(pods: list[PendingPod]) -> str:
+    owners = sorted({p.owner for p in pods if p.owner})
+    if not owners:
+        return "pod " + str(pods[0]) if len(pods) == 1 else f"{len(pods)} pods"
+    return ", ".join(owners[:3]) + (f" and {len(owners) - 3} more" if len(owners) > 3 else "")
+
+
+def _describe(pods: list[PendingPod]) -> str:
+    """"3 pods × 8 nvidia.com/gpu": what they ask, the extended resources if any, else cpu and memory."""
+    asks = {tuple(sorted(quantities(p.requests).items())) for p in pods}
+    noun = "pod" if len(pods) == 1 else "pods"
+    if len(asks) != 1:
+        return f"{len(pods)} {noun}"
+    requests = dict(next(iter(asks)))
+    shown = {k: v for k, v in requests.items() if is_extended(k) and v > 0} or \
+        {k: v for k, v in requests.items() if k in ("cpu", "memory") and v > 0}
+    if not shown:
+        return f"{len(pods)} {noun}"
+    return f"{len(pods)} {noun} × " + ", ".join(f"{format_quantity(k, v)} {k}" for k, v in sorted(shown.items()))
+
+
+# --- a claim that ended: its pods back to the demand (registered with claims.services at start) -------------
+
+def claims_ended(*, claims: list[NodeClaim], to_phase: str, actor: str) -> None:
+    """Claims failed or were released: the Pending pods still launched on them (their node never served them)
+    are new demand again, and their tenants decide again once this commits."""
+    ids = [c.pk for c in claims]
+    waiting = dict(PendingPod.objects.filter(claim_id__in=ids, status=DemandStatus.LAUNCHED)
+                   .values_list("claim_id").annotate(n=Count("pk")).values_list("claim_id", "n"))
+    if not waiting:
+        return
+    tenants = set()
+    for claim in claims:
+        if claim.pk not in waiting:
+            continue
+        why = f"its claim {claim.name} {'failed' if to_phase == P.FAILED else 'was released'}"
+        if claim.message:
+            why += f" ({claim.message})"
+        PendingPod.objects.filter(claim_id=claim.pk, status=DemandStatus.LAUNCHED).update(
+            status=DemandStatus.NEW, claim=None, reason=f"{why}; deciding again", decided_at=None)
+        tenants.add(claim.tenant_id)
+    for tenant_id in sorted(tenants):
+        decide_soon(tenant_id=tenant_id)
+
+
+def tenants_to_decide() -> list[int]:
+    """Tenants with demand to look at again (the periodic sweep): pods waiting (a limit, the quota or free hosts
+    may have changed), new ones older than a batch window (a lost decide task), unservable ones (a pool or a
+    NodeType may have changed: tenant_decide tells)."""
+    stale = timezone.now() - timedelta(seconds=getattr(settings, "AUTONODES_SWEEP_NEW_AFTER_S", 30))
+    q = (Q(status=DemandStatus.WAITING) | Q(status=DemandStatus.NEW, updated_at__lt=stale)
+         | Q(status=DemandStatus.UNSERVABLE))
+    return sorted(set(PendingPod.objects.filter(q).values_list("tenant_id", flat=True)))

@@ -1,0 +1,289 @@
+"""tenant_decide: a tenant's Pending pods become claims of its dynamic pools, each decision an Event; limits, quota
+and unservable pods are reported once; two decisions never launch for the same pods; a claim that fails gives its
+pods back to the demand and they are decided again (by a real Celery worker)."""
+import threading
+import uuid
+
+import pytest
+from django.db import connection
+
+from autonodes.choices import DecisionReason, DemandStatus, WatchState
+from autonodes.models import PendingPod, TenantWatch
+from autonodes.services import tenant_decide
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
+from claims.services import claims_release, claims_transition
+from conftest import wait_for
+from events.choices import EventKind
+from events.models import Event
+from pools.models import NodePool, Tenant
+
+pytestmark = pytest.mark.postgres
+
+DYNAMIC = """\
+privateNodes:
+  enabled: true
+  autoNodes:
+    - provider: metal3
+      properties:
+        vcluster.com/os-image: ubuntu2404-20260926
+      dynamic:
+        - name: burst
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              operator: In
+              values: [gpu-server, cpu-server]
+          nodeLabels:
+            pool: burst
+          limits:
+            nodes: "4"
+"""
+
+
+@pytest.fixture
+def two(apply, demo_site):
+    """Tenant two with the dynamic pool burst (up to 4 nodes of gpu-server or cpu-server): the demo's 4 GPU and
+    4 CPU hosts are free."""
+    apply(DYNAMIC, tenant="two")
+    return Tenant.objects.get(name="two")
+
+
+def pending(tenant, name, owner="Job/train-7", namespace="ml", **spec):
+    requests = spec.pop("requests", {})
+    return PendingPod.objects.create(tenant=tenant, namespace=namespace, name=name, uid=str(uuid.uuid4()),
+                                     owner=owner, requests=requests, **spec)
+
+
+def gpu_pods(tenant, n, gpus="8", prefix="train-7"):
+    return [pending(tenant, f"{prefix}-{i}", requests={"cpu": "4", "memory": "64Gi", "nvidia.com/gpu": gpus})
+            for i in range(n)]
+
+
+def decisions(tenant, **data):
+    events = Event.objects.filter(kind=EventKind.DECISION, tenant_id=tenant.pk).order_by("pk")
+    return [e for e in events if all(e.data.get(k) == v for k, v in data.items())]
+
+
+@pytest.mark.django_db
+def test_three_pods_of_eight_gpus_make_three_claims_and_one_event_naming_them(two):
+    pods = gpu_pods(two, 3)
+    result = tenant_decide(tenant_id=two.pk)
+    claims = list(NodeClaim.objects.filter(pool__name="burst").order_by("name"))
+    assert len(claims) == 3
+    assert {(c.phase, c.node_type.name, c.tenant_id) for c in claims} == {(ClaimPhase.PENDING, "gpu-server", two.pk)}
+    assert all({"property": "vcluster.com/node-type", "operator": "In", "values": ["gpu-server"]} in c.requirements
+               for c in claims)
+    assert sorted(result.launched) == [c.name for c in claims]
+    rows = {p.name: p for p in PendingPod.objects.all()}
+    assert {p.status for p in rows.values()} == {DemandStatus.LAUNCHED}
+    assert len({p.claim_id for p in rows.values()}) == 3  # one pod per 8-GPU node
+    assert all(p.pool.name == "burst" and p.decided_at for p in rows.values())
+    [event] = decisions(two)
+    assert (event.object_type, event.object_name) == ("pool", "burst")
+    assert event.message == "added 3 gpu-server for Job/train-7: 3 pods × 8 nvidia.com/gpu"
+    assert event.data["reason"] == DecisionReason.LAUNCHED
+    assert event.data["node_type"] == "gpu-server"
+    assert event.data["pods"] == sorted(f"ml/{p.name}" for p in pods)
+    assert sorted(event.data["claims"]) == [c.name for c in claims]
+
+    # The same demand again: nothing new.
+    again = tenant_decide(tenant_id=two.pk)
+    assert not again.launched and NodeClaim.objects.count() == 3 and len(decisions(two)) == 1
+    assert {p.claim_id for p in PendingPod.objects.all()} == {p.claim_id for p in rows.values()}
+
+
+@pytest.mark.django_db
+def test_six_pods_of_eight_gpus_make_four_claims_and_two_wait_on_the_limit_reported_once(two):
+    gpu_pods(two, 6)
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.filter(pool__name="burst").count() == 4
+    waiting = PendingPod.objects.filter(status=DemandStatus.WAITING)
+    assert waiting.count() == 2
+    assert {(p.reason, p.pool.name, p.claim_id) for p in waiting} == {("not added: limit nodes 4 reached", "burst", None)}
+    [limit] = decisions(two, reason=DecisionReason.LIMIT)
+    assert limit.data["pods"] == sorted(f"ml/{p.name}" for p in waiting)
+    assert limit.message.startswith("not added: limit nodes 4 reached (2 pods: ml/train-7-")
+    # Decided again (the beat's sweep): still waiting, not reported again, nothing launched.
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.count() == 4 and len(decisions(two)) == 2
+    # The limit raised: now the 4 GPU hosts are what is missing (each promised to a claim), and the pods say so.
+    pool = NodePool.objects.get(name="burst")
+    pool.limits = {"nodes": "8"}
+    pool.save()
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.count() == 4
+    assert {p.reason for p in PendingPod.objects.filter(status=DemandStatus.WAITING)} == {
+        "not added: no free host of type gpu-server"}
+    [capacity] = decisions(two, reason=DecisionReason.NO_CAPACITY)
+    assert len(capacity.data["pods"]) == 2
+
+
+@pytest.mark.django_db
+def test_a_cpu_pod_gets_a_cpu_server_not_a_gpu_server(two):
+    gpu_pods(two, 1)
+    pending(two, "web-0", owner="Deployment/web", requests={"cpu": "8", "memory": "16Gi"})
+    tenant_decide(tenant_id=two.pk)
+    assert PendingPod.objects.get(name="web-0").claim.node_type.name == "cpu-server"
+    assert PendingPod.objects.get(name="train-7-0").claim.node_type.name == "gpu-server"
+    [cpu] = decisions(two, node_type="cpu-server")
+    assert cpu.message == "added 1 cpu-server for Deployment/web: 1 pod × 8 cpu, 16Gi memory"
+
+
+@pytest.mark.django_db
+def test_pods_that_fit_a_claim_in_flight_launch_nothing_more(two):
+    gpu_pods(two, 1, gpus="4", prefix="half")
+    tenant_decide(tenant_id=two.pk)
+    [claim] = NodeClaim.objects.all()
+    more = gpu_pods(two, 1, gpus="4", prefix="other")
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.count() == 1
+    more[0].refresh_from_db()
+    assert (more[0].status, more[0].claim_id) == (DemandStatus.LAUNCHED, claim.pk)
+    assert more[0].reason == f"fits on claim {claim.name}: waits for its node, on its way (Pending)"
+
+
+@pytest.mark.django_db
+def test_the_tenant_quota_counts_static_pools_and_live_dynamic_claims(two):
+    Tenant.objects.filter(pk=two.pk).update(quota_nodes=2)
+    gpu_pods(two, 3)
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.count() == 2
+    [waiting] = PendingPod.objects.filter(status=DemandStatus.WAITING)
+    assert waiting.reason == "not added: the tenant's node quota is reached"
+    assert decisions(two, reason=DecisionReason.QUOTA)
+
+
+@pytest.mark.django_db
+def test_an_unservable_pod_is_reported_once_and_decided_again_when_a_pool_changes(two, apply):
+    pending(two, "huge", requests={"nvidia.com/gpu": "16"})
+    pending(two, "picky", owner="Job/h200", requests={"nvidia.com/gpu": "8"}, node_selector={"accelerator": "h200"})
+    tenant_decide(tenant_id=two.pk)
+    assert not NodeClaim.objects.exists()
+    huge, picky = PendingPod.objects.get(name="huge"), PendingPod.objects.get(name="picky")
+    assert (huge.status, huge.reason) == (
+        DemandStatus.UNSERVABLE, "no NodeType fits pod ml/huge: asks 16 nvidia.com/gpu, largest type has 8")
+    assert (picky.status, picky.reason) == (
+        DemandStatus.UNSERVABLE, "no pool matches pod ml/picky: pool burst: nodeSelector accelerator=h200 does not match")
+    [no_type] = decisions(two, reason=DecisionReason.NO_NODE_TYPE)
+    assert (no_type.object_name, no_type.data["pods"]) == ("burst", ["ml/huge"])
+    [no_pool] = decisions(two, reason=DecisionReason.NO_POOL)
+    assert (no_pool.object_type, no_pool.object_name, no_pool.data["pods"]) == ("tenant", "two", ["ml/picky"])
+    tenant_decide(tenant_id=two.pk)
+    assert len(decisions(two)) == 2  # not again
+    apply(DYNAMIC.replace("pool: burst", "pool: burst\n            accelerator: h200"), tenant="two")
+    tenant_decide(tenant_id=two.pk)
+    picky.refresh_from_db()
+    assert picky.status == DemandStatus.LAUNCHED and picky.claim.node_type.name == "gpu-server"
+    assert PendingPod.objects.get(name="huge").status == DemandStatus.UNSERVABLE
+    assert len(decisions(two)) == 3  # the launch; huge's unchanged verdict is not reported again
+
+
+@pytest.mark.django_db
+def test_a_tenant_whose_api_is_down_is_not_decided_for_and_its_pods_say_so(two):
+    TenantWatch.objects.create(tenant=two, state=WatchState.BACKING_OFF, error="connection refused")
+    gpu_pods(two, 2)
+    result = tenant_decide(tenant_id=two.pk)
+    assert result.skipped and not NodeClaim.objects.exists() and not decisions(two)
+    assert set(PendingPod.objects.values_list("status", "reason")) == {
+        (DemandStatus.NEW, "not decided: the tenant's API is unreachable; decisions resume when the watch reconnects")}
+    TenantWatch.objects.filter(tenant=two).update(state=WatchState.WATCHING)
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_no_free_host_makes_pods_wait_for_capacity(two):
+    from hosts.models import BareMetalHost
+
+    BareMetalHost.objects.filter(labels__role="gpu").exclude(name="gpu-01").update(state="maintenance")
+    gpu_pods(two, 2)
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.count() == 1
+    [waiting] = PendingPod.objects.filter(status=DemandStatus.WAITING)
+    assert waiting.reason == "not added: no free host of type gpu-server"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_decisions_at_once_on_one_tenant_never_launch_a_pod_twice(two):
+    gpu_pods(two, 3)
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def decide():
+        try:
+            barrier.wait()
+            tenant_decide(tenant_id=two.pk)
+        except Exception as exc:  # noqa: BLE001 (any failure of a thread is asserted below)
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert NodeClaim.objects.count() == 3
+    assert len(decisions(two, reason=DecisionReason.LAUNCHED)) == 1
+    assert len(set(PendingPod.objects.values_list("claim_id", flat=True))) == 3
+
+
+@pytest.mark.django_db
+def test_a_claim_that_fails_or_is_released_before_its_node_is_ready_gives_its_pods_back(two):
+    gpu_pods(two, 3)
+    tenant_decide(tenant_id=two.pk)
+    failed, released, kept = (PendingPod.objects.get(name=f"train-7-{i}").claim for i in range(3))
+    claims_transition(claims=[failed], to_phase=ClaimPhase.FAILED, actor="test", reason="RetriesExhausted",
+                      message="gave up after 3 attempt(s)")
+    claims_release(claims=[NodeClaim.objects.get(pk=released.pk)], actor="test", reason="pool shrank")
+    pods = {p.name: p for p in PendingPod.objects.all()}
+    assert (pods["train-7-0"].status, pods["train-7-0"].claim_id) == (DemandStatus.NEW, None)
+    assert pods["train-7-0"].reason == f"its claim {failed.name} failed (gave up after 3 attempt(s)); deciding again"
+    assert (pods["train-7-1"].status, pods["train-7-1"].claim_id) == (DemandStatus.NEW, None)
+    assert pods["train-7-1"].reason == f"its claim {released.name} was released (pool shrank); deciding again"
+    assert (pods["train-7-2"].status, pods["train-7-2"].claim_id) == (DemandStatus.LAUNCHED, kept.pk)
+    # Decided again: new claims for the two, the failed claim no longer counts against the limit.
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.exclude(phase__in=[ClaimPhase.FAILED, ClaimPhase.RELEASED]).count() == 3
+    assert set(PendingPod.objects.values_list("status", flat=True)) == {DemandStatus.LAUNCHED}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_claim_is_decided_again_by_a_worker(apply, demo_site, celery_worker_process):
+    # The pool's OS image is not there yet: its claims wait for it, so no host is provisioned during the test.
+    apply(DYNAMIC.replace("ubuntu2404-20260926", "not-uploaded-yet"), tenant="two")
+    two = Tenant.objects.get(name="two")
+    gpu_pods(two, 2)
+    tenant_decide(tenant_id=two.pk)
+    pod = PendingPod.objects.get(name="train-7-0")
+    claim = pod.claim
+    assert pod.status == DemandStatus.LAUNCHED and claim is not None
+    claims_transition(claims=[claim], to_phase=ClaimPhase.FAILED, actor="test", reason="RetriesExhausted",
+                      message="gave up after 3 attempt(s)")
+    # Back to the demand in the failing transaction; the worker's decision gives it a new claim.
+    wait_for(lambda: PendingPod.objects.get(name="train-7-0").claim_id not in (None, claim.pk), timeout=30)
+    pod.refresh_from_db()
+    assert pod.status == DemandStatus.LAUNCHED and pod.claim.phase == ClaimPhase.PENDING
+    assert NodeClaim.objects.filter(pool__name="burst").count() == 3  # 2 live, 1 failed
+    launches = [e for e in decisions(two, reason=DecisionReason.LAUNCHED) if "ml/train-7-0" in e.data["pods"]]
+    assert len(launches) == 2 and launches[1].actor == "system:autonodes"
+
+
+@pytest.mark.django_db
+def test_the_sweep_looks_again_at_waiting_pods_and_new_ones_no_batch_decided(two, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from autonodes.services import tenants_to_decide
+
+    three = Tenant.objects.create(name="three")
+    fresh = pending(three, "fresh")
+    assert tenants_to_decide() == []  # inside its batch window: the watcher's decision comes
+    PendingPod.objects.filter(pk=fresh.pk).update(updated_at=timezone.now() - timedelta(seconds=60))
+    assert tenants_to_decide() == [three.pk]  # a decision that never came
+    gpu_pods(two, 5)
+    tenant_decide(tenant_id=two.pk)
+    PendingPod.objects.filter(tenant=three).delete()
+    assert tenants_to_decide() == [two.pk]  # one waits on the limit
