@@ -37,7 +37,15 @@ from pools.choices import PoolKind
 from pools.models import Tenant
 
 from .choices import WatchState
-from .demand import demand_forget, demand_observe, demand_resync, demand_uids, is_demand
+from .demand import (
+    Seen,
+    demand_forget,
+    demand_observe,
+    demand_resync,
+    demand_uids,
+    is_demand,
+)
+from .live import demand_changed
 from .models import TenantWatch
 
 log = logging.getLogger(__name__)
@@ -227,6 +235,7 @@ class Supervisor:
         self.known: dict[int, set[str]] = {}  # uids with a PendingPod row: other pods' events need no query
         self.decisions_sent = 0
         self._state: dict[int, dict] = {}  # TenantWatch fields not written yet (last_event_at, resource_version)
+        self._changed: set[int] = set()  # tenants whose demand or watcher changed in this step: their pages are told
         self._state_flushed = 0.0
         self._next_poll = 0.0
         self._stopping = threading.Event()
@@ -284,6 +293,7 @@ class Supervisor:
                 note = None
         self._close_due_batches()
         self._flush_state()
+        self._tell_pages()
 
     # -- which tenants are watched
 
@@ -327,6 +337,7 @@ class Supervisor:
         self._state.pop(tenant_id, None)
         TenantWatch.objects.filter(tenant_id=tenant_id).update(state=WatchState.STOPPED, retry_at=None,
                                                                updated_at=timezone.now())
+        self._changed.add(tenant_id)
         if forget:  # nobody watches this tenant's pods now: its demand would only go stale
             self.batches.pop(tenant_id, None)
             self.known.pop(tenant_id, None)
@@ -343,6 +354,7 @@ class Supervisor:
                 self._stop_watcher(tenant_id, forget=False)
             except DatabaseError:
                 log.exception("pod watchers: could not record the stop of tenant %s's watcher", tenant_id)
+        self._tell_pages()
         log.info("pod watchers: stopped")
 
     # -- what the watchers saw
@@ -373,6 +385,8 @@ class Supervisor:
         deleted = event.type == "DELETED"
         if uid in known or (not deleted and is_demand(event.pod)):  # anything else changes no row
             seen = demand_observe(tenant_id=tenant_id, pod=event.pod, deleted=deleted)
+            if seen is not Seen.IGNORED:
+                self._changed.add(tenant_id)
             if deleted or not is_demand(event.pod):
                 known.discard(uid)
             else:
@@ -385,6 +399,7 @@ class Supervisor:
         new, pending = demand_resync(tenant_id=tenant_id, pods=listed.pods)
         self.known[tenant_id] = demand_uids(tenant_id=tenant_id)
         self._state.pop(tenant_id, None)
+        self._changed.add(tenant_id)
         now = timezone.now()
         TenantWatch.objects.update_or_create(tenant_id=tenant_id, defaults={
             "state": WatchState.WATCHING, "error": "", "failures": 0, "retry_at": None, "connected_at": now,
@@ -396,6 +411,7 @@ class Supervisor:
 
     def _failed(self, tenant_id: int, failed: _Failed) -> None:
         self._state.pop(tenant_id, None)
+        self._changed.add(tenant_id)
         TenantWatch.objects.update_or_create(tenant_id=tenant_id, defaults={
             "state": WatchState.BACKING_OFF, "error": failed.error[:2000], "failures": failed.failures,
             "retry_at": timezone.now() + timedelta(seconds=failed.delay_s)})
@@ -410,10 +426,20 @@ class Supervisor:
         for tenant_id, fields in pending.items():
             try:
                 TenantWatch.objects.filter(tenant_id=tenant_id).update(
-                    last_event_at=fields["last_event_at"], resource_version=fields["resource_version"][:64])
+                    last_event_at=fields["last_event_at"], resource_version=fields["resource_version"][:64],
+                    updated_at=timezone.now())
             except DatabaseError:
                 log.exception("pod watch of tenant %s: could not record its last event", tenant_id)
                 close_old_connections()
+
+    def _tell_pages(self) -> None:
+        """One live message per tenant and step, however many pods changed in it (autonodes.live)."""
+        changed, self._changed = self._changed, set()
+        for tenant_id in sorted(changed):
+            try:
+                demand_changed(tenant_id=tenant_id)
+            except Exception:  # a page that misses it re-syncs anyway; the demand is recorded
+                log.warning("pod watch of tenant %s: could not tell the live pages", tenant_id, exc_info=True)
 
     # -- batches
 

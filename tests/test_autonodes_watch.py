@@ -436,6 +436,8 @@ def test_manage_py_watch_pods_runs_as_a_process_sends_one_decide_and_stops_on_si
     wait_for(lambda: received() >= 2, timeout=15)
     time.sleep(1)
     assert received() == 2
+    wait_for(lambda: celery_worker_process.log.read_text().count("autonodes.tasks.decide[") >= 4, timeout=15)
+    assert "succeeded" in celery_worker_process.log.read_text().split("Task autonodes.tasks.decide[")[-1]
     assert PendingPod.objects.filter(tenant=tenant).count() == 5  # a stop keeps the demand for the next start
 
     bad = subprocess.run([sys.executable, "manage.py", "watch-pods", "--shard", "2/2"], cwd=ROOT, env=env,
