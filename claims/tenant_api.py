@@ -533,4 +533,3 @@ class TenantAPI:
                     if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
                            and c.get("reason") == "Unschedulable"
                            for c in (raw.get("status") or {}).get("conditions") or [])]
-
