@@ -246,6 +246,15 @@ DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 DRAIN_POLL_S = env_float("DRAIN_POLL_S", 5)  # a drain looks at the node's pods (and asks refused evictions again)
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
 BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
+# Auto Nodes' pod watchers (autonodes/watcher.py, `manage.py watch-pods`). A tenant's batch of new Pending pods
+# closes this long after its last new pod, or this long after it opened, whichever comes first (Karpenter's
+# batch window: 1 s idle, 10 s at most); closing it asks for one decision.
+AUTONODES_BATCH_IDLE_S = env_float("AUTONODES_BATCH_IDLE_S", 1)
+AUTONODES_BATCH_MAX_S = env_float("AUTONODES_BATCH_MAX_S", 10)
+AUTONODES_WATCH_POLL_S = env_float("AUTONODES_WATCH_POLL_S", 5)  # the supervisor re-reads which tenants to watch
+AUTONODES_WATCH_TIMEOUT_S = env_float("AUTONODES_WATCH_TIMEOUT_S", 300)  # one watch request's life (×1-2, jittered)
+AUTONODES_WATCH_BACKOFF_S = env_float("AUTONODES_WATCH_BACKOFF_S", 1)  # after a failure, doubling per failure...
+AUTONODES_WATCH_BACKOFF_MAX_S = env_float("AUTONODES_WATCH_BACKOFF_MAX_S", 60)  # ...up to this
 IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
 # The agent listener (hosts/listener.py, `manage.py agent-listener`): the agent protocol, the boot path and the
 # OS images, on an address of the provisioning network (a separate port in the embedded mode and the lab). The
