@@ -1,7 +1,7 @@
 """Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
-from . import launches, services
+from . import disruption, launches, services
 
 
 @shared_task(name="autonodes.tasks.decide")
@@ -25,3 +25,12 @@ def decide_waiting() -> int:
 def check_launches() -> list[str]:
     """Beat: dynamic pools' claims past their launch deadline, reported once (never relaunched)."""
     return launches.launches_check()
+
+
+@shared_task(name="autonodes.tasks.disrupt")
+def disrupt() -> dict:
+    """Celery beat's disruption pass (AUTONODES_DISRUPT_EVERY_S): empty, underutilized, expired and drifted
+    nodes of dynamic pools given back within their budgets."""
+    result = disruption.pools_disrupt()
+    return {"tenants": len(result.tenants), "skipped": result.skipped, "released": result.released,
+            "replacing": result.replacing, "blocked": len(result.blocked)}

@@ -195,6 +195,10 @@ CELERY_BEAT_SCHEDULE = {
     # Auto Nodes: pods that wait (a limit, the quota, no free host) are decided again now and then.
     "autonodes-decide-waiting": {"task": "autonodes.tasks.decide_waiting",
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
+    # Dynamic pools give back empty, underutilized, expired and drifted nodes (autonodes/disruption.py): one list
+    # of each tenant's pods per pass.
+    "autonodes-disrupt": {"task": "autonodes.tasks.disrupt",
+                          "schedule": float(os.environ.get("AUTONODES_DISRUPT_EVERY_S", "10"))},
 }
 
 # Auto Nodes: a dynamic pool's claim may take its NodeType's measured launch p95 (created → Available, over the
