@@ -366,9 +366,14 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
         for pool in pools:
             _Pass(pool=pool, nodes=[n for n in nodes if n.claim.pool_id == pool.pk],
                   claims=[c for c in claims if c.pool_id == pool.pk], now=now, actor=actor, result=result).run()
-        for node in nodes:
-            node.usage.save()
+        NodeUsage.objects.bulk_create([n.usage for n in nodes if n.usage.pk is None])
+        NodeUsage.objects.bulk_update([n.usage for n in nodes if n.usage.pk is not None and n.usage.claim_id in usages],
+                                      USAGE_FIELDS)
     return result
+
+
+USAGE_FIELDS = ["pods", "requested", "empty_since", "do_not_disrupt", "pods_changed_at", "blocked_by", "checked_at",
+                "next_action", "next_action_at", "replacement"]
 
 
 def _upkeep(nodes: list[Node], now: datetime) -> None:

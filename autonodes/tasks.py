@@ -4,6 +4,15 @@ from celery import shared_task
 from . import disruption, launches, services
 
 
+@shared_task(name="autonodes.tasks.disrupt")
+def disrupt() -> dict:
+    """Celery beat's disruption pass (AUTONODES_DISRUPT_EVERY_S): empty, underutilized, expired and drifted
+    nodes of dynamic pools given back within their budgets."""
+    result = disruption.pools_disrupt()
+    return {"tenants": len(result.tenants), "skipped": result.skipped, "released": result.released,
+            "replacing": result.replacing, "blocked": len(result.blocked)}
+
+
 @shared_task(name="autonodes.tasks.decide")
 def decide(tenant_id: int) -> dict:
     """One decision for one tenant's Pending pods (enqueued by its watcher's batch, a claim that ended, the sweep)."""
@@ -25,12 +34,3 @@ def decide_waiting() -> int:
 def check_launches() -> list[str]:
     """Beat: dynamic pools' claims past their launch deadline, reported once (never relaunched)."""
     return launches.launches_check()
-
-
-@shared_task(name="autonodes.tasks.disrupt")
-def disrupt() -> dict:
-    """Celery beat's disruption pass (AUTONODES_DISRUPT_EVERY_S): empty, underutilized, expired and drifted
-    nodes of dynamic pools given back within their budgets."""
-    result = disruption.pools_disrupt()
-    return {"tenants": len(result.tenants), "skipped": result.skipped, "released": result.released,
-            "replacing": result.replacing, "blocked": len(result.blocked)}
