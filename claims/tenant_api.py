@@ -11,9 +11,11 @@ import base64
 import contextlib
 import datetime
 import hashlib
+import json
 import logging
 import re
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -123,12 +125,69 @@ def _split(value: str | None) -> set[str]:
 
 
 def _message(exc: ApiException) -> str:
-    import json
-
     try:
         return json.loads(exc.body).get("message") or str(exc.reason)
     except (TypeError, ValueError, AttributeError):
         return str(exc.reason)
+
+
+class PodWatch:
+    """One watch request on a tenant's pods, through the official client's watch.Watch: iterate it for the
+    events after `resource_version` as {"type", "object"} dicts (ADDED, MODIFIED, DELETED; BOOKMARKs only move
+    `resource_version`). Iteration ends when the server ends the watch (its timeoutSeconds), when the stream
+    drops, or on stop(): resume from `resource_version`, which follows every event. An expired
+    resourceVersion (410 Gone, or an ERROR event) raises TenantAPIError with status 410: list again. A server
+    that cannot be reached raises TenantAPIError (status None)."""
+
+    def __init__(self, tenant_api: TenantAPI, resource_version: str, timeout_s: int) -> None:
+        self.tenant_api = tenant_api
+        self.resource_version = resource_version
+        self.timeout_s = max(1, int(timeout_s))
+        self.events_seen = 0
+        self._watch = watch.Watch(return_type="object")  # "object": the events' objects stay plain dicts
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """End the iteration soon, from any thread (the blocked read is woken by shutting its socket)."""
+        self._stopped.set()
+        self._watch.stop()
+
+    def __iter__(self) -> Iterator[dict]:
+        server = self.tenant_api.server
+        with self.tenant_api._client() as api:
+            if self._stopped.is_set():
+                return
+            v1 = client.CoreV1Api(api)
+            try:
+                for event in self._watch.stream(
+                        v1.list_pod_for_all_namespaces, resource_version=self.resource_version,
+                        allow_watch_bookmarks=True, timeout_seconds=self.timeout_s,
+                        _request_timeout=(self.tenant_api.timeout, self.timeout_s + self.tenant_api.timeout)):
+                    self.resource_version = str(self._watch.resource_version or self.resource_version)
+                    if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                        continue  # BOOKMARK
+                    self.events_seen += 1
+                    yield {"type": event["type"], "object": event["raw_object"]}
+                    if self._stopped.is_set():
+                        return
+            except ApiException as exc:
+                if self._stopped.is_set():
+                    return
+                if exc.status == 410:
+                    raise TenantAPIError("watch pods: resourceVersion expired (410 Gone)", status=410) from exc
+                if exc.http_resp is None:  # an ERROR event in the stream, not an HTTP answer
+                    raise TenantAPIError(f"watch pods: the stream reported {exc.status}: {exc.reason}",
+                                         status=exc.status) from exc
+                raise self.tenant_api._error("watch pods", exc) from exc
+            except (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError):
+                return  # the stream dropped: resume from resource_version (a dead server fails the next request)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if self._stopped.is_set():
+                    return
+                reason = getattr(exc, "reason", None) or exc
+                raise TenantAPIError(f"tenant API unreachable: {server}: {reason}") from exc
+            finally:
+                self._watch._api_client.close()  # the deserializer's own client, unused for requests
 
 
 class TenantAPI:
@@ -456,6 +515,30 @@ class TenantAPI:
                                      f"{type(exc).__name__}") from None
 
     # -- pods
+
+    def list_pods_for_watch(self, page_size: int = 500) -> tuple[list[dict], str]:
+        """Every pod of the tenant as dicts (read in pages, parsed straight from the JSON) and the list's
+        resourceVersion, where a watch of them starts (autonodes.watcher)."""
+        pods: list[dict] = []
+        resource_version, token = "", None
+        with self._client() as api:
+            v1 = client.CoreV1Api(api)
+            while True:
+                kwargs = {"limit": page_size, "_preload_content": False, **({"_continue": token} if token else {})}
+                response = self._call("list pods", v1.list_pod_for_all_namespaces, **kwargs)
+                try:
+                    page = json.loads(response.data)
+                except ValueError:
+                    raise TenantAPIError("list pods: the tenant API answered something that is not JSON") from None
+                meta = page.get("metadata") or {}
+                resource_version = resource_version or str(meta.get("resourceVersion") or "")
+                pods += page.get("items") or []
+                if not (token := meta.get("continue")):
+                    return pods, resource_version
+
+    def pod_watch(self, resource_version: str, timeout_s: int) -> PodWatch:
+        """A watch of the tenant's pods after `resource_version` (iterate it; stop() from any thread)."""
+        return PodWatch(self, resource_version, timeout_s)
 
     def list_unschedulable_pods(self) -> list[dict]:
         """Pending pods the scheduler could not place (PodScheduled=False, reason Unschedulable), as dicts."""

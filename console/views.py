@@ -11,6 +11,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from autonodes.selectors import pool_status
 from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
@@ -111,6 +112,35 @@ def tenant_page(request, name: str):
     tenant = tenant_for(request.user, name)
     return page(request, "pools/tenant.html", {"cursor": cursor, **tenant_context(request.user, tenant),
                                                "ws_url": f"/ws/tenants/{tenant.pk}/", "nav": "tenants"})
+
+
+def pool_for(user, tenant_name: str, pool_name: str) -> NodePool:
+    """A pool of a tenant in the user's scope, else 404 (as tenant_for)."""
+    tenant = tenant_for(user, tenant_name)
+    pool = NodePool.objects.select_related("tenant", "provider").filter(tenant=tenant, name=pool_name).first()
+    if pool is None:
+        raise Http404("no such pool")
+    return pool
+
+
+def pool_context(user, pool: NodePool) -> dict:
+    """A pool's page: for a dynamic pool its watcher, demand, decisions, nodes, limits and budgets
+    (autonodes.selectors.pool_status); for a static one its quantity and live claims. A fixed number of queries."""
+    status = pool_status(pool)
+    claim_presenters.with_progress(status.nodes)
+    return {"tenant": pool.tenant, "pool": pool, "status": status}
+
+
+def render_pool_live(user, pool: NodePool) -> list[str]:
+    return [render_to_string("pools/partials/pool_sections.html", pool_context(user, pool))]
+
+
+@console_view()
+def pool_page(request, name: str, pool: str):
+    cursor = live_cursor()
+    target = pool_for(request.user, name, pool)
+    return page(request, "pools/pool.html", {"cursor": cursor, **pool_context(request.user, target),
+                                             "ws_url": f"/ws/pools/{target.pk}/", "nav": "tenants"})
 
 
 @console_view()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROCESSES = ("web", "worker", "beat", "agent-listener", "lab")
+PROCESSES = ("web", "worker", "beat", "agent-listener", "lab", "watch-pods")
 
 
 def free_port() -> int:

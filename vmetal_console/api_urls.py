@@ -4,6 +4,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from autonodes.api.views import DecisionViewSet, PoolStatusView
 from claims.api.views import NodeClaimViewSet
 from events.api.views import EventViewSet
 from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet
@@ -26,10 +27,12 @@ router.register("nodeenvironments", NodeEnvironmentViewSet, basename="nodeenviro
 router.register("osimages", OSImageViewSet, basename="osimage")
 router.register("events", EventViewSet, basename="event")
 router.register("tokens", TokenViewSet, basename="token")
+router.register("decisions", DecisionViewSet, basename="decision")
 
 v1 = [
     re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
     re_path(r"^capacity/?$", CapacityView.as_view(), name="capacity"),
+    re_path(r"^pools/(?P<id>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
     *router.urls,
 ]
 

@@ -38,6 +38,7 @@ urlpatterns = [
     # tenants and the catalogue
     path("tenants/", pools.tenant_list, name="tenants"),
     path("tenants/<name:name>/", pools.tenant_page, name="tenant"),
+    path("tenants/<name:name>/pools/<name:pool>/", pools.pool_page, name="pool"),
     path("tenants/<name:name>/pools/<name:pool>/quantity/", pools.pool_quantity, name="pool-quantity"),
     path("tenants/<name:name>/join/", pools.join_command, name="tenant-join"),
     path("providers/", pools.provider_list, name="providers"),

@@ -189,6 +189,9 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Dynamic pools' claims past their launch deadline: reported once, never relaunched (autonodes/launches.py).
+    "check-launches": {"task": "autonodes.tasks.check_launches",
+                       "schedule": float(os.environ.get("AUTONODES_LAUNCH_CHECK_EVERY_S", "30"))},
     # Dynamic pools give back empty, underutilized, expired and drifted nodes (autonodes/disruption.py): one list
     # of each tenant's pods per pass.
     "autonodes-disrupt": {"task": "autonodes.tasks.disrupt",
@@ -197,6 +200,15 @@ CELERY_BEAT_SCHEDULE = {
     "autonodes-decide-waiting": {"task": "autonodes.tasks.decide_waiting",
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
 }
+
+# Auto Nodes: a dynamic pool's claim may take its NodeType's measured launch p95 (created → Available, over the
+# last AUTONODES_LAUNCH_HISTORY launches of that type) before it is reported as slow, never less than the floor
+# and never more than the cap; the cap also applies while a type has no history (claims.selectors.launch_deadlines).
+# A slow claim is only reported: a bare-metal server is not deleted and relaunched (Karpenter's registration TTL
+# would loop on hardware that takes 20 minutes to arrive).
+AUTONODES_LAUNCH_FLOOR_S = float(os.environ.get("AUTONODES_LAUNCH_FLOOR_S", "600"))
+AUTONODES_LAUNCH_CAP_S = float(os.environ.get("AUTONODES_LAUNCH_CAP_S", "3600"))
+AUTONODES_LAUNCH_HISTORY = int(os.environ.get("AUTONODES_LAUNCH_HISTORY", "50"))
 
 # Host life cycle: each in-progress state's deadline is its flow's step deadlines (below) added up, plus this
 # much per step for a drive to notice that a step's deadline passed (a recheck, the periodic re-drive, a lease):
@@ -238,6 +250,15 @@ DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 DRAIN_POLL_S = env_float("DRAIN_POLL_S", 5)  # a drain looks at the node's pods (and asks refused evictions again)
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
 BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
+# Auto Nodes' pod watchers (autonodes/watcher.py, `manage.py watch-pods`). A tenant's batch of new Pending pods
+# closes this long after its last new pod, or this long after it opened, whichever comes first (Karpenter's
+# batch window: 1 s idle, 10 s at most); closing it asks for one decision.
+AUTONODES_BATCH_IDLE_S = env_float("AUTONODES_BATCH_IDLE_S", 1)
+AUTONODES_BATCH_MAX_S = env_float("AUTONODES_BATCH_MAX_S", 10)
+AUTONODES_WATCH_POLL_S = env_float("AUTONODES_WATCH_POLL_S", 5)  # the supervisor re-reads which tenants to watch
+AUTONODES_WATCH_TIMEOUT_S = env_float("AUTONODES_WATCH_TIMEOUT_S", 300)  # one watch request's life (×1-2, jittered)
+AUTONODES_WATCH_BACKOFF_S = env_float("AUTONODES_WATCH_BACKOFF_S", 1)  # after a failure, doubling per failure...
+AUTONODES_WATCH_BACKOFF_MAX_S = env_float("AUTONODES_WATCH_BACKOFF_MAX_S", 60)  # ...up to this
 IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
 # The agent listener (hosts/listener.py, `manage.py agent-listener`): the agent protocol, the boot path and the
 # OS images, on an address of the provisioning network (a separate port in the embedded mode and the lab). The

@@ -1,0 +1,119 @@
+"""The demand of a tenant's dynamic pools: its Pending pods, kept as PendingPod rows from what its pod watcher sees.
+
+Written only by the tenant's watcher (autonodes.watcher), one pod at a time (`demand_observe`) and after each
+full list (`demand_resync`); decided on by autonodes.services, which owns the answer columns (status, claim,
+pool, reason, decided_at). Each write here is its own short transaction, never one around network I/O.
+
+`PendingPod.requests` holds parsed numbers, what `fit.pod_requests` makes of the pod (containers summed, the
+largest init container, overhead): {"cpu": 0.5, "memory": 17179869184, "nvidia.com/gpu": 8}. Whole values are
+ints. `fit.quantities(row.requests)` reads them back as floats, so `fit.Demand` of a row equals that of its pod.
+"""
+from __future__ import annotations
+
+import enum
+
+from django.db import transaction
+
+from . import fit
+from .choices import DemandStatus
+from .models import PendingPod
+
+# What a spec change is made of: a pod whose demand changed is decided again, the console's answer forgotten.
+SPEC_FIELDS = ("requests", "node_selector", "node_affinity", "tolerations")
+
+
+class Seen(enum.Enum):
+    """What one observation did to the demand."""
+
+    NEW = "new"  # a pod became demand: opens or extends the tenant's batch
+    CHANGED = "changed"  # a pending pod's spec changed: decided again, so it opens or extends the batch too
+    SAME = "same"  # still pending as before (its scheduler message may have changed)
+    GONE = "gone"  # no longer demand: bound, running, deleted, or schedulable again
+    IGNORED = "ignored"  # never demand (scheduled, a DaemonSet's pod) and no row to remove
+
+    @property
+    def is_new_demand(self) -> bool:
+        return self in (Seen.NEW, Seen.CHANGED)
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def pod_fields(pod: dict) -> dict:
+    """The PendingPod columns a pod dict gives (without tenant and answer)."""
+    meta = pod.get("metadata") or {}
+    demand = fit.Demand.of_pod(pod)
+    refs = meta.get("ownerReferences") or []
+    owner = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    message = next((c.get("message") or "" for c in (pod.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "PodScheduled"), "")
+    return {
+        "namespace": meta.get("namespace") or "default",
+        "name": meta.get("name") or "",
+        "owner": f"{owner.get('kind')}/{owner.get('name')}"[:253] if owner else "",
+        "requests": {key: _number(value) for key, value in sorted(demand.requests.items())},
+        "node_selector": demand.node_selector,
+        "node_affinity": demand.node_affinity,
+        "tolerations": demand.tolerations,
+        "scheduler_message": message,
+    }
+
+
+def is_demand(pod: dict) -> bool:
+    """A pod a dynamic pool could answer: unschedulable, and not a DaemonSet's (those follow nodes, they never
+    call for one)."""
+    return fit.is_unschedulable(pod) and not fit.is_daemonset_pod(pod)
+
+
+def demand_observe(*, tenant_id: int, pod: dict, deleted: bool = False) -> Seen:
+    """One pod as the stream or a list shows it: a PendingPod row while it is demand, none otherwise.
+
+    An existing row keeps the console's answer (status, claim, pool, reason) unless the pod's spec changed;
+    then it is new demand again. `deleted`: the pod is gone (a DELETED event)."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    if not uid:
+        return Seen.IGNORED
+    if deleted or not is_demand(pod):
+        removed, _ = PendingPod.objects.filter(tenant_id=tenant_id, uid=uid).delete()
+        return Seen.GONE if removed else Seen.IGNORED
+    fields = pod_fields(pod)
+    with transaction.atomic():
+        row = PendingPod.objects.select_for_update().filter(tenant_id=tenant_id, uid=uid).first()
+        if row is None:
+            PendingPod.objects.create(tenant_id=tenant_id, uid=uid, **fields)
+            return Seen.NEW
+        changed = any(getattr(row, name) != fields[name] for name in SPEC_FIELDS)
+        update = {name: value for name, value in fields.items() if getattr(row, name) != value}
+        if changed:  # decided again from scratch: the earlier answer was for another spec
+            update.update(status=DemandStatus.NEW, claim=None, pool=None, reason="", decided_at=None)
+        if update:
+            for name, value in update.items():
+                setattr(row, name, value)
+            row.save(update_fields=[*update, "updated_at"])
+        return Seen.CHANGED if changed else Seen.SAME
+
+
+def demand_resync(*, tenant_id: int, pods: list[dict]) -> tuple[int, int]:
+    """After a full list: every pod of it observed, and the rows of pods the list no longer shows as demand
+    deleted (they were bound, deleted or changed while no stream was open). Returns (new demand, rows now)."""
+    new = 0
+    keep = set()
+    for pod in pods:
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid or not is_demand(pod):
+            continue
+        keep.add(uid)
+        if demand_observe(tenant_id=tenant_id, pod=pod).is_new_demand:
+            new += 1
+    PendingPod.objects.filter(tenant_id=tenant_id).exclude(uid__in=keep).delete()
+    return new, len(keep)
+
+
+def demand_uids(*, tenant_id: int) -> set[str]:
+    return set(PendingPod.objects.filter(tenant_id=tenant_id).values_list("uid", flat=True))
+
+
+def demand_forget(*, tenant_id: int) -> int:
+    """The tenant is no longer watched (its last dynamic pool went): its demand would only go stale."""
+    return PendingPod.objects.filter(tenant_id=tenant_id).delete()[0]
