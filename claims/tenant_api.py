@@ -533,3 +533,36 @@ class TenantAPI:
                     if any(c.get("type") == "PodScheduled" and c.get("status") == "False"
                            and c.get("reason") == "Unschedulable"
                            for c in (raw.get("status") or {}).get("conditions") or [])]
+
+    # -- workloads (manage.py workload: a demo's Job, submitted and deleted as a tenant would)
+
+    def create_job(self, namespace: str, job: dict) -> dict:
+        """Create a batch/v1 Job; TenantAPIError with status 409 when one of that name exists."""
+        name = (job.get("metadata") or {}).get("name", "?")
+        with self._client() as api:
+            created = self._call(f"create job {namespace}/{name}", client.BatchV1Api(api).create_namespaced_job,
+                                 namespace, job)
+            return api.sanitize_for_serialization(created)
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and, in the background, its pods (the API's default for Jobs would orphan them); False
+        when there was no such Job."""
+        with self._client() as api:
+            return self._call(f"delete job {namespace}/{name}", client.BatchV1Api(api).delete_namespaced_job, name,
+                              namespace, propagation_policy="Background", tolerate=(404,)) is not None
+
+    def list_jobs(self, namespace: str | None = None) -> list[dict]:
+        with self._client() as api:
+            batch = client.BatchV1Api(api)
+            jobs = (self._call("list jobs", batch.list_job_for_all_namespaces) if namespace is None else
+                    self._call(f"list jobs in {namespace}", batch.list_namespaced_job, namespace))
+            return [api.sanitize_for_serialization(job) for job in jobs.items]
+
+    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict]:
+        with self._client() as api:
+            v1 = client.CoreV1Api(api)
+            pods = (self._call("list pods", v1.list_pod_for_all_namespaces, label_selector=label_selector)
+                    if namespace is None else
+                    self._call(f"list pods in {namespace}", v1.list_namespaced_pod, namespace,
+                               label_selector=label_selector))
+            return [api.sanitize_for_serialization(pod) for pod in pods.items]

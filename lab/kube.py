@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import copy
 import datetime
 import hmac
 import itertools
@@ -52,6 +53,7 @@ NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
 SECRETS = kmock.resource("", "v1", "secrets")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
+JOBS = kmock.resource("batch", "v1", "jobs")
 RESOURCES = {
     NODES: kmock.ResourceInfo(kind="Node", singular="node", namespaced=False, shortnames={"no"},
                               verbs={"create", "delete", "get", "list", "patch", "watch"}, subresources={"status"}),
@@ -62,6 +64,8 @@ RESOURCES = {
                                 verbs={"create", "delete", "get", "list", "patch", "watch"}),
     NAMESPACES: kmock.ResourceInfo(kind="Namespace", singular="namespace", namespaced=False, shortnames={"ns"},
                                    verbs={"create", "delete", "get", "list", "patch", "watch"}),
+    JOBS: kmock.ResourceInfo(kind="Job", singular="job", namespaced=True,
+                             verbs={"create", "delete", "get", "list", "patch", "watch"}, subresources={"status"}),
 }
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 PUBLIC_PATHS = {"/healthz", "/livez", "/readyz", "/version"}  # system:public-info-viewer
@@ -69,6 +73,7 @@ BOOTSTRAP_TOKEN_RE = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
 BOOTSTRAPPER_RESOURCES = {"nodes", "pods"}  # what a joining kubelet may touch in the lab
 _CLOSE = object()  # put on every watch bus at shutdown, so open watches end at once
 # kmock's URL parser reads /api/v1/namespaces[/NAME] as "inside a namespace" and fails or misroutes
+DISCOVERY_SLASH = re.compile(r"^/(api|apis)(/[^/]+){0,2}/$")
 NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/([^/]+)(?:/(status|finalize))?)?/?$")
 
 
@@ -266,6 +271,8 @@ class TenantEmulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """kmock's entry point, with namespaces routable and its request log kept short."""
+        if DISCOVERY_SLASH.match(raw_request.path):  # the official client asks /apis/ and /apis/batch/v1/
+            raw_request = raw_request.clone(rel_url=raw_request.rel_url.with_path(raw_request.path.rstrip("/")))
         await raw_request.read()
         raw_response = None
         try:
@@ -346,12 +353,22 @@ class TenantEmulator(kmock.KubernetesEmulator):
                 key = (request.resource, request.namespace, request.name)
                 if self._stored(key) is not None:  # the DELETED event carries a new resourceVersion
                     self._objects[key].patch({"metadata": {"resourceVersion": self._next_rv()}})
+        deleted_job = None
+        if request.action == kmock.action.DELETE and request.resource == JOBS and request.name is not None:
+            deleted_job = self._stored((JOBS, request.namespace, request.name))
         response = await super()._handle(request)
         if key is not None and key in self._objects and len(self._objects[key].history) > 3:
             del self._objects[key].history[:-2]  # keep memory flat in a long-running lab
         if (request.action == kmock.action.DELETE and request.resource == NODES and request.name
                 and response.status < 300):
             await self._collect_pods_of(request.name)
+        if deleted_job is not None and response.status < 300:
+            policy = (request.data or {}).get("propagationPolicy") if isinstance(request.data, dict) else None
+            if (policy or request.params.get("propagationPolicy")) != "Orphan":
+                await self._collect_pods_of_job(deleted_job["metadata"].get("uid"))
+        if (request.resource in (PODS, NODES, JOBS) and response.status < 300
+                and request.action in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)):
+            await self.settle()  # before the answer: a client that lists next sees the scheduler's verdict
         return response
 
     async def _serve_version(self, request: kmock.Request) -> dict:
@@ -379,7 +396,9 @@ class TenantEmulator(kmock.KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> dict:
         payload = await super()._serve_list(request)
         info = self.resources[request.resource]
-        return {"apiVersion": CORE, "kind": f"{info.kind}List", "metadata": {"resourceVersion": str(self._last_rv)},
+        group = request.resource.group
+        return {"apiVersion": f"{group}/{request.resource.version}" if group else CORE, "kind": f"{info.kind}List",
+                "metadata": {"resourceVersion": str(self._last_rv)},
                 "items": [obj for obj in payload["items"] if self._selected(request, obj)]}
 
     @staticmethod
@@ -462,21 +481,27 @@ class TenantEmulator(kmock.KubernetesEmulator):
                 429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
                 {"causes": [{"reason": "DisruptionBudget",
                              "message": "The disruption budget lab-pdb needs 1 healthy pods and has 1 currently"}]}))
-        grace = options.get("gracePeriodSeconds")
+        await self._terminate(key, options.get("gracePeriodSeconds"))
+        await self.settle()  # a Job replaces an evicted pod at once, as the Job controller does
+        return rendering.Response(status=201, payload=_status(201, "", ""))
+
+    async def _terminate(self, key: tuple, grace: int | None = None) -> None:
+        """Graceful deletion of a pod, as the kubelet does it: deletionTimestamp now, gone after its grace period
+        (capped by termination_s in the lab); grace None: the pod's own terminationGracePeriodSeconds."""
+        pod = self._stored(key)
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            return
         if grace is None:
             grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-        if not pod["metadata"].get("deletionTimestamp"):
-            if grace <= 0:
-                await self._delete_now(key)
-            else:
-                async with self._lock:
-                    self._objects[key].patch({"metadata": {
-                        "deletionTimestamp": _rfc3339(_now() + datetime.timedelta(seconds=grace)),
-                        "deletionGracePeriodSeconds": grace, "resourceVersion": self._next_rv()}})
-                    await self._buses[PODS].put({"type": "MODIFIED", "object": self._objects[key].raw})
-                uid = pod["metadata"].get("uid")
-                self._spawn(self._terminate_later(key, uid, min(grace, self.termination_s)))
-        return rendering.Response(status=201, payload=_status(201, "", ""))
+        if grace <= 0:
+            await self._delete_now(key)
+            return
+        async with self._lock:
+            self._objects[key].patch({"metadata": {
+                "deletionTimestamp": _rfc3339(_now() + datetime.timedelta(seconds=grace)),
+                "deletionGracePeriodSeconds": grace, "resourceVersion": self._next_rv()}})
+            await self._buses[PODS].put({"type": "MODIFIED", "object": self._objects[key].raw})
+        self._spawn(self._terminate_later(key, pod["metadata"].get("uid"), min(grace, self.termination_s)))
 
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -488,6 +513,7 @@ class TenantEmulator(kmock.KubernetesEmulator):
         current = self._stored(key)
         if current is not None and current["metadata"].get("uid") == uid:  # not a new pod of the same name
             await self._delete_now(key)
+            await self.settle()  # what it held is free: a Pending pod may fit now
 
     async def _delete_now(self, key: tuple) -> None:
         async with self._lock:
@@ -505,6 +531,185 @@ class TenantEmulator(kmock.KubernetesEmulator):
                 if key[0] == PODS and not obj.deleted and (obj.raw.get("spec") or {}).get("nodeName") == node_name]
         for key in keys:
             await self._delete_now(key)
+
+    async def _collect_pods_of_job(self, uid: str | None) -> None:
+        """The garbage collector: a deleted Job's pods terminate (foreground or background propagation)."""
+        keys = [key for key, obj in self._objects.items() if key[0] == PODS and not obj.deleted and uid
+                and any(ref.get("uid") == uid for ref in (obj.raw.get("metadata") or {}).get("ownerReferences") or [])]
+        for key in keys:
+            await self._terminate(key)
+
+    # -- the controllers: Jobs keep their pods, the scheduler binds them
+
+    async def settle(self) -> None:
+        """One pass of the Job controller and the scheduler, run after every change to a pod, node or Job (the
+        real ones react to the same watch events). Their changes go on the watch buses like any other."""
+        async with self._lock:
+            events = self._run_jobs()
+            events += self._schedule()
+            for resource, event in events:
+                await self._buses[resource].put(event)
+
+    def _live(self, resource) -> list[tuple[tuple, dict]]:
+        return [(key, obj.raw) for key, obj in self._objects.items() if key[0] == resource and not obj.deleted]
+
+    def _patch(self, key: tuple, changes: dict) -> tuple:
+        obj = self._objects[key]
+        obj.patch({**changes, "metadata": {**changes.get("metadata", {}), "resourceVersion": self._next_rv()}})
+        if len(obj.history) > 3:
+            del obj.history[:-2]
+        return key[0], {"type": "MODIFIED", "object": obj.raw}
+
+    def _add(self, resource, obj: dict) -> tuple:
+        namespace = obj["metadata"].get("namespace")
+        self._stamp_new(obj, namespace)
+        key = (resource, namespace, obj["metadata"]["name"])
+        self._created_rv[key] = self._last_rv
+        if key in self._objects:  # a deleted one of that name: kmock keeps its history
+            self._objects[key].create(obj)
+        else:
+            self._objects[key] = obj
+        return resource, {"type": "ADDED", "object": self._objects[key].raw}
+
+    def _run_jobs(self) -> list[tuple]:
+        """The Job controller, for lab jobs that run until deleted: each Job keeps spec.parallelism pods that are
+        not terminating (a pod evicted or deleted is replaced at once, under a new name, as with
+        podReplacementPolicy TerminatingOrFailed); extra ones go, newest first. status.active follows."""
+        events = []
+        pods = self._live(PODS)
+        for key, job in sorted(self._live(JOBS), key=lambda kj: self._created_rv.get(kj[0], 0)):
+            meta, spec = job["metadata"], job.get("spec") or {}
+            want = max(0, int(spec.get("parallelism", 1) if spec.get("parallelism") is not None else 1))
+            mine = [(k, p) for k, p in pods if not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                    and any(r.get("uid") == meta["uid"] for r in p["metadata"].get("ownerReferences") or [])]
+            mine.sort(key=lambda kp: self._created_rv.get(kp[0], 0))
+            for extra_key, _ in mine[want:]:
+                self._objects[extra_key].patch({"metadata": {"resourceVersion": self._next_rv()}})
+                raw = self._objects[extra_key].raw
+                self._objects[extra_key].delete()
+                events.append((PODS, {"type": "DELETED", "object": raw}))
+            for _ in range(want - len(mine)):
+                events.append(self._add(PODS, self._job_pod(job)))
+            status = job.get("status") or {}
+            if status.get("active") != want or not status.get("startTime"):
+                events.append(self._patch(key, {"status": {"active": want,
+                                                           "startTime": status.get("startTime") or _rfc3339(_now())}}))
+        return events
+
+    def _job_pod(self, job: dict) -> dict:
+        meta = job["metadata"]
+        template = (job.get("spec") or {}).get("template") or {}
+        template_meta = template.get("metadata") or {}
+        name = meta["name"] + "-" + "".join(secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
+        labels = {**(template_meta.get("labels") or {}), "job-name": meta["name"],
+                  "batch.kubernetes.io/job-name": meta["name"], "controller-uid": meta["uid"],
+                  "batch.kubernetes.io/controller-uid": meta["uid"]}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": meta["namespace"], "generateName": meta["name"] + "-",
+                             "labels": labels, "annotations": dict(template_meta.get("annotations") or {}),
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                                  "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": {"restartPolicy": "Never", "schedulerName": "default-scheduler",
+                         "terminationGracePeriodSeconds": 30, **copy.deepcopy(template.get("spec") or {})},
+                "status": {"phase": "Pending"}}
+
+    def _schedule(self) -> list[tuple]:
+        """kube-scheduler, in small: each Pending pod without a node (oldest first) is bound to the first node, by
+        name, that passes the filters (cordon, taints and Ready, node affinity and nodeSelector, requests against
+        allocatable less what the node's pods request: autonodes.fit's predicates); otherwise it gets
+        PodScheduled=False, reason Unschedulable, and kube-scheduler's message. A pod is written only when its
+        verdict changes, so a pass that decides nothing new publishes nothing."""
+        pods = self._live(PODS)
+        pending = [(k, p) for k, p in pods if not (p.get("spec") or {}).get("nodeName")
+                   and not p["metadata"].get("deletionTimestamp") and not (p.get("spec") or {}).get("schedulingGates")
+                   and (p.get("status") or {}).get("phase", "Pending") == "Pending"
+                   and (p.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"]
+        if not pending:
+            return []
+        from autonodes.fit import Demand, pod_requests, quantities
+
+        nodes = sorted(self._live(NODES), key=lambda kn: kn[0][2])
+        free = {key[2]: quantities((node.get("status") or {}).get("allocatable")) for key, node in nodes}
+        for _, pod in pods:
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name in free and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                _take(free[node_name], {**pod_requests(pod), "pods": 1.0})
+        events = []
+        for key, pod in sorted(pending, key=lambda kp: (self._created_rv.get(kp[0], 0), kp[0][1:])):
+            demand = Demand.of_pod(pod)
+            asked = {**demand.requests, "pods": 1.0}
+            reasons: dict[str, int] = {}
+            chosen = None
+            for node_key, node in nodes:
+                why = _filter_node(demand, asked, node, free[node_key[2]])
+                if not why:
+                    chosen = node
+                    break
+                for reason in why:
+                    reasons[reason] = reasons.get(reason, 0) + 1
+            if chosen is not None:
+                _take(free[chosen["metadata"]["name"]], asked)
+                events.append(self._patch(key, _bound(chosen)))
+                continue
+            message = (f"0/{len(nodes)} nodes are available: "
+                       + ", ".join(sorted(f"{count} {reason}" for reason, count in reasons.items())) + "."
+                       if nodes else "no nodes available to schedule pods")
+            scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                              if c.get("type") == "PodScheduled"), {})
+            if scheduled.get("reason") != "Unschedulable" or scheduled.get("message") != message:
+                condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                             "message": message, "lastProbeTime": None, "lastTransitionTime": _rfc3339(_now())}
+                events.append(self._patch(key, {"status": {"phase": "Pending", "conditions": [condition]}}))
+        return events
+
+
+def _take(free: dict[str, float], asked: dict[str, float]) -> None:
+    for resource, value in asked.items():
+        if resource in free or resource != "pods":
+            free[resource] = free.get(resource, 0.0) - value
+
+
+NOT_READY_TAINTS = {"False": "node.kubernetes.io/not-ready", "Unknown": "node.kubernetes.io/unreachable"}
+
+
+def _filter_node(demand, asked: dict[str, float], node: dict, free: dict[str, float]) -> list[str]:
+    """Why the pod does not fit the node, in kube-scheduler's words (its filters in its order, the first that fails;
+    the resources filter names every resource that is short), or [] when it fits. A node that is not Ready has the
+    not-ready (or unreachable) NoSchedule taint the node lifecycle controller puts on it."""
+    from autonodes import fit
+
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if spec.get("unschedulable") and fit.untolerated_taint(demand.tolerations, [
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]):
+        return ["node(s) were unschedulable"]
+    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), "False")
+    taints = list(spec.get("taints") or [])
+    if ready != "True":
+        taints.insert(0, {"key": NOT_READY_TAINTS.get(ready, NOT_READY_TAINTS["False"]), "effect": "NoSchedule"})
+    if (taint := fit.untolerated_taint(demand.tolerations, taints)) is not None:
+        return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"]
+    if not fit.selector_matches(demand.node_selector, labels) or not fit.affinity_matches(demand.node_affinity, labels):
+        return ["node(s) didn't match Pod's node affinity/selector"]
+    if "pods" not in free:  # a node that posted no allocatable pods count is not limited by it
+        asked = {k: v for k, v in asked.items() if k != "pods"}
+    short = fit.short_of(asked, free)
+    return [("Too many pods" if resource == "pods" else f"Insufficient {resource}") for resource in sorted(short)]
+
+
+def _bound(node: dict) -> dict:
+    """What binding and the kubelet starting the pod change: its node, PodScheduled, Running and Ready."""
+    now = _rfc3339(_now())
+    address = next((a.get("address") for a in (node.get("status") or {}).get("addresses") or []
+                    if a.get("type") == "InternalIP"), None)
+    return {"spec": {"nodeName": node["metadata"]["name"]},
+            "status": {"phase": "Running", "startTime": now, "hostIP": address, "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                {"type": "Ready", "status": "True", "lastTransitionTime": now}]}}
 
 
 class TenantAPIServer:
@@ -609,9 +814,9 @@ class TenantAPIServer:
             return fn(self.emulator)
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
-    def objects(self, plural: str, namespace: str | None = None) -> list[dict]:
-        """Live objects of a core/v1 resource, read straight from the store (no HTTP, no auth)."""
-        res = kmock.resource("", "v1", plural)
+    def objects(self, plural: str, namespace: str | None = None, group: str = "", version: str = "v1") -> list[dict]:
+        """Live objects of a resource (core/v1 unless told), read straight from the store (no HTTP, no auth)."""
+        res = kmock.resource(group, version, plural)
         return self.call(lambda emu: [obj.raw for (r, ns, _), obj in emu.objects.items()
                                       if r == res and not obj.deleted and (namespace is None or ns == namespace)])
 
@@ -711,15 +916,17 @@ def _set_ready(endpoint: str, token: str, node_name: str, status: str, reason: s
 
 def kubelet_join(endpoint: str, bootstrap_token: str, node_name: str, labels: dict | None = None,
                  ready: bool = True, *, capacity: dict | None = None, address: str | None = None,
-                 timeout: float = 10) -> dict:
+                 sample_pods: bool = True, timeout: float = 10) -> dict:
     """What a booting server's kubelet does in the lab: register the Node with the bootstrap token.
 
     The tenant API authenticates the token against its `bootstrap-token-<id>` Secret (exists,
     matches, not expired, usage-bootstrap-authentication) and refuses it with 401 otherwise:
     that is raised here as KubeletJoinError. Then the Node is created (or, on a re-join, its
-    labels merged), its status set Ready (or NotReady), and three pods bound to it: a
-    DaemonSet's (drain leaves it), a ReplicaSet's and a bare one (drain evicts those).
-    Returns the Node as a dict.
+    labels merged), its status set Ready (or NotReady) with `capacity` as its capacity and
+    allocatable (the lab site passes the server's hardware: CPUs, memory, GPUs as nvidia.com/gpu,
+    110 pods), and pods bound to it: a DaemonSet's (drain leaves it) and, with `sample_pods`, a
+    ReplicaSet's and a bare one (drain evicts those; a dynamic pool's node starts without them, as
+    an empty node that only the tenant's scheduler fills). Returns the Node as a dict.
     """
     from kubernetes import client
 
@@ -749,7 +956,7 @@ def kubelet_join(endpoint: str, bootstrap_token: str, node_name: str, labels: di
         }
         node = _kubelet_call(f"node {node_name}", v1.patch_node_status, node_name, {"status": status},
                              _content_type="application/merge-patch+json", _request_timeout=timeout)
-        for pod in _lab_pods(node_name):  # 409: already there from an earlier boot
+        for pod in _lab_pods(node_name)[:None if sample_pods else 1]:  # 409: already there from an earlier boot
             _kubelet_call(f"pod {pod['metadata']['name']}", v1.create_namespaced_pod, pod["metadata"]["namespace"],
                           pod, tolerate=(409,), _request_timeout=timeout)
         return api.sanitize_for_serialization(node)

@@ -117,6 +117,14 @@ class LabHost:
             "lab": {"faults": gpu_faults, "dcgm_version": self.dcgm_version, "tools": self.tools_dir},
         }
 
+    def allocatable(self) -> dict:
+        """What its kubelet reports as capacity and allocatable: the hardware's CPUs, memory and GPUs."""
+        profile = self.profile()
+        resources = {"cpu": str(profile["cpu"]["count"]), "memory": f"{profile['ram_mib']}Mi", "pods": "110"}
+        if profile["gpus"]:
+            resources["nvidia.com/gpu"] = str(len(profile["gpus"]))
+        return resources
+
     def disk_paths(self) -> list[Path]:
         return [Path(d["path"]) for d in self.profile()["disks"]]
 
@@ -148,7 +156,9 @@ class LabSite:
             for kind, _ in parse_faults(text):
                 if kind not in FAULTS:
                     raise ValueError(f"unknown fault {kind!r} for {host}; expected one of {', '.join(FAULTS)}")
-        gpu_count = hosts // 2 if gpu_hosts is None else gpu_hosts
+        # Default: two cpu-servers, the rest gpu-servers (8: tenant one's static pools and tenant two's dynamic pool
+        # of up to 4 gpu-servers, with one spare); half and half below 4.
+        gpu_count = max(hosts // 2, hosts - 2) if gpu_hosts is None else gpu_hosts
         self.hosts: dict[str, LabHost] = {}
         for i in range(hosts):
             role = "gpu" if i < gpu_count else "cpu"
@@ -485,7 +495,8 @@ class LabSite:
         time.sleep(0.5)  # cloud-init and the kubelet start
         labels = {"kubernetes.io/hostname": node_name, "node.kubernetes.io/instance-type": f"{host.role}-server"}
         try:
-            kubelet_join(server.endpoint, token, node_name, labels)
+            kubelet_join(server.endpoint, token, node_name, labels, capacity=host.allocatable(),
+                         sample_pods=not _of_dynamic_pool(node_name))
             host.node = (server, node_name)
             log.info("%s: joined tenant %s as node %s", host.name, server.name, node_name)
         except Exception as exc:
@@ -559,6 +570,23 @@ class LabSite:
                     tail = data[-overlap:] if overlap else b""
                     offset += len(chunk)
         return hits
+
+
+def _of_dynamic_pool(node_name: str) -> bool:
+    """Whether the node serves a claim of a dynamic pool: such a node starts empty (no sample workload), as
+    a new node does, so that only the tenant's own pods keep it from being consolidated."""
+    from django.db import connection
+
+    from claims.models import NodeClaim
+    from pools.choices import PoolKind
+
+    try:
+        return NodeClaim.objects.filter(node_name=node_name, pool__kind=PoolKind.DYNAMIC).exists()
+    except Exception:  # no database here (a lab without the console): the node gets the sample pods
+        log.info("%s: could not look up its pool", node_name, exc_info=True)
+        return False
+    finally:
+        connection.close()  # this is a join thread of its own
 
 
 class _AgentThread:

@@ -19,13 +19,15 @@ def database_in_use() -> bool:
 
 
 def demo_load(*, hosts: bool, actor: str = "system:demo") -> int:
-    """Apply the demo site (and its hosts when asked) and tenant `one`'s pools; the number of objects changed.
-    Applied as `apply` does: over whatever is there, so the callers decide whether the database may take it."""
+    """Apply the demo site (and its hosts when asked), tenant `one`'s static pools and tenant `two`'s dynamic pool;
+    the number of objects changed. Applied as `apply` does: over whatever is there, so the callers decide whether
+    the database may take it."""
     files = [DEMO / "site.yaml"] + ([DEMO / "hosts.yaml"] if hosts else [])
-    result = apply_files([(str(f), f.read_text()) for f in files], actor=actor)
-    tenant = DEMO / "tenant-one.yaml"
-    result_one = apply_files([(str(tenant), tenant.read_text())], actor=actor, tenant="one")
-    return result.changed + result_one.changed
+    changed = apply_files([(str(f), f.read_text()) for f in files], actor=actor).changed
+    for tenant in ("one", "two"):
+        path = DEMO / f"tenant-{tenant}.yaml"
+        changed += apply_files([(str(path), path.read_text())], actor=actor, tenant=tenant).changed
+    return changed
 
 
 def admin_login_ensure() -> str | None:

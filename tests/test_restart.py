@@ -57,8 +57,9 @@ def admin_client() -> APIClient:
 def test_bin_run_starts_with_prepare_which_loads_the_demo_into_an_empty_database():
     assert start_up_commands() == [["prepare", "--no-demo-hosts"]]
     printed = start_up()
-    assert "demo data: 8 object(s) created or changed" in printed and "login: admin / " in printed
+    assert "demo data: 10 object(s) created or changed" in printed and "login: admin / " in printed
     assert NodePool.objects.get(name="gpu").quantity == 1 and OSImage.objects.count() == 1
+    assert NodePool.objects.get(tenant__name="two", name="gpu-auto").kind == "dynamic"
 
 
 def test_a_restart_after_changes_through_the_api_leaves_the_export_byte_identical():

@@ -310,8 +310,10 @@ def test_a_drain_pass_that_a_disruption_budget_refuses_returns_at_once_with_the_
 
 def test_list_unschedulable_pods_finds_only_pods_the_scheduler_could_not_place(console, kubectl):
     def pending(name, reason, phase="Pending", status="False"):
+        gates = [{"name": "example.com/quota"}] if reason == "SchedulingGated" else None  # the lab's scheduler waits
         kubectl.create_namespaced_pod("default", {
-            "metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            "metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                                                 "schedulingGates": gates},
             "status": {"phase": phase, "conditions": [{"type": "PodScheduled", "status": status, "reason": reason}]}})
 
     pending("needs-a-gpu", "Unschedulable")

@@ -14,7 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--hosts", type=int, default=8)
-        parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: half)")
+        parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: all but two, half below 4)")
         parser.add_argument("--tenants", default="one", help="comma-separated tenants that get an API of their own")
         parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
                             help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*) or a "
