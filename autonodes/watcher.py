@@ -335,13 +335,13 @@ class Supervisor:
         watcher.stop()
         watcher.join(5)
         self._state.pop(tenant_id, None)
-        TenantWatch.objects.filter(tenant_id=tenant_id).update(state=WatchState.STOPPED, retry_at=None,
-                                                               updated_at=timezone.now())
-        self._changed.add(tenant_id)
         if forget:  # nobody watches this tenant's pods now: its demand would only go stale
             self.batches.pop(tenant_id, None)
             self.known.pop(tenant_id, None)
             demand_forget(tenant_id=tenant_id)
+        TenantWatch.objects.filter(tenant_id=tenant_id).update(state=WatchState.STOPPED, retry_at=None,
+                                                               updated_at=timezone.now())
+        self._changed.add(tenant_id)
 
     def _shutdown(self) -> None:
         for watcher in self.watchers.values():

@@ -194,7 +194,8 @@ def test_unschedulable_pods_become_pending_pods_and_leave_when_bound_or_deleted(
                 nodeSelector={"workload": "gpu"})
     pending_pod(kubectl, "gpu-plugin", owner="nvidia-device-plugin", owner_kind="DaemonSet")  # follows nodes
     kubectl.create_namespaced_pod("default", {  # Pending but gated: not the scheduler's "Unschedulable"
-        "metadata": {"name": "gated"}, "spec": {"containers": [{"name": "c", "image": "x"}]},
+        "metadata": {"name": "gated"}, "spec": {"containers": [{"name": "c", "image": "x"}],
+                                                "schedulingGates": [{"name": "example.com/quota"}]},
         "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                                        "reason": "SchedulingGated"}]}})
     wanted = {"ml/before-0", "default/train-7-0", "default/train-7-1"}
@@ -204,7 +205,9 @@ def test_unschedulable_pods_become_pending_pods_and_leave_when_bound_or_deleted(
     assert pod.requests == {"cpu": 4, "memory": 16 * 2**30, "nvidia.com/gpu": 4}  # parsed, as fit.pod_requests
     assert pod.node_selector == {"workload": "gpu"}
     assert pod.tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert pod.scheduler_message == UNSCHEDULABLE["message"]
+    said = next(c.message for c in kubectl.read_namespaced_pod("train-7-1", "default").status.conditions
+                if c.type == "PodScheduled")
+    wait_for(lambda: PendingPod.objects.get(pk=pod.pk).scheduler_message == said, timeout=10)
     assert pod.uid == kubectl.read_namespaced_pod("train-7-1", "default").metadata.uid
     assert watching(tenant) and watch_of(tenant).connected_at is not None
 
@@ -225,10 +228,12 @@ def test_the_consoles_answer_stays_until_the_pods_spec_changes(apply, acme, kube
     wait_for(lambda: len(decisions) == 1, timeout=10)
     PendingPod.objects.filter(tenant=tenant).update(status=DemandStatus.WAITING, reason="not added: limit nodes 4")
 
-    # The scheduler looks again and writes a new message: still the same demand, still the same answer.
-    message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
-    merge(kubectl, "train-7-0", {"status": {"conditions": [{**UNSCHEDULABLE, "message": message}]}})
-    wait_for(lambda: PendingPod.objects.get(tenant=tenant).scheduler_message == message, timeout=10)
+    # A CPU node joins; the scheduler looks again and writes a new message: still the same demand, the same answer.
+    kubectl.create_node({"metadata": {"name": "cpu-node-1"}, "status": {
+        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+        "conditions": [{"type": "Ready", "status": "True"}]}})
+    wait_for(lambda: "Insufficient nvidia.com/gpu" in PendingPod.objects.get(tenant=tenant).scheduler_message,
+             timeout=10)
     time.sleep(1.5)
     pod = PendingPod.objects.get(tenant=tenant)
     assert (pod.status, pod.reason) == (DemandStatus.WAITING, "not added: limit nodes 4")
