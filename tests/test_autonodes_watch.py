@@ -77,6 +77,28 @@ def lists(monkeypatch):
 
 
 @pytest.fixture
+def expire(monkeypatch, lists):
+    """expire["watches"] = n: the lab's next n pod watches answer with an ERROR event, 410 Gone (a resourceVersion
+    older than the API server's watch history), as kube-apiserver does."""
+    state = {"watches": 0}
+    serve_watch = TenantEmulator._serve_watch
+
+    async def watch(self, request):
+        if request.resource == PODS and state["watches"] > 0:
+            state["watches"] -= 1
+            yield b""
+            yield {"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                               "code": 410, "reason": "Expired",
+                                               "message": "too old resource version"}}
+            return
+        async for item in serve_watch(self, request):
+            yield item
+
+    monkeypatch.setattr(TenantEmulator, "_serve_watch", watch)
+    return state
+
+
+@pytest.fixture
 def acme(lists):
     with TenantAPIServer("acme") as server:
         yield server
@@ -317,6 +339,36 @@ def test_a_dropped_stream_resumes_from_its_resource_version_without_listing_or_d
     assert len(decisions) == 2  # the three pods were not decided again; the late one was
     assert PendingPod.objects.filter(tenant=tenant).count() == 4
     assert watching(tenant) and watch_of(tenant).failures == 0
+
+
+def test_an_expired_resource_version_lists_again_without_deciding_the_same_pods_again(
+        expire, apply, acme, kubectl_of, supervisor, decisions, lists):
+    tenant = tenant_with_dynamic_pool(apply, "acme", acme)
+    kubectl = kubectl_of(acme)
+    sup = supervisor()
+    wait_for(lambda: watching(tenant), timeout=15)
+    for i in range(3):
+        pending_pod(kubectl, f"train-7-{i}")
+    wait_for(lambda: len(decisions) == 1, timeout=10)
+
+    expire["watches"] = 1
+    close_watches(acme)
+    wait_for(lambda: lists["list", acme.token] == 2, timeout=10)  # 410: listed again, at once
+    time.sleep(1.5)  # longer than the idle window
+    assert len(decisions) == 1  # the list found the same three pods: nothing to decide again
+    pending_pod(kubectl, "late")
+    wait_for(lambda: "default/late" in rows(tenant), timeout=10)
+    wait_for(lambda: len(decisions) == 2, timeout=10)  # for the late pod only: the list found nothing new
+    time.sleep(1.5)
+    assert len(decisions) == 2 and watching(tenant)
+
+    expire["watches"] = 4  # a server that keeps answering 410 is not asked in a tight loop
+    close_watches(acme)
+    wait_for(lambda: watch_of(tenant).state == WatchState.BACKING_OFF, timeout=10)
+    assert "410" in watch_of(tenant).error
+    wait_for(lambda: expire["watches"] == 0 and watching(tenant), timeout=15)
+    assert sup.watchers[tenant.pk].lists == lists["list", acme.token] <= 2 + 4
+    assert PendingPod.objects.filter(tenant=tenant).count() == 4
 
 
 def test_a_tenant_api_that_goes_down_backs_off_alone_and_recovers(apply, acme, globex, kubectl_of, supervisor,
