@@ -224,7 +224,7 @@ def test_unschedulable_pods_become_pending_pods_and_leave_when_bound_or_deleted(
     found = wait_for(lambda: set(r := rows(tenant)) == wanted and r, timeout=10)
     pod = found["default/train-7-1"]
     assert (pod.owner, pod.status, pod.claim_id) == ("Job/train-7", DemandStatus.NEW, None)
-    assert pod.requests == {"cpu": 4, "memory": 16 * 2**30, "nvidia.com/gpu": 4}  # parsed, as fit.pod_requests
+    assert pod.requests == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "4"}
     assert pod.node_selector == {"workload": "gpu"}
     assert pod.tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     said = next(c.message for c in kubectl.read_namespaced_pod("train-7-1", "default").status.conditions
