@@ -79,6 +79,12 @@ class NodeUsage(models.Model):
     requested = models.JSONField(default=dict, blank=True)  # their requests summed: {"cpu": "8", ...}
     empty_since = models.DateTimeField(null=True, blank=True)
     do_not_disrupt = models.BooleanField(default=False)  # a pod on it has karpenter.sh/do-not-disrupt: "true"
+    # When its pods last changed (count or requests): an underutilized node is consolidated only once its pods
+    # have been left alone for consolidateAfter, as Karpenter's Consolidatable condition.
+    pods_changed_at = models.DateTimeField(null=True, blank=True)
+    # What holds back a disruption due now ("budget:Empty", "do-not-disrupt", "min-lifetime"; "" when nothing):
+    # a Blocked decision Event is written when this changes, not on every pass.
+    blocked_by = models.CharField(max_length=100, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
     # The next disruption decision, for people: "released at 12:13 unless a pod arrives".
     next_action = models.CharField(max_length=300, blank=True)

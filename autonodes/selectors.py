@@ -19,6 +19,7 @@ from hosts.engine import step_status
 from pools.choices import PoolKind
 from pools.models import NodePool, parse_quantity
 
+from . import disruption
 from .choices import DecisionReason, DemandStatus
 from .models import NodeUsage, PendingPod, TenantWatch
 
@@ -35,18 +36,20 @@ def pending_pods_visible(user, qs: QuerySet | None = None) -> QuerySet:
 
 
 def decisions_visible(user, qs: QuerySet | None = None) -> QuerySet:
-    """Decision Events (kind DECISION, about a pool) of the tenants the user sees, newest first."""
+    """Decision Events (kind DECISION: about a pool, or about the tenant when no pool matches a pod) of the tenants
+    the user sees, newest first."""
     qs = Event.objects.all() if qs is None else qs
-    qs = qs.filter(kind=EventKind.DECISION, object_type=ObjectType.POOL)
+    qs = qs.filter(kind=EventKind.DECISION)
     ids = scoping.tenant_ids(user)
     qs = qs if ids is None else qs.filter(tenant_id__in=ids)
     return qs.order_by("-created_at", "-pk")
 
 
 def pool_decisions(pool: NodePool) -> QuerySet:
-    """A pool's decision Events (they name the pool by its name, within its tenant), newest first."""
-    return (Event.objects.filter(kind=EventKind.DECISION, object_type=ObjectType.POOL, tenant_id=pool.tenant_id,
-                                 object_name=pool.name).order_by("-created_at", "-pk"))
+    """A pool's decision Events (they name the pool by its name, within its tenant), and its tenant's about pods no
+    pool matches (the page lists those pods too), newest first."""
+    return (Event.objects.filter(Q(object_type=ObjectType.POOL, object_name=pool.name) | Q(object_type=ObjectType.TENANT),
+                                 kind=EventKind.DECISION, tenant_id=pool.tenant_id).order_by("-created_at", "-pk"))
 
 
 # --- one Pending pod's state, for people (issue 12, 7c) -------------------------------------------
@@ -130,7 +133,8 @@ class Budget:
     schedule: str = ""
     duration: str = ""
     reasons: list[str] = field(default_factory=list)
-    in_force: bool | None = True  # None: only inside its schedule's windows (the disruption decides when)
+    in_force: bool = True  # now: always without a schedule, inside its windows with one
+    until: datetime | None = None  # when a scheduled budget in force stops being so
 
     @property
     def blocks(self) -> bool:
@@ -180,8 +184,8 @@ def pool_status(pool: NodePool, *, now: datetime | None = None, decisions: int =
     for event in status.decisions:
         decorate_decision(event)
     status.limits = limits_used(pool, status.nodes)
-    status.disruption = disruption_settings(pool)
-    status.budgets = budgets(pool)
+    status.disruption = disruption_settings(pool, status.nodes)
+    status.budgets = budgets(pool, now)
     return status
 
 
@@ -242,33 +246,59 @@ def limits_used(pool: NodePool, claims: list[NodeClaim]) -> list[LimitUse]:
     return rows
 
 
-def disruption_settings(pool: NodePool) -> dict:
-    """The pool's disruption as written (Karpenter's names); what it leaves out shows as the defaults."""
-    d = pool.disruption or {}
+def disruption_settings(pool: NodePool, nodes: list[NodeClaim]) -> dict:
+    """The pool's disruption as the disruption pass reads it (autonodes.disruption): what the pool leaves out
+    shows as the default that applies, and says so."""
+    written = pool.disruption or {}
+    types = {c.node_type_id: c.node_type for c in nodes if c.node_type is not None}
+    if written.get("consolidateAfter") not in (None, ""):
+        after = str(written["consolidateAfter"])
+    elif types:
+        after = ", ".join(sorted({f"{_duration(disruption.consolidate_after(pool, t))} (default for "
+                                  f"{'GPU' if disruption.has_gpus(t) else 'CPU-only'} NodeTypes)"
+                                  for t in types.values()}))
+    else:
+        after = (f"default: {_duration(disruption.DEFAULT_CONSOLIDATE_AFTER_GPU)} for GPU NodeTypes, "
+                 f"{_duration(disruption.DEFAULT_CONSOLIDATE_AFTER_CPU)} for CPU-only ones")
+    try:
+        lifetime = _duration(disruption.min_node_lifetime(pool))
+    except (TypeError, ValueError):
+        lifetime = str(written.get("minNodeLifetime"))
+    if written.get("minNodeLifetime") in (None, ""):
+        lifetime += " (default)"
     return {
-        "consolidationPolicy": d.get("consolidationPolicy") or "WhenEmptyOrUnderutilized",
-        "consolidateAfter": str(d["consolidateAfter"]) if d.get("consolidateAfter") is not None else "",
-        "minNodeLifetime": str(d["minNodeLifetime"]) if d.get("minNodeLifetime") is not None else "",
-        "expireAfter": pool.expire_after or "",
+        "consolidationPolicy": disruption.consolidation_policy(pool)
+        + ("" if written.get("consolidationPolicy") else " (default)"),
+        "consolidateAfter": after,
+        "minNodeLifetime": lifetime,
+        "expireAfter": pool.expire_after or "Never",
     }
 
 
-def budgets(pool: NodePool) -> list[Budget]:
-    """The pool's budgets; none written: Karpenter's default (10% of the nodes). A budget with a schedule is in
-    force only inside its windows, which the disruption reads (each node's next_action says when it blocks)."""
-    written = (pool.disruption or {}).get("budgets") or []
-    if not written:
-        return [Budget(nodes="10%", reasons=[], in_force=True)]
+def budgets(pool: NodePool, now: datetime) -> list[Budget]:
+    """The pool's budgets (none written: Karpenter's default, 10% of the nodes), each with whether it is in force
+    now and until when, as the disruption pass reads its schedule (autonodes.disruption.budget_window)."""
     out = []
-    for budget in written:
+    for budget in disruption.budgets(pool):
         if not isinstance(budget, dict):
             continue
-        schedule = str(budget.get("schedule") or "")
-        out.append(Budget(nodes=str(budget.get("nodes", "")), schedule=schedule,
+        try:
+            active, until = disruption.budget_window(budget, now)
+        except (TypeError, ValueError):
+            active, until = True, None  # the pass fails closed on a budget it cannot read: it blocks
+        out.append(Budget(nodes=str(budget.get("nodes", "")), schedule=str(budget.get("schedule") or ""),
                           duration=str(budget.get("duration") or ""),
-                          reasons=[str(r) for r in budget.get("reasons") or []],
-                          in_force=None if schedule else True))
+                          reasons=[str(r) for r in budget.get("reasons") or []], in_force=active, until=until))
     return out
+
+
+def _duration(value) -> str:
+    """A timedelta as the manifests write durations ("30m", "1h30m"); None: Never."""
+    if value is None:
+        return "Never"
+    seconds = int(value.total_seconds())
+    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "m"), (seconds % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
 
 
 def _asks(requests: dict) -> str:

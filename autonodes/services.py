@@ -3,7 +3,7 @@ recorded as an Event; and the pods of a claim that ended without serving them ba
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -20,9 +20,10 @@ from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record
-from hosts.capacity import node_type_capacity
+from hosts.choices import HostState
+from hosts.models import BareMetalHost
 from pools.choices import PoolKind
-from pools.matching import requirements_match
+from pools.matching import label_selector_q, requirements_match
 from pools.models import NodePool, NodeType, Tenant
 
 from .choices import DecisionReason, DemandStatus, WatchState
@@ -37,6 +38,7 @@ from .simulation import (
     Verdict,
     is_extended,
     simulate,
+    with_undeclared,
 )
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ class Decision:
 def daemonset_overhead() -> dict[str, float]:
     """What daemonset pods take on every node (settings.AUTONODES_DAEMONSET_OVERHEAD: one setting for all pools,
     as the console does not watch the tenants' DaemonSets)."""
-    return quantities(getattr(settings, "AUTONODES_DAEMONSET_OVERHEAD", {}))
+    return quantities(settings.AUTONODES_DAEMONSET_OVERHEAD)
 
 
 def _demand(pod: PendingPod) -> Demand:
@@ -119,9 +121,15 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         changed = max([p.updated_at for p in pools] + [t.updated_at for t in node_types], default=None)
 
         kept, undecided = [], []
+        unbound = timezone.now() - timedelta(seconds=settings.AUTONODES_BIND_GRACE_S)
         for pod in pods:
             if pod.status == DemandStatus.LAUNCHED and pod.claim_id in open_claims:
-                kept.append(pod)
+                claim = open_claims[pod.claim_id]
+                if (claim.phase == P.AVAILABLE and claim.available_at and claim.available_at < unbound
+                        and (pod.decided_at is None or pod.decided_at < unbound)):
+                    undecided.append(pod)  # its node is Ready and the scheduler still did not place it: look again
+                else:
+                    kept.append(pod)
             elif pod.status == DemandStatus.UNSERVABLE:
                 if pod.decided_at is None or (changed is not None and changed > pod.decided_at):
                     undecided.append(pod)
@@ -156,13 +164,14 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
                                 tenant_id=tenant.pk, actor=actor, message=message,
                                 data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
-                                      "node_type": type_name, "pods": sorted(m.__str__() for m in members),
+                                      "node_type": type_name, "pods": sorted(str(m) for m in members),
                                       "claims": [c.name for c in created]}))
 
         # Pods that fit on a node that exists or is on its way: nothing launched; they wait for it.
         placed: dict[int, list[PendingPod]] = defaultdict(list)
+        claim_named = {c.name: c for c in open_claims.values()}
         for key, claim_name in outcome.placed.items():
-            claim = next(c for c in open_claims.values() if c.name == claim_name)
+            claim = claim_named[claim_name]
             placed[claim.pk].append(by_key[key])
             result.placed[key] = claim_name
         for claim_id, members in placed.items():
@@ -217,11 +226,9 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
     properties = {t.pk: t.effective_properties() for t in node_types}
     dynamic_ids = {p.pk for p in pools}
 
-    # Free hosts per type: available, less the claims (of any tenant) already waiting for one of that type.
-    capacity = node_type_capacity(node_types)
-    waiting_claims = Counter(dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__isnull=False)
-                                  .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n")))
-    free_hosts = {t.pk: max(0, capacity[t.pk]["available"] - waiting_claims.get(t.pk, 0)) for t in node_types}
+    matching = {p.pk: [t for t in node_types if t.provider_id == p.provider_id
+                       and requirements_match(p.node_type_selector, properties[t.pk])] for p in pools}
+    free_hosts = _free_hosts(list({t.pk: t for types in matching.values() for t in types}.values()))
 
     used: dict[int, dict[str, float]] = defaultdict(dict)
     for claim in claims:
@@ -235,8 +242,7 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         types = tuple(
             TypeOption(name=t.name, cost=t.effective_cost(), allocatable=resources[t.pk], properties=properties[t.pk],
                        free_hosts=free_hosts[t.pk])
-            for t in node_types
-            if t.provider_id == pool.provider_id and requirements_match(pool.node_type_selector, properties[t.pk]))
+            for t in matching[pool.pk])
         options.append(PoolOption(name=pool.name, types=types, weight=pool.weight or 0,
                                   labels=dict(pool.node_labels or {}), taints=tuple(pool.taints or ()),
                                   limits=quantities(pool.limits), used=dict(used[pool.pk])))
@@ -255,7 +261,8 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
             if claim.pool_id not in dynamic_ids or claim.pk not in usage:
                 continue  # what runs there is unknown; the tenant's scheduler has seen it anyway
             _sum(planned[claim.pk], quantities(usage[claim.pk].requested))
-        free = {k: v - overhead.get(k, 0.0) - planned[claim.pk].get(k, 0.0) for k, v in resources[claim.node_type_id].items()}
+        free = {k: v - overhead.get(k, 0.0) - planned[claim.pk].get(k, 0.0)
+                for k, v in with_undeclared(resources[claim.node_type_id]).items()}
         nodes.append(Node(name=claim.name, pool=claim.pool_name, labels={**(claim.node_labels or {}),
                                                                          **properties[claim.node_type_id]},
                           taints=tuple(claim.taints or ()), free=free))
@@ -268,6 +275,18 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         quota_left = tenant.quota_nodes - static - dynamic
     pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner) for p in undecided)
     return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
+
+
+def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
+    """Per type: its available hosts, less the claims (of any tenant) already waiting for one of that type. Two
+    queries whatever the number of types."""
+    if not node_types:
+        return {}
+    available = BareMetalHost.objects.filter(state=HostState.AVAILABLE).aggregate(
+        **{f"t{t.pk}": Count("pk", filter=label_selector_q(t.host_selector)) for t in node_types})
+    promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=node_types)
+                    .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))
+    return {t.pk: max(0, available[f"t{t.pk}"] - promised.get(t.pk, 0)) for t in node_types}
 
 
 def _owners(pods: list[PendingPod]) -> str:
@@ -318,8 +337,13 @@ def claims_ended(*, claims: list[NodeClaim], to_phase: str, actor: str) -> None:
 def tenants_to_decide() -> list[int]:
     """Tenants with demand to look at again (the periodic sweep): pods waiting (a limit, the quota or free hosts
     may have changed), new ones older than a batch window (a lost decide task), unservable ones (a pool or a
-    NodeType may have changed: tenant_decide tells)."""
-    stale = timezone.now() - timedelta(seconds=getattr(settings, "AUTONODES_SWEEP_NEW_AFTER_S", 30))
+    NodeType may have changed: tenant_decide tells), and pods still Pending AUTONODES_BIND_GRACE_S after the node
+    launched for them was Ready (the scheduler could not place them there after all)."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.AUTONODES_SWEEP_NEW_AFTER_S)
+    unbound = now - timedelta(seconds=settings.AUTONODES_BIND_GRACE_S)
     q = (Q(status=DemandStatus.WAITING) | Q(status=DemandStatus.NEW, updated_at__lt=stale)
-         | Q(status=DemandStatus.UNSERVABLE))
+         | Q(status=DemandStatus.UNSERVABLE)
+         | Q(status=DemandStatus.LAUNCHED, claim__phase=P.AVAILABLE, claim__available_at__lt=unbound,
+             decided_at__lt=unbound))
     return sorted(set(PendingPod.objects.filter(q).values_list("tenant_id", flat=True)))

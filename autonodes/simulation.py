@@ -26,10 +26,17 @@ from .fit import Demand, format_quantity, why_not
 # type that has one is launched only for pods that ask for it.
 BASIC_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
 EPSILON = 1e-9
+# Resources a NodeType often does not declare although every node has them: not counted where undeclared.
+UNCOUNTED_WHEN_UNDECLARED = ("ephemeral-storage", "pods")
 
 
 def is_extended(resource: str) -> bool:
     return resource not in BASIC_RESOURCES and not resource.startswith("hugepages-")
+
+
+def with_undeclared(resources: dict[str, float]) -> dict[str, float]:
+    """A node's resources with those it has without declaring them (ephemeral-storage, pods) as unbounded."""
+    return {**dict.fromkeys(UNCOUNTED_WHEN_UNDECLARED, float("inf")), **resources}
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,7 @@ class _Simulation:
         self.pools = []
         for pool in sorted(problem.pools, key=lambda p: (-(p.weight or 0), p.name)):
             types = [_Type(option=t, labels={**pool.labels, **t.properties},
-                           usable={k: v - overhead.get(k, 0.0) for k, v in t.allocatable.items()},
+                           usable={k: v - overhead.get(k, 0.0) for k, v in with_undeclared(t.allocatable).items()},
                            extended=frozenset(k for k, v in t.allocatable.items() if is_extended(k) and v > 0))
                      for t in sorted(pool.types, key=lambda t: (t.cost, t.name))]
             self.pools.append(_Pool(option=pool, types=types))

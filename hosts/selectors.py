@@ -3,7 +3,7 @@ that need attention, and what each user may see."""
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import BooleanField, Case, IntegerField, JSONField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import BooleanField, Case, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.utils import timezone
 
 from core import scoping
@@ -73,9 +73,9 @@ FIX_OVERDUE = ("", "", "nothing drove it past its deadline: check that the worke
 
 def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet:
     """One list for the fleet board and the repair page: hosts in error, in repair, and any host past its state's
-    deadline (a flow nobody drives). Each row carries `overdue`, and the `reason`, `reason_actor`,
-    `reason_step` and `reason_data` of its move into its state (the Event log); `attention_explain` adds the
-    action that fixes it. Errors first, then overdue hosts, then repair; newest first within each."""
+    deadline (a flow nobody drives). Each row carries `overdue` and `reason_event_id`, the Event of its move into
+    its state; `attention_explain` reads those Events (one query) and adds the reason and the action that fixes
+    it. Errors first, then overdue hosts, then repair; newest first within each."""
     qs = BareMetalHost.objects.all() if qs is None else qs
     now = now or timezone.now()
     overdue = Q(deadline_at__lt=now)
@@ -84,17 +84,22 @@ def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet
             .annotate(overdue=Case(When(overdue, then=Value(True)), default=Value(False), output_field=BooleanField()),
                       attention_rank=Case(When(state=HostState.ERROR, then=Value(0)), When(overdue, then=Value(1)),
                                           default=Value(2), output_field=IntegerField()),
-                      reason=Subquery(last.values("message")[:1]),
-                      reason_actor=Subquery(last.values("actor")[:1]),
-                      reason_step=Subquery(last.values("step")[:1]),
-                      reason_data=Subquery(last.values("data")[:1], output_field=JSONField()))
+                      reason_event_id=Subquery(last.values("pk")[:1]))
             .order_by("attention_rank", "-state_changed_at", "pk"))
 
 
 def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
-    """Set each host's `why` (the reason in words) and `fix` ({"action", "label", "hint"}) for hosts read with
-    hosts_needing_attention."""
+    """For hosts read with hosts_needing_attention: set each one's `reason`, `reason_actor`, `reason_step` and
+    `reason_data` (its move into its state, from the Event log), its `why` (the reason in words) and `fix`
+    ({"action", "label", "hint"})."""
+    ids = [h.reason_event_id for h in hosts if h.reason_event_id]
+    moves = {e.pk: e for e in Event.objects.filter(pk__in=ids).only("message", "actor", "step", "data")} if ids else {}
     for host in hosts:
+        move = moves.get(host.reason_event_id)
+        host.reason = move.message if move else None
+        host.reason_actor = move.actor if move else None
+        host.reason_step = move.step if move else None
+        host.reason_data = move.data if move else None
         data = host.reason_data if isinstance(host.reason_data, dict) else {}
         if host.state == HostState.ERROR:
             action, label, hint = FIX_ERROR

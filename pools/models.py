@@ -25,6 +25,7 @@ from .validators import (
     check_quantities,
     check_taints,
     collect,
+    parse_cron,
     parse_ip_ranges,
     validate_dns_label,
     validate_duration,
@@ -385,10 +386,17 @@ def validate_limits(limits) -> None:
             raise ValidationError(f"limits.{key}: {value!r} is not a quantity ≥ 0") from None
 
 
+DISRUPTION_FIELDS = {"consolidationPolicy", "consolidateAfter", "minNodeLifetime", "budgets"}
+BUDGET_FIELDS = {"nodes", "schedule", "duration", "reasons"}
+# Karpenter's reasons (v1: Empty, Underutilized, Drifted) and Expired: our expiry replaces a node before it goes,
+# so a budget may pace it too.
+BUDGET_REASONS = ("Empty", "Underutilized", "Drifted", "Expired")
+
+
 def validate_disruption(disruption) -> None:
     if not isinstance(disruption, dict):
         raise ValidationError("disruption must be a mapping")
-    unknown = set(disruption) - {"consolidationPolicy", "consolidateAfter", "budgets"}
+    unknown = set(disruption) - DISRUPTION_FIELDS
     if unknown:
         raise ValidationError(f"disruption: unknown field(s) {', '.join(sorted(unknown))}")
     policy = disruption.get("consolidationPolicy")
@@ -396,10 +404,41 @@ def validate_disruption(disruption) -> None:
         raise ValidationError(f"disruption.consolidationPolicy must be WhenEmpty or WhenEmptyOrUnderutilized, not {policy!r}")
     if disruption.get("consolidateAfter") is not None:
         validate_duration(str(disruption["consolidateAfter"]))
+    # Ours, not Karpenter's: a node is never consolidated younger than this (autonodes.disruption).
+    if disruption.get("minNodeLifetime") is not None:
+        if str(disruption["minNodeLifetime"]) == "Never":
+            raise ValidationError("disruption.minNodeLifetime must be a duration such as 30m (to keep nodes for "
+                                  "good, set consolidateAfter: Never)")
+        validate_duration(str(disruption["minNodeLifetime"]))
     for i, budget in enumerate(disruption.get("budgets") or []):
+        where = f"disruption.budgets[{i}]"
+        unknown = set(budget or {}) - BUDGET_FIELDS
+        if unknown:
+            raise ValidationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         nodes = str((budget or {}).get("nodes", ""))
-        if not (nodes.isdigit() or (nodes.endswith("%") and nodes[:-1].isdigit())):
-            raise ValidationError(f"disruption.budgets[{i}].nodes must be a count or a percentage such as '20%'")
+        if not (nodes.isdigit() or (nodes.endswith("%") and nodes[:-1].isdigit() and int(nodes[:-1]) <= 100)):
+            raise ValidationError(f"{where}.nodes must be a count or a percentage such as '20%'")
+        schedule, duration = budget.get("schedule"), budget.get("duration")
+        if (schedule is None) != (duration is None):
+            raise ValidationError(f"{where}: schedule and duration go together (the budget is in force for "
+                                  "duration after each time the schedule fires)")
+        if schedule is not None:
+            try:
+                parse_cron(str(schedule))
+            except ValueError as exc:
+                raise ValidationError(f"{where}.schedule: {exc}") from None
+            if str(duration) == "Never" or not str(duration):
+                raise ValidationError(f"{where}.duration must be a duration such as 8h")
+            try:
+                validate_duration(str(duration))
+            except ValidationError as exc:
+                raise ValidationError(f"{where}.duration: {exc.messages[0]}") from None
+        reasons = budget.get("reasons")
+        if reasons is not None:
+            wrong = [r for r in reasons if r not in BUDGET_REASONS]
+            if wrong or not reasons:
+                raise ValidationError(f"{where}.reasons: each one of {', '.join(BUDGET_REASONS)}"
+                                      + (f", not {', '.join(map(repr, wrong))}" if wrong else ""))
 
 
 class TenantMembership(models.Model):

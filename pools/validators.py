@@ -41,6 +41,30 @@ def validate_duration(value: str) -> None:
             raise ValidationError(str(exc)) from None
 
 
+# A budget's schedule as Karpenter takes it (robfig/cron's ParseStandard, which its CRD narrows to five fields or
+# a macro), read by Celery's own crontab: no other cron library. Always in UTC, as Karpenter evaluates it.
+CRON_MACROS = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+               "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
+def parse_cron(text: str):
+    """'0 9 * * mon-fri' or '@daily' → celery.schedules.crontab; ValueError (saying why) for anything else.
+    Celery's crontab matches day-of-month AND day-of-week where cron matches either: write one of the two."""
+    from celery.schedules import crontab
+
+    expression = CRON_MACROS.get(str(text).strip(), str(text).strip())
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ValueError(f"{text!r} is not a cron schedule: five fields (minute hour day-of-month month "
+                         "day-of-week, e.g. '0 9 * * 1-5') or @hourly, @daily, @weekly, @monthly, @yearly")
+    minute, hour, day_of_month, month, day_of_week = fields
+    try:
+        return crontab(minute=minute, hour=hour, day_of_week=day_of_week, day_of_month=day_of_month,
+                       month_of_year=month)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise ValueError(f"{text!r} is not a cron schedule: {exc}") from None
+
+
 def validate_string_map(value, what: str = "labels") -> None:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise ValidationError(f"{what} must map strings to strings")
@@ -109,12 +133,19 @@ def check_taints(value) -> None:
 
 def check_disruption(value) -> None:
     if isinstance(value, dict):
-        for key in ("consolidationPolicy", "consolidateAfter"):
+        for key in ("consolidationPolicy", "consolidateAfter", "minNodeLifetime"):
             if key in value and value[key] is not None and not _scalar(value[key]):
                 raise ValidationError(f"{key}: must be a string")
         budgets = value.get("budgets")
         if budgets is not None and not (isinstance(budgets, list) and all(isinstance(b, dict) for b in budgets)):
             raise ValidationError("budgets: must be a list of {nodes: ...}")
+        for i, budget in enumerate(budgets or []):
+            for key in ("nodes", "schedule", "duration"):
+                if budget.get(key) is not None and not _scalar(budget[key]):
+                    raise ValidationError(f"budgets[{i}].{key}: must be a string")
+            reasons = budget.get("reasons")
+            if reasons is not None and not (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)):
+                raise ValidationError(f"budgets[{i}].reasons: must be a list such as [Empty, Drifted]")
 
 
 def check_quantities(value) -> None:

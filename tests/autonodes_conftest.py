@@ -41,9 +41,12 @@ TWO_AUTO_YAML = """privateNodes:
             consolidateAfter: 10m
             budgets:
               - nodes: "0"
-                schedule: "0 9 * * 1-5"
-                duration: 8h
+                schedule: "0 * * * *"
+                duration: 1h
               - nodes: "1"
+              - nodes: "5"
+                schedule: "0 0 1 1 *"
+                duration: 1m
       properties:
         vcluster.com/os-image: ubuntu2404-20260926
 """
@@ -116,6 +119,13 @@ def decision(pool: NodePool, message: str, *, reason: str = DecisionReason.LAUNC
                         tenant_id=pool.tenant_id, actor="system:autonodes", message=message,
                         data={"reason": str(reason), "pool": pool.name, "pods": list(pods), "claims": list(claims),
                               "node_type": "gpu-server"})
+
+
+def tenant_decision(tenant: Tenant, message: str, *, pods=()):
+    """What the decision records when no pool matches a pod: a decision about the tenant (reason NoPool)."""
+    return event_record(kind=EventKind.DECISION, object_type=ObjectType.TENANT, object_name=tenant.name,
+                        tenant_id=tenant.pk, actor="system:autonodes", message=message,
+                        data={"reason": DecisionReason.NO_POOL.value, "pool": None, "pods": list(pods), "claims": []})
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from autonodes.choices import DecisionReason
 from pools.models import NodePool, Tenant
 
 pytest.register_assert_rewrite("tests.autonodes_conftest")
-from .autonodes_conftest import backing_off, decision
+from .autonodes_conftest import backing_off, decision, tenant_decision
 
 pytest_plugins = ["tests.console_conftest", "tests.autonodes_conftest"]
 pytestmark = pytest.mark.django_db
@@ -51,7 +51,8 @@ def test_the_pool_status_has_the_watcher_demand_nodes_limits_budgets_and_decisio
     assert {(lim["resource"], lim["used"], lim["limit"]) for lim in body["limits"]} == {
         ("nodes", 3.0, 4.0), ("nvidia.com/gpu", 24.0, 32.0)}
     assert [(b["nodes"], b["schedule"], b["in_force"], b["blocks"]) for b in body["budgets"]] == [
-        ("0", "0 9 * * 1-5", None, True), ("1", "", True, False)]
+        ("0", "0 * * * *", True, True), ("1", "", True, False), ("5", "0 0 1 1 *", False, False)]
+    assert body["budgets"][0]["until"] and body["budgets"][1]["until"] is None
     assert body["disruption"]["consolidationPolicy"] == "WhenEmpty"
     assert [d["id"] for d in body["decisions"]] == sorted((e.pk for e in auto_rows["decisions"]), reverse=True)
 
@@ -109,6 +110,12 @@ def test_decisions_are_paginated_newest_first_with_reason_pods_and_claims(auto_r
     assert get(client, "/api/v1/decisions/", pool=999999)["count"] == 0
     get(client, "/api/v1/decisions/", status=400, reason="NotAReason")
     get(client, "/api/v1/decisions/", status=400, pool="x")
+    about_tenant = tenant_decision(auto_rows["two"], "no pool matches pod ml/odd-0", pods=["ml/odd-0"])
+    everything = get(client, "/api/v1/decisions/")
+    assert everything["count"] == 59 and everything["results"][0]["id"] == about_tenant.pk
+    assert everything["results"][0]["pool"] is None and everything["results"][0]["reason"] == "NoPool"
+    assert get(client, "/api/v1/decisions/", pool=train.pk)["count"] == 58  # a pool's own decisions only
+    assert get(client, "/api/v1/decisions/", pool_name="two")["count"] == 0  # the tenant's name is no pool's
     single = get(client, f"/api/v1/decisions/{auto_rows['decisions'][1].pk}/")
     assert single["reason"] == "LimitReached" and single["pods"] == ["ml/train-7-2"]
 

@@ -287,3 +287,31 @@ def test_the_sweep_looks_again_at_waiting_pods_and_new_ones_no_batch_decided(two
     tenant_decide(tenant_id=two.pk)
     PendingPod.objects.filter(tenant=three).delete()
     assert tenants_to_decide() == [two.pk]  # one waits on the limit
+
+
+@pytest.mark.django_db
+def test_a_pod_still_pending_after_its_node_is_ready_is_decided_again(two):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from autonodes.services import tenants_to_decide
+
+    gpu_pods(two, 1)
+    tenant_decide(tenant_id=two.pk)
+    pod = PendingPod.objects.get()
+    first = pod.claim
+    # Ready a minute ago: within the grace, the tenant's scheduler may still bind it.
+    NodeClaim.objects.filter(pk=first.pk).update(phase=ClaimPhase.AVAILABLE,
+                                                 available_at=timezone.now() - timedelta(seconds=60))
+    assert tenants_to_decide() == []
+    tenant_decide(tenant_id=two.pk)
+    assert PendingPod.objects.get().claim_id == first.pk
+    # Ready for longer than the grace, and the pod is still Pending: what runs there is not known to fit it.
+    long_ago = timezone.now() - timedelta(seconds=600)
+    NodeClaim.objects.filter(pk=first.pk).update(available_at=long_ago)
+    PendingPod.objects.update(decided_at=long_ago)
+    assert tenants_to_decide() == [two.pk]
+    tenant_decide(tenant_id=two.pk)
+    pod.refresh_from_db()
+    assert pod.status == DemandStatus.LAUNCHED and pod.claim_id not in (None, first.pk)

@@ -16,7 +16,7 @@ from claims.choices import ClaimPhase
 from pools.models import Tenant
 
 pytest.register_assert_rewrite("tests.autonodes_conftest")
-from .autonodes_conftest import backing_off, claim, decision, pending, usage
+from .autonodes_conftest import backing_off, claim, decision, pending, tenant_decision, usage
 
 pytest_plugins = ["tests.console_conftest", "tests.autonodes_conftest"]
 pytestmark = pytest.mark.django_db
@@ -89,6 +89,13 @@ def test_the_decisions_are_listed_newest_first_with_their_reason_pods_and_claims
     assert "No NodeType fits" in section(html, f"decision-{auto_rows['decisions'][2].pk}")
 
 
+def test_a_decision_about_a_pod_no_pool_matches_shows_on_the_tenants_dynamic_pool_pages(auto_rows):
+    event = tenant_decision(auto_rows["two"], "no pool matches pod ml/odd-0: nodeSelector disk=nvme", pods=["ml/odd-0"])
+    html = page_of(client_of(auto_rows["users"]["bob"]))
+    assert re.findall(r'id="decision-(\d+)"', html)[0] == str(event.pk)
+    assert "No pool matches" in section(html, f"decision-{event.pk}")
+
+
 def test_the_nodes_show_age_pods_emptiness_and_the_next_disruption_action(auto_rows):
     html = page_of(client_of(auto_rows["users"]["admin"]))
     empty = section(html, f"node-{auto_rows['claims']['empty'].pk}")
@@ -108,12 +115,24 @@ def test_limits_used_count_the_live_claims_times_their_node_types_resources(auto
     assert 'data-resource="nodes" data-used="4"' in html and "reached" in section(html, "pool-limits")
 
 
-def test_the_disruption_settings_and_budgets_are_shown(auto_rows):
+def test_the_disruption_settings_and_the_budgets_in_force_now_are_shown(auto_rows):
     html = page_of(client_of(auto_rows["users"]["bob"]))
     settings_ = section(html, "pool-disruption")
-    assert "WhenEmpty" in settings_ and "10m" in settings_
-    assert "0 nodes at a time, from 0 9 * * 1-5 for 8h: in force inside its window blocks disruption" in settings_
+    assert "WhenEmpty" in settings_ and "10m" in settings_ and "30m (default)" in settings_  # minimum lifetime
+    until = (timezone.localtime().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)).strftime("%H:%M")
+    assert "0 nodes at a time, from 0 * * * * for 1h: in force until" in settings_
+    assert f"{until} blocks disruption" in settings_
     assert "1 node at a time: in force" in settings_
+    assert "5 nodes at a time, from 0 0 1 1 * for 1m: not in force now" in settings_
+
+
+def test_a_pool_that_leaves_disruption_out_shows_the_defaults_that_apply(auto_rows):
+    from pools.models import NodePool
+
+    NodePool.objects.filter(pk=auto_rows["train"].pk).update(disruption={}, expire_after="")
+    settings_ = section(page_of(client_of(auto_rows["users"]["bob"])), "pool-disruption")
+    assert "WhenEmpty (default)" in settings_ and "30m (default for GPU NodeTypes)" in settings_
+    assert "expireAfter Never" in settings_ and "10% nodes at a time: in force" in settings_
 
 
 def test_the_watchers_trouble_is_shown_with_its_error_and_when_it_retries(auto_rows):

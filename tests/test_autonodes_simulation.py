@@ -215,3 +215,12 @@ def test_one_pass_over_a_thousand_pods_of_a_hundred_tenants_with_ten_types_takes
     assert sum(len(o.launches) for o in outcomes) > 100
     assert all(not o.unservable and not o.waiting for o in outcomes)
     assert elapsed < 1.0, f"{elapsed:.2f} s of CPU"
+
+
+def test_ephemeral_storage_a_type_does_not_declare_is_not_counted_but_a_declared_one_is():
+    asks = {"cpu": 2, "ephemeral-storage": 100 * GI}
+    assert launched(run([pod_with("a", asks)], [pool(types=(CPU,))])) == [("burst", "cpu-server", ("ml/a",))]
+    small_disk = TypeOption("cpu-disk", 10, {"cpu": 64, "ephemeral-storage": 50 * GI}, {})
+    outcome = run([pod_with("a", asks)], [pool(types=(small_disk,))])
+    assert outcome.unservable["ml/a"].message == (
+        "no NodeType fits pod ml/a: asks 100Gi ephemeral-storage, largest type has 50Gi")

@@ -189,6 +189,10 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Dynamic pools give back empty, underutilized, expired and drifted nodes (autonodes/disruption.py): one list
+    # of each tenant's pods per pass.
+    "autonodes-disrupt": {"task": "autonodes.tasks.disrupt",
+                          "schedule": float(os.environ.get("AUTONODES_DISRUPT_EVERY_S", "10"))},
     # Auto Nodes: pods that wait (a limit, the quota, no free host) are decided again now and then.
     "autonodes-decide-waiting": {"task": "autonodes.tasks.decide_waiting",
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
@@ -307,3 +311,6 @@ HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)
 AUTONODES_DAEMONSET_OVERHEAD = json.loads(os.environ.get("AUTONODES_DAEMONSET_OVERHEAD",
                                                          '{"cpu": "250m", "memory": "512Mi"}'))
 AUTONODES_SWEEP_NEW_AFTER_S = env_float("AUTONODES_SWEEP_NEW_AFTER_S", 30)
+# A pod launched on a node that has been Ready this long and still Pending is decided again (the tenant's scheduler
+# could not place it there after all).
+AUTONODES_BIND_GRACE_S = env_float("AUTONODES_BIND_GRACE_S", 120)

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from autonodes.models import TenantWatch
 from autonodes.selectors import decorate_decision
+from events.choices import ObjectType
 from events.models import Event
 
 
@@ -11,7 +12,7 @@ class DecisionSerializer(serializers.ModelSerializer):
     """A decision Event: its reason, the pods it was about and the claims it created or released."""
 
     tenant = serializers.IntegerField(source="tenant_id", read_only=True, allow_null=True)
-    pool = serializers.CharField(source="object_name", read_only=True)
+    pool = serializers.SerializerMethodField(help_text="null: a decision about the tenant (no pool matches a pod)")
     reason = serializers.SerializerMethodField()
     reason_display = serializers.SerializerMethodField()
     pods = serializers.SerializerMethodField()
@@ -28,6 +29,9 @@ class DecisionSerializer(serializers.ModelSerializer):
         if not hasattr(obj, "reason_label"):
             decorate_decision(obj)
         return obj
+
+    def get_pool(self, obj) -> str | None:
+        return obj.object_name if obj.object_type == ObjectType.POOL else None
 
     def get_reason(self, obj) -> str:
         return self._decorated(obj).reason
@@ -109,7 +113,8 @@ class BudgetSerializer(serializers.Serializer):
     schedule = serializers.CharField()
     duration = serializers.CharField()
     reasons = serializers.ListField(child=serializers.CharField())
-    in_force = serializers.BooleanField(allow_null=True, help_text="null: in force only inside its schedule's windows")
+    in_force = serializers.BooleanField(help_text="now: always without a schedule, inside its windows with one")
+    until = serializers.DateTimeField(allow_null=True, help_text="when a scheduled budget in force stops being so")
     blocks = serializers.BooleanField()
 
 
