@@ -279,7 +279,7 @@ class Supervisor:
             try:
                 close_old_connections()
                 self.reconcile()
-            except DatabaseError:
+            except Exception:  # the database away, a kubeconfig that cannot be decrypted: the watchers keep going
                 log.exception("pod watchers: could not read the tenants; trying again in %gs", self.poll_s)
         self._close_due_batches()
         dues = [due for batch in self.batches.values() if (due := batch.due_at()) is not None]
@@ -379,6 +379,8 @@ class Supervisor:
                           watcher.tenant_name)
             close_old_connections()
             watcher.relist()
+        except Exception:  # one odd pod must not stop every tenant's watch: it is logged and skipped
+            log.exception("pod watch of tenant %s: could not record what it saw", watcher.tenant_name)
 
     def _observe(self, tenant_id: int, event: _Event) -> None:
         state = self._state.setdefault(tenant_id, {})
