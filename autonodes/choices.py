@@ -33,3 +33,4 @@ class DecisionReason(ColouredChoices):
     EXPIRED = "Expired", "Replaced: expired", "secondary"
     DRIFTED = "Drifted", "Replaced: drifted", "secondary"
     BLOCKED = "Blocked", "Disruption blocked", "warning"  # by a budget, do-not-disrupt, minimum lifetime
+    SLOW = "LaunchSlow", "Launch slower than usual", "warning"  # past its launch deadline: reported, kept waiting

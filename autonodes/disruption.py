@@ -62,6 +62,7 @@ from .fit import (
     is_daemonset_pod,
     pod_requests,
 )
+from .live import demand_changed
 from .models import NodeUsage
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,7 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
         for claim in available:
             usage = usages.get(claim.pk) or NodeUsage(claim=claim)
             nodes.append(_node(claim, usage, by_node.get(claim.node_name, [])))
+        before = {n.claim.pk: _shown(n.usage) for n in nodes}
         _upkeep(nodes, now)
         for pool in pools:
             _Pass(pool=pool, nodes=[n for n in nodes if n.claim.pool_id == pool.pk],
@@ -369,7 +371,15 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
         NodeUsage.objects.bulk_create([n.usage for n in nodes if n.usage.pk is None])
         NodeUsage.objects.bulk_update([n.usage for n in nodes if n.usage.pk is not None and n.usage.claim_id in usages],
                                       USAGE_FIELDS)
+        changed = {n.claim.pool_id for n in nodes if before[n.claim.pk] != _shown(n.usage)}
+        if changed:  # what the pool pages show (checked_at alone is not news)
+            demand_changed(tenant_id=tenant_id, pool_ids=changed)
     return result
+
+
+def _shown(usage: NodeUsage) -> tuple:
+    return (usage.pk, usage.pods, usage.requested, usage.empty_since, usage.do_not_disrupt, usage.next_action,
+            usage.next_action_at, usage.replacement_id)
 
 
 USAGE_FIELDS = ["pods", "requested", "empty_since", "do_not_disrupt", "pods_changed_at", "blocked_by", "checked_at",

@@ -325,6 +325,9 @@ def demand_signature(pool: NodePool) -> tuple:
     in-memory live mode (no messages across processes) compares it at each re-sync. Two queries."""
     pods = (PendingPod.objects.filter(Q(pool=pool) | Q(pool__isnull=True), tenant_id=pool.tenant_id).order_by()
             .aggregate(n=Count("pk"), last=Max("updated_at"), ids=Sum("pk")))
-    use = NodeUsage.objects.filter(claim__pool=pool).order_by().aggregate(n=Count("pk"), checked=Max("checked_at"))
+    # Not checked_at: every disruption pass sets it; what the page shows changes these.
+    use = NodeUsage.objects.filter(claim__pool=pool).order_by().aggregate(
+        n=Count("pk"), pods=Sum("pods"), empty=Max("empty_since"), changed=Max("pods_changed_at"),
+        next=Max("next_action_at"))
     watch = TenantWatch.objects.filter(tenant_id=pool.tenant_id).values_list("updated_at", flat=True).first()
-    return (pods["n"], pods["last"], pods["ids"], use["n"], use["checked"], watch)
+    return (pods["n"], pods["last"], pods["ids"], *use.values(), watch)

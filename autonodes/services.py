@@ -28,6 +28,7 @@ from pools.models import NodePool, NodeType, Tenant
 
 from .choices import DecisionReason, DemandStatus, WatchState
 from .fit import Demand, format_quantity, quantities
+from .live import demand_changed
 from .models import NodeUsage, PendingPod, TenantWatch
 from .simulation import (
     Node,
@@ -111,6 +112,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             why = "not decided: the tenant's API is unreachable; decisions resume when the watch reconnects"
             PendingPod.objects.filter(tenant=tenant, status__in=[DemandStatus.NEW, DemandStatus.WAITING]).exclude(
                 reason=why).update(reason=why)
+            demand_changed(tenant_id=tenant.pk)
             result.skipped = why
             return result
         pools = list(NodePool.objects.filter(tenant=tenant, kind=PoolKind.DYNAMIC).select_related("provider")
@@ -187,6 +189,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         result.unservable = {k: v.message for k, v in outcome.unservable.items()}
         events_record(events)
         result.events = len(events)
+        demand_changed(tenant_id=tenant.pk)  # the pool pages (on commit)
     return result
 
 

@@ -1,7 +1,7 @@
 """Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
-from . import disruption, services
+from . import disruption, launches, services
 
 
 @shared_task(name="autonodes.tasks.disrupt")
@@ -28,3 +28,9 @@ def decide_waiting() -> int:
     for tenant_id in tenant_ids:
         decide.delay(tenant_id=tenant_id)
     return len(tenant_ids)
+
+
+@shared_task(name="autonodes.tasks.check_launches")
+def check_launches() -> list[str]:
+    """Beat: dynamic pools' claims past their launch deadline, reported once (never relaunched)."""
+    return launches.launches_check()

@@ -48,6 +48,10 @@ class NodeClaim(models.Model):
     joined_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
+    # A dynamic pool's claim: when it is expected Available by (creation + its NodeType's measured launch p95,
+    # clamped: claims.selectors.launch_deadlines), and when it was reported past that (once; it is not relaunched).
+    launch_deadline_at = models.DateTimeField(null=True, blank=True)
+    launch_reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "name"]

@@ -1,6 +1,11 @@
-"""Reads across the fleet: the status summary that `manage.py status --json` prints; what a claim needs."""
+"""Reads across the fleet: the status summary that `manage.py status --json` prints; what a claim needs; how
+long a NodeType's claims take to launch."""
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import Count, F, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from core import scoping
@@ -10,6 +15,7 @@ from hosts.models import BareMetalHost
 from hosts.selectors import image_write_failures
 from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
+from .charts import percentile
 from .choices import ClaimPhase
 from .models import NodeClaim
 
@@ -71,6 +77,62 @@ def os_image(name: str) -> tuple[OSImage | None, tuple[str, str] | None]:
         return image, ("ImageFailed", f"OS image {name} failed to write on {len(failed)} hosts within {hours:g}h "
                                       f"({', '.join(sorted(failed))}): {last}; fix its url or checksum")
     return image, None
+
+
+# --- launch deadlines (issue 12, 7a) ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchDeadline:
+    """How long a claim of one NodeType may take from creation to Available before it is reported as slow."""
+
+    seconds: float  # the deadline: the measured p95 within [AUTONODES_LAUNCH_FLOOR_S, AUTONODES_LAUNCH_CAP_S]
+    p95_s: float | None  # measured; None without history
+    samples: int  # launches measured (at most AUTONODES_LAUNCH_HISTORY)
+    why: str  # for people: "p95 of the last 50 gpu-server launches: 12 min"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def launch_deadlines(node_types: Iterable[NodeType]) -> dict[int, LaunchDeadline]:
+    """Each NodeType's launch deadline, from its claims' measured provisioning time (created → Available) over the
+    last AUTONODES_LAUNCH_HISTORY that got there (Released ones included: they launched), in one query. Bare metal
+    takes minutes to tens of minutes and varies by type, so the deadline is measured, not a fixed 15 minutes;
+    the floor keeps a few fast launches from making the next one "slow", and without history the cap applies
+    (nothing measured yet says how long this hardware takes)."""
+    node_types = list(node_types)
+    floor, cap = settings.AUTONODES_LAUNCH_FLOOR_S, settings.AUTONODES_LAUNCH_CAP_S
+    history = settings.AUTONODES_LAUNCH_HISTORY
+    durations: dict[int, list[float]] = {t.pk: [] for t in node_types}
+    if node_types:
+        ranked = (NodeClaim.objects.filter(node_type_id__in=list(durations), available_at__isnull=False)
+                  .annotate(rank=Window(RowNumber(), partition_by=[F("node_type_id")], order_by=F("available_at").desc()))
+                  .filter(rank__lte=history).values_list("node_type_id", "created_at", "available_at"))
+        for type_id, created, available in ranked:
+            durations[type_id].append(max(0.0, (available - created).total_seconds()))
+    result = {}
+    for node_type in node_types:
+        values = durations[node_type.pk]
+        if not values:
+            result[node_type.pk] = LaunchDeadline(
+                seconds=cap, p95_s=None, samples=0,
+                why=f"no {node_type.name} launch measured yet: the cap, {_minutes(cap)}")
+            continue
+        p95 = percentile(values, 95)
+        seconds = min(cap, max(floor, p95))
+        bound = " (the floor)" if seconds > p95 else " (the cap)" if seconds < p95 else ""
+        result[node_type.pk] = LaunchDeadline(
+            seconds=seconds, p95_s=p95, samples=len(values),
+            why=f"p95 of the last {len(values)} {node_type.name} launches: {_minutes(p95)}; "
+                f"deadline {_minutes(seconds)}{bound}")
+    return result
+
+
+def launch_deadline_unknown_type() -> LaunchDeadline:
+    """A claim whose NodeType is not chosen yet: the cap."""
+    cap = settings.AUTONODES_LAUNCH_CAP_S
+    return LaunchDeadline(seconds=cap, p95_s=None, samples=0, why=f"no NodeType chosen: the cap, {_minutes(cap)}")
 
 
 # --- what each user may see (the rule: core.scoping) ----------------------------------------------

@@ -6,6 +6,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -38,7 +39,7 @@ from pools.services import RECONCILE_TASK, pools_changed
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
 from .models import NodeClaim
-from .selectors import os_image
+from .selectors import launch_deadline_unknown_type, launch_deadlines, os_image
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,10 @@ def claims_create(*, pool: NodePool, count: int, actor: str, node_type: NodeType
     """New Pending claims in a pool (a dynamic pool's decision, a replacement), optionally of one NodeType.
     The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit."""
     names = _claims_create([(pool, count)], actor, node_type=node_type, message=message)
+    # Expected Available by: its NodeType's measured launch p95 from now (the cap without a type or a history).
+    deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
+    NodeClaim.objects.filter(name__in=names).update(
+        launch_deadline_at=F("created_at") + timedelta(seconds=deadline.seconds))
     task_send_on_commit(RECONCILE_TASK, pool_ids=[pool.pk])  # allocates this pool's pending claims
     return list(NodeClaim.objects.filter(name__in=names).order_by("pk"))
 

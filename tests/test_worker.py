@@ -25,13 +25,13 @@ def test_a_quantity_change_is_reconciled_by_the_worker_without_a_timer(apply, de
     assert NodeClaim.objects.filter(pool=pool).count() == 3
 
 
-def test_beat_runs_the_reconciler_the_sweeper_the_re_drive_and_the_bmc_check_as_registered_tasks(settings, db):
+def test_beat_runs_the_reconciler_the_sweeper_the_re_drive_the_bmc_and_launch_checks_as_registered_tasks(settings, db):
     from vmetal_console.celery import app
 
     # db: as it imports the tasks, Celery runs Django's system checks, and the key check reads the key canary.
     app.loader.import_default_modules()
     scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert scheduled == {"claims.tasks.reconcile_pools", "hosts.tasks.sweep_overdue_hosts",
-                         "hosts.tasks.drive_stale_hosts", "hosts.tasks.check_bmcs", "autonodes.tasks.decide_waiting",
-                         "autonodes.tasks.disrupt"}
+                         "hosts.tasks.drive_stale_hosts", "hosts.tasks.check_bmcs", "autonodes.tasks.check_launches",
+                         "autonodes.tasks.decide_waiting", "autonodes.tasks.disrupt"}
     assert scheduled <= set(app.tasks)

@@ -189,6 +189,9 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Dynamic pools' claims past their launch deadline: reported once, never relaunched (autonodes/launches.py).
+    "check-launches": {"task": "autonodes.tasks.check_launches",
+                       "schedule": float(os.environ.get("AUTONODES_LAUNCH_CHECK_EVERY_S", "30"))},
     # Dynamic pools give back empty, underutilized, expired and drifted nodes (autonodes/disruption.py): one list
     # of each tenant's pods per pass.
     "autonodes-disrupt": {"task": "autonodes.tasks.disrupt",
@@ -197,6 +200,15 @@ CELERY_BEAT_SCHEDULE = {
     "autonodes-decide-waiting": {"task": "autonodes.tasks.decide_waiting",
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
 }
+
+# Auto Nodes: a dynamic pool's claim may take its NodeType's measured launch p95 (created → Available, over the
+# last AUTONODES_LAUNCH_HISTORY launches of that type) before it is reported as slow, never less than the floor
+# and never more than the cap; the cap also applies while a type has no history (claims.selectors.launch_deadlines).
+# A slow claim is only reported: a bare-metal server is not deleted and relaunched (Karpenter's registration TTL
+# would loop on hardware that takes 20 minutes to arrive).
+AUTONODES_LAUNCH_FLOOR_S = float(os.environ.get("AUTONODES_LAUNCH_FLOOR_S", "600"))
+AUTONODES_LAUNCH_CAP_S = float(os.environ.get("AUTONODES_LAUNCH_CAP_S", "3600"))
+AUTONODES_LAUNCH_HISTORY = int(os.environ.get("AUTONODES_LAUNCH_HISTORY", "50"))
 
 # Host life cycle: each in-progress state's deadline is its flow's step deadlines (below) added up, plus this
 # much per step for a drive to notice that a step's deadline passed (a recheck, the periodic re-drive, a lease):
