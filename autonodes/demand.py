@@ -4,9 +4,11 @@ Written only by the tenant's watcher (autonodes.watcher), one pod at a time (`de
 full list (`demand_resync`); decided on by autonodes.services, which owns the answer columns (status, claim,
 pool, reason, decided_at). Each write here is its own short transaction, never one around network I/O.
 
-`PendingPod.requests` holds parsed numbers, what `fit.pod_requests` makes of the pod (containers summed, the
-largest init container, overhead): {"cpu": 0.5, "memory": 17179869184, "nvidia.com/gpu": 8}. Whole values are
-ints. `fit.quantities(row.requests)` reads them back as floats, so `fit.Demand` of a row equals that of its pod.
+`PendingPod.requests` holds what `fit.pod_requests` makes of the pod (containers summed, the largest init
+container, overhead), written back as Kubernetes quantities for people and the API: {"cpu": "500m", "memory":
+"16Gi", "nvidia.com/gpu": "8"} (memory and storage in the largest binary unit that divides them exactly, cpu in
+cores or millicores, counts as integers). `fit.quantities(row.requests)` reads them back (to float rounding), so
+`fit.Demand` of a row equals that of its pod.
 """
 from __future__ import annotations
 
@@ -36,8 +38,21 @@ class Seen(enum.Enum):
         return self in (Seen.NEW, Seen.CHANGED)
 
 
-def _number(value: float) -> int | float:
-    return int(value) if float(value).is_integer() else value
+BINARY_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+
+
+def quantity_text(resource: str, value: float) -> str:
+    """A parsed request as a quantity again: 17179869184 memory → "16Gi", 0.5 cpu → "500m", 8 GPUs → "8"."""
+    if float(value).is_integer():
+        number = int(value)
+        if resource == "memory" or resource.endswith("storage") or resource.startswith("hugepages-"):
+            for unit, size in BINARY_UNITS:
+                if number and number % size == 0:
+                    return f"{number // size}{unit}"
+        return str(number)
+    if float(value * 1000).is_integer() or abs(value * 1000 - round(value * 1000)) < 1e-6:
+        return f"{round(value * 1000)}m"
+    return repr(float(value))
 
 
 def pod_fields(pod: dict) -> dict:
@@ -52,7 +67,7 @@ def pod_fields(pod: dict) -> dict:
         "namespace": meta.get("namespace") or "default",
         "name": meta.get("name") or "",
         "owner": f"{owner.get('kind')}/{owner.get('name')}"[:253] if owner else "",
-        "requests": {key: _number(value) for key, value in sorted(demand.requests.items())},
+        "requests": {key: quantity_text(key, value) for key, value in sorted(demand.requests.items())},
         "node_selector": demand.node_selector,
         "node_affinity": demand.node_affinity,
         "tolerations": demand.tolerations,

@@ -85,6 +85,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 class _Listed:
     pods: list[dict]
     resource_version: str
+    reconnect: bool  # the first list, or the first after a failure: decisions may have waited for it
 
 
 @dataclasses.dataclass
@@ -146,8 +147,9 @@ class TenantWatcher(threading.Thread):
                 continue
 
     def run(self) -> None:
-        failures = 0
-        relist = True
+        failures = 0  # failures in a row: drive the back-off
+        gone = 0  # 410s in a row: the first lists again at once, more are backed off
+        relist, reconnect = True, True  # reconnect: the list follows a start or a failure
         timeout = settings.TENANT_API_TIMEOUT_S
         while not self._stopping.is_set():
             try:
@@ -156,9 +158,9 @@ class TenantWatcher(threading.Thread):
                     self._relist.clear()
                     pods, self.resource_version = api.list_pods_for_watch()
                     self.lists += 1
-                    relist = False
+                    self._put(_Listed(pods, self.resource_version, reconnect))
+                    relist = reconnect = False
                     failures = 0
-                    self._put(_Listed(pods, self.resource_version))
                 # Each watch asks the server to end it after a while (jittered as client-go does), then resumes.
                 watch_s = settings.AUTONODES_WATCH_TIMEOUT_S * random.uniform(1.0, 2.0)
                 self._current = api.pod_watch(self.resource_version, int(watch_s))
@@ -170,23 +172,24 @@ class TenantWatcher(threading.Thread):
                     self._put(_Event(event["type"], event["object"], self.resource_version))
                 self.resource_version = self._current.resource_version or self.resource_version
                 if self._current.events_seen:
-                    failures = 0
+                    gone = 0
                 elif time.monotonic() - began < 1:
                     self._stopping.wait(1)  # a server that ends every watch at once is not asked in a tight loop
             except TenantAPIError as exc:
+                relist = True
                 if exc.status == 410:
+                    gone += 1
                     log.info("pod watch of tenant %s: %s; listing again", self.tenant_name, exc)
-                    relist = True
+                    if gone == 1:
+                        continue
                     failures += 1
-                    if failures == 1:
-                        continue  # at once the first time; a server that keeps answering 410 is backed off
                 else:
-                    relist = True
                     failures += 1
+                reconnect = True
                 self._fail(str(exc), failures)
             except Exception as exc:  # a bug must not end the watch for good: report, back off, list again
                 log.exception("pod watch of tenant %s failed", self.tenant_name)
-                relist = True
+                relist = reconnect = True
                 failures += 1
                 self._fail(f"unexpected error in the pod watcher ({type(exc).__name__})", failures)
             finally:
@@ -276,7 +279,7 @@ class Supervisor:
             try:
                 close_old_connections()
                 self.reconcile()
-            except DatabaseError:
+            except Exception:  # the database away, a kubeconfig that cannot be decrypted: the watchers keep going
                 log.exception("pod watchers: could not read the tenants; trying again in %gs", self.poll_s)
         self._close_due_batches()
         dues = [due for batch in self.batches.values() if (due := batch.due_at()) is not None]
@@ -335,13 +338,13 @@ class Supervisor:
         watcher.stop()
         watcher.join(5)
         self._state.pop(tenant_id, None)
-        TenantWatch.objects.filter(tenant_id=tenant_id).update(state=WatchState.STOPPED, retry_at=None,
-                                                               updated_at=timezone.now())
-        self._changed.add(tenant_id)
         if forget:  # nobody watches this tenant's pods now: its demand would only go stale
             self.batches.pop(tenant_id, None)
             self.known.pop(tenant_id, None)
             demand_forget(tenant_id=tenant_id)
+        TenantWatch.objects.filter(tenant_id=tenant_id).update(state=WatchState.STOPPED, retry_at=None,
+                                                               updated_at=timezone.now())
+        self._changed.add(tenant_id)
 
     def _shutdown(self) -> None:
         for watcher in self.watchers.values():
@@ -376,6 +379,8 @@ class Supervisor:
                           watcher.tenant_name)
             close_old_connections()
             watcher.relist()
+        except Exception:  # one odd pod must not stop every tenant's watch: it is logged and skipped
+            log.exception("pod watch of tenant %s: could not record what it saw", watcher.tenant_name)
 
     def _observe(self, tenant_id: int, event: _Event) -> None:
         state = self._state.setdefault(tenant_id, {})
@@ -406,7 +411,9 @@ class Supervisor:
             "resource_version": listed.resource_version[:64]})
         log.info("pod watch of tenant %s: watching from resourceVersion %s (%d pods listed, %d pending, %d new)",
                  watcher.tenant_name, listed.resource_version, len(listed.pods), pending, new)
-        if pending:  # a (re)connect with demand pending: one decision, batched with what arrives next
+        # New demand, or a (re)connect with demand pending (decisions wait while the tenant API is away): one
+        # decision, batched with what arrives next. A list after a 410 alone decides nothing again.
+        if new or (pending and listed.reconnect):
             self.batches.setdefault(tenant_id, Batch()).note(time.monotonic())
 
     def _failed(self, tenant_id: int, failed: _Failed) -> None:

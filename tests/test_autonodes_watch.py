@@ -77,6 +77,28 @@ def lists(monkeypatch):
 
 
 @pytest.fixture
+def expire(monkeypatch, lists):
+    """expire["watches"] = n: the lab's next n pod watches answer with an ERROR event, 410 Gone (a resourceVersion
+    older than the API server's watch history), as kube-apiserver does."""
+    state = {"watches": 0}
+    serve_watch = TenantEmulator._serve_watch
+
+    async def watch(self, request):
+        if request.resource == PODS and state["watches"] > 0:
+            state["watches"] -= 1
+            yield b""
+            yield {"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                               "code": 410, "reason": "Expired",
+                                               "message": "too old resource version"}}
+            return
+        async for item in serve_watch(self, request):
+            yield item
+
+    monkeypatch.setattr(TenantEmulator, "_serve_watch", watch)
+    return state
+
+
+@pytest.fixture
 def acme(lists):
     with TenantAPIServer("acme") as server:
         yield server
@@ -194,17 +216,20 @@ def test_unschedulable_pods_become_pending_pods_and_leave_when_bound_or_deleted(
                 nodeSelector={"workload": "gpu"})
     pending_pod(kubectl, "gpu-plugin", owner="nvidia-device-plugin", owner_kind="DaemonSet")  # follows nodes
     kubectl.create_namespaced_pod("default", {  # Pending but gated: not the scheduler's "Unschedulable"
-        "metadata": {"name": "gated"}, "spec": {"containers": [{"name": "c", "image": "x"}]},
+        "metadata": {"name": "gated"}, "spec": {"containers": [{"name": "c", "image": "x"}],
+                                                "schedulingGates": [{"name": "example.com/quota"}]},
         "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                                        "reason": "SchedulingGated"}]}})
     wanted = {"ml/before-0", "default/train-7-0", "default/train-7-1"}
     found = wait_for(lambda: set(r := rows(tenant)) == wanted and r, timeout=10)
     pod = found["default/train-7-1"]
     assert (pod.owner, pod.status, pod.claim_id) == ("Job/train-7", DemandStatus.NEW, None)
-    assert pod.requests == {"cpu": 4, "memory": 16 * 2**30, "nvidia.com/gpu": 4}  # parsed, as fit.pod_requests
+    assert pod.requests == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "4"}
     assert pod.node_selector == {"workload": "gpu"}
     assert pod.tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert pod.scheduler_message == UNSCHEDULABLE["message"]
+    said = next(c.message for c in kubectl.read_namespaced_pod("train-7-1", "default").status.conditions
+                if c.type == "PodScheduled")
+    wait_for(lambda: PendingPod.objects.get(pk=pod.pk).scheduler_message == said, timeout=10)
     assert pod.uid == kubectl.read_namespaced_pod("train-7-1", "default").metadata.uid
     assert watching(tenant) and watch_of(tenant).connected_at is not None
 
@@ -225,10 +250,12 @@ def test_the_consoles_answer_stays_until_the_pods_spec_changes(apply, acme, kube
     wait_for(lambda: len(decisions) == 1, timeout=10)
     PendingPod.objects.filter(tenant=tenant).update(status=DemandStatus.WAITING, reason="not added: limit nodes 4")
 
-    # The scheduler looks again and writes a new message: still the same demand, still the same answer.
-    message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
-    merge(kubectl, "train-7-0", {"status": {"conditions": [{**UNSCHEDULABLE, "message": message}]}})
-    wait_for(lambda: PendingPod.objects.get(tenant=tenant).scheduler_message == message, timeout=10)
+    # A CPU node joins; the scheduler looks again and writes a new message: still the same demand, the same answer.
+    kubectl.create_node({"metadata": {"name": "cpu-node-1"}, "status": {
+        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+        "conditions": [{"type": "Ready", "status": "True"}]}})
+    wait_for(lambda: "Insufficient nvidia.com/gpu" in PendingPod.objects.get(tenant=tenant).scheduler_message,
+             timeout=10)
     time.sleep(1.5)
     pod = PendingPod.objects.get(tenant=tenant)
     assert (pod.status, pod.reason) == (DemandStatus.WAITING, "not added: limit nodes 4")
@@ -312,6 +339,36 @@ def test_a_dropped_stream_resumes_from_its_resource_version_without_listing_or_d
     assert len(decisions) == 2  # the three pods were not decided again; the late one was
     assert PendingPod.objects.filter(tenant=tenant).count() == 4
     assert watching(tenant) and watch_of(tenant).failures == 0
+
+
+def test_an_expired_resource_version_lists_again_without_deciding_the_same_pods_again(
+        expire, apply, acme, kubectl_of, supervisor, decisions, lists):
+    tenant = tenant_with_dynamic_pool(apply, "acme", acme)
+    kubectl = kubectl_of(acme)
+    sup = supervisor()
+    wait_for(lambda: watching(tenant), timeout=15)
+    for i in range(3):
+        pending_pod(kubectl, f"train-7-{i}")
+    wait_for(lambda: len(decisions) == 1, timeout=10)
+
+    expire["watches"] = 1
+    close_watches(acme)
+    wait_for(lambda: lists["list", acme.token] == 2, timeout=10)  # 410: listed again, at once
+    time.sleep(1.5)  # longer than the idle window
+    assert len(decisions) == 1  # the list found the same three pods: nothing to decide again
+    pending_pod(kubectl, "late")
+    wait_for(lambda: "default/late" in rows(tenant), timeout=10)
+    wait_for(lambda: len(decisions) == 2, timeout=10)  # for the late pod only: the list found nothing new
+    time.sleep(1.5)
+    assert len(decisions) == 2 and watching(tenant)
+
+    expire["watches"] = 4  # a server that keeps answering 410 is not asked in a tight loop
+    close_watches(acme)
+    wait_for(lambda: watch_of(tenant).state == WatchState.BACKING_OFF, timeout=10)
+    assert "410" in watch_of(tenant).error
+    wait_for(lambda: expire["watches"] == 0 and watching(tenant), timeout=15)
+    assert sup.watchers[tenant.pk].lists == lists["list", acme.token] <= 2 + 4
+    assert PendingPod.objects.filter(tenant=tenant).count() == 4
 
 
 def test_a_tenant_api_that_goes_down_backs_off_alone_and_recovers(apply, acme, globex, kubectl_of, supervisor,
