@@ -212,6 +212,15 @@ class TenantEmulator(kmock.KubernetesEmulator):
             self._stamp_new(obj, None)
             self.objects[NAMESPACES, None, ns] = obj
 
+    def adopt(self, previous: TenantEmulator) -> None:
+        """Take over the objects of a stopped server's emulator (same resourceVersions, uids, Jobs and pods), so a
+        restart is an outage, not a new cluster. Watches and pending terminations of the old loop are not carried:
+        clients watch again, as after any API server restart."""
+        self._objects = previous._objects
+        self._rv_counter, self._last_rv = previous._rv_counter, previous._last_rv
+        self._created_rv = previous._created_rv
+        self.evictions, self.eviction_refusals = previous.evictions, previous.eviction_refusals
+
     # -- metadata the API server owns
 
     def _next_rv(self) -> str:
@@ -738,6 +747,7 @@ class TenantAPIServer:
         self._stopping: asyncio.Event | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._kept: TenantEmulator | None = None  # the store a restart takes over (start(keep_objects=True))
 
     def __repr__(self) -> str:
         return f"<TenantAPIServer {self.name} {self.url if self.running else 'stopped'}>"
@@ -760,9 +770,12 @@ class TenantAPIServer:
     def url(self) -> str:
         return f"http://{self.endpoint}"
 
-    def start(self, timeout: float = 10) -> TenantAPIServer:
+    def start(self, timeout: float = 10, *, keep_objects: bool = False) -> TenantAPIServer:
+        """Serve (again, after stop(): on the same port). keep_objects: with the objects the last run stored, as a
+        real API server comes back from an outage with its etcd; otherwise with an empty store."""
         if self.running:
             return self
+        self._kept = self.emulator if keep_objects else None
         self._started.clear()
         self._error = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), name=f"tenant-api-{self.name}",
@@ -794,6 +807,9 @@ class TenantAPIServer:
         runner = None
         try:
             self.emulator = TenantEmulator(admin_token=self.token, termination_s=self.termination_s)
+            if self._kept is not None:
+                self.emulator.adopt(self._kept)
+                self._kept = None
             async with self.emulator:
                 runner = aiohttp.web.ServerRunner(aiohttp.web.Server(self.emulator, access_log=None),
                                                   shutdown_timeout=1.0)
