@@ -2,9 +2,6 @@
 watch-pods`), one decision in a real Celery worker, bare-metal servers installed and joined, the pods bound by the
 tenant's scheduler; the Job deleted, the empty nodes released by the beat's disruption pass, drained, erased and
 back in the pool. PostgreSQL, the tenant API through the official kubernetes client (`manage.py workload`)."""
-import signal
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -16,73 +13,23 @@ from autonodes.models import PendingPod, TenantWatch
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from claims.selectors import launch_deadlines
-from conftest import ROOT, wait_for
+from conftest import wait_for
 from events.models import Event
 from hosts.models import BareMetalHost
-from lab.site import IMAGE_NAME
 
+from .autonodes_lab_conftest import dynamic_pool, job_pods, node_names
 from .lab_conftest import lab_report, wait_hosts
 
-pytest_plugins = ["tests.lab_conftest"]
+pytest_plugins = ["tests.lab_conftest", "tests.autonodes_lab_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-# "Add GPU servers when training jobs are Pending, up to 4", and give them back 2 s after they are empty (no
-# minimum lifetime: the test does not wait the 30 minutes a real GPU server is kept at least).
-POOL = f"""\
-privateNodes:
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: {IMAGE_NAME}
-      dynamic:
-        - name: gpu-auto
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              value: gpu-server
-          limits:
-            nodes: "4"
-          disruption:
-            consolidationPolicy: WhenEmpty
-            consolidateAfter: 2s
-            minNodeLifetime: 0s
-"""
+# "Add GPU servers when training jobs are Pending, up to 4", and give them back 2 s after they are empty.
+POOL = dynamic_pool(nodes=4, policy="WhenEmpty", after="2s")
 
 
 @pytest.fixture
 def worker_settings() -> dict:
     return {"WITH_BEAT": "1", "AUTONODES_DISRUPT_EVERY_S": "1", "AUTONODES_DECIDE_EVERY_S": "5"}
-
-
-@pytest.fixture
-def watcher(subprocess_env, tmp_path):
-    """`manage.py watch-pods`, as bin/run starts it, sending its decisions to the test worker's queue."""
-    from tests.api_conftest import watch_child_log
-    from vmetal_console.celery import app
-
-    log = tmp_path / "watch-pods.log"
-    watch_child_log(log)
-    procs = []
-
-    def start():
-        env = {**subprocess_env, "AUTONODES_WATCH_POLL_S": "0.3", "PYTHONUNBUFFERED": "1",
-               "CELERY_TASK_DEFAULT_QUEUE": app.conf.task_default_queue}
-        with open(log, "a") as out:
-            procs.append(subprocess.Popen([sys.executable, "manage.py", "watch-pods"], cwd=ROOT, env=env, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-
-    yield start
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
-    print("--- watch-pods, last lines ---\n" + "\n".join(log.read_text().splitlines()[-40:]))
-
-
-def job_pods(site, tenant: str, job: str) -> list[dict]:
-    return [p for p in site.tenants[tenant].objects("pods") if (p["metadata"].get("labels") or {}).get("job-name") == job]
-
-
-def node_names(site, tenant: str) -> set[str]:
-    return {n["metadata"]["name"] for n in site.tenants[tenant].objects("nodes")}
 
 
 def test_a_job_of_3_pods_x_8_gpus_gets_3_servers_and_gives_them_back_erased_once_deleted(
