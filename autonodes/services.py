@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
@@ -27,7 +27,7 @@ from pools.matching import label_selector_q, requirements_match
 from pools.models import NodePool, NodeType, Tenant
 
 from .choices import DecisionReason, DemandStatus, WatchState
-from .fit import Demand, format_quantity, quantities
+from .fit import Demand, format_quantity, quantities, short_of
 from .live import demand_changed
 from .models import NodeUsage, PendingPod, TenantWatch
 from .simulation import (
@@ -51,6 +51,9 @@ ACTIVE = (P.PENDING, P.PROVISIONING, P.JOINING, P.AVAILABLE, P.RELEASING)
 # Claims a Pending pod may still land on: in flight, or Ready.
 IN_FLIGHT = (P.PENDING, P.PROVISIONING, P.JOINING)
 OPEN = (*IN_FLIGHT, P.AVAILABLE)
+# A node's use read this long after it was Ready tells whether the pods launched for it still fit there: by then a pod
+# the scheduler bound to it has left the demand (the watcher), so its requests are not taken for another pod's.
+TAKEN_AFTER = timedelta(seconds=5)
 
 
 def decide_soon(*, tenant_id: int) -> None:
@@ -120,6 +123,9 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
         claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE).select_related("node_type", "pool"))
         open_claims = {c.pk: c for c in claims if c.phase in OPEN}
+        # What runs on the Ready nodes of dynamic pools (autonodes.disruption keeps it).
+        usage = {u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=list(open_claims),
+                                                                 checked_at__isnull=False)}
         changed = max([p.updated_at for p in pools] + [t.updated_at for t in node_types], default=None)
 
         kept, undecided = [], []
@@ -127,9 +133,12 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         for pod in pods:
             if pod.status == DemandStatus.LAUNCHED and pod.claim_id in open_claims:
                 claim = open_claims[pod.claim_id]
-                if (claim.phase == P.AVAILABLE and claim.available_at and claim.available_at < unbound
-                        and (pod.decided_at is None or pod.decided_at < unbound)):
-                    undecided.append(pod)  # its node is Ready and the scheduler still did not place it: look again
+                if claim.phase == P.AVAILABLE and claim.available_at and (
+                        (claim.available_at < unbound and (pod.decided_at is None or pod.decided_at < unbound))
+                        or _taken(pod, claim, usage.get(claim.pk))):
+                    # Its node is Ready and the scheduler still did not place it (it gave the node to other pods,
+                    # or could not): look again.
+                    undecided.append(pod)
                 else:
                     kept.append(pod)
             elif pod.status == DemandStatus.UNSERVABLE:
@@ -140,7 +149,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         if not undecided:
             return result
 
-        problem = _problem(tenant, undecided, kept, pools, node_types, claims, open_claims)
+        problem = _problem(tenant, undecided, kept, pools, node_types, claims, open_claims, usage)
         outcome = simulate(problem)
         now = timezone.now()
         by_key = {f"{p.namespace}/{p.name}": p for p in undecided}
@@ -223,7 +232,8 @@ def _verdicts(tenant: Tenant, verdicts: dict[str, Verdict], status: str, by_key:
 
 
 def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod], pools: list[NodePool],
-             node_types: list[NodeType], claims: list[NodeClaim], open_claims: dict[int, NodeClaim]) -> Problem:
+             node_types: list[NodeType], claims: list[NodeClaim], open_claims: dict[int, NodeClaim],
+             usage: dict[int, NodeUsage]) -> Problem:
     overhead = daemonset_overhead()
     resources = {t.pk: quantities(t.resources) for t in node_types}
     properties = {t.pk: t.effective_properties() for t in node_types}
@@ -255,7 +265,6 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
     planned: dict[int, dict[str, float]] = defaultdict(dict)
     for pod in kept:
         _sum(planned[pod.claim_id], quantities(pod.requests))
-    usage = {u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=list(open_claims), checked_at__isnull=False)}
     nodes = []
     for claim in sorted(open_claims.values(), key=lambda c: (c.created_at, c.pk)):
         if claim.node_type_id is None:
@@ -278,6 +287,18 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         quota_left = tenant.quota_nodes - static - dynamic
     pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner) for p in undecided)
     return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
+
+
+def _taken(pod: PendingPod, claim: NodeClaim, usage: NodeUsage | None) -> bool:
+    """Whether the Ready node launched for this Pending pod no longer has room for it: the tenant's scheduler picks
+    pods in its own order and gave the node to another (one that was waiting, say). Without this the pod would say
+    "a node is being added for it" until AUTONODES_BIND_GRACE_S."""
+    if usage is None or claim.node_type is None or usage.checked_at < claim.available_at + TAKEN_AFTER:
+        return False
+    overhead, used = daemonset_overhead(), quantities(usage.requested)
+    free = {k: v - overhead.get(k, 0.0) - used.get(k, 0.0)
+            for k, v in with_undeclared(quantities(claim.node_type.resources)).items()}
+    return bool(short_of(quantities(pod.requests), free))
 
 
 def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
@@ -341,12 +362,15 @@ def tenants_to_decide() -> list[int]:
     """Tenants with demand to look at again (the periodic sweep): pods waiting (a limit, the quota or free hosts
     may have changed), new ones older than a batch window (a lost decide task), unservable ones (a pool or a
     NodeType may have changed: tenant_decide tells), and pods still Pending AUTONODES_BIND_GRACE_S after the node
-    launched for them was Ready (the scheduler could not place them there after all)."""
+    launched for them was Ready (the scheduler could not place them there after all), or TAKEN_AFTER after it when its
+    use was read since (tenant_decide tells whether other pods took it)."""
     now = timezone.now()
     stale = now - timedelta(seconds=settings.AUTONODES_SWEEP_NEW_AFTER_S)
     unbound = now - timedelta(seconds=settings.AUTONODES_BIND_GRACE_S)
     q = (Q(status=DemandStatus.WAITING) | Q(status=DemandStatus.NEW, updated_at__lt=stale)
          | Q(status=DemandStatus.UNSERVABLE)
          | Q(status=DemandStatus.LAUNCHED, claim__phase=P.AVAILABLE, claim__available_at__lt=unbound,
-             decided_at__lt=unbound))
+             decided_at__lt=unbound)
+         | Q(status=DemandStatus.LAUNCHED, claim__phase=P.AVAILABLE,
+             claim__usage__checked_at__gt=F("claim__available_at") + TAKEN_AFTER))
     return sorted(set(PendingPod.objects.filter(q).values_list("tenant_id", flat=True)))

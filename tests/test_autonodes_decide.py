@@ -315,3 +315,39 @@ def test_a_pod_still_pending_after_its_node_is_ready_is_decided_again(two):
     tenant_decide(tenant_id=two.pk)
     pod.refresh_from_db()
     assert pod.status == DemandStatus.LAUNCHED and pod.claim_id not in (None, first.pk)
+
+
+@pytest.mark.django_db
+def test_a_pod_whose_ready_node_was_taken_by_another_pod_is_decided_again_without_the_grace(two):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from autonodes.models import NodeUsage
+    from autonodes.services import tenants_to_decide
+
+    gpu_pods(two, 2)
+    NodePool.objects.filter(name="burst").update(limits={"nodes": "1"})
+    tenant_decide(tenant_id=two.pk)
+    launched = PendingPod.objects.get(status=DemandStatus.LAUNCHED)
+    claim = launched.claim
+    ready = timezone.now() - timedelta(seconds=10)  # well within the grace
+    NodeClaim.objects.filter(pk=claim.pk).update(phase=ClaimPhase.AVAILABLE, available_at=ready)
+    # The scheduler bound the other pod (it was waiting) there: it left the demand; the node's 8 GPUs are in use.
+    PendingPod.objects.exclude(pk=launched.pk).delete()
+    usage = NodeUsage.objects.create(claim=claim, pods=1, requested={"nvidia.com/gpu": "8"},
+                                     checked_at=ready + timedelta(seconds=1))
+    assert tenants_to_decide() == []  # read too soon after Ready to tell
+    NodeUsage.objects.filter(pk=usage.pk).update(checked_at=timezone.now())
+    assert tenants_to_decide() == [two.pk]
+    tenant_decide(tenant_id=two.pk)
+    launched.refresh_from_db()
+    assert (launched.status, launched.claim_id, launched.reason) == (
+        DemandStatus.WAITING, None, "not added: limit nodes 1 reached")
+    assert NodeClaim.objects.count() == 1
+
+    NodeUsage.objects.filter(pk=usage.pk).update(requested={})  # had it room, it would have stayed on that node
+    launched.delete()
+    gpu_pods(two, 1, prefix="train-8")
+    tenant_decide(tenant_id=two.pk)
+    assert PendingPod.objects.get().claim_id == claim.pk
