@@ -33,7 +33,7 @@ def worker_settings() -> dict:
     # The beat's disruption pass every second and the sweep of waiting pods every 3 s; a pod still Pending 3 s after
     # its node was Ready is decided again (the scheduler may have put another pod there).
     return {"WITH_BEAT": "1", "AUTONODES_DISRUPT_EVERY_S": "1", "AUTONODES_DECIDE_EVERY_S": "3",
-            "AUTONODES_BIND_GRACE_S": "3", "AUTONODES_SWEEP_NEW_AFTER_S": "2"}
+            "AUTONODES_SWEEP_NEW_AFTER_S": "2"}
 
 
 def watching(tenant: str = "two") -> bool:
@@ -72,7 +72,8 @@ def test_six_pods_on_a_pool_limited_to_4_nodes_get_4_servers_and_2_wait_with_the
         wait_for(lambda: sorted(PendingPod.objects.values_list("status", "reason")) ==
                  [(DemandStatus.WAITING, LIMIT_REASON)] * 2, timeout=30)
     except AssertionError:
-        raise AssertionError(f"the job did not get 4 servers and 2 waiting pods\n{lab_report()}") from None
+        demand = "\n".join(f"pod {p}: {p.status} {p.claim_id} {p.reason}" for p in PendingPod.objects.all())
+        raise AssertionError(f"the job did not get 4 servers and 2 waiting pods\n{demand}\n{lab_report()}") from None
 
     claims = list(NodeClaim.objects.filter(pool_name="gpu-auto"))
     pods = job_pods(site, "two", "train-8")
