@@ -30,8 +30,8 @@ LIMIT_REASON = "not added: limit nodes 4 reached"
 
 @pytest.fixture
 def worker_settings() -> dict:
-    # The beat's disruption pass every second and the sweep of waiting pods every 3 s; a pod still Pending 3 s after
-    # its node was Ready is decided again (the scheduler may have put another pod there).
+    # The beat's disruption pass every second; its sweep of the demand every 3 s, looking again at pods not decided
+    # 2 s after they were seen (as while their tenant's API is down).
     return {"WITH_BEAT": "1", "AUTONODES_DISRUPT_EVERY_S": "1", "AUTONODES_DECIDE_EVERY_S": "3",
             "AUTONODES_SWEEP_NEW_AFTER_S": "2"}
 
