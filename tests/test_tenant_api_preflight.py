@@ -12,6 +12,8 @@ import time
 
 import pytest
 import yaml
+
+pytest_plugins = ["tests.lab_conftest"]
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -177,3 +179,103 @@ def test_a_plain_http_api_is_checked_for_tcp_only():
         ok, result, error = check(host="127.0.0.1", port=listening.getsockname()[1], tls=False)
     assert ok, error
     assert result["tls"] is False
+
+
+# --- in the lab: the provision flow stops at check_tenant_api, the host is not blamed, fixing the VIP works ---
+
+def _lab_tenant_api(site, name, *, endpoint=None, server=None, ca=None):
+    """Point tenant `name` at `endpoint` (its VIP) with the lab's kubeconfig, its server and CA changed."""
+    from pools.models import Tenant
+    from pools.services import tenant_set_api
+
+    config = yaml.safe_load(site.tenants[name].kubeconfig())
+    cluster = config["clusters"][0]["cluster"]
+    if server:
+        cluster["server"] = server
+    if ca:
+        cluster["certificate-authority-data"] = ca
+    tenant_set_api(tenant=Tenant.objects.get(name=name), api_endpoint=endpoint or site.tenants[name].endpoint,
+                   kubeconfig=yaml.safe_dump(config), actor="user:test")
+
+
+def _checks(message_start: str):
+    from events.models import Event
+
+    return Event.objects.filter(kind="step", step="check_tenant_api", message__startswith=message_start)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_wrong_vip_stops_the_claim_at_the_check_and_fixing_it_lets_the_claim_become_available(
+        lab_factory, celery_worker_process, apply, tmp_path, tenant_cas, client, django_user_model):
+    from claims.choices import ClaimPhase
+    from claims.models import NodeClaim
+    from conftest import wait_for
+    from events.models import Event
+    from hosts.models import BareMetalHost
+    from hosts.selectors import host_recent_failures
+    from pools.models import Tenant
+    from tests.lab_conftest import gpu_pool, lab_report, wait_hosts
+
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"], agent_mode="thread")
+    wait_hosts("available", 1)
+    port = closed_port()
+    _lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{port}")  # the VIP: nothing listens there
+    started = time.monotonic()
+    apply(gpu_pool(1), tenant="one")
+
+    failed = wait_for(lambda: _checks("failed: ").first(), timeout=60)
+    assert time.monotonic() - started < 30, lab_report()
+    expected = f"tenant API 127.0.0.1:{port} not reachable from the server network (connection refused)"
+    assert failed.message == f"failed: {expected}"
+    wait_hosts("available", 1, timeout=120)  # cleaned through the failure path, back in the pool
+    claim = NodeClaim.objects.get()
+    assert (claim.phase, claim.reason, claim.host_id, claim.failed_hosts) == (
+        ClaimPhase.PENDING, "TenantAPIUnreachable", None, []), lab_report()
+    assert claim.message.startswith(f"{expected}, checked from gpu-01; waiting for the tenant's API endpoint or CA")
+    host = BareMetalHost.objects.get()
+    # Nothing was written, the host is not blamed: no image step, no error or repair, no failure counted.
+    assert not Event.objects.filter(step__in=["write_image", "write_seed"]).exists(), lab_report()
+    assert not Event.objects.filter(object_type="host", to_state__in=["error", "repair"]).exists()
+    moved = Event.objects.get(kind="transition", host=host, step="check_tenant_api")
+    assert (moved.to_state, moved.data["fault"]) == ("deprovisioning", "claim")
+    assert host_recent_failures(host=host) == []
+    # The claim waits: the next allocations (every 5 s here) do not send the host round again.
+    time.sleep(7)
+    assert NodeClaim.objects.get().phase == ClaimPhase.PENDING and _checks("failed: ").count() == 1, lab_report()
+    assert BareMetalHost.objects.get().state == "available"
+
+    # The tenant page and the API show both sides; neither shows a credential.
+    admin = django_user_model.objects.create_user("root-admin", is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    page = client.get("/tenants/one/").content.decode()
+    assert 'data-api-server="failed"' in page and expected in page
+    console = client.get("/tenants/one/api-check/").content.decode()
+    assert 'data-api-console="no"' in console and "connection refused" in console
+    tenant = Tenant.objects.get(name="one")
+    answer = client.get(f"/api/v1/tenants/{tenant.pk}/").json()
+    assert answer["api_check"]["server"]["ok"] is False and answer["api_check"]["server"]["message"] == expected
+    assert answer["api_check"]["console"] == {"ok": False, "endpoint": f"127.0.0.1:{port}", "tls": False,
+                                              "reason": "connection refused", "at": answer["api_check"]["console"]["at"]}
+    assert site.tenants["one"].token not in page + console + str(answer)
+
+    # Another tenant's CA on a TLS VIP: the same stop, with the TLS reason.
+    server = TLSServer(tmp_path, tenant_cas["one"])
+    try:
+        _lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{server.port}", server=f"https://127.0.0.1:{server.port}",
+                        ca=ca_data(tenant_cas["two"][0]))
+        wait_for(lambda: _checks("failed: ").count() == 2, timeout=60)
+        tls_failure = _checks("failed: ").order_by("-id").first()
+        assert tls_failure.message == (f"failed: tenant API 127.0.0.1:{server.port} not reachable from the server "
+                                       f"network (TLS certificate not signed by the tenant's CA)")
+        wait_hosts("available", 1, timeout=120)
+    finally:
+        server.close()
+
+    _lab_tenant_api(site, "one")  # the VIP fixed: the claim is allocated again and goes all the way
+    wait_for(lambda: NodeClaim.objects.get().phase == ClaimPhase.AVAILABLE, timeout=180)
+    assert _checks("done").count() == 1 and Event.objects.filter(step="write_image", message="done").exists()
+    assert not Event.objects.filter(object_type="host", to_state__in=["error", "repair"]).exists()
+    page = client.get("/tenants/one/").content.decode()
+    assert 'data-api-server="ok"' in page
+    assert 'data-api-console="yes"' in client.get("/tenants/one/api-check/").content.decode()
