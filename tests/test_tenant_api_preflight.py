@@ -272,7 +272,11 @@ def test_a_wrong_vip_stops_the_claim_at_the_check_and_fixing_it_lets_the_claim_b
     finally:
         server.close()
 
-    _lab_tenant_api(site, "one")  # the VIP fixed: the claim is allocated again and goes all the way
+    # The VIP fixed through the API: the claim is allocated again and goes all the way.
+    fixed = client.patch(f"/api/v1/tenants/{tenant.pk}/", {"api_endpoint": site.tenants["one"].endpoint,
+                                                            "kubeconfig": site.tenants["one"].kubeconfig()},
+                         content_type="application/json")
+    assert fixed.status_code == 200, fixed.content
     wait_for(lambda: NodeClaim.objects.get().phase == ClaimPhase.AVAILABLE, timeout=180)
     assert _checks("done").count() == 1 and Event.objects.filter(step="write_image", message="done").exists()
     assert not Event.objects.filter(object_type="host", to_state__in=["error", "repair"]).exists()
