@@ -45,6 +45,8 @@ from .selectors import (
     launch_deadlines,
     os_image,
 )
+from .tenant_check import WAIT_REASON as TENANT_API_WAIT
+from .tenant_check import tenant_api_holds
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +265,12 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
     if claim.phase == P.RELEASING:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                           message=f"released; its host failed: {reason}", fields=fields)
+    elif claim_reason == TENANT_API_WAIT:
+        # The tenant's API VIP is not reachable from the server's network: no host is blamed and no try is
+        # spent; the claim waits (claims_allocate holds it) until the tenant fixes its endpoint or CA.
+        claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason=claim_reason, message=reason,
+                          fields=fields)
+        pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
     elif claim_reason:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason=claim_reason, message=reason,
                           fields=fields)
@@ -305,8 +313,10 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     waiting = {}  # claim → (reason, message)
     # What a claim needs before any host is touched: an OS image that can be written.
     images = {name: os_image(name)[1] for name in {c.properties.get(OS_IMAGE_PROPERTY) or "" for c in pending}}
+    # … and a tenant API that the last server-side check reached (claims.tenant_check).
+    holds = tenant_api_holds(tenant_ids={c.tenant_id for c in pending})
     for claim in pending:
-        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""]
+        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""] or holds.get(claim.tenant_id)
         if problem:
             waiting[claim] = problem
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
