@@ -173,8 +173,9 @@ def test_the_tenant_api_going_down_mid_decision_launches_once_loses_no_claim_and
     wait_hosts("available", 2)
     apply(dynamic_pool(nodes=4), tenant="two")
     api = site.tenants["two"]
-    # The batch stays open 3 s after the last pod: long enough for an outage to begin inside it.
-    watcher(AUTONODES_WATCH_BACKOFF_MAX_S="2", AUTONODES_BATCH_IDLE_S="3")
+    # The batch stays open 5 s after the last pod: the outage begins inside it (the watch fails within a second or
+    # two of the stop), so its decision finds the tenant's API away.
+    watcher(AUTONODES_WATCH_BACKOFF_MAX_S="2", AUTONODES_BATCH_IDLE_S="5")
     wait_for(watching, timeout=30)
 
     call_command("workload", "submit", "--tenant", "two", "--name", "train-9", "--pods", "2", "--gpus", "8")
