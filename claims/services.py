@@ -37,6 +37,14 @@ from pools.models import (
 from pools.services import RECONCILE_TASK, pools_changed
 
 from .choices import ClaimPhase as P
+from .ipam import (
+    HOLDS_NO_HOST,
+    NO_ADDRESS,
+    addresses_free,
+    addresses_take,
+    environments_lock,
+    environments_of,
+)
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
 from .models import NodeClaim
 from .selectors import launch_deadline_unknown_type, launch_deadlines, os_image
@@ -85,6 +93,8 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
         values.update(scheduled_at=None, provisioned_at=None, joined_at=None, available_at=None)
     ids = [c.pk for c in claims]
     swap(NodeClaim, ids=ids, field="phase", expected=from_phase, values=values, what="claim")
+    if to_phase in HOLDS_NO_HOST:  # the binding ends: its address goes back, in this transaction (claims.ipam)
+        addresses_free(claim_ids=ids)
     # Published on commit to "claims" and each claim's, tenant's and host's group: {"object": "claim",
     # "ids": [...], "from_state": ..., "to_state": ...}.
     events_record([
@@ -304,13 +314,17 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             waiting[claim] = problem
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
     groups = defaultdict(list)
+    environments = environments_of(pending)  # a group shares one NodeEnvironment: its addresses (claims.ipam)
+    no_address = {}  # claim id → why it waits for an address (filled by _allocate_group)
     for claim in pending:
         if claim in waiting:
             continue
         pinned = claim.properties.get(SERVER_NAME_PROPERTY, "")
-        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tuple(sorted(set(claim.failed_hosts))))
+        env = environments[claim.pk]
+        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tuple(sorted(set(claim.failed_hosts))),
+               env.pk if env else None)
         groups[key].append(claim)
-    for (provider_id, _, pinned, tried), claims in groups.items():
+    for (provider_id, _, pinned, tried, _env), claims in groups.items():
         candidates = [t for t in node_types if t.provider_id == provider_id
                       and requirements_match(claims[0].requirements, t.effective_properties())]
         if not candidates:
@@ -321,13 +335,13 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         excluded = tried if tried and _another_host_may_free_up(candidates, pinned, tried) else ()
         for round_ in range(3):
             for node_type in candidates:
-                if not claims:
+                if not claims or no_address.keys() & {c.pk for c in claims}:
                     break
-                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded)
+                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded, no_address=no_address)
                 for claim in claims[:taken]:
                     result.allocated[claim.name] = claim.host_name
                 claims = claims[taken:]
-            if not claims:
+            if not claims or no_address.keys() & {c.pk for c in claims}:
                 break
             capacity = node_type_capacity(candidates)
             if excluded or not any(capacity[t.pk]["available"] for t in candidates):
@@ -335,7 +349,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             # Hosts that look free but were skipped: other allocations hold them locked. Look again
             # once they commit, so the reason we give is true.
             time.sleep(0.05 * (round_ + 1))
-        if claims:
+        if claims and any(c.pk in no_address for c in claims):
+            waiting.update({c: (NO_ADDRESS, no_address.get(c.pk) or next(iter(no_address.values()))) for c in claims})
+        elif claims:
             msg = _no_capacity_message(candidates, capacity, pinned)
             if excluded:
                 msg += f"; not {', '.join(excluded)} again while another host may free up (it failed this claim)"
@@ -364,12 +380,13 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
 
 
 def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,
-                    excluded: tuple[str, ...] = ()) -> int:
+                    excluded: tuple[str, ...] = (), no_address: dict | None = None) -> int:
     """Allocate up to len(claims) hosts of one type to these claims (not the `excluded` ones); returns how
     many got one."""
     for _ in range(tries):
         try:
             with transaction.atomic():
+                environments_lock(claims)  # before the hosts: one allocation at a time per environment (IPAM)
                 free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
                                                     state=HostState.AVAILABLE).exclude(name__in=excluded)
                 if pinned:
@@ -382,7 +399,12 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
                 if not hosts:
                     return 0
-                chosen = claims[: len(hosts)]
+                # Each claim's address in this same transaction; one that cannot get one takes no host.
+                chosen, hosts, short = addresses_take(claims=claims[: len(hosts)], hosts=hosts, actor=actor)
+                if short and no_address is not None:
+                    no_address.update(short)
+                if not chosen:
+                    return 0
                 tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
                 hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
                                  reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
@@ -398,7 +420,9 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 return len(chosen)
         except ConcurrentTransition:
             for claim in claims:
-                claim.host = None
+                claim.host, claim.ip_address = None, None
+                if no_address is not None:
+                    no_address.pop(claim.pk, None)
             continue
     return 0
 
