@@ -105,7 +105,7 @@ def render_config(hosts: Iterable[BareMetalHost] | None = None) -> str:
     lines = [
         "# vMetal Console: the provisioning network's DHCP/boot configuration for dnsmasq.",
         f"# Written by `manage.py dhcp-config` at {timezone.now():%Y-%m-%d %H:%M:%S} UTC: {len(entries)} host(s).",
-        "# Write it again when hosts change (and send dnsmasq SIGHUP or restart it); do not edit by hand.",
+        "# Write it again when hosts change and restart dnsmasq; do not edit by hand.",
         "port=0",  # DHCP and TFTP only: no DNS server
         "log-dhcp",
     ]
