@@ -20,6 +20,7 @@ from pools.models import NodeEnvironment
 
 from .test_allocation import make_hosts, make_pool
 
+pytest_plugins = ["tests.lab_conftest"]
 SERVERS = "p-default/servers"
 
 
@@ -228,3 +229,32 @@ spec:
     capsys.readouterr()
     call_command("export")
     assert "metal3.vcluster.com/network-data" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_in_the_lab_an_overridden_hosts_seed_carries_its_network_data_as_written(
+        lab_factory, celery_worker_process, apply):
+    from agent.seed import read_seed
+    from conftest import wait_for
+
+    from .lab_conftest import gpu_pool, lab_report, wait_hosts
+
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 1)
+    override = "version: 2\nethernets:\n  lan0:\n    match: {macaddress: '52:54:00:1a:00:01'}\n    addresses: [192.168.50.7/24]\n"
+    BareMetalHost.objects.filter(name="gpu-01").update(network_data=override)
+    apply(gpu_pool(1), tenant="one")
+    try:
+        wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=180)
+    except AssertionError:
+        raise AssertionError(lab_report()) from None
+    claim = NodeClaim.objects.get()
+    assert claim.ip_address is None and not AddressAllocation.objects.exists()
+    seeds = []
+    for path in site.hosts["gpu-01"].disk_paths():
+        try:
+            seeds.append(read_seed(str(path)))
+        except Exception:  # noqa: BLE001 - the other disk holds no seed
+            continue
+    assert [s["network-config"] for s in seeds] == [override]
