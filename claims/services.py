@@ -19,7 +19,12 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record, object_delete, seconds_since
-from hosts.capacity import node_type_capacity, not_allocatable_q
+from hosts.capacity import (
+    NEVER_ALLOCATED,
+    node_type_capacity,
+    not_allocatable_q,
+    preflight_held_back,
+)
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
@@ -372,6 +377,7 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
             with transaction.atomic():
                 free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
                                                     state=HostState.AVAILABLE).exclude(name__in=excluded)
+                free = free.exclude(NEVER_ALLOCATED)  # a red preflight: never (hosts/preflight.py)
                 if pinned:
                     free = free.filter(name=pinned)
                 # Hosts that already failed one of these claims come last (when they are all that is left), and
@@ -443,9 +449,11 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
     parts = [f"{t.name}: {capacity[t.pk]['available']} of {capacity[t.pk]['total']} available" for t in candidates]
     noun = "type" if len(candidates) == 1 else "types"
     where = f" named {pinned}" if pinned else ""
+    red = preflight_held_back(candidates)
+    held = f"; preflight red, not allocated: {', '.join(red)}" if red else ""
     if len(candidates) == 1:
-        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1]
-    return f"no free host{where} of {noun} " + "; ".join(parts)
+        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1] + held
+    return f"no free host{where} of {noun} " + "; ".join(parts) + held
 
 
 def allocate_soon() -> None:

@@ -23,6 +23,8 @@ from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
 from hosts.capacity import node_type_capacity
+from hosts.models import BareMetalHost
+from hosts.preflight import environment_hosts_q, preflight_summary
 from manifests.apply import Fields, apply_files
 from manifests.source import ManifestError
 from pools.choices import PoolKind
@@ -110,8 +112,11 @@ def home(request):
 def tenant_page(request, name: str):
     cursor = live_cursor()
     tenant = tenant_for(request.user, name)
+    # The hosts serving the tenant, by their last preflight (hosts/preflight.py); reasons for staff only.
+    preflight = preflight_summary(BareMetalHost.objects.filter(claim__tenant=tenant))
     return page(request, "pools/tenant.html", {"cursor": cursor, **tenant_context(request.user, tenant),
-                                               "ws_url": f"/ws/tenants/{tenant.pk}/", "nav": "tenants"})
+                                               "preflight": preflight, "ws_url": f"/ws/tenants/{tenant.pk}/",
+                                               "nav": "tenants"})
 
 
 def pool_for(user, tenant_name: str, pool_name: str) -> NodePool:
@@ -278,6 +283,7 @@ def environment_list(request):
         env.cidr = env.properties.get(NodeEnvironment.CIDR, "")
         env.ip_range = env.properties.get(NodeEnvironment.IP_RANGE, "")
         env.dns = env.properties.get(NodeEnvironment.DNS, "")
+        env.preflight = preflight_summary(BareMetalHost.objects.filter(environment_hosts_q(env)))
     return page(request, "pools/environment_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": envs, "filters": filters, "kind": "environments",
                                                           **_kind("environments")})
 

@@ -174,6 +174,24 @@ def cleaning_shown(host: BareMetalHost) -> str:
     return text
 
 
+def preflight_shown(host: BareMetalHost) -> dict:
+    """The host's last preflight for its page: verdict, when, each check's reason, TLS and the BMC's quirks."""
+    detail = host.preflight or {}
+    bmc, boot = detail.get("bmc") or {}, detail.get("boot") or {}
+    quirks = bmc.get("quirks") or {}
+    yes_no = {True: "yes", False: "no"}
+    return {
+        "checked": host.preflight_ok is not None, "ok": host.preflight_ok, "at": host.preflight_checked_at,
+        "reason": host.preflight_reason, "unverified_tls": bool(detail.get("unverified_tls")),
+        "checks": [("BMC network", bmc.get("ok"), bmc.get("reason", "")),
+                   ("Provisioning network", boot.get("ok"), boot.get("reason", ""))] if detail else [],
+        "tls": bmc.get("tls", ""), "via": boot.get("via", ""), "dhcp_checked": boot.get("dhcp_checked"),
+        "quirks": [("Virtual media", yes_no.get(quirks.get("virtual_media"), "?")),
+                   ("One-time boot override", yes_no.get(quirks.get("boot_once"), "?")),
+                   ("Boot override mode", quirks.get("boot_mode") or "not reported")] if quirks else [],
+    }
+
+
 def bmc_tls_shown(host: BareMetalHost) -> str:
     """What protects the BMC connection: plain HTTP has no TLS to verify."""
     scheme = urlsplit(host.bmc_address or "").scheme.lower()
@@ -216,7 +234,7 @@ def flow_log(host: BareMetalHost) -> dict:
 
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
                  "power-cycle": "Power cycle", "power-on": "Power on", "power-off": "Power off", "retest": "Retest",
-                 "return-to-service": "Return to service", "retire": "Retire"}
+                 "return-to-service": "Return to service", "retire": "Retire", "preflight": "Run preflight"}
 # What the fleet board's selection may do (console.fleet_actions), in its menu's order. Release is the claim's.
 BULK_ACTIONS = (("maintenance-on", "Maintenance on"), ("maintenance-off", "Maintenance off"), ("retry", "Retry"),
                 ("retest", "Retest"), ("power-on", "Power on"), ("power-off", "Power off"),
@@ -241,6 +259,8 @@ def host_actions(host: BareMetalHost) -> list[dict]:
         allowed.append("retire")
     if host.state in POWER_CYCLE_STATES:
         allowed += ["power-on", "power-off", "power-cycle"]
+    if host.state != HostState.RETIRED:
+        allowed.append("preflight")
     return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed]
 
 

@@ -1,7 +1,8 @@
 """Celery tasks for hosts: thin, idempotent."""
 from celery import shared_task
 
-from . import engine, services
+from . import engine, preflight, services
+from .models import BareMetalHost
 
 
 @shared_task(name="hosts.tasks.sweep_overdue_hosts")
@@ -34,6 +35,15 @@ def power_host(host_id: int, request_id: int) -> None:
     services.host_power_send(host_id=host_id, request_id=request_id)
 
 
+# The beat's BMC pass: the preflights that are due (each one also the host's BMC contact), then the cheap power
+# read of the available hosts that the preflight did not just hear from.
 @shared_task(name="hosts.tasks.check_bmcs")
 def check_bmcs() -> list[str]:
+    preflight.hosts_preflight_due()
     return services.hosts_bmc_check_due()
+
+
+@shared_task(name="hosts.tasks.preflight_hosts")
+def preflight_hosts(host_ids: list[int], actor: str = "system:preflight") -> int:
+    hosts = list(BareMetalHost.objects.filter(pk__in=host_ids).order_by("pk"))
+    return len(preflight.hosts_preflight(hosts=hosts, actor=actor))
