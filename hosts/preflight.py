@@ -11,7 +11,7 @@ and must not be consumed), and the ramdisk the host will boot (AGENT_KERNEL_URL 
 boot; the listener's ISO route for virtual media) answers a HEAD.
 
 Runs on demand (the host page's action, `manage.py preflight`), on change (a host's BMC address, credentials,
-TLS setting or boot MAC changed: enqueued on commit) and periodically (the check-bmcs beat). The network work runs
+TLS setting or boot MAC changed: enqueued on commit) and periodically (the preflight-due beat). The network work runs
 outside any transaction, PREFLIGHT_CONCURRENCY hosts at a time (threads; the rows are written by the caller's
 thread). A red preflight keeps a host from being allocated (hosts/capacity.py)."""
 from __future__ import annotations

@@ -35,12 +35,16 @@ def power_host(host_id: int, request_id: int) -> None:
     services.host_power_send(host_id=host_id, request_id=request_id)
 
 
-# The beat's BMC pass: the preflights that are due (each one also the host's BMC contact), then the cheap power
-# read of the available hosts that the preflight did not just hear from.
 @shared_task(name="hosts.tasks.check_bmcs")
 def check_bmcs() -> list[str]:
-    preflight.hosts_preflight_due()
     return services.hosts_bmc_check_due()
+
+
+# The periodic preflight: hosts whose last one is older than PREFLIGHT_EVERY_S, PREFLIGHT_BATCH per pass. Each
+# preflight is also its host's BMC contact, so check-bmcs skips a host preflight has just heard from.
+@shared_task(name="hosts.tasks.preflight_due")
+def preflight_due() -> int:
+    return len(preflight.hosts_preflight_due())
 
 
 @shared_task(name="hosts.tasks.preflight_hosts")

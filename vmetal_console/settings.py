@@ -189,6 +189,8 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
+    "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
     # Dynamic pools' claims past their launch deadline: reported once, never relaunched (autonodes/launches.py).
     "check-launches": {"task": "autonodes.tasks.check_launches",
                        "schedule": float(os.environ.get("AUTONODES_LAUNCH_CHECK_EVERY_S", "30"))},
@@ -233,7 +235,7 @@ BMC_RETRY_S = env_float("BMC_RETRY_S", 5)  # a step whose BMC is away tries agai
 BMC_CHECK_EVERY_S = env_float("BMC_CHECK_EVERY_S", 60)  # the periodic check of available hosts' BMCs
 BMC_CHECK_TIMEOUT_S = env_float("BMC_CHECK_TIMEOUT_S", 5)  # its one read, without retries
 BMC_CONTACT_REFRESH_S = env_float("BMC_CONTACT_REFRESH_S", 60)  # a flow's successful BMC call is recorded this often
-# Preflight (hosts/preflight.py): the BMC and provisioning networks per host, run by the check-bmcs beat for
+# Preflight (hosts/preflight.py): the BMC and provisioning networks per host, run by the preflight-due beat for
 # hosts last checked more than PREFLIGHT_EVERY_S ago, PREFLIGHT_BATCH per pass, PREFLIGHT_CONCURRENCY at a time
 # (8: the top of Metal3 BMO's 2-8 concurrent reconciles), each BMC read without retries.
 PREFLIGHT_EVERY_S = env_float("PREFLIGHT_EVERY_S", 600)
