@@ -19,7 +19,7 @@ from pathlib import Path
 
 os.environ.setdefault("DATABASE_URL", "postgres://root@127.0.0.1:5432/vmetal_bench_preflight")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _setup  # noqa: E402
+import _setup
 
 USER, PASSWORD = "admin", "bench-bmc-password"
 

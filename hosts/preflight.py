@@ -205,6 +205,12 @@ def hosts_preflight(*, hosts: list[BareMetalHost], actor: str, concurrency: int 
 def host_preflight_record(*, host: BareMetalHost, bmc: dict, boot: dict, actor: str) -> dict:
     """Write one host's preflight (and its BMC contact). An Event when the verdict is new or changed."""
     now = timezone.now()
+    current = BareMetalHost.objects.filter(pk=host.pk).values(*WATCHED).first()
+    if current is None or any(current[f] != getattr(host, f) for f in WATCHED):
+        # Deleted, or its BMC or MAC changed while it was checked: this answer is about what it was, and the
+        # change has asked for another preflight (on commit). Nothing is written.
+        return {"host": host.name, "ok": None, "reason": "changed while checked: not recorded", "bmc": bmc,
+                "boot": boot}
     reasons = []
     if not bmc["ok"]:
         reasons.append(f"BMC: {bmc['reason']}")

@@ -125,3 +125,22 @@ def test_the_command_refuses_an_unknown_host_or_environment_and_changes_nothing(
         call_command("preflight", "--environment", "x/y")
     assert not BareMetalHost.objects.filter(preflight_checked_at__isnull=False).exists()
     assert not Event.objects.filter(step="preflight").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_about_credentials_changed_while_they_were_checked_is_not_recorded(lab, monkeypatch):
+    import hosts.preflight as preflight
+
+    real = preflight.check_bmc
+
+    def check_while_an_admin_fixes_the_secret(**kwargs):
+        answer = real(**kwargs)
+        host = BareMetalHost.objects.get(name="gpu-01")
+        host.bmc_password = "changed-meanwhile"
+        host.save()
+        return answer
+
+    monkeypatch.setattr(preflight, "check_bmc", check_while_an_admin_fixes_the_secret)
+    [result] = preflight.hosts_preflight(hosts=[BareMetalHost.objects.get(name="gpu-01")], actor="test")
+    assert (result["ok"], result["reason"]) == (None, "changed while checked: not recorded")
+    assert checked("gpu-01") is None and not Event.objects.filter(step="preflight").exists()

@@ -39,9 +39,10 @@ class Command(BaseCommand):
         else:
             for r in results:
                 tls = r["bmc"].get("tls") or "-"
-                line = f"{r['host']}: {'green' if r['ok'] else 'red'} (TLS {tls})"
+                verdict = {True: "green", False: "red"}.get(r["ok"], "not recorded")
+                line = f"{r['host']}: {verdict} (TLS {tls})"
                 self.stdout.write(line + (f": {r['reason']}" if r["reason"] else ""))
-            red = sum(1 for r in results if not r["ok"])
+            red = sum(1 for r in results if r["ok"] is False)
             self.stdout.write(f"{len(results)} host{'s' if len(results) != 1 else ''} checked, {red} red")
-        if any(not r["ok"] for r in results):
+        if any(r["ok"] is False for r in results):
             raise SystemExit(1)
