@@ -25,6 +25,7 @@ from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from pools.choices import PoolKind
+from pools.fabric import fabric_partition_waits
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
     NODE_TYPE_PROPERTY,
@@ -302,6 +303,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""]
         if problem:
             waiting[claim] = problem
+    # ...and, where its environment configures a fabric range, a partition for its tenant (pools.fabric).
+    for claim, message in fabric_partition_waits(c for c in pending if c not in waiting).items():
+        waiting[claim] = ("NoFabricPartition", message)
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
     groups = defaultdict(list)
     for claim in pending:
