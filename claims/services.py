@@ -25,7 +25,7 @@ from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from pools.choices import PoolKind
-from pools.fabric import fabric_partition_waits
+from pools.fabric import fabric_partition_waits, fabric_partitions_release
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
     NODE_TYPE_PROPERTY,
@@ -478,6 +478,7 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
     with transaction.atomic():
         gone = []
         for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
+            fabric_partitions_release(tenant=tenant, actor=actor)
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
             object_delete(tenant, actor=actor, object_type=ObjectType.TENANT, tenant=link)

@@ -131,6 +131,19 @@ def _assign(tenant: Tenant, fabric_range: FabricRange, actor: str) -> FabricPart
                           f"{fabric_range}: too many concurrent assignments")
 
 
+def fabric_partitions_release(*, tenant: Tenant, actor: str) -> list[str]:
+    """The tenant is being deleted with no node left (claims.services.tenants_finalize): its partitions are
+    free again, each with an Event, so the network side can tell when a VLAN stopped being the tenant's."""
+    freed = []
+    for partition in FabricPartition.objects.filter(tenant=tenant).order_by("kind"):
+        partition.delete()
+        event_record(kind=EventKind.CHANGE, object_type=ObjectType.TENANT, object_name=tenant.name, tenant=tenant,
+                     actor=actor, message=f"fabric partition {partition.label} freed: the tenant is deleted",
+                     data={"fabric_partition": {"kind": partition.kind, "value": partition.value}})
+        freed.append(partition.label)
+    return freed
+
+
 def fabric_partition_waits(claims: Iterable) -> dict:
     """Claims that cannot be provisioned yet because their tenant holds no partition and the range it would
     take one from is full: {claim: why}. Read-only: the partition is taken by the provision flow."""

@@ -129,6 +129,8 @@ def test_a_full_range_keeps_the_claim_pending_with_the_reason_until_a_tenant_is_
 
     tenant_delete(tenant=Tenant.objects.get(name="one"), actor="user:test")  # no nodes left: it goes at once
     assert not FabricPartition.objects.exists()
+    assert Event.objects.filter(object_name="one", message="fabric partition VLAN 100 freed: the tenant is deleted",
+                                actor="user:test").exists()
     call_command("reconcile", stdout=io.StringIO())
     claim.refresh_from_db()
     assert claim.phase == ClaimPhase.PROVISIONING and claim.host is not None
