@@ -545,13 +545,21 @@ class TenantEmulator(kmock.KubernetesEmulator):
         """One pass of the Job controller and the scheduler, run after every change to a pod, node or Job (the
         real ones react to the same watch events). Their changes go on the watch buses like any other."""
         async with self._lock:
-            events = self._run_jobs()
-            events += self._schedule()
+            live = self._live()
+            events = self._run_jobs(live[JOBS], live[PODS]) if live[JOBS] else []
+            if events:
+                live = self._live()
+            events += self._schedule(live[PODS], live[NODES])
             for resource, event in events:
                 await self._buses[resource].put(event)
 
-    def _live(self, resource) -> list[tuple[tuple, dict]]:
-        return [(key, obj.raw) for key, obj in self._objects.items() if key[0] == resource and not obj.deleted]
+    def _live(self) -> dict:
+        """{PODS: [(key, pod)], NODES: [...], JOBS: [...]}, in one pass over the store (every request pays it)."""
+        live: dict = {PODS: [], NODES: [], JOBS: []}
+        for key, obj in self._objects.items():
+            if key[0] in live and not obj.deleted:
+                live[key[0]].append((key, obj.raw))
+        return live
 
     def _patch(self, key: tuple, changes: dict) -> tuple:
         obj = self._objects[key]
@@ -571,13 +579,12 @@ class TenantEmulator(kmock.KubernetesEmulator):
             self._objects[key] = obj
         return resource, {"type": "ADDED", "object": self._objects[key].raw}
 
-    def _run_jobs(self) -> list[tuple]:
+    def _run_jobs(self, jobs: list[tuple[tuple, dict]], pods: list[tuple[tuple, dict]]) -> list[tuple]:
         """The Job controller, for lab jobs that run until deleted: each Job keeps spec.parallelism pods that are
         not terminating (a pod evicted or deleted is replaced at once, under a new name, as with
         podReplacementPolicy TerminatingOrFailed); extra ones go, newest first. status.active follows."""
         events = []
-        pods = self._live(PODS)
-        for key, job in sorted(self._live(JOBS), key=lambda kj: self._created_rv.get(kj[0], 0)):
+        for key, job in sorted(jobs, key=lambda kj: self._created_rv.get(kj[0], 0)):
             meta, spec = job["metadata"], job.get("spec") or {}
             want = max(0, int(spec.get("parallelism", 1) if spec.get("parallelism") is not None else 1))
             mine = [(k, p) for k, p in pods if not p["metadata"].get("deletionTimestamp")
@@ -615,13 +622,12 @@ class TenantEmulator(kmock.KubernetesEmulator):
                          "terminationGracePeriodSeconds": 30, **copy.deepcopy(template.get("spec") or {})},
                 "status": {"phase": "Pending"}}
 
-    def _schedule(self) -> list[tuple]:
+    def _schedule(self, pods: list[tuple[tuple, dict]], nodes: list[tuple[tuple, dict]]) -> list[tuple]:
         """kube-scheduler, in small: each Pending pod without a node (oldest first) is bound to the first node, by
         name, that passes the filters (cordon, taints and Ready, node affinity and nodeSelector, requests against
         allocatable less what the node's pods request: autonodes.fit's predicates); otherwise it gets
         PodScheduled=False, reason Unschedulable, and kube-scheduler's message. A pod is written only when its
         verdict changes, so a pass that decides nothing new publishes nothing."""
-        pods = self._live(PODS)
         pending = [(k, p) for k, p in pods if not (p.get("spec") or {}).get("nodeName")
                    and not p["metadata"].get("deletionTimestamp") and not (p.get("spec") or {}).get("schedulingGates")
                    and (p.get("status") or {}).get("phase", "Pending") == "Pending"
@@ -630,7 +636,7 @@ class TenantEmulator(kmock.KubernetesEmulator):
             return []
         from autonodes.fit import Demand, pod_requests, quantities
 
-        nodes = sorted(self._live(NODES), key=lambda kn: kn[0][2])
+        nodes = sorted(nodes, key=lambda kn: kn[0][2])
         free = {key[2]: quantities((node.get("status") or {}).get("allocatable")) for key, node in nodes}
         for _, pod in pods:
             node_name = (pod.get("spec") or {}).get("nodeName")

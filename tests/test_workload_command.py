@@ -57,6 +57,8 @@ def test_submit_creates_a_job_whose_pods_are_unschedulable_while_the_tenant_has_
            "8 nvidia.com/gpu" in printed
     job = batch.read_namespaced_job("train-7", "default")
     assert job.spec.parallelism == 3 and job.spec.template.spec.restart_policy == "Never"
+    (rule,) = job.spec.pod_failure_policy.rules  # a pod evicted by consolidation does not fail the Job
+    assert (rule.action, rule.on_pod_conditions[0].type) == ("Ignore", "DisruptionTarget")
     pods = core.list_namespaced_pod("default", label_selector="job-name=train-7").items
     assert len(pods) == 3
     for pod in pods:
@@ -68,7 +70,7 @@ def test_submit_creates_a_job_whose_pods_are_unschedulable_while_the_tenant_has_
 
     listed = workload("list", "--tenant", "two")
 
-    assert "job default/train-7: 3 pod(s), 0 running, 3 not" in listed
+    assert "job default/train-7: 3 pod(s): 0 running, 3 pending" in listed
     assert listed.count("Pending: no nodes available to schedule pods") == 3
 
 
@@ -80,7 +82,7 @@ def test_list_shows_each_pods_node_or_the_schedulers_message(two, server, kubect
 
     listed = workload("list", "--tenant", "two")
 
-    assert "job default/train-7: 3 pod(s), 1 running, 2 not" in listed
+    assert "job default/train-7: 3 pod(s): 1 running, 2 pending" in listed
     assert listed.count("Running on gpu-01") == 1
     assert listed.count("Pending: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu.") == 2
 
@@ -154,7 +156,8 @@ def test_the_demo_gives_tenant_two_a_dynamic_gpu_pool_that_survives_export_and_a
     assert (pool.kind, pool.quantity, pool.provider.name) == ("dynamic", None, "metal3")
     assert pool.node_type_selector == [{"property": "vcluster.com/node-type", "value": "gpu-server"}]
     assert pool.limits == {"nodes": "4", "nvidia.com/gpu": "32"}
-    assert pool.disruption == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "2m"}
+    assert pool.disruption == {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "2m", "minNodeLifetime": "2m",
+                               "budgets": [{"nodes": "100%"}]}
     out = io.StringIO()
     call_command("export", stdout=out)
     exported = out.getvalue()

@@ -87,7 +87,10 @@ def job_manifest(*, name: str, pods: int, gpus: int, cpu: str | None, memory: st
         pod_spec["tolerations"] = tolerations
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "vmetal-workload"}},
-            "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0,
+            # An evicted pod (consolidation drains nodes) is replaced, not counted as a failure of the Job.
+            "spec": {"parallelism": pods, "completions": pods,
+                     "podFailurePolicy": {"rules": [{"action": "Ignore",
+                                                     "onPodConditions": [{"type": "DisruptionTarget"}]}]},
                      "template": {"metadata": template_meta, "spec": pod_spec}}}
 
 
@@ -181,9 +184,11 @@ class Command(BaseCommand):
             name = item["metadata"]["name"]
             pods = api.list_pods(options["namespace"], label_selector=f"job-name={name}")
             pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+            terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
             running = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName")
                           and not p["metadata"].get("deletionTimestamp"))
-            self.stdout.write(f"job {options['namespace']}/{name}: {len(pods)} pod(s), {running} running, "
-                              f"{len(pods) - running} not")
+            counts = f"{running} running, {len(pods) - running - terminating} pending" + (
+                f", {terminating} terminating" if terminating else "")
+            self.stdout.write(f"job {options['namespace']}/{name}: {len(pods)} pod(s): {counts}")
             for pod in pods:
                 self.stdout.write(f"  {pod['metadata']['name']}  {pod_state(pod)}")
