@@ -1,6 +1,7 @@
 """Racks, rail groups and fabric partitions (issue 14, point 4 without the allocator): hosts show where they sit;
 each tenant gets a VLAN (or InfiniBand P_Key) from its environment's range with its first node, written into the
 node's seed, shown on its page, in the API and in `manage.py export`, and freed when the tenant is deleted."""
+import csv
 import io
 import threading
 
@@ -296,3 +297,7 @@ def test_the_host_page_and_the_fleet_board_show_rack_and_rail_group(client, user
     assert "r7 · rail-a" in board and 'href="/hosts/gpu-01/"' in board and 'href="/hosts/gpu-02/"' not in board
     board = client.get("/hosts/", {"rack": "r2"}).content.decode()
     assert 'href="/hosts/gpu-02/"' in board and 'href="/hosts/gpu-01/"' not in board
+    # The board's CSV export carries them too, filtered the same way.
+    response = client.get("/fleet/export.csv", {"rail_group": "rail-a"})
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert [(r["name"], r["rack"], r["rail_group"]) for r in rows] == [("gpu-01", "r7", "rail-a")]
