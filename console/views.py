@@ -16,6 +16,7 @@ from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
+from claims.tenant_check import tenant_api_console_check, tenant_api_server_check
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
@@ -61,7 +62,8 @@ def tenant_for(user, name: str) -> Tenant:
 
 
 def tenant_context(user, tenant: Tenant) -> dict:
-    """Pools with their claims by phase, live claims with progress, nodes, quota, fabric partitions. Six queries."""
+    """Pools with their claims by phase, live claims with progress, nodes, quota, fabric partitions, the tenant
+    API check. A fixed number of queries."""
     pools = list(tenant.pools.select_related("provider").order_by("name"))
     counts = {}
     for row in (NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED).order_by()
@@ -78,7 +80,8 @@ def tenant_context(user, tenant: Tenant) -> dict:
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
             "fabric_partitions": list(tenant.fabric_partitions.order_by("kind")),
-            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {}}
+            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {},
+            "api_server_check": tenant_api_server_check(tenant)}
 
 
 def render_tenant_live(user, tenant: Tenant) -> list[str]:
@@ -114,6 +117,15 @@ def tenant_page(request, name: str):
     tenant = tenant_for(request.user, name)
     return page(request, "pools/tenant.html", {"cursor": cursor, **tenant_context(request.user, tenant),
                                                "ws_url": f"/ws/tenants/{tenant.pk}/", "nav": "tenants"})
+
+
+@console_view()
+def tenant_api_check(request, name: str):
+    """Does the tenant API answer from the console (TCP, TLS with the tenant's CA)? Checked when the page asks,
+    with a short timeout and outside any transaction; reused for TENANT_API_CONSOLE_CHECK_TTL_S."""
+    tenant = tenant_for(request.user, name)
+    return HttpResponse(render_to_string("pools/partials/tenant_api_check.html", {
+        "tenant": tenant, "console_check": tenant_api_console_check(tenant)}, request=request))
 
 
 def pool_for(user, tenant_name: str, pool_name: str) -> NodePool:
