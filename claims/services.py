@@ -30,6 +30,7 @@ from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from pools.choices import PoolKind
+from pools.fabric import fabric_partition_waits, fabric_partitions_release
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
     NODE_TYPE_PROPERTY,
@@ -324,6 +325,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""] or holds.get(claim.tenant_id)
         if problem:
             waiting[claim] = problem
+    # ...and, where its environment configures a fabric range, a partition for its tenant (pools.fabric).
+    for claim, message in fabric_partition_waits(c for c in pending if c not in waiting).items():
+        waiting[claim] = ("NoFabricPartition", message)
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
     groups = defaultdict(list)
     for claim in pending:
@@ -499,6 +503,7 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
     with transaction.atomic():
         gone = []
         for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
+            fabric_partitions_release(tenant=tenant, actor=actor)
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
             object_delete(tenant, actor=actor, object_type=ObjectType.TENANT, tenant=link)

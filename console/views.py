@@ -64,7 +64,8 @@ def tenant_for(user, name: str) -> Tenant:
 
 
 def tenant_context(user, tenant: Tenant) -> dict:
-    """Pools with their claims by phase, live claims with progress, nodes, quota. Five queries."""
+    """Pools with their claims by phase, live claims with progress, nodes, quota, fabric partitions, the tenant
+    API check. A fixed number of queries."""
     pools = list(tenant.pools.select_related("provider").order_by("name"))
     counts = {}
     for row in (NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED).order_by()
@@ -80,6 +81,7 @@ def tenant_context(user, tenant: Tenant) -> dict:
     nodes = [c for c in claims if c.phase == ClaimPhase.AVAILABLE]
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
+            "fabric_partitions": list(tenant.fabric_partitions.order_by("kind")),
             "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {},
             "api_server_check": tenant_api_server_check(tenant)}
 
@@ -91,6 +93,7 @@ def render_tenant_live(user, tenant: Tenant) -> list[str]:
     parts += [render_to_string("pools/partials/pool_quantity.html", {**ctx, "pool": pool, "form": None})
               for pool in ctx["pools"]]
     parts.append(render_to_string("pools/partials/tenant_quota.html", ctx))
+    parts.append(render_to_string("pools/partials/tenant_fabric.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_claims.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_nodes.html", ctx))
     return parts

@@ -18,6 +18,7 @@ from .choices import HostState
 from .cleaning import effective_cleaning, gpu_count
 from .engine import step_status
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
+from .topology import host_topology
 
 SECRETS = ("bmc_username", "bmc_password")
 ROW_DEFER = (*SECRETS, "inventory", "flow", "root_device_hints")
@@ -26,7 +27,7 @@ SHOWN_LABELS = ("rack", "rail-group", "rail_group", "railGroup", "role")
 
 # The fleet board's columns, each with its parts: (label, the name ?sort= knows it by, or "" for no sort).
 FLEET_COLUMNS = ((("Host", "name"),), (("State", "state"),), (("Power", "power"),), (("NodeType", ""),),
-                 (("Labels", ""),), (("Claim", "claim"), ("tenant", "tenant")), (("Since", "since"),),
+                 (("Labels", ""),), (("Rack · rail", ""),), (("Claim", "claim"), ("tenant", "tenant")), (("Since", "since"),),
                  (("Error", "error"),))
 
 
@@ -81,6 +82,7 @@ def decorate_rows(hosts: list[BareMetalHost], node_types: list[NodeType]) -> lis
     for host in hosts:
         host.node_type_name = node_type_of(host, node_types)
         host.shown_labels = sorted((host.labels or {}).items())
+        host.topology = host_topology(host.labels)
     return hosts
 
 
@@ -153,6 +155,7 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
     return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
             "step": step_status(host),
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
+            "topology": host_topology(host.labels),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
             "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
 

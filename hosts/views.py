@@ -63,7 +63,7 @@ def fleet(request):
         "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),
-        "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "tenant", "sort")},
+        "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "rack", "rail_group", "tenant", "sort")},
         "per_page": page_size(request), "page_sizes": PAGE_SIZES,
         "query": query.urlencode() if hasattr(query, "urlencode") else "",
         "ws_url": f"/ws/fleet/?{request.GET.urlencode()}", "nav": "fleet",
