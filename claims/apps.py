@@ -7,6 +7,7 @@ class ClaimsConfig(AppConfig):
     def ready(self):
         from hosts.dhcp import address_source
         from hosts.lifecycle import on_host_transition
+        from pools.api_check import tenant_api_check_source
         from pools.capacity import address_usage_source
         from pools.services import on_pool_delete, on_tenant_finalize
 
@@ -17,9 +18,11 @@ class ClaimsConfig(AppConfig):
         from .ipam import environments_usage, host_addresses
         from .reactions import react
         from .services import pool_claims_release, tenants_finalize
+        from .tenant_check import tenant_api_status
 
         address_source(host_addresses)  # a host's DHCP entry carries its claim's address
         address_usage_source(environments_usage)  # the environments' used / free / leaked (API)
         on_host_transition(react)  # what a host's move means for its claim
         on_pool_delete(pool_claims_release)
         on_tenant_finalize(tenants_finalize)
+        tenant_api_check_source(tenant_api_status)  # the tenant's API answer shows both sides' checks

@@ -19,12 +19,18 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record, object_delete, seconds_since
-from hosts.capacity import node_type_capacity, not_allocatable_q
+from hosts.capacity import (
+    NEVER_ALLOCATED,
+    node_type_capacity,
+    not_allocatable_q,
+    preflight_held_back,
+)
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from pools.choices import PoolKind
+from pools.fabric import fabric_partition_waits, fabric_partitions_release
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
     NODE_TYPE_PROPERTY,
@@ -47,7 +53,14 @@ from .ipam import (
 )
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
 from .models import NodeClaim
-from .selectors import launch_deadline_unknown_type, launch_deadlines, os_image
+from .selectors import (
+    LaunchDeadline,
+    launch_deadline_unknown_type,
+    launch_deadlines,
+    os_image,
+)
+from .tenant_check import WAIT_REASON as TENANT_API_WAIT
+from .tenant_check import tenant_api_holds
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +178,7 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
         growing = [(p, p.quantity - p.live) for p in pools if p.quantity > p.live]
         shrinking = {p.pk: p.live - p.quantity for p in pools if p.quantity < p.live}
         if growing:
-            result.created = _claims_create(growing, actor)
+            result.created = [c.name for c in _claims_create(growing, actor)]
         if shrinking:
             candidates = defaultdict(list)
             for claim in NodeClaim.objects.filter(pool_id__in=list(shrinking), phase__in=list(LIVE)):
@@ -185,7 +198,7 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
 
 
 def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type: NodeType | None = None,
-                   message: str = "") -> list[str]:
+                   message: str = "", launch_deadline_at=None) -> list[NodeClaim]:
     tenant_names = [pool.tenant.name for pool, missing in growing for _ in range(missing)]
     names = iter(_new_claim_names(tenant_names))
 
@@ -199,7 +212,8 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
         NodeClaim(name=next(names), namespace=pool.tenant.namespace, tenant=pool.tenant, pool=pool,
                   pool_name=pool.name, provider=pool.provider, requirements=requirements(pool),
                   properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
-                  node_type=node_type, reason="Created", message="waiting for a host")
+                  node_type=node_type, reason="Created", message="waiting for a host",
+                  launch_deadline_at=launch_deadline_at)
         for pool, missing in growing for _ in range(missing)
     ]
     NodeClaim.objects.bulk_create(claims)
@@ -213,20 +227,21 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
               actor=actor)
         for c in claims
     ])
-    return [c.name for c in claims]
+    return claims
 
 
 def claims_create(*, pool: NodePool, count: int, actor: str, node_type: NodeType | None = None,
-                  message: str = "") -> list[NodeClaim]:
+                  message: str = "", launch_deadline: LaunchDeadline | None = None) -> list[NodeClaim]:
     """New Pending claims in a pool (a dynamic pool's decision, a replacement), optionally of one NodeType.
-    The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit."""
-    names = _claims_create([(pool, count)], actor, node_type=node_type, message=message)
-    # Expected Available by: its NodeType's measured launch p95 from now (the cap without a type or a history).
-    deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
-    NodeClaim.objects.filter(name__in=names).update(
-        launch_deadline_at=F("created_at") + timedelta(seconds=deadline.seconds))
+    The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit.
+    Each is expected Available within `launch_deadline` (default: its NodeType's measured launch p95, the cap
+    without a type or a history); a caller creating several groups reads launch_deadlines once and passes it."""
+    if launch_deadline is None:
+        launch_deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
+    claims = _claims_create([(pool, count)], actor, node_type=node_type, message=message,
+                            launch_deadline_at=timezone.now() + timedelta(seconds=launch_deadline.seconds))
     task_send_on_commit(RECONCILE_TASK, pool_ids=[pool.pk])  # allocates this pool's pending claims
-    return list(NodeClaim.objects.filter(name__in=names).order_by("pk"))
+    return claims
 
 
 @transaction.atomic
@@ -266,6 +281,12 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
     if claim.phase == P.RELEASING:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                           message=f"released; its host failed: {reason}", fields=fields)
+    elif claim_reason == TENANT_API_WAIT:
+        # The tenant's API VIP is not reachable from the server's network: no host is blamed and no try is
+        # spent; the claim waits (claims_allocate holds it) until the tenant fixes its endpoint or CA.
+        claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason=claim_reason, message=reason,
+                          fields=fields)
+        pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
     elif claim_reason:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason=claim_reason, message=reason,
                           fields=fields)
@@ -308,10 +329,15 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     waiting = {}  # claim → (reason, message)
     # What a claim needs before any host is touched: an OS image that can be written.
     images = {name: os_image(name)[1] for name in {c.properties.get(OS_IMAGE_PROPERTY) or "" for c in pending}}
+    # … and a tenant API that the last server-side check reached (claims.tenant_check).
+    holds = tenant_api_holds(tenant_ids={c.tenant_id for c in pending})
     for claim in pending:
-        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""]
+        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""] or holds.get(claim.tenant_id)
         if problem:
             waiting[claim] = problem
+    # ...and, where its environment configures a fabric range, a partition for its tenant (pools.fabric).
+    for claim, message in fabric_partition_waits(c for c in pending if c not in waiting).items():
+        waiting[claim] = ("NoFabricPartition", message)
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
     groups = defaultdict(list)
     environments = environments_of(pending)  # a group shares one NodeEnvironment: its addresses (claims.ipam)
@@ -389,6 +415,7 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 environments_lock(claims)  # before the hosts: one allocation at a time per environment (IPAM)
                 free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
                                                     state=HostState.AVAILABLE).exclude(name__in=excluded)
+                free = free.exclude(NEVER_ALLOCATED)  # a red preflight: never (hosts/preflight.py)
                 if pinned:
                     free = free.filter(name=pinned)
                 # Hosts that already failed one of these claims come last (when they are all that is left), and
@@ -467,9 +494,11 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
     parts = [f"{t.name}: {capacity[t.pk]['available']} of {capacity[t.pk]['total']} available" for t in candidates]
     noun = "type" if len(candidates) == 1 else "types"
     where = f" named {pinned}" if pinned else ""
+    red = preflight_held_back(candidates)
+    held = f"; preflight red, not allocated: {', '.join(red)}" if red else ""
     if len(candidates) == 1:
-        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1]
-    return f"no free host{where} of {noun} " + "; ".join(parts)
+        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1] + held
+    return f"no free host{where} of {noun} " + "; ".join(parts) + held
 
 
 def allocate_soon() -> None:
@@ -498,6 +527,7 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
     with transaction.atomic():
         gone = []
         for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
+            fabric_partitions_release(tenant=tenant, actor=actor)
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
             object_delete(tenant, actor=actor, object_type=ObjectType.TENANT, tenant=link)

@@ -30,6 +30,8 @@ from hosts.flows import (
     step_reboot_to_disk,
 )
 from hosts.selectors import image_write_failures
+from pools.choices import FabricKind
+from pools.fabric import FabricRangeFull, fabric_partitions_assign
 from pools.validators import parse_duration
 
 from .choices import ClaimPhase as P
@@ -38,6 +40,13 @@ from .models import NodeClaim
 from .selectors import claim_image
 from .services import claims_transition
 from .tenant_api import TenantAPI, TenantAPIError
+from .tenant_check import (
+    CHECK_STEP,
+    WAIT_REASON,
+    TargetError,
+    tenant_api_target,
+    unreachable_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,31 @@ def _tenant_api(claim: NodeClaim) -> TenantAPI:
         raise StepFailed(f"tenant {claim.tenant.name} has no API credentials (kubeconfig)",
                          claim_reason="NoTenantCredentials")
     return TenantAPI(claim.tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
+
+
+def step_check_tenant_api(run: Run) -> dict:
+    """Before anything is written: can this server reach the tenant API's VIP (TCP, and TLS with the tenant's
+    CA)? The agent checks from the server's network. A failure is the tenant's, not the host's (claim_reason):
+    the host is cleaned and back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries; the
+    claim waits with the reason (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed."""
+    claim = _claim(run)
+    if not claim.tenant.kubeconfig:  # the claim fails as write_seed would fail it, before a disk is touched
+        _tenant_api(claim)
+    try:
+        target = tenant_api_target(claim.tenant)
+    except TargetError as exc:
+        raise StepFailed(f"tenant API: {exc}", claim_reason=WAIT_REASON) from None
+    args = {"host": target["host"], "port": target["port"], "tls": target["tls"], "ca_data": target["ca_data"],
+            "timeout_s": settings.TENANT_API_CHECK_TIMEOUT_S}
+    try:
+        result = agent_command(run, "check_endpoint", args)
+    except StepFailed as failure:
+        if not failure.evidence.get("kind"):
+            raise  # the agent itself failed (silent, crashed): the host's business, as for any command
+        raise StepFailed(unreachable_message(target["endpoint"], failure.evidence["reason"]),
+                         claim_reason=WAIT_REASON, evidence=failure.evidence) from None
+    return {"endpoint": target["endpoint"], "tls": target["tls"], "ca": bool(target["ca_data"]),
+            "elapsed_ms": result.get("elapsed_ms")}
 
 
 def step_write_image(run: Run) -> dict:
@@ -111,7 +145,9 @@ def step_write_seed(run: Run) -> dict:
 
 
 def network_config(host, address) -> str:
-    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP."""
+    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP; and its
+    tenant's fabric partition (claim_fabric_partitions)."""
+    partitions = claim_fabric_partitions(host)
     nic = {"match": {"macaddress": host.boot_mac}, "set-name": "eth0"}
     if address is None:
         nic["dhcp4"] = True
@@ -121,7 +157,29 @@ def network_config(host, address) -> str:
                     "routes": [{"to": "default", "via": str(network.gateway)}]})
         if network.dns:
             nic["nameservers"] = {"addresses": network.dns}
-    return yaml.safe_dump({"version": 2, "ethernets": {"eth0": nic}}, sort_keys=False)
+    config = {"version": 2, "ethernets": {"eth0": nic}}
+    vlan = next((p for p in partitions if p.kind == FabricKind.VLAN), None)
+    if vlan is not None:
+        # The tenant's VLAN, tagged on the boot NIC, without an address: the fabric's own addressing (the
+        # tenant's CNI, its RDMA tooling) is the tenant's.
+        config["vlans"] = {f"vlan{vlan.value}": {"id": vlan.value, "link": "eth0"}}
+    # Every partition also as a comment line the first boot reads from the seed (`grep '^# vmetal.dev/fabric-'`):
+    # netplan has no InfiniBand partitions, so a P_Key is carried only there.
+    notes = "".join(f"# vmetal.dev/fabric-{p.kind}: {p.value_text}\n" for p in partitions)
+    return notes + yaml.safe_dump(config, sort_keys=False)
+
+
+def claim_fabric_partitions(host) -> list:
+    """The fabric partitions of the tenant the host's claim serves, taken now when this is the tenant's first
+    node (pools.fabric); none where no range is configured. A range with no value left: the host is cleaned
+    and the claim waits (the allocator holds it Pending with the reason until a tenant frees a value)."""
+    claim = NodeClaim.objects.select_related("tenant").filter(host=host).first()
+    if claim is None:
+        return []
+    try:
+        return fabric_partitions_assign(tenant=claim.tenant, provider_id=claim.provider_id, actor="system:flow")
+    except FabricRangeFull as exc:
+        raise StepFailed(str(exc), clean=True) from None
 
 
 def step_node_ready(run: Run) -> dict:
@@ -246,6 +304,7 @@ def claim_joining(run: Run) -> None:
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
     *RAMDISK_STEPS[:2],
     INSPECT_UNLESS_KNOWN,
+    Step(CHECK_STEP, step_check_tenant_api, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("write_image", step_write_image, setting("IMAGE_WRITE_DEADLINE_S")),
     Step("write_seed", step_write_seed, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("reboot_to_disk", step_reboot_to_disk, setting("AGENT_COMMAND_DEADLINE_S")),
