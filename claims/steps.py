@@ -122,6 +122,9 @@ def step_write_seed(run: Run) -> dict:
         # Network I/O (the tenant API) happens once per flow run: the command, with the token, is kept.
         # The address was taken with the host (claims.ipam); an override's network data goes in as written.
         override = network_data_override(run.host, claim_environment(claim))
+        if override:
+            # Written as given, but the tenant still holds its fabric partition: the switch tool reads the record.
+            claim_fabric_partitions(run.host)
         network = override or network_config(run.host, claim_address(claim))
         api = _tenant_api(claim)
         try:
