@@ -17,3 +17,8 @@ def reconcile_pools(pool_ids: list[int] | None = None) -> dict:
              max_retries=6)
 def revoke_join_token(claim_id: int, token_id: str) -> None:
     steps.claim_revoke_join_token(claim_id=claim_id, token_id=token_id)
+
+
+@shared_task(name="claims.tasks.place_group_again")
+def place_group_again(group_id: int, placements: int) -> list[str]:
+    return services.claim_group_place_again(group_id=group_id, placements=placements)

@@ -15,7 +15,7 @@ from autonodes.selectors import pool_status
 from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
-from claims.models import NodeClaim
+from claims.models import ClaimGroup, NodeClaim
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
@@ -128,7 +128,10 @@ def pool_context(user, pool: NodePool) -> dict:
     (autonodes.selectors.pool_status); for a static one its quantity and live claims. A fixed number of queries."""
     status = pool_status(pool)
     claim_presenters.with_progress(status.nodes)
-    return {"tenant": pool.tenant, "pool": pool, "status": status}
+    live = NodeClaim.objects.filter(pool=pool, group__isnull=False).exclude(phase=ClaimPhase.RELEASED)
+    groups = claim_presenters.claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
+                                                .order_by("created_at", "pk"))
+    return {"tenant": pool.tenant, "pool": pool, "status": status, "groups": groups}
 
 
 def render_pool_live(user, pool: NodePool) -> list[str]:
