@@ -372,7 +372,9 @@ def _group_member_lost(claim: NodeClaim, reason: str) -> None:
     if group is None:
         return
     where = _domain_name(tuple(group.shares), group.domain())
-    if group.on_member_failure == GroupFailurePolicy.RELEASE_GROUP:
+    if claim.phase == P.FAILED:  # too many hosts failed it: nothing replaces it (delete it to try again)
+        message = f"member {claim.name} failed for good ({reason}); the rest of the group stays"
+    elif group.on_member_failure == GroupFailurePolicy.RELEASE_GROUP:
         message = f"member {claim.name} failed ({reason}): the group is released and placed again"
         task_send_on_commit("claims.tasks.place_group_again", group_id=group.pk, placements=group.placements)
     else:
@@ -692,16 +694,16 @@ def _allocate_in_place(where: tuple, claims: list[NodeClaim], candidates: list[N
     if not claims:
         return allocated, None
     if kind == "member":
-        return allocated, ("NoCapacity", f"group {owner.name} needs {len(claims)} more on "
-                                         f"{_domain_name(shares, domain)} ({owner.on_member_failure}); "
-                                         f"no free host of {_types(candidates)} there")
+        return allocated, ("NoCapacity", (f"group {owner.name} needs {len(claims)} more on "
+                                          f"{_domain_name(shares, domain)} ({owner.on_member_failure}); "
+                                          f"no free host of {_types(candidates)} there"))
     words = SHARES_WORDS.get(shares, ("together", "group"))[0]
     if domain is None:
         kinds = "a rail group" if "rail_group" in shares else "a rack"
-        return allocated, ("NoCapacity", f"pool {owner.name} keeps its nodes {words}; no free host of "
-                                         f"{_types(candidates)} has {kinds} label")
-    return allocated, ("NoCapacity", f"pool {owner.name} keeps its nodes {words} ({_domain_name(shares, domain)}); "
-                                     f"no free host of {_types(candidates)} there")
+        return allocated, ("NoCapacity", (f"pool {owner.name} keeps its nodes {words}; no free host of "
+                                          f"{_types(candidates)} has {kinds} label"))
+    return allocated, ("NoCapacity", (f"pool {owner.name} keeps its nodes {words} ({_domain_name(shares, domain)}); "
+                                      f"no free host of {_types(candidates)} there"))
 
 
 def _pool_domain(pool: NodePool, shares: tuple[str, ...]) -> tuple[str, ...] | None:
