@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
+from claims.selectors import launch_deadlines
 from claims.services import claims_create
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
@@ -152,17 +153,18 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         groups: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
         for launch in outcome.launches:
             groups[(launch.pool, launch.node_type)].append(launch.pods)
+        deadlines = launch_deadlines({type_of[t] for _, t in groups})  # one read for every group
+        answered: list[PendingPod] = []  # written in one statement below
         for (pool_name, type_name), nodes in groups.items():
             pool, node_type = pool_of[pool_name], type_of[type_name]
             members = [by_key[k] for keys in nodes for k in keys]
             message = (f"added {len(nodes)} {type_name} for {_owners(members)}: {_describe(members)}")
             created = claims_create(pool=pool, count=len(nodes), node_type=node_type, actor=actor,
-                                    message=f"{pool.name}: {message}")
+                                    message=f"{pool.name}: {message}", launch_deadline=deadlines[node_type.pk])
             for claim, keys in zip(created, nodes):
                 result.launched[claim.name] = list(keys)
-                PendingPod.objects.filter(pk__in=[by_key[k].pk for k in keys]).update(
-                    status=DemandStatus.LAUNCHED, claim=claim, pool=pool, decided_at=now,
-                    reason=f"a {type_name} node is being added for it (claim {claim.name})")
+                answered += _answer([by_key[k] for k in keys], claim=claim, pool=pool, now=now,
+                                    reason=f"a {type_name} node is being added for it (claim {claim.name})")
             events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
                                 tenant_id=tenant.pk, actor=actor, message=message,
                                 data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
@@ -179,9 +181,9 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         for claim_id, members in placed.items():
             claim = open_claims[claim_id]
             where = "its node" if claim.phase == P.AVAILABLE else f"its node, on its way ({claim.phase})"
-            PendingPod.objects.filter(pk__in=[m.pk for m in members]).update(
-                status=DemandStatus.LAUNCHED, claim=claim, pool=claim.pool, decided_at=now,
-                reason=f"fits on claim {claim.name}: waits for {where}")
+            answered += _answer(members, claim=claim, pool=claim.pool, now=now,
+                                reason=f"fits on claim {claim.name}: waits for {where}")
+        PendingPod.objects.bulk_update(answered, ["status", "claim", "pool", "decided_at", "reason", "updated_at"])
 
         events += _verdicts(tenant, outcome.waiting, DemandStatus.WAITING, by_key, pool_of, now, actor)
         events += _verdicts(tenant, outcome.unservable, DemandStatus.UNSERVABLE, by_key, pool_of, now, actor)
@@ -290,6 +292,14 @@ def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
     promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=node_types)
                     .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))
     return {t.pk: max(0, available[f"t{t.pk}"] - promised.get(t.pk, 0)) for t in node_types}
+
+
+def _answer(pods: list[PendingPod], *, claim: NodeClaim, pool: NodePool, now, reason: str) -> list[PendingPod]:
+    """The pods are launched on `claim` (a new node, or one that exists or is on its way)."""
+    for pod in pods:
+        pod.status, pod.claim, pod.pool, pod.decided_at, pod.reason = DemandStatus.LAUNCHED, claim, pool, now, reason
+        pod.updated_at = now  # bulk_update does not set auto_now fields: the pool pages' signature reads it
+    return pods
 
 
 def _owners(pods: list[PendingPod]) -> str:

@@ -6,6 +6,7 @@ class ClaimsConfig(AppConfig):
 
     def ready(self):
         from hosts.lifecycle import on_host_transition
+        from pools.api_check import tenant_api_check_source
         from pools.services import on_pool_delete, on_tenant_finalize
 
         from . import (
@@ -14,7 +15,9 @@ class ClaimsConfig(AppConfig):
         )
         from .reactions import react
         from .services import pool_claims_release, tenants_finalize
+        from .tenant_check import tenant_api_status
 
         on_host_transition(react)  # what a host's move means for its claim
         on_pool_delete(pool_claims_release)
         on_tenant_finalize(tenants_finalize)
+        tenant_api_check_source(tenant_api_status)  # the tenant's API answer shows both sides' checks

@@ -40,7 +40,14 @@ from pools.services import RECONCILE_TASK, pools_changed
 from .choices import ClaimPhase as P
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
 from .models import ClaimGroup, NodeClaim
-from .selectors import launch_deadline_unknown_type, launch_deadlines, os_image
+from .selectors import (
+    LaunchDeadline,
+    launch_deadline_unknown_type,
+    launch_deadlines,
+    os_image,
+)
+from .tenant_check import WAIT_REASON as TENANT_API_WAIT
+from .tenant_check import tenant_api_holds
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +175,7 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
             elif p.quantity < p.live:
                 shrinking[p.pk] = p.live - p.quantity
         if growing:
-            result.created = _claims_create(growing, actor)
+            result.created = [c.name for c in _claims_create(growing, actor)]
         for pool, count in growing_groups:
             for _ in range(count):
                 result.created += [c.name for c in _group_create(pool=pool, actor=actor)]
@@ -227,8 +234,8 @@ def _new_group_name(tenant_name: str) -> str:
 
 
 def _group_create(*, pool: NodePool, actor: str, size: int | None = None, node_type: NodeType | None = None,
-                  message: str = "", failed_hosts: list[str] | None = None,
-                  group: ClaimGroup | None = None) -> list[NodeClaim]:
+                  message: str = "", failed_hosts: list[str] | None = None, group: ClaimGroup | None = None,
+                  launch_deadline_at=None) -> list[NodeClaim]:
     """A new all-or-nothing group of the pool (or new members for `group`, placed again): its Pending claims."""
     if group is None:
         size = size or pool.group_size
@@ -237,31 +244,29 @@ def _group_create(*, pool: NodePool, actor: str, size: int | None = None, node_t
             shares=list(pool.group_shares()),
             on_member_failure=(pool.group or {}).get("onMemberFailure") or GroupFailurePolicy.REPLACE,
             reason="Created", message="waiting to be placed")
-    names = _claims_create([(pool, group.size)], actor, node_type=node_type, group=group,
-                           message=message or f"pool {pool.name} needs a group of {group.size} ({group.name})",
-                           failed_hosts=failed_hosts)
-    return list(NodeClaim.objects.filter(name__in=names).order_by("pk"))
+    return _claims_create([(pool, group.size)], actor, node_type=node_type, group=group,
+                          message=message or f"pool {pool.name} needs a group of {group.size} ({group.name})",
+                          failed_hosts=failed_hosts, launch_deadline_at=launch_deadline_at)
 
 
 def claim_group_create(*, pool: NodePool, size: int, actor: str, node_type: NodeType | None = None,
-                       message: str = "") -> list[NodeClaim]:
+                       message: str = "", launch_deadline: LaunchDeadline | None = None) -> list[NodeClaim]:
     """An all-or-nothing group of `size` Pending claims in a pool (a dynamic pool's decision that needs N
     servers of one rail group at once; the pool's `topology` and `group.onMemberFailure` apply). The caller
     holds the tenant's lock, as for claims_create; the group is placed on commit, whole or not at all."""
     if size < 2:
         raise ValueError("a group has 2 members or more")
-    claims = _group_create(pool=pool, actor=actor, size=size, node_type=node_type, message=message)
-    if node_type is not None:
-        deadline = launch_deadlines([node_type])[node_type.pk]
-        NodeClaim.objects.filter(pk__in=[c.pk for c in claims]).update(
-            launch_deadline_at=F("created_at") + timedelta(seconds=deadline.seconds))
+    if launch_deadline is None:  # as claims_create: the NodeType's measured launch p95, else the cap
+        launch_deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
+    claims = _group_create(pool=pool, actor=actor, size=size, node_type=node_type, message=message,
+                           launch_deadline_at=timezone.now() + timedelta(seconds=launch_deadline.seconds))
     task_send_on_commit(RECONCILE_TASK, pool_ids=[pool.pk])
     return claims
 
 
 def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type: NodeType | None = None,
-                   message: str = "", group: ClaimGroup | None = None,
-                   failed_hosts: list[str] | None = None) -> list[str]:
+                   message: str = "", launch_deadline_at=None, group: ClaimGroup | None = None,
+                   failed_hosts: list[str] | None = None) -> list[NodeClaim]:
     tenant_names = [pool.tenant.name for pool, missing in growing for _ in range(missing)]
     names = iter(_new_claim_names(tenant_names))
 
@@ -276,7 +281,7 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
                   pool_name=pool.name, provider=pool.provider, requirements=requirements(pool),
                   properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
                   node_type=node_type, group=group, failed_hosts=list(failed_hosts or []), reason="Created",
-                  message="waiting for a host")
+                  message="waiting for a host", launch_deadline_at=launch_deadline_at)
         for pool, missing in growing for _ in range(missing)
     ]
     NodeClaim.objects.bulk_create(claims)
@@ -290,20 +295,21 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
               actor=actor)
         for c in claims
     ])
-    return [c.name for c in claims]
+    return claims
 
 
 def claims_create(*, pool: NodePool, count: int, actor: str, node_type: NodeType | None = None,
-                  message: str = "") -> list[NodeClaim]:
+                  message: str = "", launch_deadline: LaunchDeadline | None = None) -> list[NodeClaim]:
     """New Pending claims in a pool (a dynamic pool's decision, a replacement), optionally of one NodeType.
-    The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit."""
-    names = _claims_create([(pool, count)], actor, node_type=node_type, message=message)
-    # Expected Available by: its NodeType's measured launch p95 from now (the cap without a type or a history).
-    deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
-    NodeClaim.objects.filter(name__in=names).update(
-        launch_deadline_at=F("created_at") + timedelta(seconds=deadline.seconds))
+    The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit.
+    Each is expected Available within `launch_deadline` (default: its NodeType's measured launch p95, the cap
+    without a type or a history); a caller creating several groups reads launch_deadlines once and passes it."""
+    if launch_deadline is None:
+        launch_deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
+    claims = _claims_create([(pool, count)], actor, node_type=node_type, message=message,
+                            launch_deadline_at=timezone.now() + timedelta(seconds=launch_deadline.seconds))
     task_send_on_commit(RECONCILE_TASK, pool_ids=[pool.pk])  # allocates this pool's pending claims
-    return list(NodeClaim.objects.filter(name__in=names).order_by("pk"))
+    return claims
 
 
 @transaction.atomic
@@ -343,6 +349,12 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
     if claim.phase == P.RELEASING:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                           message=f"released; its host failed: {reason}", fields=fields)
+    elif claim_reason == TENANT_API_WAIT:
+        # The tenant's API VIP is not reachable from the server's network: no host is blamed and no try is
+        # spent; the claim waits (claims_allocate holds it) until the tenant fixes its endpoint or CA.
+        claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason=claim_reason, message=reason,
+                          fields=fields)
+        pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
     elif claim_reason:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason=claim_reason, message=reason,
                           fields=fields)
@@ -449,8 +461,10 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     waiting = {}  # claim → (reason, message)
     # What a claim needs before any host is touched: an OS image that can be written.
     images = {name: os_image(name)[1] for name in {c.properties.get(OS_IMAGE_PROPERTY) or "" for c in pending}}
+    # … and a tenant API that the last server-side check reached (claims.tenant_check).
+    holds = tenant_api_holds(tenant_ids={c.tenant_id for c in pending})
     for claim in pending:
-        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""]
+        problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""] or holds.get(claim.tenant_id)
         if problem:
             waiting[claim] = problem
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))

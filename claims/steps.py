@@ -12,7 +12,16 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from hosts.choices import HostState
-from hosts.engine import SKIP, Run, Step, StepFailed, Waiting, agent_command, setting, step_retry
+from hosts.engine import (
+    SKIP,
+    Run,
+    Step,
+    StepFailed,
+    Waiting,
+    agent_command,
+    setting,
+    step_retry,
+)
 from hosts.flows import (
     CLEANING_STEPS,
     INSPECT_UNLESS_KNOWN,
@@ -31,6 +40,13 @@ from .models import NodeClaim
 from .selectors import claim_image
 from .services import claims_transition
 from .tenant_api import TenantAPI, TenantAPIError
+from .tenant_check import (
+    CHECK_STEP,
+    WAIT_REASON,
+    TargetError,
+    tenant_api_target,
+    unreachable_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +62,31 @@ def _tenant_api(claim: NodeClaim) -> TenantAPI:
         raise StepFailed(f"tenant {claim.tenant.name} has no API credentials (kubeconfig)",
                          claim_reason="NoTenantCredentials")
     return TenantAPI(claim.tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
+
+
+def step_check_tenant_api(run: Run) -> dict:
+    """Before anything is written: can this server reach the tenant API's VIP (TCP, and TLS with the tenant's
+    CA)? The agent checks from the server's network. A failure is the tenant's, not the host's (claim_reason):
+    the host is cleaned and back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries; the
+    claim waits with the reason (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed."""
+    claim = _claim(run)
+    if not claim.tenant.kubeconfig:  # the claim fails as write_seed would fail it, before a disk is touched
+        _tenant_api(claim)
+    try:
+        target = tenant_api_target(claim.tenant)
+    except TargetError as exc:
+        raise StepFailed(f"tenant API: {exc}", claim_reason=WAIT_REASON) from None
+    args = {"host": target["host"], "port": target["port"], "tls": target["tls"], "ca_data": target["ca_data"],
+            "timeout_s": settings.TENANT_API_CHECK_TIMEOUT_S}
+    try:
+        result = agent_command(run, "check_endpoint", args)
+    except StepFailed as failure:
+        if not failure.evidence.get("kind"):
+            raise  # the agent itself failed (silent, crashed): the host's business, as for any command
+        raise StepFailed(unreachable_message(target["endpoint"], failure.evidence["reason"]),
+                         claim_reason=WAIT_REASON, evidence=failure.evidence) from None
+    return {"endpoint": target["endpoint"], "tls": target["tls"], "ca": bool(target["ca_data"]),
+            "elapsed_ms": result.get("elapsed_ms")}
 
 
 def step_write_image(run: Run) -> dict:
@@ -275,6 +316,7 @@ def claim_joining(run: Run) -> None:
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
     *RAMDISK_STEPS[:2],
     INSPECT_UNLESS_KNOWN,
+    Step(CHECK_STEP, step_check_tenant_api, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("write_image", step_write_image, setting("IMAGE_WRITE_DEADLINE_S")),
     Step("write_seed", step_write_seed, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("reboot_to_disk", step_reboot_to_disk, setting("AGENT_COMMAND_DEADLINE_S")),

@@ -16,6 +16,7 @@ from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
 from claims.models import ClaimGroup, NodeClaim
+from claims.tenant_check import tenant_api_console_check, tenant_api_server_check
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
@@ -77,7 +78,8 @@ def tenant_context(user, tenant: Tenant) -> dict:
     nodes = [c for c in claims if c.phase == ClaimPhase.AVAILABLE]
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
-            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {}}
+            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {},
+            "api_server_check": tenant_api_server_check(tenant)}
 
 
 def render_tenant_live(user, tenant: Tenant) -> list[str]:
@@ -112,6 +114,15 @@ def tenant_page(request, name: str):
     tenant = tenant_for(request.user, name)
     return page(request, "pools/tenant.html", {"cursor": cursor, **tenant_context(request.user, tenant),
                                                "ws_url": f"/ws/tenants/{tenant.pk}/", "nav": "tenants"})
+
+
+@console_view()
+def tenant_api_check(request, name: str):
+    """Does the tenant API answer from the console (TCP, TLS with the tenant's CA)? Checked when the page asks,
+    with a short timeout and outside any transaction; reused for TENANT_API_CONSOLE_CHECK_TTL_S."""
+    tenant = tenant_for(request.user, name)
+    return HttpResponse(render_to_string("pools/partials/tenant_api_check.html", {
+        "tenant": tenant, "console_check": tenant_api_console_check(tenant)}, request=request))
 
 
 def pool_for(user, tenant_name: str, pool_name: str) -> NodePool:

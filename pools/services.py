@@ -216,9 +216,16 @@ def node_type_delete(*, node_type: NodeType, actor: str) -> None:
 @transaction.atomic
 def tenant_set_api(*, tenant: Tenant, api_endpoint: str, kubeconfig: str, actor: str) -> Tenant:
     """Record where the tenant's Kubernetes API is and how to reach it (the kubeconfig is encrypted)."""
-    object_update(tenant, {"api_endpoint": api_endpoint, "kubeconfig": kubeconfig}, actor=actor,
-                  object_type=ObjectType.TENANT, tenant=tenant if tenant.pk else None, self_link="tenant")
+    _, changes = object_update(tenant, {"api_endpoint": api_endpoint, "kubeconfig": kubeconfig}, actor=actor,
+                               object_type=ObjectType.TENANT, tenant=tenant if tenant.pk else None, self_link="tenant")
+    if changes:  # claims waiting for a reachable tenant API try again now (claims.tenant_check)
+        tenant_api_changed(tenant=tenant)
     return tenant
+
+
+def tenant_api_changed(*, tenant: Tenant) -> None:
+    """The tenant's API endpoint or credentials changed: its pools are reconciled once the change commits."""
+    pools_changed(pool_ids=list(tenant.pools.values_list("pk", flat=True)))
 
 
 @retry_on_deadlock()

@@ -20,8 +20,8 @@ from .lab_conftest import gpu_pool, wait_hosts
 pytest_plugins = ["tests.lab_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-PROVISION_STEPS = ["power_on_pxe", "agent_lookup", "inspect", "write_image", "write_seed", "reboot_to_disk",
-                   "boot_from_disk", "node_ready", "node_labels"]
+PROVISION_STEPS = ["power_on_pxe", "agent_lookup", "inspect", "check_tenant_api", "write_image", "write_seed",
+                   "reboot_to_disk", "boot_from_disk", "node_ready", "node_labels"]
 
 
 def nodes(site, tenant):

@@ -41,6 +41,7 @@ urlpatterns = [
     path("tenants/<name:name>/pools/<name:pool>/", pools.pool_page, name="pool"),
     path("tenants/<name:name>/pools/<name:pool>/quantity/", pools.pool_quantity, name="pool-quantity"),
     path("tenants/<name:name>/join/", pools.join_command, name="tenant-join"),
+    path("tenants/<name:name>/api-check/", pools.tenant_api_check, name="tenant-api-check"),
     path("providers/", pools.provider_list, name="providers"),
     path("node-types/", pools.node_type_list, name="node-types"),
     path("environments/", pools.environment_list, name="environments"),

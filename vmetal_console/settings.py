@@ -249,6 +249,12 @@ DRAIN_DEADLINE_S = env_float("DRAIN_DEADLINE_S", 300)
 DRAIN_GRACE_S = int(env_float("DRAIN_GRACE_S", 30))
 DRAIN_POLL_S = env_float("DRAIN_POLL_S", 5)  # a drain looks at the node's pods (and asks refused evictions again)
 TENANT_API_TIMEOUT_S = env_float("TENANT_API_TIMEOUT_S", 10)
+# The tenant API's VIP checked before an image is written (claims/tenant_check.py): the agent's TCP+TLS timeout,
+# how long a failed check holds the tenant's claims when nothing about its API changed, and how long the
+# console's own check (tenant page, API) is reused.
+TENANT_API_CHECK_TIMEOUT_S = env_float("TENANT_API_CHECK_TIMEOUT_S", 3)
+TENANT_API_RETRY_S = env_float("TENANT_API_RETRY_S", 300)
+TENANT_API_CONSOLE_CHECK_TTL_S = env_float("TENANT_API_CONSOLE_CHECK_TTL_S", 30)
 BOOTSTRAP_TOKEN_TTL_S = int(env_float("BOOTSTRAP_TOKEN_TTL_S", 3600))
 # Auto Nodes' pod watchers (autonodes/watcher.py, `manage.py watch-pods`). A tenant's batch of new Pending pods
 # closes this long after its last new pod, or this long after it opened, whichever comes first (Karpenter's

@@ -53,6 +53,7 @@ def require(args: dict, name: str, command: str):
 
 
 def _registry() -> dict[str, Callable[[dict, Context], dict]]:
+    from agent.commands.endpoint import check_endpoint
     from agent.commands.erase import erase, erase_metadata, verify_erase
     from agent.commands.gpu import gpu_reset, health_check
     from agent.commands.image import write_image
@@ -70,6 +71,7 @@ def _registry() -> dict[str, Callable[[dict, Context], dict]]:
         "gpu_reset": gpu_reset,
         "health_check": health_check,
         "reboot_to_disk": reboot_to_disk,
+        "check_endpoint": check_endpoint,
     }
 
 

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from core import scoping
 from core.api import StrictModelSerializer
+from pools.api_check import tenant_api_check
 from pools.models import (
     NodeEnvironment,
     NodePool,
@@ -32,16 +33,29 @@ class TenantSerializer(StrictModelSerializer):
     has_kubeconfig = serializers.SerializerMethodField()
     warnings = serializers.SerializerMethodField(help_text="what the write just made means, for the caller (also "
                                                            "in the Warning header): a quota below current use")
+    api_check = serializers.SerializerMethodField(
+        help_text="does the tenant API (its VIP) answer: `console`, checked from the console when one tenant is "
+                  "read (reused for a short while; in a list, the last result only), and `server`, the last check "
+                  "from a server's network before an image was written; each with ok, the reason and when")
 
     class Meta:
         model = Tenant
         fields = ["id", "name", "namespace", "display_name", "api_endpoint", "kubeconfig", "has_kubeconfig",
                   "join_mode", "quota_nodes", "private_nodes_enabled", "provider_properties", "deleting_since",
-                  "created_at", "updated_at", "warnings"]
+                  "created_at", "updated_at", "warnings", "api_check"]
         read_only_fields = ["deleting_since", "created_at", "updated_at"]
 
     def get_has_kubeconfig(self, obj) -> bool:
         return bool(obj.kubeconfig)
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "console": {"type": "object", "nullable": True}, "server": {"type": "object", "nullable": True}}})
+    def get_api_check(self, obj) -> dict | None:
+        if not isinstance(obj, models.Model) or not obj.pk:
+            return None
+        view = self.context.get("view")
+        # One tenant read: a fresh check (bounded, outside any transaction); a list: what was last found.
+        return tenant_api_check(obj, probe_now=getattr(view, "action", "") == "retrieve")
 
     def get_warnings(self, obj) -> list[str]:
         return list(self.context.get("warnings", []))

@@ -42,6 +42,7 @@ from pools.services import (
     pool_create,
     pool_delete,
     pool_update,
+    tenant_api_changed,
     tenant_delete,
     tenant_quota_warning,
 )
@@ -104,6 +105,8 @@ class TenantViewSet(ConfigViewSet):
 
     def perform_update(self, serializer):
         super().perform_update(serializer)
+        if {"api_endpoint", "kubeconfig"} & set(serializer.validated_data):
+            tenant_api_changed(tenant=serializer.instance)
         # A quota below what the pools ask for is saved (nothing is released); the caller is told, in the body
         # and, as RFC 7234 has it for any client, in a Warning header.
         if "quota_nodes" in serializer.validated_data:
