@@ -117,3 +117,31 @@ class NodeClaim(models.Model):
             for name, at in (("Scheduled", self.scheduled_at), ("Provisioned", self.provisioned_at),
                              ("Joined", self.joined_at))
         ]
+
+
+class AddressAllocation(models.Model):
+    """One address handed out from a NodeEnvironment's ranges (claims/ipam.py): taken in the transaction that
+    binds its claim to a host, given back in the one that ends that binding. The row is the record a person
+    audits; a row whose claim is gone or holds no host any more is a leak, which the periodic check frees."""
+
+    environment = models.ForeignKey("pools.NodeEnvironment", on_delete=models.CASCADE, related_name="addresses")
+    address = models.GenericIPAddressField()
+    # Plain ids: a claim deleted behind the console's back (SQL, a tenant's cascade) leaves its row for the
+    # leak check to find, rather than taking it along unseen.
+    claim = models.ForeignKey(NodeClaim, null=True, on_delete=models.DO_NOTHING, db_constraint=False,
+                              related_name="+")
+    claim_name = models.CharField(max_length=253)
+    host = models.ForeignKey("hosts.BareMetalHost", null=True, on_delete=models.SET_NULL, related_name="+")
+    host_name = models.CharField(max_length=253)
+    tenant = models.ForeignKey("pools.Tenant", null=True, on_delete=models.SET_NULL, related_name="+")
+    since = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["environment_id", "since", "pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "address"], name="uniq_environment_address"),
+            models.UniqueConstraint(fields=["claim"], name="uniq_address_per_claim"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.address} ({self.claim_name})"

@@ -38,6 +38,14 @@ from pools.models import (
 from pools.services import RECONCILE_TASK, pools_changed
 
 from .choices import ClaimPhase as P
+from .ipam import (
+    HOLDS_NO_HOST,
+    NO_ADDRESS,
+    addresses_free,
+    addresses_take,
+    environments_lock,
+    environments_of,
+)
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
 from .models import ClaimGroup, NodeClaim
 from .selectors import (
@@ -93,6 +101,8 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
         values.update(scheduled_at=None, provisioned_at=None, joined_at=None, available_at=None)
     ids = [c.pk for c in claims]
     swap(NodeClaim, ids=ids, field="phase", expected=from_phase, values=values, what="claim")
+    if to_phase in HOLDS_NO_HOST:  # the binding ends: its address goes back, in this transaction (claims.ipam)
+        addresses_free(claim_ids=ids)
     # Published on commit to "claims" and each claim's, tenant's and host's group: {"object": "claim",
     # "ids": [...], "from_state": ..., "to_state": ...}.
     events_record([
@@ -474,6 +484,8 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
                                                                         and not c.group_id})
                       if p.shared_topology()}
     groups = defaultdict(list)
+    environments = environments_of(pending)  # a group shares one NodeEnvironment: its addresses (claims.ipam)
+    no_address = {}  # claim id → why it waits for an address (filled by _allocate_group)
     for claim in pending:
         if claim in waiting:
             continue
@@ -490,9 +502,10 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             where = ("member", group)  # Replace: a new host from the group's rail group
         elif claim.pool_id in topology_pools:
             where = ("pool", topology_pools[claim.pool_id])
-        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tried, where)
+        env = environments[claim.pk]
+        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tried, where, env.pk if env else None)
         groups[key].append(claim)
-    for (provider_id, _, pinned, tried, where), claims in groups.items():
+    for (provider_id, _, pinned, tried, where, _env), claims in groups.items():
         candidates = [t for t in node_types if t.provider_id == provider_id
                       and requirements_match(claims[0].requirements, t.effective_properties())]
         if not candidates:
@@ -512,13 +525,13 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         excluded = tried if tried and _another_host_may_free_up(candidates, pinned, tried) else ()
         for round_ in range(3):
             for node_type in candidates:
-                if not claims:
+                if not claims or no_address.keys() & {c.pk for c in claims}:
                     break
-                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded)
+                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded, no_address=no_address)
                 for claim in claims[:taken]:
                     result.allocated[claim.name] = claim.host_name
                 claims = claims[taken:]
-            if not claims:
+            if not claims or no_address.keys() & {c.pk for c in claims}:
                 break
             capacity = node_type_capacity(candidates)
             if excluded or not any(capacity[t.pk]["available"] for t in candidates):
@@ -526,7 +539,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             # Hosts that look free but were skipped: other allocations hold them locked. Look again
             # once they commit, so the reason we give is true.
             time.sleep(0.05 * (round_ + 1))
-        if claims:
+        if claims and any(c.pk in no_address for c in claims):
+            waiting.update({c: (NO_ADDRESS, no_address.get(c.pk) or next(iter(no_address.values()))) for c in claims})
+        elif claims:
             msg = _no_capacity_message(candidates, capacity, pinned)
             if excluded:
                 msg += f"; not {', '.join(excluded)} again while another host may free up (it failed this claim)"
@@ -577,6 +592,10 @@ class _FellShort(Exception):
     """A domain that looked big enough lost hosts to another allocation meanwhile: its locks are let go."""
 
 
+class _NoAddress(Exception):
+    """The group's environment has fewer free addresses than it has members: nothing is placed."""
+
+
 def _place_group(group: ClaimGroup, claims: list[NodeClaim], candidates: list[NodeType],
                  actor: str) -> tuple[dict[str, str], tuple[str, str] | None]:
     """Place a group whole: one host per member, all from one rail group (or what the group shares), taken in
@@ -595,6 +614,8 @@ def _place_group(group: ClaimGroup, claims: list[NodeClaim], candidates: list[No
                 return {c.name: c.host_name for c in claims}, None
             if outcome == "gone":  # another worker holds it, placed it, or moved a member: theirs to say
                 return {}, None
+            if outcome.startswith(f"{NO_ADDRESS}:"):
+                return {}, (NO_ADDRESS, outcome.split(":", 1)[1])
             for domain, n in counts.items():
                 if best is None or (n, domain) > best[:2]:
                     best = (n, domain, node_type.name)
@@ -629,6 +650,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
             if not ClaimGroup.objects.select_for_update(skip_locked=True).filter(
                     pk=group.pk, placed_at__isnull=True).exists():
                 return "gone", {}
+            environments_lock(claims)  # before the hosts, as _allocate_group (claims.ipam)
             by_domain = _free_by_domain(node_type, shares, tried_last=tried)
             counts = {domain: len(pks) for domain, pks in by_domain.items()}
             fitting = sorted((n, domain) for domain, n in counts.items() if n >= need)
@@ -640,11 +662,17 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
                                      .order_by(*_host_order(tried))[:need])
                         if len(hosts) < need:
                             raise _FellShort
-                        _bind(hosts, claims, node_type, actor,
+                        # Every member's address in this same transaction (claims.ipam), or none placed.
+                        chosen, hosts, short = addresses_take(claims=claims, hosts=hosts, actor=actor)
+                        if short:
+                            raise _NoAddress(next(iter(short.values())))
+                        _bind(hosts, chosen, node_type, actor,
                               message=f"group {group.name}: {need} {node_type.name} hosts on "
                                       f"{_domain_name(shares, domain)}")
                 except _FellShort:
                     continue
+                except _NoAddress as short:
+                    return f"{NO_ADDRESS}:{short}", counts
                 placed = {"placed_at": timezone.now(), "placements": F("placements") + 1, "reason": "Placed",
                           "message": f"{need} hosts on {_domain_name(shares, domain)}",
                           **dict(zip(shares, domain))}
@@ -653,7 +681,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
             return ("busy" if fitting else "none"), counts
     except ConcurrentTransition:
         for claim in claims:
-            claim.host = None
+            claim.host, claim.ip_address = None, None
         return "gone", {}
 
 
@@ -685,6 +713,7 @@ def _allocate_in_place(where: tuple, claims: list[NodeClaim], candidates: list[N
     kind, owner = where
     shares = tuple(owner.shares) if kind == "member" else owner.shared_topology()
     allocated: dict[str, str] = {}
+    no_address: dict[int, str] = {}
     domain = owner.domain() if kind == "member" else None
     excluded = tried if tried and _another_host_may_free_up(candidates, "", tried) else ()
     for node_type in candidates:
@@ -701,12 +730,17 @@ def _allocate_in_place(where: tuple, claims: list[NodeClaim], candidates: list[N
                 domain = min(fits)[1] if fits else max((len(pks), d) for d, pks in by_domain.items())[1]
             if domain is None:
                 continue
-            taken = _allocate_group(claims, node_type, "", actor, excluded=excluded, only=by_domain.get(domain, []))
+            taken = _allocate_group(claims, node_type, "", actor, excluded=excluded, only=by_domain.get(domain, []),
+                                    no_address=no_address)
         for claim in claims[:taken]:
             allocated[claim.name] = claim.host_name
         claims = claims[taken:]
+        if no_address:
+            break
     if not claims:
         return allocated, None
+    if no_address:
+        return allocated, (NO_ADDRESS, no_address.get(claims[0].pk) or next(iter(no_address.values())))
     if kind == "member":
         return allocated, ("NoCapacity", (f"group {owner.name} needs {len(claims)} more on "
                                           f"{_domain_name(shares, domain)} ({owner.on_member_failure}); "
@@ -749,12 +783,14 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
 
 
 def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,
-                    excluded: tuple[str, ...] = (), only: list[int] | None = None) -> int:
+                    excluded: tuple[str, ...] = (), no_address: dict | None = None,
+                    only: list[int] | None = None) -> int:
     """Allocate up to len(claims) hosts of one type to these claims (not the `excluded` ones; `only` these
     hosts, when given); returns how many got one."""
     for _ in range(tries):
         try:
             with transaction.atomic():
+                environments_lock(claims)  # before the hosts: one allocation at a time per environment (IPAM)
                 free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
                                                     state=HostState.AVAILABLE).exclude(name__in=excluded)
                 if pinned:
@@ -769,7 +805,12 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
                 if not hosts:
                     return 0
-                chosen = claims[: len(hosts)]
+                # Each claim's address in this same transaction; one that cannot get one takes no host.
+                chosen, hosts, short = addresses_take(claims=claims[: len(hosts)], hosts=hosts, actor=actor)
+                if short and no_address is not None:
+                    no_address.update(short)
+                if not chosen:
+                    return 0
                 tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
                 hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
                                  reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
@@ -785,7 +826,9 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 return len(chosen)
         except ConcurrentTransition:
             for claim in claims:
-                claim.host = None
+                claim.host, claim.ip_address = None, None
+                if no_address is not None:
+                    no_address.pop(claim.pk, None)
             continue
     return 0
 

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from autonodes.selectors import pool_status
 from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
+from claims.ipam import environments_usage
 from claims.lifecycle import LIVE
 from claims.models import ClaimGroup, NodeClaim
 from claims.tenant_check import tenant_api_console_check, tenant_api_server_check
@@ -288,7 +289,9 @@ def environment_list(request):
     environments = NodeEnvironment.objects.select_related("provider", "tenant")
     filters = list_filter(request, NodeEnvironmentFilterSet, environments)
     envs = list(filters.qs)
+    usage = environments_usage(envs)  # IPAM: used / free / leaked addresses (claims.ipam)
     for env in envs:
+        env.usage = usage.get(env.pk)
         env.cidr = env.properties.get(NodeEnvironment.CIDR, "")
         env.ip_range = env.properties.get(NodeEnvironment.IP_RANGE, "")
         env.dns = env.properties.get(NodeEnvironment.DNS, "")

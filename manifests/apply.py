@@ -26,7 +26,13 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.services import PoolSpec, node_type_delete, tenant_private_nodes_apply, tenant_quota_warning
+from pools.services import (
+    PoolSpec,
+    node_type_delete,
+    tenant_private_nodes_apply,
+    tenant_quota_warning,
+)
+from pools.validators import NETWORK_DATA
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
 
@@ -574,6 +580,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
         "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
         "cleaning_policy": Reader(meta.string_map("annotations"), meta.path + ("annotations",))
         .choice(CLEANING_ANNOTATION, CleaningPolicy.values),
+        # An override: the node's network data as written; the console allocates it no address (claims.ipam).
+        "network_data": meta.string_map("annotations").get(NETWORK_DATA, ""),
     }
     if secret is None:
         if not host.pk or host.bmc_credentials_name != credentials_name:
@@ -589,7 +597,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     paths = {"bmc_address": bmc.path + ("address",), "boot_mac": spec.path + ("bootMACAddress",),
              "labels": meta.path + ("labels",), "root_device_hints": spec.path + ("rootDeviceHints",),
              "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name"),
-             "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION)}
+             "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION),
+             "network_data": meta.path + ("annotations", NETWORK_DATA)}
     if not creating:
         ctx.update(f"baremetalhost/{name}", host, values, paths, object_type=ObjectType.HOST, self_link="host")
         return

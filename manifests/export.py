@@ -7,6 +7,7 @@ import yaml
 from hosts.models import BareMetalHost
 from pools.choices import PoolKind
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.validators import NETWORK_DATA
 
 from .apply import (
     ANNOTATION_PREFIX,
@@ -177,8 +178,12 @@ def _secret(host: BareMetalHost, include_secrets: bool) -> dict:
 def _bare_metal_host(host: BareMetalHost) -> dict:
     metadata = {"name": host.name, "namespace": host.namespace}
     _put(metadata, "labels", dict(sorted(host.labels.items())))
+    annotations = {}
     if host.cleaning_policy:
-        metadata["annotations"] = {CLEANING_ANNOTATION: host.cleaning_policy}
+        annotations[CLEANING_ANNOTATION] = host.cleaning_policy
+    if host.network_data:
+        annotations[NETWORK_DATA] = host.network_data
+    _put(metadata, "annotations", annotations)
     bmc = {"address": host.bmc_address, "credentialsName": host.bmc_credentials_name}
     if host.bmc_disable_certificate_verification:
         bmc["disableCertificateVerification"] = True

@@ -20,6 +20,7 @@ from .choices import (
 )
 from .matching import validate_label_selector, validate_requirements
 from .validators import (
+    NETWORK_DATA,
     check_disruption,
     check_host_selector,
     check_node_type_selector,
@@ -30,6 +31,7 @@ from .validators import (
     parse_ip_ranges,
     validate_dns_label,
     validate_duration,
+    validate_network_data,
     validate_object_name,
     validate_string_map,
 )
@@ -177,6 +179,30 @@ class Network:
     def gateway(self):
         return self.interface.ip
 
+    @property
+    def pools(self) -> list:
+        """The ranges addresses are handed out from: the ip-range's, or without one the whole network but its
+        network and broadcast addresses (the gateway is never handed out either way: `addresses`)."""
+        if self.ranges:
+            return self.ranges
+        net = self.interface.network
+        if net.num_addresses <= 2:
+            return [(net.network_address, net.broadcast_address)]
+        return [(net.network_address + 1, net.broadcast_address - 1)]
+
+    def addresses(self):
+        """Every address that may be handed out, lowest first."""
+        gateway = self.gateway
+        for first, last in self.pools:
+            for value in range(int(first), int(last) + 1):
+                address = ipaddress.ip_address(value)
+                if address != gateway:
+                    yield address
+
+    def size(self) -> int:
+        total = sum(int(last) - int(first) + 1 for first, last in self.pools)
+        return total - sum(1 for first, last in self.pools if first <= self.gateway <= last)
+
 
 class NodeEnvironment(models.Model):
     name = models.CharField(max_length=253, validators=[validate_object_name])
@@ -202,11 +228,35 @@ class NodeEnvironment(models.Model):
 
     def clean(self):
         validate_string_map(self.properties, "properties")
-        if self.CIDR in self.properties or self.IP_RANGE in self.properties:
+        try:
+            if self.properties.get(NETWORK_DATA):
+                validate_network_data(self.properties[NETWORK_DATA])
+            if self.CIDR in self.properties or self.IP_RANGE in self.properties:
+                self._check_overlaps(self.network())
+        except ValidationError as exc:
+            raise ValidationError({"properties": exc.messages}) from None
+
+    def _check_overlaps(self, network: "Network | None") -> None:
+        """Two environments on one network (the same CIDR, or networks that overlap) must not share an address
+        they both hand out: each would give it to a node of its own."""
+        if network is None:
+            return
+        others = NodeEnvironment.objects.exclude(pk=self.pk).order_by("namespace", "name")
+        for other in others:
             try:
-                self.network()
-            except ValidationError as exc:
-                raise ValidationError({"properties": exc.messages}) from None
+                theirs = other.network()
+            except ValidationError:
+                continue
+            if theirs is None or not network.interface.network.overlaps(theirs.interface.network):
+                continue
+            for first, last in network.pools:
+                for their_first, their_last in theirs.pools:
+                    if max(first, their_first) <= min(last, their_last):
+                        mine = self.properties.get(self.IP_RANGE) and self.IP_RANGE or self.CIDR
+                        raise ValidationError(
+                            f"{mine}: {_span(first, last)} overlaps NodeEnvironment {other} ({_span(their_first, their_last)}"
+                            f" on {theirs.interface.network}): NodeEnvironment {self.namespace}/{self.name} and "
+                            f"NodeEnvironment {other} would hand out the same addresses; give each its own range")
 
     def network(self) -> Network | None:
         cidr = self.properties.get(self.CIDR)
@@ -229,6 +279,10 @@ class NodeEnvironment(models.Model):
             except ValueError:
                 raise ValidationError(f"{self.DNS}: {server!r} is not an IP address") from None
         return Network(interface=interface, ranges=ranges, dns=dns)
+
+
+def _span(first, last) -> str:
+    return str(first) if first == last else f"{first}-{last}"
 
 
 CHECKSUM_LENGTHS = {32: ChecksumType.MD5, 64: ChecksumType.SHA256, 128: ChecksumType.SHA512}

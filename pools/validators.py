@@ -86,6 +86,25 @@ def parse_ip_ranges(text: str) -> list[tuple[ipaddress.IPv4Address, ipaddress.IP
     return ranges
 
 
+
+NETWORK_DATA = "metal3.vcluster.com/network-data"
+
+
+def validate_network_data(text: str) -> None:
+    """A `metal3.vcluster.com/network-data` override: written into the node's seed as is (cloud-init's
+    network-config), so it must at least be a YAML (or JSON) mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where else ""
+        raise ValidationError(f"{NETWORK_DATA}: not YAML or JSON{at}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict) or not data:
+        raise ValidationError(f"{NETWORK_DATA} must be a network configuration (a YAML or JSON mapping, such "
+                              "as cloud-init's network-config `version: 2` with `ethernets`)")
+
 # --- shapes of JSON fields ------------------------------------------------------------------------
 # What Model.clean() checks before it reads a JSON field's contents, so that a value of the wrong shape (a
 # number where a list belongs) is a ValidationError naming the field, never a TypeError: from the admin, a

@@ -7,6 +7,7 @@ from rest_framework import serializers
 from core import scoping
 from core.api import StrictModelSerializer
 from pools.api_check import tenant_api_check
+from pools.capacity import environment_addresses
 from pools.models import (
     NodeEnvironment,
     NodePool,
@@ -147,12 +148,21 @@ class NodeEnvironmentSerializer(StrictModelSerializer):
                                             required=False, allow_null=True)
     tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all(), required=False,
                                           allow_null=True)
+    addresses = serializers.SerializerMethodField(
+        help_text="IPAM: size (addresses its ranges hold; null without a network or with a network-data "
+                  "override), used, free, and leaked (rows whose claim is gone or holds no host, freed by the "
+                  "periodic check)")
 
     class Meta:
         model = NodeEnvironment
-        fields = ["id", "name", "namespace", "display_name", "provider", "tenant", "properties", "created_at",
-                  "updated_at"]
+        fields = ["id", "name", "namespace", "display_name", "provider", "tenant", "properties", "addresses",
+                  "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
+
+    def get_addresses(self, obj) -> dict:
+        if not obj.pk:
+            return {}
+        return environment_addresses([obj]).get(obj.pk, {})
 
 
 class OSImageSerializer(StrictModelSerializer):

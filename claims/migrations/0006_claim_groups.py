@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('claims', '0004_launch_deadline'),
+        ('claims', '0005_address_allocation'),
         ('pools', '0006_pool_topology_and_group'),
     ]
 
