@@ -17,7 +17,7 @@ from claims.services import claims_allocate, pools_reconcile
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from hosts.topology import RACK_LABEL, RAIL_GROUP_LABEL, host_topology
-from pools.models import NodePool, NodeProvider, Tenant
+from pools.models import NodeEnvironment, NodePool, NodeProvider, Tenant
 
 IMAGE = "ubuntu2404-20260926"
 
@@ -285,6 +285,8 @@ def test_200_concurrent_group_requests_hold_nothing_partial_and_never_take_a_hos
     assert connection.vendor == "postgresql"
     sizes = {"r0": 3, "r1": 4, "r2": 5, "r3": 7, "r4": 8, "r5": 9, "r6": 12, "r7": 15, "r8": 17, "r9": 20}
     make_rails(sizes)
+    NodeEnvironment.objects.update(properties={NodeEnvironment.CIDR: "10.0.0.1/16",
+                                               NodeEnvironment.IP_RANGE: "10.0.1.0-10.0.3.255"})  # addresses enough
     make_pool(800, group={"size": 4})
     from claims import services
 
@@ -372,3 +374,16 @@ def test_a_worker_releases_a_release_group_whose_member_failed_and_places_it_aga
     live = list(group.members.exclude(phase__in=["Released", "Releasing"]).select_related("host"))
     assert group.rail_group == "r2" and len(live) == 4 and rails_of(live) == {"r2"}
     assert "place_group_again" in celery_worker_process.log.read_text()
+
+
+@pytest.mark.django_db
+def test_a_group_whose_environment_has_too_few_addresses_left_waits_whole_for_them(site):
+    make_rails({"r1": 12, "r2": 12})  # the demo environment has 22 addresses: 5 groups of 4 and 2 to spare
+    make_pool(24, group={"size": 4})
+    call_command("reconcile")
+    assert ClaimGroup.objects.filter(placed_at__isnull=False).count() == 5
+    waiting = ClaimGroup.objects.get(placed_at__isnull=True)
+    assert waiting.reason == "NoAddress" and waiting.message.startswith("no free address in environment")
+    assert not waiting.members.filter(host__isnull=False).exists()
+    assert BareMetalHost.objects.filter(state="provisioning").count() == 20
+    assert len(set(NodeClaim.objects.filter(host__isnull=False).values_list("ip_address", flat=True))) == 20
