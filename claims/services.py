@@ -576,8 +576,7 @@ def _free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tupl
     """The free hosts of a type, by what they share ({("r2",): [host ids]}), each list in the order the
     allocator takes them (as _allocate_group: hosts held back, then hosts that failed these claims, last).
     A host that does not say where it sits (no such label) is in no domain."""
-    free = (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state=HostState.AVAILABLE)
-            .exclude(name__in=excluded))
+    free = free_hosts(node_type, excluded=excluded)
     order = [Case(When(name__in=list(tried_last), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
     by_domain = defaultdict(list)
     for pk, labels in free.order_by(*order).values_list("pk", "labels"):
@@ -782,6 +781,13 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
     return (others.filter(name=pinned) if pinned else others).exists()
 
 
+def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
+    """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
+    never be allocated is left out here, once."""
+    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state=HostState.AVAILABLE)
+            .exclude(name__in=excluded))
+
+
 def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,
                     excluded: tuple[str, ...] = (), no_address: dict | None = None,
                     only: list[int] | None = None) -> int:
@@ -791,8 +797,7 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
         try:
             with transaction.atomic():
                 environments_lock(claims)  # before the hosts: one allocation at a time per environment (IPAM)
-                free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
-                                                    state=HostState.AVAILABLE).exclude(name__in=excluded)
+                free = free_hosts(node_type, excluded=excluded)
                 if pinned:
                     free = free.filter(name=pinned)
                 if only is not None:
