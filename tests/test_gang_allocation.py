@@ -277,6 +277,8 @@ def test_the_claims_list_and_pool_page_show_a_group_as_one_unit(site, admin_clie
         assert all(c.name in row for c in placed.members.all())
         row = html.split(f'data-group="{waiting.name}"', 1)[1].split("</tr>", 1)[0]
         assert "Waiting" in row and "largest free group has 3 (rail r2)" in row
+    admin_page = admin_client.get("/admin/claims/claimgroup/").content.decode()
+    assert placed.name in admin_page and waiting.name in admin_page
 
 
 @pytest.mark.postgres
