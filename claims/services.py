@@ -388,8 +388,7 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
 def _group_member_lost(claim: NodeClaim, reason: str) -> None:
     """A member of a placed group lost its host: its group's policy decides. Replace: the member waits for a
     host of the group's rail group (the allocator). ReleaseGroup: a task releases every member and places the
-    group again (after this commit: it locks the group's pool and hosts, which this host's transaction must
-    not wait for)."""
+    group again (after this commit: it locks the group, then its hosts; this transaction holds one of them)."""
     group = ClaimGroup.objects.filter(pk=claim.group_id, placed_at__isnull=False).first()
     if group is None:
         return
@@ -401,7 +400,10 @@ def _group_member_lost(claim: NodeClaim, reason: str) -> None:
         task_send_on_commit("claims.tasks.place_group_again", group_id=group.pk, placements=group.placements)
     else:
         message = f"member {claim.name} failed ({reason}): replacing it from {where}"
-    ClaimGroup.objects.filter(pk=group.pk).update(reason="MemberFailed", message=message)
+    # After commit: this runs under the failing host's lock, and whoever releases the group (ReleaseGroup)
+    # locks the group before its hosts.
+    transaction.on_commit(lambda: ClaimGroup.objects.filter(pk=group.pk).update(reason="MemberFailed",
+                                                                                message=message))
 
 
 @retry_on_deadlock(also=(ConcurrentTransition,))

@@ -138,7 +138,8 @@ def test_a_plain_pool_with_same_rail_group_keeps_every_node_on_the_rail_group_it
 
 
 @pytest.mark.django_db
-def test_replace_gives_a_failed_member_a_host_of_the_same_rail_group_or_the_group_waits(site):
+def test_replace_gives_a_failed_member_a_host_of_the_same_rail_group_or_the_group_waits(
+        site, django_capture_on_commit_callbacks):
     make_rails({"r1": 5, "r2": 8})
     make_pool(4, group={"size": 4, "onMemberFailure": "Replace"})
     call_command("reconcile")
@@ -146,7 +147,8 @@ def test_replace_gives_a_failed_member_a_host_of_the_same_rail_group_or_the_grou
     assert group.rail_group == "r1"
     first = group.members.order_by("pk").first()
     lost_host = first.host_name
-    fail_host(first)
+    with django_capture_on_commit_callbacks(execute=True):
+        fail_host(first)
     first.refresh_from_db()
     assert (first.phase, first.reason, first.failed_hosts) == ("Pending", "HostFailed", [lost_host])
     group.refresh_from_db()
@@ -169,14 +171,16 @@ def test_replace_gives_a_failed_member_a_host_of_the_same_rail_group_or_the_grou
 
 
 @pytest.mark.django_db
-def test_release_group_releases_every_member_and_places_the_group_again_whole(site):
+def test_release_group_releases_every_member_and_places_the_group_again_whole(
+        site, django_capture_on_commit_callbacks):
     make_rails({"r1": 4, "r2": 6})
     make_pool(4, group={"size": 4, "onMemberFailure": "ReleaseGroup"})
     call_command("reconcile")
     group = ClaimGroup.objects.get()
     old = list(group.members.order_by("pk"))
     assert group.rail_group == "r1"
-    fail_host(old[0])
+    with django_capture_on_commit_callbacks(execute=True):  # no worker here: the task is run below, as it would
+        fail_host(old[0])
     group.refresh_from_db()
     assert group.reason == "MemberFailed" and "the group is released and placed again" in group.message
     # The lost member does not take a host on its own while the group is being released.
