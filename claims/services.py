@@ -225,11 +225,12 @@ def _whole_groups(ordered: list[NodeClaim], surplus: int) -> list[NodeClaim]:
     """The claims a shrinking pool gives back, `ordered` least advanced first: claims in no group first, then
     whole groups (the least advanced first), never part of a group."""
     doomed = [c for c in ordered if c.group_id is None][:surplus]
-    members = defaultdict(list)
-    for claim in ordered:
+    members, most_advanced = defaultdict(list), {}
+    for position, claim in enumerate(ordered):
         if claim.group_id is not None:
-            members[claim.group_id].append(claim)  # in release order: the group's first is its least advanced
-    for group_id in sorted(members, key=lambda g: [ordered.index(c) for c in members[g]][-1]):
+            members[claim.group_id].append(claim)
+            most_advanced[claim.group_id] = position  # the group goes as late as its most advanced member
+    for group_id in sorted(members, key=most_advanced.__getitem__):
         if len(doomed) >= surplus:
             break
         doomed += members[group_id]
