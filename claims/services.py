@@ -19,13 +19,19 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record, object_delete, seconds_since
-from hosts.capacity import node_type_capacity, not_allocatable_q
+from hosts.capacity import (
+    NEVER_ALLOCATED,
+    node_type_capacity,
+    not_allocatable_q,
+    preflight_held_back,
+)
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from hosts.topology import host_topology
 from pools.choices import GroupFailurePolicy, PoolKind
+from pools.fabric import fabric_partition_waits, fabric_partitions_release
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
     NODE_TYPE_PROPERTY,
@@ -480,6 +486,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""] or holds.get(claim.tenant_id)
         if problem:
             waiting[claim] = problem
+    # ...and, where its environment configures a fabric range, a partition for its tenant (pools.fabric).
+    for claim, message in fabric_partition_waits(c for c in pending if c not in waiting).items():
+        waiting[claim] = ("NoFabricPartition", message)
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
     # Where a claim's host must sit (hosts.topology): with the rest of its all-or-nothing group, or of its pool.
     claim_groups = ClaimGroup.objects.in_bulk({c.group_id for c in pending if c.group_id})
@@ -788,7 +797,8 @@ def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
     """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
     never be allocated is left out here, once."""
     return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state=HostState.AVAILABLE)
-            .exclude(name__in=excluded))
+            .exclude(name__in=excluded)
+            .exclude(NEVER_ALLOCATED))  # a red preflight: never (hosts/preflight.py)
 
 
 def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,
@@ -881,9 +891,11 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
     parts = [f"{t.name}: {capacity[t.pk]['available']} of {capacity[t.pk]['total']} available" for t in candidates]
     noun = "type" if len(candidates) == 1 else "types"
     where = f" named {pinned}" if pinned else ""
+    red = preflight_held_back(candidates)
+    held = f"; preflight red, not allocated: {', '.join(red)}" if red else ""
     if len(candidates) == 1:
-        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1]
-    return f"no free host{where} of {noun} " + "; ".join(parts)
+        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1] + held
+    return f"no free host{where} of {noun} " + "; ".join(parts) + held
 
 
 def allocate_soon() -> None:
@@ -912,6 +924,7 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
     with transaction.atomic():
         gone = []
         for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
+            fabric_partitions_release(tenant=tenant, actor=actor)
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
             object_delete(tenant, actor=actor, object_type=ObjectType.TENANT, tenant=link)

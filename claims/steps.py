@@ -30,6 +30,8 @@ from hosts.flows import (
     step_reboot_to_disk,
 )
 from hosts.selectors import image_write_failures
+from pools.choices import FabricKind
+from pools.fabric import FabricRangeFull, fabric_partitions_assign
 from pools.validators import parse_duration
 
 from .choices import ClaimPhase as P
@@ -143,7 +145,9 @@ def step_write_seed(run: Run) -> dict:
 
 
 def network_config(host, address) -> str:
-    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP."""
+    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP; and its
+    tenant's fabric partition (claim_fabric_partitions)."""
+    partitions = claim_fabric_partitions(host)
     nic = {"match": {"macaddress": host.boot_mac}, "set-name": "eth0"}
     if address is None:
         nic["dhcp4"] = True
@@ -153,7 +157,29 @@ def network_config(host, address) -> str:
                     "routes": [{"to": "default", "via": str(network.gateway)}]})
         if network.dns:
             nic["nameservers"] = {"addresses": network.dns}
-    return yaml.safe_dump({"version": 2, "ethernets": {"eth0": nic}}, sort_keys=False)
+    config = {"version": 2, "ethernets": {"eth0": nic}}
+    vlan = next((p for p in partitions if p.kind == FabricKind.VLAN), None)
+    if vlan is not None:
+        # The tenant's VLAN, tagged on the boot NIC, without an address: the fabric's own addressing (the
+        # tenant's CNI, its RDMA tooling) is the tenant's.
+        config["vlans"] = {f"vlan{vlan.value}": {"id": vlan.value, "link": "eth0"}}
+    # Every partition also as a comment line the first boot reads from the seed (`grep '^# vmetal.dev/fabric-'`):
+    # netplan has no InfiniBand partitions, so a P_Key is carried only there.
+    notes = "".join(f"# vmetal.dev/fabric-{p.kind}: {p.value_text}\n" for p in partitions)
+    return notes + yaml.safe_dump(config, sort_keys=False)
+
+
+def claim_fabric_partitions(host) -> list:
+    """The fabric partitions of the tenant the host's claim serves, taken now when this is the tenant's first
+    node (pools.fabric); none where no range is configured. A range with no value left: the host is cleaned
+    and the claim waits (the allocator holds it Pending with the reason until a tenant frees a value)."""
+    claim = NodeClaim.objects.select_related("tenant").filter(host=host).first()
+    if claim is None:
+        return []
+    try:
+        return fabric_partitions_assign(tenant=claim.tenant, provider_id=claim.provider_id, actor="system:flow")
+    except FabricRangeFull as exc:
+        raise StepFailed(str(exc), clean=True) from None
 
 
 def step_node_ready(run: Run) -> dict:

@@ -45,6 +45,13 @@ class BareMetalHost(models.Model):
     bmc_ok = models.BooleanField(null=True, blank=True)
     bmc_checked_at = models.DateTimeField(null=True, blank=True)
     bmc_error = models.CharField(max_length=500, blank=True)
+    # Preflight (hosts/preflight.py): the BMC network and the provisioning network checked for this host. None:
+    # never checked; False ("preflight red"): the host is not allocated (hosts/capacity.py). `preflight` keeps
+    # each check's verdict and reason, how TLS went and the BMC's quirks; `preflight_reason` the first red reason.
+    preflight_ok = models.BooleanField(null=True, blank=True)
+    preflight_checked_at = models.DateTimeField(null=True, blank=True)
+    preflight_reason = models.CharField(max_length=500, blank=True)
+    preflight = models.JSONField(default=dict, blank=True)
     # Written only by hosts.services.hosts_transition_batch.
     state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
                              db_index=True)

@@ -18,6 +18,7 @@ from events.services import object_update
 from hosts.models import BareMetalHost
 from hosts.services import host_create
 from pools.choices import CleaningPolicy, PoolKind, ProviderKind
+from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
     NodeEnvironment,
@@ -43,6 +44,8 @@ REDACTED = "vmetal.dev/redacted"
 STATUS_ANNOTATION = "baremetalhost.metal3.io/status"
 # A host's own cleaning method, overriding its NodeType's (metadata, full or secure); absent: the NodeType's.
 CLEANING_ANNOTATION = ANNOTATION_PREFIX + "cleaning-policy"
+# A tenant's fabric partitions as export writes them (`vlan=100,ib-pkey=0x8001`): recorded again by apply.
+FABRIC_ANNOTATION = ANNOTATION_PREFIX + "fabric-partitions"
 KINDS = {("v1", "Secret"), (LOFT, "NodeProvider"), (LOFT, "NodeType"), (LOFT, "NodeEnvironment"),
          (LOFT, "OSImage"), (LOFT, "VirtualClusterInstance"), (METAL3, "BareMetalHost")}
 # Applied in this order, whatever the order in the files: what is referred to comes first.
@@ -443,13 +446,21 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
     if display_name is not None:
         values["display_name"] = display_name
     known = {"api-endpoint": "api_endpoint", "join-mode": "join_mode", "quota-nodes": "quota_nodes"}
+    fabric = None
     for key, text in annotations.items():
         if not key.startswith(ANNOTATION_PREFIX):
             continue
         short = key[len(ANNOTATION_PREFIX):]
+        if key == FABRIC_ANNOTATION:
+            try:
+                fabric = parse_fabric_partitions(text)
+            except ValidationError as exc:
+                raise Invalid(annotations_path + (key,), exc.messages[0]) from None
+            continue
         if short not in known:
             raise Invalid(annotations_path + (key,), f"unknown annotation; expected one of "
-                                                    f"{', '.join(ANNOTATION_PREFIX + k for k in sorted(known))}")
+                                                    f"{', '.join(ANNOTATION_PREFIX + k for k in sorted(known))}, "
+                                                    f"{FABRIC_ANNOTATION}")
         if short == "quota-nodes":
             if not text.isdigit():
                 raise Invalid(annotations_path + (key,), "must be a whole number of nodes")
@@ -465,6 +476,13 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
                self_link="tenant")
     if tenant.quota_nodes != quota:
         ctx.quotas_set.append(tenant)
+    if fabric:
+        try:
+            lines = fabric_partitions_restore(tenant=tenant, wanted=fabric, actor=ctx.actor)
+        except ValidationError as exc:
+            raise Invalid(annotations_path + (FABRIC_ANNOTATION,), exc.messages[0]) from None
+        ctx.result.lines += lines
+        ctx.result.changed += sum(line.endswith(" created") for line in lines)
     return tenant
 
 

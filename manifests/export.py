@@ -6,6 +6,7 @@ import yaml
 
 from hosts.models import BareMetalHost
 from pools.choices import PoolKind
+from pools.fabric import fabric_partitions_text
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 from pools.validators import NETWORK_DATA
 
@@ -13,6 +14,7 @@ from .apply import (
     ANNOTATION_PREFIX,
     CLEANING,
     CLEANING_ANNOTATION,
+    FABRIC_ANNOTATION,
     HEALTH_CHECK,
     LOFT,
     METAL3,
@@ -98,7 +100,7 @@ def export_documents(*, include_secrets: bool = False) -> list[dict]:
         spec["properties"] = {OSImage.URL: image.url, OSImage.CHECKSUM: image.checksum,
                               OSImage.CHECKSUM_TYPE: image.checksum_type, **dict(sorted(image.properties.items()))}
         docs.append({"apiVersion": LOFT, "kind": "OSImage", "metadata": {"name": image.name}, "spec": spec})
-    for tenant in Tenant.objects.prefetch_related("pools__provider"):
+    for tenant in Tenant.objects.prefetch_related("pools__provider", "fabric_partitions"):
         docs.append(_virtual_cluster_instance(tenant))
     secrets_written = set()
     hosts = list(BareMetalHost.objects.all())
@@ -156,6 +158,9 @@ def _virtual_cluster_instance(tenant: Tenant) -> dict:
         annotations[ANNOTATION_PREFIX + "join-mode"] = tenant.join_mode
     if tenant.quota_nodes is not None:
         annotations[ANNOTATION_PREFIX + "quota-nodes"] = str(tenant.quota_nodes)
+    # The tenant's fabric partitions (pools.fabric) for the network side's switch tool, which reads them here
+    # (`vlan=100,ib-pkey=0x8001`); apply records them again on a restore.
+    _put(annotations, FABRIC_ANNOTATION, fabric_partitions_text(tenant.fabric_partitions.all()))
     metadata = {"name": tenant.name, "namespace": tenant.namespace}
     _put(metadata, "annotations", annotations)
     spec: dict = {}

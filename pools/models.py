@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 
 from core.crypto import EncryptedTextField
 from core.labels import validate_labels, validate_taints
@@ -12,6 +13,7 @@ from .choices import (
     ChecksumType,
     CleaningPolicy,
     ConsolidationPolicy,
+    FabricKind,
     GroupFailurePolicy,
     ImageFormat,
     JoinMode,
@@ -22,11 +24,13 @@ from .matching import validate_label_selector, validate_requirements
 from .validators import (
     NETWORK_DATA,
     check_disruption,
+    check_fabric_ranges,
     check_host_selector,
     check_node_type_selector,
     check_quantities,
     check_taints,
     collect,
+    fabric_value_text,
     parse_cron,
     parse_ip_ranges,
     validate_dns_label,
@@ -61,7 +65,8 @@ class NodeProvider(models.Model):
 
     def clean(self):
         errors = {}
-        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"),
+                lambda: check_fabric_ranges(self.properties))
         # Export writes it back as the provider block: a mapping such as {clusterRef: ..., deploy: ...}.
         collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"))
         if errors:
@@ -229,6 +234,7 @@ class NodeEnvironment(models.Model):
     def clean(self):
         validate_string_map(self.properties, "properties")
         try:
+            check_fabric_ranges(self.properties)
             if self.properties.get(NETWORK_DATA):
                 validate_network_data(self.properties[NETWORK_DATA])
             if self.CIDR in self.properties or self.IP_RANGE in self.properties:
@@ -576,3 +582,36 @@ class TenantMembership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant}"
+
+
+class FabricPartition(models.Model):
+    """A tenant's share of the fabric between its servers: a VLAN id or an InfiniBand partition key, taken
+    from the range its NodeEnvironment (or NodeProvider) configures when its first node is provisioned, and
+    kept until the tenant is deleted (pools.fabric). The console records and exports it; the network side's
+    tool configures the switches."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="fabric_partitions")
+    kind = models.CharField(max_length=16, choices=FabricKind.choices)
+    value = models.PositiveIntegerField()
+    # Where the range came from, as a person finds it: "NodeEnvironment p-default/servers 100-199".
+    source = models.CharField(max_length=300, blank=True)
+    since = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant__name", "kind"]
+        constraints = [
+            # No two tenants share a value, and a tenant holds one partition of each kind.
+            models.UniqueConstraint(fields=["kind", "value"], name="uniq_fabric_partition_value"),
+            models.UniqueConstraint(fields=["tenant", "kind"], name="uniq_fabric_partition_per_tenant"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.label} for {self.tenant_id and self.tenant.name}"
+
+    @property
+    def value_text(self) -> str:
+        return fabric_value_text(self.kind, self.value)
+
+    @property
+    def label(self) -> str:
+        return f"{'VLAN' if self.kind == FabricKind.VLAN else 'P_Key'} {self.value_text}"

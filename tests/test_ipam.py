@@ -1,6 +1,7 @@
 """IPAM that cannot leak: an address row per claim, taken in the transaction that binds the claim to its host and
 given back by every path that ends that binding; the leak check; overlapping ranges refused; overrides."""
 import threading
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -20,6 +21,7 @@ from pools.models import NodeEnvironment
 
 from .test_allocation import make_hosts, make_pool
 
+pytest_plugins = ["tests.lab_conftest"]
 SERVERS = "p-default/servers"
 
 
@@ -38,7 +40,7 @@ spec:
 
 @pytest.fixture
 def site(apply):
-    apply(open("demo/site.yaml").read())
+    apply(Path("demo/site.yaml").read_text())
 
 
 def create_claims_without_allocating(pool_ids=None):
@@ -80,7 +82,7 @@ def test_200_concurrent_claims_over_100_addresses_give_100_addresses_once_each_a
             barrier.wait()
             for claim_id in chunk:
                 claims_allocate(claim_ids=[claim_id])
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
             close_old_connections()
@@ -228,3 +230,32 @@ spec:
     capsys.readouterr()
     call_command("export")
     assert "metal3.vcluster.com/network-data" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_in_the_lab_an_overridden_hosts_seed_carries_its_network_data_as_written(
+        lab_factory, celery_worker_process, apply):
+    from agent.seed import SeedError, read_seed
+    from conftest import wait_for
+
+    from .lab_conftest import gpu_pool, lab_report, wait_hosts
+
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 1)
+    override = "version: 2\nethernets:\n  lan0:\n    match: {macaddress: '52:54:00:1a:00:01'}\n    addresses: [192.168.50.7/24]\n"
+    BareMetalHost.objects.filter(name="gpu-01").update(network_data=override)
+    apply(gpu_pool(1), tenant="one")
+    try:
+        wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).exists(), timeout=180)
+    except AssertionError:
+        raise AssertionError(lab_report()) from None
+    claim = NodeClaim.objects.get()
+    assert claim.ip_address is None and not AddressAllocation.objects.exists()
+    seeds = []
+    for path in site.hosts["gpu-01"].disk_paths():
+        try:
+            seeds.append(read_seed(str(path)))
+        except SeedError:  # the other disk holds no seed
+            pass
+    assert [s["network-config"] for s in seeds] == [override]

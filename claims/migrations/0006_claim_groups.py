@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('claims', '0005_address_allocation'),
-        ('pools', '0006_pool_topology_and_group'),
+        ('pools', '0007_pool_topology_and_group'),
     ]
 
     operations = [

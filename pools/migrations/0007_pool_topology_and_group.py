@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pools', '0005_tenant_deleting_since'),
+        ('pools', '0006_fabric_partition'),
     ]
 
     operations = [

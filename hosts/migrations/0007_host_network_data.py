@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('hosts', '0005_bmc_contact'),
+        ('hosts', '0006_host_preflight'),
     ]
 
     operations = [
