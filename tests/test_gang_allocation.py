@@ -393,3 +393,14 @@ def test_a_group_whose_environment_has_too_few_addresses_left_waits_whole_for_th
     assert not waiting.members.filter(host__isnull=False).exists()
     assert BareMetalHost.objects.filter(state="provisioning").count() == 20
     assert len(set(NodeClaim.objects.filter(host__isnull=False).values_list("ip_address", flat=True))) == 20
+
+
+@pytest.mark.django_db
+def test_a_host_whose_preflight_is_red_is_never_counted_or_taken_for_a_group(site):
+    make_rails({"r1": 4, "r2": 6})
+    BareMetalHost.objects.filter(name="gpu-00000").update(preflight_ok=False)  # on r1
+    make_pool(4, group={"size": 4})
+    call_command("reconcile")
+    group = ClaimGroup.objects.get()
+    assert group.rail_group == "r2" and rails_of(group.members.select_related("host")) == {"r2"}
+    assert BareMetalHost.objects.get(name="gpu-00000").state == "available"
