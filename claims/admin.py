@@ -12,10 +12,30 @@ from pools.admin import NodePoolAdmin, TenantAdmin
 from pools.models import NodePool, Tenant
 
 from .lifecycle import LIVE
-from .models import AddressAllocation, NodeClaim
+from .models import AddressAllocation, ClaimGroup, NodeClaim
 from .services import claims_release
 
 EDITABLE = ("node_name", "node_labels", "taints")
+
+
+@admin.register(ClaimGroup)
+class ClaimGroupAdmin(admin.ModelAdmin):
+    """All-or-nothing groups: read only (the reconciler makes them, the allocator places them whole)."""
+
+    list_display = ("name", "tenant", "pool_name", "size", "on_member_failure", "rack", "rail_group", "placed_at",
+                    "placements", "reason", "message")
+    list_filter = ("on_member_failure", "reason", "tenant")
+    search_fields = ("name", "pool_name", "tenant__name", "rail_group", "rack")
+    list_select_related = ("tenant",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(NodeClaim)

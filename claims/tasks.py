@@ -19,6 +19,11 @@ def revoke_join_token(claim_id: int, token_id: str) -> None:
     steps.claim_revoke_join_token(claim_id=claim_id, token_id=token_id)
 
 
+@shared_task(name="claims.tasks.place_group_again")
+def place_group_again(group_id: int, placements: int) -> list[str]:
+    return services.claim_group_place_again(group_id=group_id, placements=placements)
+
+
 # Addresses whose claim is gone or holds no host (deleted behind the console's back): freed with an Event each;
 # claims waiting for an address may take one now.
 @shared_task(name="claims.tasks.free_leaked_addresses")

@@ -16,7 +16,7 @@ from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
 from claims.ipam import environments_usage
 from claims.lifecycle import LIVE
-from claims.models import NodeClaim
+from claims.models import ClaimGroup, NodeClaim
 from claims.tenant_check import tenant_api_console_check, tenant_api_server_check
 from core import scoping
 from core.actors import actor
@@ -148,7 +148,10 @@ def pool_context(user, pool: NodePool) -> dict:
     (autonodes.selectors.pool_status); for a static one its quantity and live claims. A fixed number of queries."""
     status = pool_status(pool)
     claim_presenters.with_progress(status.nodes)
-    return {"tenant": pool.tenant, "pool": pool, "status": status}
+    live = NodeClaim.objects.filter(pool=pool, group__isnull=False).exclude(phase=ClaimPhase.RELEASED)
+    groups = claim_presenters.claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
+                                                .order_by("created_at", "pk"))
+    return {"tenant": pool.tenant, "pool": pool, "status": status, "groups": groups}
 
 
 def render_pool_live(user, pool: NodePool) -> list[str]:

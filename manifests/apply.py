@@ -486,9 +486,10 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
     return tenant
 
 
-STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile"}
+STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile",
+                 "topology", "group"}
 DYNAMIC_FIELDS = {"name", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile", "limits",
-                  "disruption", "expireAfter", "weight"}
+                  "disruption", "expireAfter", "weight", "topology", "group"}
 
 
 def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
@@ -544,6 +545,9 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
         "taints": pool.list("taints"),
         "termination_grace_period": pool.str("terminationGracePeriod"),
         "profile": pool.str("profile"),
+        # Ours, beside vCluster's fields: where the nodes sit and whether they come in all-or-nothing groups.
+        "topology": pool.child("topology", {}).value,
+        "group": pool.child("group", {}).value,
     }
     if kind == PoolKind.STATIC:
         quantity = pool.int("quantity", required=True)
@@ -561,7 +565,8 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
         probe.clean()
     except ValidationError as exc:
         field_paths = {"node_type_selector": "nodeTypeSelector", "node_labels": "nodeLabels", "taints": "taints",
-                       "disruption": "disruption", "limits": "limits", "quantity": "quantity"}
+                       "disruption": "disruption", "limits": "limits", "quantity": "quantity",
+                       "topology": "topology", "group": "group"}
         raise _invalid_from(exc, {name: pool.path + (field_paths.get(name, name),)
                                   for name in getattr(exc, "error_dict", {})}) from None
     return PoolSpec(name=name, provider=provider, kind=kind, values=values), pool

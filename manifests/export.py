@@ -141,6 +141,8 @@ def _pool(pool) -> dict:
     _put(body, "taints", pool.taints)
     _put(body, "terminationGracePeriod", pool.termination_grace_period)
     _put(body, "profile", pool.profile)
+    _put(body, "topology", dict(sorted(pool.topology.items())))
+    _put(body, "group", dict(sorted(pool.group.items())))
     if pool.kind == PoolKind.DYNAMIC:
         _put(body, "limits", dict(sorted(pool.limits.items())))
         _put(body, "disruption", pool.disruption)

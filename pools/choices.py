@@ -49,6 +49,12 @@ class CleaningPolicy(models.TextChoices):
     SECURE = "secure", "secure (the drive's own erase: NVMe format/sanitize, ATA security erase: NIST Purge)"
 
 
+class GroupFailurePolicy(models.TextChoices):
+    """What an all-or-nothing group does when one member fails provisioning (claims.services)."""
+    REPLACE = "Replace", "Replace (a new host from the group's rail group, or the group waits)"
+    RELEASE_GROUP = "ReleaseGroup", "ReleaseGroup (every member released, the group placed again)"
+
+
 class FabricKind(models.TextChoices):
     """What a tenant's fabric partition is (pools.fabric): an Ethernet VLAN id or an InfiniBand partition key."""
     VLAN = "vlan", "VLAN"

@@ -14,6 +14,7 @@ from .choices import (
     CleaningPolicy,
     ConsolidationPolicy,
     FabricKind,
+    GroupFailurePolicy,
     ImageFormat,
     JoinMode,
     PoolKind,
@@ -395,6 +396,10 @@ class NodePool(models.Model):
     disruption = models.JSONField(default=dict, blank=True)
     expire_after = models.CharField(max_length=32, blank=True, validators=[validate_duration])
     weight = models.IntegerField(null=True, blank=True)
+    # Where the pool's nodes sit (validate_topology): {"sameRailGroup": true} and/or {"sameRack": true}.
+    topology = models.JSONField(default=dict, blank=True)
+    # All-or-nothing groups (validate_group): {"size": 4, "onMemberFailure": "Replace" | "ReleaseGroup"}.
+    group = models.JSONField(default=dict, blank=True)
     # Optimistic concurrency: bumped on every change.
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -431,8 +436,31 @@ class NodePool(models.Model):
         collect(errors, "disruption", lambda: check_disruption(self.disruption),
                 lambda: validate_disruption(self.disruption))
         collect(errors, "limits", lambda: check_quantities(self.limits), lambda: validate_limits(self.limits))
+        collect(errors, "topology", lambda: validate_topology(self.topology))
+        collect(errors, "group", lambda: validate_group(self.group))
+        size = self.group_size
+        if (self.kind == PoolKind.STATIC and size and "group" not in errors and isinstance(self.quantity, int)
+                and "quantity" not in errors and self.quantity % size):
+            errors["quantity"] = (f"a pool of groups of {size} asks for whole groups: {self.quantity} is not a "
+                                  f"multiple of {size}")
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def group_size(self) -> int:
+        """Members of each all-or-nothing group; 0: the pool's claims are placed one by one."""
+        size = (self.group or {}).get("size") if isinstance(self.group, dict) else None
+        return size if isinstance(size, int) and not isinstance(size, bool) else 0
+
+    def shared_topology(self) -> tuple[str, ...]:
+        """What every node of the pool shares, as `topology` says (hosts.topology.Topology fields)."""
+        topology = self.topology if isinstance(self.topology, dict) else {}
+        return tuple(key for key, flag in (("rack", "sameRack"), ("rail_group", "sameRailGroup"))
+                     if topology.get(flag) is True)
+
+    def group_shares(self) -> tuple[str, ...]:
+        """What the members of one group share: the pool's `topology`, else one rail group."""
+        return self.shared_topology() or ("rail_group",)
 
 
 def validate_limits(limits) -> None:
@@ -444,6 +472,47 @@ def validate_limits(limits) -> None:
                 raise ValueError
         except ValueError:
             raise ValidationError(f"limits.{key}: {value!r} is not a quantity ≥ 0") from None
+
+
+TOPOLOGY_FIELDS = ("sameRack", "sameRailGroup")
+GROUP_FIELDS = ("size", "onMemberFailure")
+GROUP_MAX_SIZE = 1000
+
+
+def validate_topology(topology) -> None:
+    """{sameRailGroup: true} (every node of the pool on one rail group), {sameRack: true} (in one rack), or both."""
+    if not isinstance(topology, dict):
+        raise ValidationError("topology must be a mapping such as {sameRailGroup: true}")
+    unknown = set(topology) - set(TOPOLOGY_FIELDS)
+    if unknown:
+        raise ValidationError(f"topology: unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"expected {' or '.join(TOPOLOGY_FIELDS)}")
+    for key, value in topology.items():
+        if not isinstance(value, bool):
+            raise ValidationError(f"topology.{key} must be true or false, not {value!r}")
+
+
+def validate_group(group) -> None:
+    """{size: N, onMemberFailure: Replace | ReleaseGroup}: the pool's nodes come in groups of N hosts of one
+    rail group (or of what `topology` names), all placed at once or none."""
+    if not isinstance(group, dict):
+        raise ValidationError("group must be a mapping such as {size: 4, onMemberFailure: Replace}")
+    if not group:
+        return
+    unknown = set(group) - set(GROUP_FIELDS)
+    if unknown:
+        raise ValidationError(f"group: unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"expected {', '.join(GROUP_FIELDS)}")
+    size = group.get("size")
+    if size is None:
+        raise ValidationError("group.size is required: how many hosts each group takes at once")
+    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= GROUP_MAX_SIZE:
+        raise ValidationError(f"group.size must be a whole number from 2 to {GROUP_MAX_SIZE}, not {size!r} "
+                              "(a group of 1 is a plain pool)")
+    policy = group.get("onMemberFailure", GroupFailurePolicy.REPLACE)
+    if policy not in GroupFailurePolicy.values:
+        raise ValidationError(f"group.onMemberFailure must be {' or '.join(GroupFailurePolicy.values)}, "
+                              f"not {policy!r}")
 
 
 DISRUPTION_FIELDS = {"consolidationPolicy", "consolidateAfter", "minNodeLifetime", "budgets"}

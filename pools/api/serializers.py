@@ -92,7 +92,7 @@ class NodePoolSerializer(StrictModelSerializer):
         model = NodePool
         fields = ["id", "tenant", "name", "provider", "kind", "quantity", "node_type_selector", "node_labels",
                   "taints", "termination_grace_period", "profile", "limits", "disruption", "expire_after", "weight",
-                  "version", "created_at", "updated_at"]
+                  "topology", "group", "version", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
     def __init__(self, *args, **kwargs):
