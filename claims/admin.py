@@ -12,10 +12,30 @@ from pools.admin import NodePoolAdmin, TenantAdmin
 from pools.models import NodePool, Tenant
 
 from .lifecycle import LIVE
-from .models import NodeClaim
+from .models import AddressAllocation, ClaimGroup, NodeClaim
 from .services import claims_release
 
 EDITABLE = ("node_name", "node_labels", "taints")
+
+
+@admin.register(ClaimGroup)
+class ClaimGroupAdmin(admin.ModelAdmin):
+    """All-or-nothing groups: read only (the reconciler makes them, the allocator places them whole)."""
+
+    list_display = ("name", "tenant", "pool_name", "size", "on_member_failure", "rack", "rail_group", "placed_at",
+                    "placements", "reason", "message")
+    list_filter = ("on_member_failure", "reason", "tenant")
+    search_fields = ("name", "pool_name", "tenant__name", "rail_group", "rack")
+    list_select_related = ("tenant",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(NodeClaim)
@@ -124,3 +144,21 @@ def _with_live_claims(base, position: int):
 for _model, _base, _position in ((Tenant, TenantAdmin, 7), (NodePool, NodePoolAdmin, 5)):
     admin.site.unregister(_model)
     admin.site.register(_model, _with_live_claims(_base, _position))
+
+
+@admin.register(AddressAllocation)
+class AddressAllocationAdmin(admin.ModelAdmin):
+    """IPAM's record (claims/ipam.py): read here; taken and freed only with claims' hosts, leaks by the check."""
+
+    list_display = ("address", "environment", "claim_name", "host_name", "tenant", "since")
+    list_filter = ("environment",)
+    search_fields = ("address", "claim_name", "host_name", "tenant__name")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

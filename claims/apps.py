@@ -5,18 +5,23 @@ class ClaimsConfig(AppConfig):
     name = "claims"
 
     def ready(self):
+        from hosts.dhcp import address_source
         from hosts.lifecycle import on_host_transition
         from pools.api_check import tenant_api_check_source
+        from pools.capacity import address_usage_source
         from pools.services import on_pool_delete, on_tenant_finalize
 
         from . import (
             consumers,  # noqa: F401 (registers who may join a claim's live group)
             steps,  # noqa: F401 (registers the provision and deprovision flows with the step engine)
         )
+        from .ipam import environments_usage, host_addresses
         from .reactions import react
         from .services import pool_claims_release, tenants_finalize
         from .tenant_check import tenant_api_status
 
+        address_source(host_addresses)  # a host's DHCP entry carries its claim's address
+        address_usage_source(environments_usage)  # the environments' used / free / leaked (API)
         on_host_transition(react)  # what a host's move means for its claim
         on_pool_delete(pool_claims_release)
         on_tenant_finalize(tenants_finalize)

@@ -8,6 +8,39 @@ from pools.validators import check_taints, collect, validate_string_map
 from .choices import ClaimPhase
 
 
+class ClaimGroup(models.Model):
+    """N claims placed as one all-or-nothing group: every member's host in one rail group (or what the pool's
+    `topology` names), all taken in one transaction or none (claims.services.claims_allocate)."""
+
+    name = models.CharField(max_length=253, unique=True)  # "one-g7k2xq"
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.CASCADE, related_name="claim_groups")
+    pool = models.ForeignKey("pools.NodePool", null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="claim_groups")
+    pool_name = models.CharField(max_length=63)
+    size = models.PositiveIntegerField()
+    # Snapshot of the pool at creation: what each member shares (hosts.topology.Topology fields) and what a
+    # member's failure does (pools.choices.GroupFailurePolicy).
+    shares = models.JSONField(default=list)
+    on_member_failure = models.CharField(max_length=16)
+    # Where it was placed; empty while it waits.
+    rack = models.CharField(max_length=100, blank=True)
+    rail_group = models.CharField(max_length=100, blank=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    placements = models.PositiveIntegerField(default=0)  # times placed (ReleaseGroup places it again)
+    reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)  # why it waits, what its last member failure did
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def domain(self) -> tuple[str, ...]:
+        return tuple(getattr(self, key) for key in self.shares)
+
+
 class NodeClaim(models.Model):
     name = models.CharField(max_length=253, unique=True)  # "one-vc4vs"
     namespace = models.CharField(max_length=63, default="p-default")
@@ -15,6 +48,8 @@ class NodeClaim(models.Model):
     pool = models.ForeignKey("pools.NodePool", null=True, blank=True, on_delete=models.SET_NULL,
                              related_name="claims")
     pool_name = models.CharField(max_length=63)
+    # A member of an all-or-nothing group, or None.
+    group = models.ForeignKey(ClaimGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
     provider = models.ForeignKey("pools.NodeProvider", on_delete=models.PROTECT, related_name="claims")
     node_type = models.ForeignKey("pools.NodeType", null=True, blank=True, on_delete=models.SET_NULL,
                                   related_name="claims")
@@ -82,3 +117,31 @@ class NodeClaim(models.Model):
             for name, at in (("Scheduled", self.scheduled_at), ("Provisioned", self.provisioned_at),
                              ("Joined", self.joined_at))
         ]
+
+
+class AddressAllocation(models.Model):
+    """One address handed out from a NodeEnvironment's ranges (claims/ipam.py): taken in the transaction that
+    binds its claim to a host, given back in the one that ends that binding. The row is the record a person
+    audits; a row whose claim is gone or holds no host any more is a leak, which the periodic check frees."""
+
+    environment = models.ForeignKey("pools.NodeEnvironment", on_delete=models.CASCADE, related_name="addresses")
+    address = models.GenericIPAddressField()
+    # Plain ids: a claim deleted behind the console's back (SQL, a tenant's cascade) leaves its row for the
+    # leak check to find, rather than taking it along unseen.
+    claim = models.ForeignKey(NodeClaim, null=True, on_delete=models.DO_NOTHING, db_constraint=False,
+                              related_name="+")
+    claim_name = models.CharField(max_length=253)
+    host = models.ForeignKey("hosts.BareMetalHost", null=True, on_delete=models.SET_NULL, related_name="+")
+    host_name = models.CharField(max_length=253)
+    tenant = models.ForeignKey("pools.Tenant", null=True, on_delete=models.SET_NULL, related_name="+")
+    since = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["environment_id", "since", "pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "address"], name="uniq_environment_address"),
+            models.UniqueConstraint(fields=["claim"], name="uniq_address_per_claim"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.address} ({self.claim_name})"

@@ -268,3 +268,46 @@ def claim_total(claim: NodeClaim) -> float | None:
     if claim.available_at:
         return (claim.available_at - claim.created_at).total_seconds()
     return None
+
+
+# --- all-or-nothing groups, shown as one unit (the claims list, the pool page) --------------------------------
+
+GROUP_STATES = {  # state → badge colour, as the claim phases colour them
+    "Waiting": "secondary", "Provisioning": "warning", "Available": "success", "Replacing": "warning",
+    "Failed": "danger", "Releasing": "warning", "Released": "dark",
+}
+
+
+def claim_groups_rows(groups) -> list:
+    """Groups with their members (in two queries), where they sit and one state for the whole group:
+    Waiting (not placed), Provisioning, Available (every member), Replacing (a member waits for a new host),
+    Failed, Releasing, Released."""
+    groups = list(groups)
+    members: dict[int, list] = {}
+    for claim in NodeClaim.objects.filter(group_id__in=[g.pk for g in groups]).order_by("pk"):
+        members.setdefault(claim.group_id, []).append(claim)
+    for group in groups:
+        live = [c for c in members.get(group.pk, []) if c.phase != ClaimPhase.RELEASED]
+        releasing = [c for c in members.get(group.pk, []) if c.phase == ClaimPhase.RELEASING]
+        current = [c for c in live if c.phase != ClaimPhase.RELEASING]
+        group.shown_members = current or live
+        phases = {c.phase for c in current}
+        if not live:
+            group.state = "Released"
+        elif not current:
+            group.state = "Releasing"
+        elif group.placed_at is None:
+            group.state = "Waiting"
+        elif ClaimPhase.FAILED in phases:
+            group.state = "Failed"
+        elif ClaimPhase.PENDING in phases:
+            group.state = "Replacing"
+        elif phases == {ClaimPhase.AVAILABLE}:
+            group.state = "Available"
+        else:
+            group.state = "Provisioning"
+        group.state_colour = GROUP_STATES[group.state]
+        group.releasing = len(releasing)
+        group.where = ", ".join(f"{'rail' if key == 'rail_group' else key} {getattr(group, key)}"
+                                for key in group.shares if getattr(group, key))
+    return groups

@@ -19,12 +19,19 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record, object_delete, seconds_since
-from hosts.capacity import node_type_capacity, not_allocatable_q
+from hosts.capacity import (
+    NEVER_ALLOCATED,
+    node_type_capacity,
+    not_allocatable_q,
+    preflight_held_back,
+)
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
-from pools.choices import PoolKind
+from hosts.topology import host_topology
+from pools.choices import GroupFailurePolicy, PoolKind
+from pools.fabric import fabric_partition_waits, fabric_partitions_release
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import (
     NODE_TYPE_PROPERTY,
@@ -37,8 +44,16 @@ from pools.models import (
 from pools.services import RECONCILE_TASK, pools_changed
 
 from .choices import ClaimPhase as P
+from .ipam import (
+    HOLDS_NO_HOST,
+    NO_ADDRESS,
+    addresses_free,
+    addresses_take,
+    environments_lock,
+    environments_of,
+)
 from .lifecycle import LIVE, RELEASE_ORDER, check_phase_change
-from .models import NodeClaim
+from .models import ClaimGroup, NodeClaim
 from .selectors import (
     LaunchDeadline,
     launch_deadline_unknown_type,
@@ -92,6 +107,8 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
         values.update(scheduled_at=None, provisioned_at=None, joined_at=None, available_at=None)
     ids = [c.pk for c in claims]
     swap(NodeClaim, ids=ids, field="phase", expected=from_phase, values=values, what="claim")
+    if to_phase in HOLDS_NO_HOST:  # the binding ends: its address goes back, in this transaction (claims.ipam)
+        addresses_free(claim_ids=ids)
     # Published on commit to "claims" and each claim's, tenant's and host's group: {"object": "claim",
     # "ids": [...], "from_state": ..., "to_state": ...}.
     events_record([
@@ -159,10 +176,25 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
         locked = list(pools.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
         pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk")
                      .annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE)))))
-        growing = [(p, p.quantity - p.live) for p in pools if p.quantity > p.live]
-        shrinking = {p.pk: p.live - p.quantity for p in pools if p.quantity < p.live}
+        grouped = _live_groups([p.pk for p in pools if p.group_size])
+        growing, growing_groups, shrinking = [], [], {}
+        for p in pools:
+            if p.group_size:  # whole groups only: claims from before the pool had groups count one by one
+                ungrouped, groups = grouped.get(p.pk, (0, 0))
+                need = p.quantity - ungrouped - groups * p.group_size
+                if need >= p.group_size:
+                    growing_groups.append((p, need // p.group_size))
+                elif need < 0:
+                    shrinking[p.pk] = -need
+            elif p.quantity > p.live:
+                growing.append((p, p.quantity - p.live))
+            elif p.quantity < p.live:
+                shrinking[p.pk] = p.live - p.quantity
         if growing:
             result.created = [c.name for c in _claims_create(growing, actor)]
+        for pool, count in growing_groups:
+            for _ in range(count):
+                result.created += [c.name for c in _group_create(pool=pool, actor=actor)]
         if shrinking:
             candidates = defaultdict(list)
             for claim in NodeClaim.objects.filter(pool_id__in=list(shrinking), phase__in=list(LIVE)):
@@ -171,7 +203,7 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
             for pool_id, surplus in shrinking.items():
                 ordered = sorted(candidates[pool_id],
                                  key=lambda c: (RELEASE_ORDER[c.phase], c.host_id is not None, -c.created_at.timestamp()))
-                doomed += ordered[:surplus]
+                doomed += _whole_groups(ordered, surplus)
             claims_release(claims=doomed, actor=actor, reason="pool shrank")
             result.released = [c.name for c in doomed]
     allocation = claims_allocate(pool_ids=pool_ids, actor=actor)
@@ -181,8 +213,77 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
     return result
 
 
+def _live_groups(pool_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """{pool id: (live claims in no group, groups with a live member)} of pools that come in groups."""
+    if not pool_ids:
+        return {}
+    counts: dict[int, list] = defaultdict(lambda: [0, set()])
+    for pool_id, group_id in (NodeClaim.objects.filter(pool_id__in=pool_ids, phase__in=list(LIVE)).order_by()
+                              .values_list("pool_id", "group_id")):
+        if group_id is None:
+            counts[pool_id][0] += 1
+        else:
+            counts[pool_id][1].add(group_id)
+    return {pool_id: (ungrouped, len(groups)) for pool_id, (ungrouped, groups) in counts.items()}
+
+
+def _whole_groups(ordered: list[NodeClaim], surplus: int) -> list[NodeClaim]:
+    """The claims a shrinking pool gives back, `ordered` least advanced first: claims in no group first, then
+    whole groups (the least advanced first), never part of a group."""
+    doomed = [c for c in ordered if c.group_id is None][:surplus]
+    members, most_advanced = defaultdict(list), {}
+    for position, claim in enumerate(ordered):
+        if claim.group_id is not None:
+            members[claim.group_id].append(claim)
+            most_advanced[claim.group_id] = position  # the group goes as late as its most advanced member
+    for group_id in sorted(members, key=most_advanced.__getitem__):
+        if len(doomed) >= surplus:
+            break
+        doomed += members[group_id]
+    return doomed
+
+
+def _new_group_name(tenant_name: str) -> str:
+    while True:
+        name = f"{tenant_name}-g{''.join(secrets.choice(NAME_ALPHABET) for _ in range(5))}"
+        if not ClaimGroup.objects.filter(name=name).exists():
+            return name
+
+
+def _group_create(*, pool: NodePool, actor: str, size: int | None = None, node_type: NodeType | None = None,
+                  message: str = "", failed_hosts: list[str] | None = None, group: ClaimGroup | None = None,
+                  launch_deadline_at=None) -> list[NodeClaim]:
+    """A new all-or-nothing group of the pool (or new members for `group`, placed again): its Pending claims."""
+    if group is None:
+        size = size or pool.group_size
+        group = ClaimGroup.objects.create(
+            name=_new_group_name(pool.tenant.name), tenant=pool.tenant, pool=pool, pool_name=pool.name, size=size,
+            shares=list(pool.group_shares()),
+            on_member_failure=(pool.group or {}).get("onMemberFailure") or GroupFailurePolicy.REPLACE,
+            reason="Created", message="waiting to be placed")
+    return _claims_create([(pool, group.size)], actor, node_type=node_type, group=group,
+                          message=message or f"pool {pool.name} needs a group of {group.size} ({group.name})",
+                          failed_hosts=failed_hosts, launch_deadline_at=launch_deadline_at)
+
+
+def claim_group_create(*, pool: NodePool, size: int, actor: str, node_type: NodeType | None = None,
+                       message: str = "", launch_deadline: LaunchDeadline | None = None) -> list[NodeClaim]:
+    """An all-or-nothing group of `size` Pending claims in a pool (a dynamic pool's decision that needs N
+    servers of one rail group at once; the pool's `topology` and `group.onMemberFailure` apply). The caller
+    holds the tenant's lock, as for claims_create; the group is placed on commit, whole or not at all."""
+    if size < 2:
+        raise ValueError("a group has 2 members or more")
+    if launch_deadline is None:  # as claims_create: the NodeType's measured launch p95, else the cap
+        launch_deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
+    claims = _group_create(pool=pool, actor=actor, size=size, node_type=node_type, message=message,
+                           launch_deadline_at=timezone.now() + timedelta(seconds=launch_deadline.seconds))
+    task_send_on_commit(RECONCILE_TASK, pool_ids=[pool.pk])
+    return claims
+
+
 def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type: NodeType | None = None,
-                   message: str = "", launch_deadline_at=None) -> list[NodeClaim]:
+                   message: str = "", launch_deadline_at=None, group: ClaimGroup | None = None,
+                   failed_hosts: list[str] | None = None) -> list[NodeClaim]:
     tenant_names = [pool.tenant.name for pool, missing in growing for _ in range(missing)]
     names = iter(_new_claim_names(tenant_names))
 
@@ -196,8 +297,8 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
         NodeClaim(name=next(names), namespace=pool.tenant.namespace, tenant=pool.tenant, pool=pool,
                   pool_name=pool.name, provider=pool.provider, requirements=requirements(pool),
                   properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
-                  node_type=node_type, reason="Created", message="waiting for a host",
-                  launch_deadline_at=launch_deadline_at)
+                  node_type=node_type, group=group, failed_hosts=list(failed_hosts or []), reason="Created",
+                  message="waiting for a host", launch_deadline_at=launch_deadline_at)
         for pool, missing in growing for _ in range(missing)
     ]
     NodeClaim.objects.bulk_create(claims)
@@ -282,11 +383,77 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
                           message=f"{reason}; trying another host ({len(set(failed))} of {cap} failed it)",
                           fields=fields)
         pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
+    if claim.group_id and not claim_reason and claim.phase != P.RELEASED:
+        _group_member_lost(claim, reason)
     token_id = claim.bootstrap_token_id
     if token_id:  # network I/O: after commit, in a worker
         task_send_on_commit("claims.tasks.revoke_join_token", claim_id=claim.pk, token_id=token_id)
     claim.host = None
     return claim
+
+
+def _group_member_lost(claim: NodeClaim, reason: str) -> None:
+    """A member of a placed group lost its host: its group's policy decides. Replace: the member waits for a
+    host of the group's rail group (the allocator). ReleaseGroup: a task releases every member and places the
+    group again (after this commit: it locks the group, then its hosts; this transaction holds one of them)."""
+    group = ClaimGroup.objects.filter(pk=claim.group_id, placed_at__isnull=False).first()
+    if group is None:
+        return
+    where = _domain_name(tuple(group.shares), group.domain())
+    if claim.phase == P.FAILED:  # too many hosts failed it: nothing replaces it (delete it to try again)
+        message = f"member {claim.name} failed for good ({reason}); the rest of the group stays"
+    elif group.on_member_failure == GroupFailurePolicy.RELEASE_GROUP:
+        message = f"member {claim.name} failed ({reason}): the group is released and placed again"
+        task_send_on_commit("claims.tasks.place_group_again", group_id=group.pk, placements=group.placements)
+    else:
+        message = f"member {claim.name} failed ({reason}): replacing it from {where}"
+    # After commit: this runs under the failing host's lock, and whoever releases the group (ReleaseGroup)
+    # locks the group before its hosts.
+    transaction.on_commit(lambda: ClaimGroup.objects.filter(pk=group.pk).update(reason="MemberFailed",
+                                                                                message=message))
+
+
+@retry_on_deadlock(also=(ConcurrentTransition,))
+def claim_group_place_again(*, group_id: int, placements: int, actor: str = "system:allocator") -> list[str]:
+    """ReleaseGroup: every live member of the group is released (hosts drained and erased) and as many new
+    Pending members take their place, so the group is placed again whole; hosts that failed it are tried last.
+    Idempotent: a group placed again since (`placements` moved on) is left alone. After CLAIM_MAX_ATTEMPTS
+    placements the group gives up: the members that lost their host are Failed, the others released.
+    Returns the new members' names."""
+    with transaction.atomic():
+        group = ClaimGroup.objects.filter(pk=group_id).first()
+        if group is None:
+            return []
+        # The lock order: the pool (a reconcile counting its groups waits), the group, hosts, claims.
+        if group.pool_id:
+            NodePool.objects.select_for_update(no_key=True).filter(pk=group.pool_id).exists()
+        group = ClaimGroup.objects.select_for_update(of=("self",)).select_related("pool__tenant").get(pk=group_id)
+        if group.placed_at is None or group.placements != placements:
+            return []
+        members = list(group.members.filter(phase__in=list(LIVE)).select_related("tenant").order_by("pk"))
+        failed = sorted({name for member in members for name in member.failed_hosts})
+        lost = [m for m in members if m.phase == P.PENDING and m.host_id is None]
+        if group.placements >= settings.CLAIM_MAX_ATTEMPTS or group.pool is None:
+            why = (f"gave up after {group.placements} placement(s); last lost: {', '.join(failed) or 'a member'}"
+                   if group.pool else "its pool is gone")
+            if lost:
+                claims_transition(claims=lost, to_phase=P.FAILED, actor=actor, reason="RetriesExhausted",
+                                  message=f"group {group.name} {why}")
+            claims_release(claims=[m for m in members if m not in lost], actor=actor,
+                           reason=f"group {group.name} {why}")
+            ClaimGroup.objects.filter(pk=group.pk).update(reason="GaveUp", message=why)
+            return []
+        claims_release(claims=members, actor=actor,
+                       reason=f"group {group.name} lost a member: released whole, to be placed again")
+        ClaimGroup.objects.filter(pk=group.pk).update(placed_at=None, rack="", rail_group="", reason="Replacing",
+                                                      message=f"placing it again (placement {placements + 1}); "
+                                                              f"{', '.join(failed)} failed it")
+        group.placed_at = None
+        node_type = members[0].node_type if members and group.pool.kind == PoolKind.DYNAMIC else None
+        new = _group_create(pool=group.pool, actor=actor, group=group, failed_hosts=failed, node_type=node_type,
+                            message=f"group {group.name} placed again after a member failed")
+        pools_changed(pool_ids=[group.pool_id])
+        return [c.name for c in new]
 
 
 @dataclass
@@ -319,32 +486,64 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         problem = images[claim.properties.get(OS_IMAGE_PROPERTY) or ""] or holds.get(claim.tenant_id)
         if problem:
             waiting[claim] = problem
+    # ...and, where its environment configures a fabric range, a partition for its tenant (pools.fabric).
+    for claim, message in fabric_partition_waits(c for c in pending if c not in waiting).items():
+        waiting[claim] = ("NoFabricPartition", message)
     node_types = sorted(NodeType.objects.select_related("provider"), key=lambda t: (t.effective_cost(), t.name))
+    # Where a claim's host must sit (hosts.topology): with the rest of its all-or-nothing group, or of its pool.
+    claim_groups = ClaimGroup.objects.in_bulk({c.group_id for c in pending if c.group_id})
+    topology_pools = {p.pk: p for p in NodePool.objects.filter(pk__in={c.pool_id for c in pending if c.pool_id
+                                                                        and not c.group_id})
+                      if p.shared_topology()}
     groups = defaultdict(list)
+    environments = environments_of(pending)  # a group shares one NodeEnvironment: its addresses (claims.ipam)
+    no_address = {}  # claim id → why it waits for an address (filled by _allocate_group)
     for claim in pending:
         if claim in waiting:
             continue
         pinned = claim.properties.get(SERVER_NAME_PROPERTY, "")
-        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tuple(sorted(set(claim.failed_hosts))))
+        tried = tuple(sorted(set(claim.failed_hosts)))
+        where = None
+        group = claim_groups.get(claim.group_id)
+        if group is not None and group.placed_at is None:
+            where, pinned, tried = ("group", group), "", ()  # placed whole: one host per member, in one go
+        elif group is not None and group.on_member_failure == GroupFailurePolicy.RELEASE_GROUP:
+            waiting[claim] = ("GroupReleasing", f"group {group.name} lost a member: it is released and placed again")
+            continue
+        elif group is not None:
+            where = ("member", group)  # Replace: a new host from the group's rail group
+        elif claim.pool_id in topology_pools:
+            where = ("pool", topology_pools[claim.pool_id])
+        env = environments[claim.pk]
+        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tried, where, env.pk if env else None)
         groups[key].append(claim)
-    for (provider_id, _, pinned, tried), claims in groups.items():
+    for (provider_id, _, pinned, tried, where, _env), claims in groups.items():
         candidates = [t for t in node_types if t.provider_id == provider_id
                       and requirements_match(claims[0].requirements, t.effective_properties())]
         if not candidates:
             msg = f"no NodeType matches {_describe(claims[0].requirements)}"
             waiting.update({c: ("NoNodeType", msg) for c in claims})
             continue
+        if where is not None:
+            if where[0] == "group":
+                allocated, why = _place_group(where[1], claims, candidates, actor)
+            else:
+                allocated, why = _allocate_in_place(where, claims, candidates, tried, actor)
+            result.allocated.update(allocated)
+            if why:
+                waiting.update({c: why for c in claims if c.name not in allocated})
+            continue
         # Hosts that failed these claims wait while another matching host is free or on its way back.
         excluded = tried if tried and _another_host_may_free_up(candidates, pinned, tried) else ()
         for round_ in range(3):
             for node_type in candidates:
-                if not claims:
+                if not claims or no_address.keys() & {c.pk for c in claims}:
                     break
-                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded)
+                taken = _allocate_group(claims, node_type, pinned, actor, excluded=excluded, no_address=no_address)
                 for claim in claims[:taken]:
                     result.allocated[claim.name] = claim.host_name
                 claims = claims[taken:]
-            if not claims:
+            if not claims or no_address.keys() & {c.pk for c in claims}:
                 break
             capacity = node_type_capacity(candidates)
             if excluded or not any(capacity[t.pk]["available"] for t in candidates):
@@ -352,7 +551,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             # Hosts that look free but were skipped: other allocations hold them locked. Look again
             # once they commit, so the reason we give is true.
             time.sleep(0.05 * (round_ + 1))
-        if claims:
+        if claims and any(c.pk in no_address for c in claims):
+            waiting.update({c: (NO_ADDRESS, no_address.get(c.pk) or next(iter(no_address.values()))) for c in claims})
+        elif claims:
             msg = _no_capacity_message(candidates, capacity, pinned)
             if excluded:
                 msg += f"; not {', '.join(excluded)} again while another host may free up (it failed this claim)"
@@ -364,7 +565,219 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             by_message[(reason, msg)].append(claim.pk)
     for (reason, msg), ids in by_message.items():
         NodeClaim.objects.filter(pk__in=ids, phase=P.PENDING).update(reason=reason, message=msg)
+    for group in claim_groups.values():  # a group waiting to be placed says why, as its members do
+        why = next((waiting[c] for c in pending if c.group_id == group.pk and c in waiting), None)
+        if why and group.placed_at is None and (group.reason, group.message) != why:
+            ClaimGroup.objects.filter(pk=group.pk, placed_at__isnull=True).update(reason=why[0], message=why[1])
     return result
+
+
+# --- where hosts sit: all-or-nothing groups, pools on one rack or rail group (hosts.topology) ----------------
+
+SHARES_WORDS = {("rail_group",): ("on one rail group", "group"), ("rack",): ("in one rack", "rack"),
+                ("rack", "rail_group"): ("in one rack and rail group", "group")}
+
+
+def _domain_name(shares: tuple[str, ...], domain: tuple[str, ...]) -> str:
+    """("rail_group",) ("r2",) → "rail r2"; ("rack", "rail_group") ("a1", "r2") → "rack a1, rail r2"."""
+    return ", ".join(f"{'rail' if key == 'rail_group' else key} {value}" for key, value in zip(shares, domain))
+
+
+def _free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tuple[str, ...] = (),
+                    tried_last: list[str] | tuple = ()) -> dict[tuple[str, ...], list[int]]:
+    """The free hosts of a type, by what they share ({("r2",): [host ids]}), each list in the order the
+    allocator takes them (as _allocate_group: hosts held back, then hosts that failed these claims, last).
+    A host that does not say where it sits (no such label) is in no domain."""
+    free = free_hosts(node_type, excluded=excluded)
+    order = [Case(When(name__in=list(tried_last), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
+    by_domain = defaultdict(list)
+    for pk, labels in free.order_by(*order).values_list("pk", "labels"):
+        topology = host_topology(labels)
+        domain = tuple(getattr(topology, key) for key in shares)
+        if all(domain):
+            by_domain[domain].append(pk)
+    return by_domain
+
+
+class _FellShort(Exception):
+    """A domain that looked big enough lost hosts to another allocation meanwhile: its locks are let go."""
+
+
+class _NoAddress(Exception):
+    """The group's environment has fewer free addresses than it has members: nothing is placed."""
+
+
+def _place_group(group: ClaimGroup, claims: list[NodeClaim], candidates: list[NodeType],
+                 actor: str) -> tuple[dict[str, str], tuple[str, str] | None]:
+    """Place a group whole: one host per member, all from one rail group (or what the group shares), taken in
+    one transaction, or none. Best fit: the smallest domain with room, then its name (deterministic); the
+    cheapest NodeType first. No host is held while the rest is looked for: a domain that falls short rolls back
+    to its savepoint, which lets its row locks go. Returns {claim: host} and, unplaced, (reason, message)."""
+    shares = tuple(group.shares)
+    need = len(claims)
+    tried = sorted({name for claim in claims for name in claim.failed_hosts})
+    best: tuple[int, tuple[str, ...], str] | None = None  # the largest free domain seen: (hosts, domain, type)
+    for round_ in range(3):
+        busy = False
+        for node_type in candidates:
+            outcome, counts = _place_group_once(group, claims, node_type, shares, tried, actor)
+            if outcome == "placed":
+                return {c.name: c.host_name for c in claims}, None
+            if outcome == "gone":  # another worker holds it, placed it, or moved a member: theirs to say
+                return {}, None
+            if outcome.startswith(f"{NO_ADDRESS}:"):
+                return {}, (NO_ADDRESS, outcome.split(":", 1)[1])
+            for domain, n in counts.items():
+                if best is None or (n, domain) > best[:2]:
+                    best = (n, domain, node_type.name)
+            busy = busy or outcome == "busy"
+        if not busy:
+            break
+        time.sleep(0.05 * (round_ + 1))  # hosts others hold locked: look again once they commit
+    where, noun = SHARES_WORDS.get(shares, ("together", "group"))
+    msg = f"needs {need} {where}; "
+    if best is None:
+        kinds = "a rail group" if "rail_group" in shares else "a rack"
+        msg += f"no free host of {_types(candidates)} has {kinds} label"
+    else:
+        kind = f", {best[2]}" if len(candidates) > 1 else ""
+        msg += f"largest free {noun} has {best[0]} ({_domain_name(shares, best[1])}{kind})"
+    return {}, ("NoGroupPlacement", msg)
+
+
+def _types(candidates: list[NodeType]) -> str:
+    return ("type " if len(candidates) == 1 else "types ") + ", ".join(t.name for t in candidates)
+
+
+def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: NodeType, shares: tuple[str, ...],
+                      tried: list[str], actor: str) -> tuple[str, dict]:
+    """One try with one NodeType: "placed", "none" (no domain has room), "busy" (some had, on paper, but
+    others hold their hosts) or "gone"; with the free hosts per domain it saw."""
+    need = len(claims)
+    try:
+        with transaction.atomic():
+            # The lock order (core/transactions.py): pools, claim groups, hosts, claims. SKIP LOCKED: a group
+            # another worker is placing is theirs.
+            if not ClaimGroup.objects.select_for_update(skip_locked=True).filter(
+                    pk=group.pk, placed_at__isnull=True).exists():
+                return "gone", {}
+            environments_lock(claims)  # before the hosts, as _allocate_group (claims.ipam)
+            by_domain = _free_by_domain(node_type, shares, tried_last=tried)
+            counts = {domain: len(pks) for domain, pks in by_domain.items()}
+            fitting = sorted((n, domain) for domain, n in counts.items() if n >= need)
+            for _, domain in fitting:
+                try:
+                    with transaction.atomic():
+                        hosts = list(BareMetalHost.objects.filter(pk__in=by_domain[domain], state=HostState.AVAILABLE)
+                                     .select_for_update(skip_locked=True, of=("self",))
+                                     .order_by(*_host_order(tried))[:need])
+                        if len(hosts) < need:
+                            raise _FellShort
+                        # Every member's address in this same transaction (claims.ipam), or none placed.
+                        chosen, hosts, short = addresses_take(claims=claims, hosts=hosts, actor=actor)
+                        if short:
+                            raise _NoAddress(next(iter(short.values())))
+                        _bind(hosts, chosen, node_type, actor,
+                              message=f"group {group.name}: {need} {node_type.name} hosts on "
+                                      f"{_domain_name(shares, domain)}")
+                except _FellShort:
+                    continue
+                except _NoAddress as short:
+                    return f"{NO_ADDRESS}:{short}", counts
+                placed = {"placed_at": timezone.now(), "placements": F("placements") + 1, "reason": "Placed",
+                          "message": f"{need} hosts on {_domain_name(shares, domain)}",
+                          **dict(zip(shares, domain))}
+                ClaimGroup.objects.filter(pk=group.pk).update(**placed)
+                return "placed", counts
+            return ("busy" if fitting else "none"), counts
+    except ConcurrentTransition:
+        for claim in claims:
+            claim.host, claim.ip_address = None, None
+        return "gone", {}
+
+
+def _host_order(tried: list[str]) -> list:
+    return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
+
+
+def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeType, actor: str,
+          message: str) -> None:
+    """Hosts to provisioning and each claim to its host, in the caller's transaction (hosts locked by it)."""
+    tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, claims)}
+    hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
+                           reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
+    for host, claim in zip(hosts, claims):
+        claim.host, claim.host_name, claim.node_type = host, host.name, node_type
+        claim.attempts += 1
+    _link_claims_to_hosts(claims)
+    claims_transition(claims=claims, to_phase=P.PROVISIONING, actor=actor, reason="Scheduled", message=message,
+                      fields={"node_type": node_type, "attempts": F("attempts") + 1},
+                      event_messages={c.pk: f"host {c.host_name} ({node_type.name})" for c in claims})
+    _say_retried(claims, node_type.name)
+
+
+def _allocate_in_place(where: tuple, claims: list[NodeClaim], candidates: list[NodeType], tried: tuple[str, ...],
+                       actor: str) -> tuple[dict[str, str], tuple[str, str] | None]:
+    """Claims whose hosts must sit in one place, taken one by one (a partial answer is fine): a group's new
+    member (Replace) on the group's rail group; a pool with `topology` where its nodes already are, else in
+    the domain with room for all of them (best fit), else the largest."""
+    kind, owner = where
+    shares = tuple(owner.shares) if kind == "member" else owner.shared_topology()
+    allocated: dict[str, str] = {}
+    no_address: dict[int, str] = {}
+    domain = owner.domain() if kind == "member" else None
+    excluded = tried if tried and _another_host_may_free_up(candidates, "", tried) else ()
+    for node_type in candidates:
+        if not claims:
+            break
+        with transaction.atomic():
+            if kind == "pool":
+                # One allocation per pool at a time, so that two workers do not start it on two domains.
+                NodePool.objects.select_for_update(no_key=True).filter(pk=owner.pk).exists()
+                domain = domain or _pool_domain(owner, shares)
+            by_domain = _free_by_domain(node_type, shares, excluded=excluded, tried_last=tried)
+            if domain is None and by_domain:
+                fits = [(len(pks), d) for d, pks in by_domain.items() if len(pks) >= len(claims)]
+                domain = min(fits)[1] if fits else max((len(pks), d) for d, pks in by_domain.items())[1]
+            if domain is None:
+                continue
+            taken = _allocate_group(claims, node_type, "", actor, excluded=excluded, only=by_domain.get(domain, []),
+                                    no_address=no_address)
+        for claim in claims[:taken]:
+            allocated[claim.name] = claim.host_name
+        claims = claims[taken:]
+        if no_address:
+            break
+    if not claims:
+        return allocated, None
+    if no_address:
+        return allocated, (NO_ADDRESS, no_address.get(claims[0].pk) or next(iter(no_address.values())))
+    if kind == "member":
+        return allocated, ("NoCapacity", (f"group {owner.name} needs {len(claims)} more on "
+                                          f"{_domain_name(shares, domain)} ({owner.on_member_failure}); "
+                                          f"no free host of {_types(candidates)} there"))
+    words = SHARES_WORDS.get(shares, ("together", "group"))[0]
+    if domain is None:
+        kinds = "a rail group" if "rail_group" in shares else "a rack"
+        return allocated, ("NoCapacity", (f"pool {owner.name} keeps its nodes {words}; no free host of "
+                                          f"{_types(candidates)} has {kinds} label"))
+    return allocated, ("NoCapacity", (f"pool {owner.name} keeps its nodes {words} ({_domain_name(shares, domain)}); "
+                                      f"no free host of {_types(candidates)} there"))
+
+
+def _pool_domain(pool: NodePool, shares: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Where the pool's nodes are: the domain of most of its serving hosts (then the first by name)."""
+    counts: dict[tuple, int] = defaultdict(int)
+    serving = (NodeClaim.objects.filter(pool=pool, host__isnull=False).exclude(phase__in=[P.RELEASING, P.RELEASED])
+               .values_list("host__labels", flat=True))
+    for labels in serving:
+        topology = host_topology(labels)
+        domain = tuple(getattr(topology, key) for key in shares)
+        if all(domain):
+            counts[domain] += 1
+    if not counts:
+        return None
+    return min(counts, key=lambda d: (-counts[d], d))
 
 
 # States from which a host comes back to the pool by itself (no admin needed).
@@ -380,17 +793,28 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
     return (others.filter(name=pinned) if pinned else others).exists()
 
 
+def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
+    """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
+    never be allocated is left out here, once."""
+    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state=HostState.AVAILABLE)
+            .exclude(name__in=excluded)
+            .exclude(NEVER_ALLOCATED))  # a red preflight: never (hosts/preflight.py)
+
+
 def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,
-                    excluded: tuple[str, ...] = ()) -> int:
-    """Allocate up to len(claims) hosts of one type to these claims (not the `excluded` ones); returns how
-    many got one."""
+                    excluded: tuple[str, ...] = (), no_address: dict | None = None,
+                    only: list[int] | None = None) -> int:
+    """Allocate up to len(claims) hosts of one type to these claims (not the `excluded` ones; `only` these
+    hosts, when given); returns how many got one."""
     for _ in range(tries):
         try:
             with transaction.atomic():
-                free = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector),
-                                                    state=HostState.AVAILABLE).exclude(name__in=excluded)
+                environments_lock(claims)  # before the hosts: one allocation at a time per environment (IPAM)
+                free = free_hosts(node_type, excluded=excluded)
                 if pinned:
                     free = free.filter(name=pinned)
+                if only is not None:
+                    free = free.filter(pk__in=only)
                 # Hosts that already failed one of these claims come last (when they are all that is left), and
                 # before them hosts held back (a BMC that does not answer: hosts.capacity), which the flow's BMC
                 # step would only confirm or clear.
@@ -399,7 +823,12 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
                 if not hosts:
                     return 0
-                chosen = claims[: len(hosts)]
+                # Each claim's address in this same transaction; one that cannot get one takes no host.
+                chosen, hosts, short = addresses_take(claims=claims[: len(hosts)], hosts=hosts, actor=actor)
+                if short and no_address is not None:
+                    no_address.update(short)
+                if not chosen:
+                    return 0
                 tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
                 hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
                                  reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
@@ -415,7 +844,9 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 return len(chosen)
         except ConcurrentTransition:
             for claim in claims:
-                claim.host = None
+                claim.host, claim.ip_address = None, None
+                if no_address is not None:
+                    no_address.pop(claim.pk, None)
             continue
     return 0
 
@@ -460,9 +891,11 @@ def _no_capacity_message(candidates: list[NodeType], capacity: dict, pinned: str
     parts = [f"{t.name}: {capacity[t.pk]['available']} of {capacity[t.pk]['total']} available" for t in candidates]
     noun = "type" if len(candidates) == 1 else "types"
     where = f" named {pinned}" if pinned else ""
+    red = preflight_held_back(candidates)
+    held = f"; preflight red, not allocated: {', '.join(red)}" if red else ""
     if len(candidates) == 1:
-        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1]
-    return f"no free host{where} of {noun} " + "; ".join(parts)
+        return f"no free host{where} of type {candidates[0].name}: " + parts[0].split(": ", 1)[1] + held
+    return f"no free host{where} of {noun} " + "; ".join(parts) + held
 
 
 def allocate_soon() -> None:
@@ -491,6 +924,7 @@ def tenants_finalize(*, tenant_ids: list[int] | None = None, actor: str = "syste
     with transaction.atomic():
         gone = []
         for tenant in deleting.exclude(Exists(holding)).select_for_update(skip_locked=True):
+            fabric_partitions_release(tenant=tenant, actor=actor)
             tenant.claims.all().delete()
             link = copy.copy(tenant)  # the Event names the tenant by id once the row is gone
             object_delete(tenant, actor=actor, object_type=ObjectType.TENANT, tenant=link)

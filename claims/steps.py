@@ -2,13 +2,11 @@
 tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
 composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
 the step engine (hosts.engine) when the claims app is ready."""
-import ipaddress
 import logging
 import math
 
 import yaml
 from django.conf import settings
-from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from hosts.choices import HostState
@@ -32,10 +30,12 @@ from hosts.flows import (
     step_reboot_to_disk,
 )
 from hosts.selectors import image_write_failures
-from pools.models import NodeEnvironment
+from pools.choices import FabricKind
+from pools.fabric import FabricRangeFull, fabric_partitions_assign
 from pools.validators import parse_duration
 
 from .choices import ClaimPhase as P
+from .ipam import claim_address, claim_environment, network_data_override
 from .models import NodeClaim
 from .selectors import claim_image
 from .services import claims_transition
@@ -120,7 +120,12 @@ def step_write_seed(run: Run) -> dict:
 
     def make_args():
         # Network I/O (the tenant API) happens once per flow run: the command, with the token, is kept.
-        address = claim_assign_address(claim)
+        # The address was taken with the host (claims.ipam); an override's network data goes in as written.
+        override = network_data_override(run.host, claim_environment(claim))
+        if override:
+            # Written as given, but the tenant still holds its fabric partition: the switch tool reads the record.
+            claim_fabric_partitions(run.host)
+        network = override or network_config(run.host, claim_address(claim))
         api = _tenant_api(claim)
         try:
             token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
@@ -136,14 +141,16 @@ def step_write_seed(run: Run) -> dict:
         user_data = "#cloud-config\n" + yaml.safe_dump({"hostname": node, "runcmd": [command]}, sort_keys=False)
         meta_data = yaml.safe_dump({"instance-id": claim.name, "local-hostname": node}, sort_keys=False)
         return {"disk": ""}, {"user_data": user_data, "meta_data": meta_data,
-                              "network_config": network_config(run.host, address)}
+                              "network_config": network}
 
     agent_command(run, "write_seed", make_args=make_args, dirties_disk=True)
     return {"node": run.host.name}
 
 
 def network_config(host, address) -> str:
-    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP."""
+    """cloud-init network config v2: the node's static address from its NodeEnvironment, else DHCP; and its
+    tenant's fabric partition (claim_fabric_partitions)."""
+    partitions = claim_fabric_partitions(host)
     nic = {"match": {"macaddress": host.boot_mac}, "set-name": "eth0"}
     if address is None:
         nic["dhcp4"] = True
@@ -153,45 +160,29 @@ def network_config(host, address) -> str:
                     "routes": [{"to": "default", "via": str(network.gateway)}]})
         if network.dns:
             nic["nameservers"] = {"addresses": network.dns}
-    return yaml.safe_dump({"version": 2, "ethernets": {"eth0": nic}}, sort_keys=False)
+    config = {"version": 2, "ethernets": {"eth0": nic}}
+    vlan = next((p for p in partitions if p.kind == FabricKind.VLAN), None)
+    if vlan is not None:
+        # The tenant's VLAN, tagged on the boot NIC, without an address: the fabric's own addressing (the
+        # tenant's CNI, its RDMA tooling) is the tenant's.
+        config["vlans"] = {f"vlan{vlan.value}": {"id": vlan.value, "link": "eth0"}}
+    # Every partition also as a comment line the first boot reads from the seed (`grep '^# vmetal.dev/fabric-'`):
+    # netplan has no InfiniBand partitions, so a P_Key is carried only there.
+    notes = "".join(f"# vmetal.dev/fabric-{p.kind}: {p.value_text}\n" for p in partitions)
+    return notes + yaml.safe_dump(config, sort_keys=False)
 
 
-def claim_assign_address(claim: NodeClaim):
-    """The lowest free address of the tenant's NodeEnvironment (or the provider's shared one)."""
-    env = (NodeEnvironment.objects.filter(tenant=claim.tenant).first()
-           or NodeEnvironment.objects.filter(tenant__isnull=True, provider=claim.provider).first())
-    network = env.network() if env else None
-    if network is None:
-        return None
-    claim.refresh_from_db(fields=["ip_address", "environment"])
-    if claim.ip_address and claim.environment_id == env.pk:
-        return ipaddress.ip_address(claim.ip_address), network
-    for _ in range(5):
-        try:
-            with transaction.atomic():
-                # One claim at a time takes the lowest free address of an environment: without the lock,
-                # 16 worker threads all took the same "lowest" one, and a claim could lose the race five
-                # times running (seen at N = 50: the host went to error). No network I/O inside.
-                NodeEnvironment.objects.select_for_update().filter(pk=env.pk).exists()
-                used = set(NodeClaim.objects.filter(environment=env, ip_address__isnull=False)
-                           .values_list("ip_address", flat=True))
-                free = next((ip for first, last in network.ranges
-                             for ip in _addresses(first, last) if str(ip) not in used), None)
-                if free is None:
-                    # Not the host's fault: it goes back to the pool (cleaned), the claim waits for an address.
-                    raise StepFailed(f"NodeEnvironment {env} has no free address left", clean=True)
-                NodeClaim.objects.filter(pk=claim.pk).update(environment=env, ip_address=str(free))
-            return free, network
-        except IntegrityError:
-            continue  # an address taken outside this lock (another path, a manual edit)
-    raise StepFailed(f"could not reserve an address in {env}")
-
-
-def _addresses(first, last):
-    current = first
-    while current <= last:
-        yield current
-        current += 1
+def claim_fabric_partitions(host) -> list:
+    """The fabric partitions of the tenant the host's claim serves, taken now when this is the tenant's first
+    node (pools.fabric); none where no range is configured. A range with no value left: the host is cleaned
+    and the claim waits (the allocator holds it Pending with the reason until a tenant frees a value)."""
+    claim = NodeClaim.objects.select_related("tenant").filter(host=host).first()
+    if claim is None:
+        return []
+    try:
+        return fabric_partitions_assign(tenant=claim.tenant, provider_id=claim.provider_id, actor="system:flow")
+    except FabricRangeFull as exc:
+        raise StepFailed(str(exc), clean=True) from None
 
 
 def step_node_ready(run: Run) -> dict:

@@ -131,7 +131,7 @@ def fleet_bulk(request):
 # --- the CSV export -----------------------------------------------------------------------------------------
 
 CSV_COLUMNS = ("name", "state", "power", "node_type", "labels", "claim", "tenant", "since", "deadline", "error",
-               "boot_mac", "bmc_address", "online")
+               "boot_mac", "bmc_address", "online", "rack", "rail_group")
 
 
 class _Echo:
@@ -176,7 +176,8 @@ def _csv_rows(writer, hosts: list, node_types: list):
             claim.name if claim else "", claim.tenant.name if claim else "",
             h.state_changed_at.isoformat() if h.state_changed_at else "",
             h.deadline_at.isoformat() if h.deadline_at else "", _csv_safe(h.error_message),
-            h.boot_mac, h.bmc_address, "true" if h.online else "false"])
+            h.boot_mac, h.bmc_address, "true" if h.online else "false",
+            _csv_safe(h.topology.rack), _csv_safe(h.topology.rail_group)])
 
 
 def _csv_safe(text: str) -> str:

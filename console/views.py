@@ -14,8 +14,9 @@ from django.views.decorators.http import require_POST
 from autonodes.selectors import pool_status
 from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
+from claims.ipam import environments_usage
 from claims.lifecycle import LIVE
-from claims.models import NodeClaim
+from claims.models import ClaimGroup, NodeClaim
 from claims.tenant_check import tenant_api_console_check, tenant_api_server_check
 from core import scoping
 from core.actors import actor
@@ -24,6 +25,8 @@ from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
 from hosts.capacity import node_type_capacity
+from hosts.models import BareMetalHost
+from hosts.preflight import environment_hosts_q, preflight_summary
 from manifests.apply import Fields, apply_files
 from manifests.source import ManifestError
 from pools.choices import PoolKind
@@ -62,7 +65,8 @@ def tenant_for(user, name: str) -> Tenant:
 
 
 def tenant_context(user, tenant: Tenant) -> dict:
-    """Pools with their claims by phase, live claims with progress, nodes, quota. Five queries."""
+    """Pools with their claims by phase, live claims with progress, nodes, quota, fabric partitions, the tenant
+    API check. A fixed number of queries."""
     pools = list(tenant.pools.select_related("provider").order_by("name"))
     counts = {}
     for row in (NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED).order_by()
@@ -78,6 +82,7 @@ def tenant_context(user, tenant: Tenant) -> dict:
     nodes = [c for c in claims if c.phase == ClaimPhase.AVAILABLE]
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
+            "fabric_partitions": list(tenant.fabric_partitions.order_by("kind")),
             "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {},
             "api_server_check": tenant_api_server_check(tenant)}
 
@@ -89,6 +94,7 @@ def render_tenant_live(user, tenant: Tenant) -> list[str]:
     parts += [render_to_string("pools/partials/pool_quantity.html", {**ctx, "pool": pool, "form": None})
               for pool in ctx["pools"]]
     parts.append(render_to_string("pools/partials/tenant_quota.html", ctx))
+    parts.append(render_to_string("pools/partials/tenant_fabric.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_claims.html", ctx))
     parts.append(render_to_string("pools/partials/tenant_nodes.html", ctx))
     return parts
@@ -112,8 +118,11 @@ def home(request):
 def tenant_page(request, name: str):
     cursor = live_cursor()
     tenant = tenant_for(request.user, name)
+    # The hosts serving the tenant, by their last preflight (hosts/preflight.py); reasons for staff only.
+    preflight = preflight_summary(BareMetalHost.objects.filter(claim__tenant=tenant))
     return page(request, "pools/tenant.html", {"cursor": cursor, **tenant_context(request.user, tenant),
-                                               "ws_url": f"/ws/tenants/{tenant.pk}/", "nav": "tenants"})
+                                               "preflight": preflight, "ws_url": f"/ws/tenants/{tenant.pk}/",
+                                               "nav": "tenants"})
 
 
 @console_view()
@@ -139,7 +148,10 @@ def pool_context(user, pool: NodePool) -> dict:
     (autonodes.selectors.pool_status); for a static one its quantity and live claims. A fixed number of queries."""
     status = pool_status(pool)
     claim_presenters.with_progress(status.nodes)
-    return {"tenant": pool.tenant, "pool": pool, "status": status}
+    live = NodeClaim.objects.filter(pool=pool, group__isnull=False).exclude(phase=ClaimPhase.RELEASED)
+    groups = claim_presenters.claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
+                                                .order_by("created_at", "pk"))
+    return {"tenant": pool.tenant, "pool": pool, "status": status, "groups": groups}
 
 
 def render_pool_live(user, pool: NodePool) -> list[str]:
@@ -285,10 +297,13 @@ def environment_list(request):
     environments = NodeEnvironment.objects.select_related("provider", "tenant")
     filters = list_filter(request, NodeEnvironmentFilterSet, environments)
     envs = list(filters.qs)
+    usage = environments_usage(envs)  # IPAM: used / free / leaked addresses (claims.ipam)
     for env in envs:
+        env.usage = usage.get(env.pk)
         env.cidr = env.properties.get(NodeEnvironment.CIDR, "")
         env.ip_range = env.properties.get(NodeEnvironment.IP_RANGE, "")
         env.dns = env.properties.get(NodeEnvironment.DNS, "")
+        env.preflight = preflight_summary(BareMetalHost.objects.filter(environment_hosts_q(env)))
     return page(request, "pools/environment_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": envs, "filters": filters, "kind": "environments",
                                                           **_kind("environments")})
 

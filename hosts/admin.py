@@ -79,7 +79,7 @@ class BareMetalHostAdmin(ServiceDeleteMixin, RecordedAdmin):
                        "updated_at")
     fieldsets = (
         (None, {"fields": ("name", "namespace", "labels", "online", "boot_mac", "root_device_hints",
-                           "automated_cleaning_mode", "cleaning_policy")}),
+                           "automated_cleaning_mode", "cleaning_policy", "network_data")}),
         ("BMC", {"fields": ("bmc_address", "bmc_disable_certificate_verification", "bmc_credentials_name",
                             "bmc_credentials", "new_bmc_username", "new_bmc_password")}),
         ("Life cycle (changed only by the services: use the actions)", {

@@ -12,5 +12,7 @@ class HostsConfig(AppConfig):
             flows,  # noqa: F401 (registers the host's own flows with the step engine)
         )
         from .capacity import node_type_capacity
+        from .preflight import connect_receivers
 
         capacity_source(node_type_capacity)
+        connect_receivers()  # a host's BMC or MAC changed: preflight it again on commit

@@ -290,6 +290,32 @@ class BMC:
                 "uuid": system.uuid, "power_state": POWER_STATES.get(system.power_state, "unknown"),
                 "macs": sorted(macs)}
 
+    def quirks(self) -> dict:
+        """What this BMC reports it can do, as preflight records it: a virtual CD/DVD drive (virtual media
+        boot), a one-time boot override ("Once" among BootSourceOverrideEnabled, or the field at all when the
+        BMC lists no allowed values), PXE among the override targets, and BootSourceOverrideMode (UEFI or
+        Legacy, "" when not reported). Reads the system as last found; one GET per collection."""
+        system = self._recent_system()
+
+        def read():
+            boot = system.boot
+            targets = [getattr(v, "value", v) for v in (boot.allowed_values or [])]
+            enabled = getattr(boot.enabled, "value", boot.enabled)
+            allowed_enabled = system.json.get("Boot", {}).get("BootSourceOverrideEnabled@Redfish.AllowableValues")
+            try:
+                self._cd_drives(system)
+                vmedia = True
+            except (BMCError, sushy_exc.SushyError):
+                vmedia = False
+            return {
+                "virtual_media": vmedia,
+                "boot_once": ("Once" in allowed_enabled) if allowed_enabled else enabled is not None,
+                "pxe_boot": ("Pxe" in targets) if targets else True,
+                "boot_mode": getattr(boot.mode, "value", boot.mode) or "",
+                "boot_targets": targets,
+            }
+        return self._call(read)
+
     def _service(self):
         if self._connector is None:
             self._connector = _RetryingConnector(self.base_url, verify=self.verify_tls,

@@ -28,11 +28,15 @@ def node_type_capacity(node_types: list[NodeType]) -> dict[int, dict[str, int]]:
 # --- the fleet board's capacity card and GET /api/v1/capacity/ ----------------------------------------------
 
 # Why an available host is not allocatable, each a filter on the host row: a red BMC (its last contact failed,
-# hosts.services.host_bmc_contact). Preflight's verdict (issue 14) joins here as one more entry, and every count
-# (the card, the API, the "Available" figure) follows.
+# hosts.services.host_bmc_contact) and a red preflight (hosts/preflight.py). Every count (the card, the API, the
+# "Available" figure) follows.
 NOT_ALLOCATABLE: dict[str, Q] = {
     "bmc_red": Q(bmc_ok=False),
+    "preflight_red": Q(preflight_ok=False),
 }
+# What the allocator never takes, even when nothing else is free: a red preflight (its BMC or boot path is known
+# broken: a claim would only fail on it). A red BMC alone is taken last instead (the flow's BMC step retries it).
+NEVER_ALLOCATED = Q(preflight_ok=False)
 # Hosts that need someone before they serve: in error, in repair, or being retested in repair.
 BROKEN = (HostState.ERROR, HostState.REPAIR, HostState.RETESTING)
 CAPACITY_COLUMNS = ("total", "free", "allocatable", "serving", "broken", *NOT_ALLOCATABLE)
@@ -44,6 +48,18 @@ def not_allocatable_q() -> Q:
     for reason in NOT_ALLOCATABLE.values():
         q |= reason
     return q
+
+
+def preflight_held_back(node_types: list[NodeType], limit: int = 3) -> list[str]:
+    """The available hosts of these types that a red preflight holds back, as "name (reason)", for a claim's
+    waiting message."""
+    match = Q(pk__in=[])
+    for t in node_types:
+        match |= label_selector_q(t.host_selector)
+    rows = (BareMetalHost.objects.filter(match, NEVER_ALLOCATED, state=HostState.AVAILABLE)
+            .order_by("name").values_list("name", "preflight_reason")[:limit + 1])
+    shown = [f"{name} ({reason})" if reason else name for name, reason in rows[:limit]]
+    return shown + (["…"] if len(rows) > limit else [])
 
 
 def allocatable_q() -> Q:

@@ -13,6 +13,7 @@ from pools.models import NodeType
 
 from .choices import HostState, PowerState, Verdict
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from .topology import topology_q
 
 LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 
@@ -68,6 +69,10 @@ class HostFilterSet(filters.FilterSet):
                          help_text="key=value or key, comma separated, all must match: role=gpu, rack=r1")
     tenant = filters.CharFilter(field_name="claim__tenant__name", label="Tenant",
                                 help_text="hosts serving this tenant's claims")
+    rack = filters.CharFilter(method="filter_topology", label="Rack",
+                              help_text="hosts in this rack (label topology.vmetal.dev/rack, or rack)")
+    rail_group = filters.CharFilter(method="filter_topology", label="Rail group",
+                                    help_text="hosts in this rail group (label topology.vmetal.dev/rail-group)")
     # The fleet board's column headers and its CSV export sort by these; a tie keeps the name's order.
     sort = NullsLastOrderingFilter(fields=SORT_FIELDS, label="Sort",
                                   help_text="a column (name, state, power, claim, tenant, since, error); "
@@ -109,6 +114,9 @@ class HostFilterSet(filters.FilterSet):
         return queryset.filter(label_selector_q({
             "matchLabels": {k: v for k, v in value.items() if v is not None},
             "matchExpressions": [{"key": k, "operator": "Exists"} for k, v in value.items() if v is None]}))
+
+    def filter_topology(self, queryset, name, value):
+        return queryset.filter(topology_q(**{name: value}))
 
 
 BareMetalHostFilterSet = HostFilterSet

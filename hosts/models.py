@@ -7,7 +7,11 @@ from django.db import models
 from core.crypto import EncryptedTextField
 from core.labels import validate_labels
 from pools.choices import CleaningPolicy
-from pools.validators import validate_object_name, validate_string_map
+from pools.validators import (
+    validate_network_data,
+    validate_object_name,
+    validate_string_map,
+)
 
 from .bmc import BMCError, parse_address
 from .choices import CleaningMode, HostState, PowerState, Verdict
@@ -32,12 +36,22 @@ class BareMetalHost(models.Model):
     # Overrides its NodeType's cleaning method (hosts/cleaning.py); blank: the NodeType's.
     cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="")
     inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
+    # The `metal3.vcluster.com/network-data` annotation: the node's network configuration as the admin wrote it.
+    # Written into its seed as is; the console allocates no address from a NodeEnvironment for this host.
+    network_data = models.TextField(blank=True)
     power_state = models.CharField(max_length=8, choices=PowerState.choices, default=PowerState.UNKNOWN)
     # The last contact with the BMC (hosts.services.host_bmc_contact): written by the flows' BMC calls and by the
     # periodic check of available hosts. False ("BMC red"): the host is not allocatable (hosts/capacity.py).
     bmc_ok = models.BooleanField(null=True, blank=True)
     bmc_checked_at = models.DateTimeField(null=True, blank=True)
     bmc_error = models.CharField(max_length=500, blank=True)
+    # Preflight (hosts/preflight.py): the BMC network and the provisioning network checked for this host. None:
+    # never checked; False ("preflight red"): the host is not allocated (hosts/capacity.py). `preflight` keeps
+    # each check's verdict and reason, how TLS went and the BMC's quirks; `preflight_reason` the first red reason.
+    preflight_ok = models.BooleanField(null=True, blank=True)
+    preflight_checked_at = models.DateTimeField(null=True, blank=True)
+    preflight_reason = models.CharField(max_length=500, blank=True)
+    preflight = models.JSONField(default=dict, blank=True)
     # Written only by hosts.services.hosts_transition_batch.
     state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
                              db_index=True)
@@ -80,6 +94,11 @@ class BareMetalHost(models.Model):
             validate_labels(self.labels)
         except ValidationError as exc:
             errors["labels"] = exc.error_list
+        if self.network_data:
+            try:
+                validate_network_data(self.network_data)
+            except ValidationError as exc:
+                errors["network_data"] = exc.error_list
         if not isinstance(self.root_device_hints, dict):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
         if errors:

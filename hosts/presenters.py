@@ -18,6 +18,7 @@ from .choices import HostState
 from .cleaning import effective_cleaning, gpu_count
 from .engine import step_status
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
+from .topology import host_topology
 
 SECRETS = ("bmc_username", "bmc_password")
 ROW_DEFER = (*SECRETS, "inventory", "flow", "root_device_hints")
@@ -26,7 +27,7 @@ SHOWN_LABELS = ("rack", "rail-group", "rail_group", "railGroup", "role")
 
 # The fleet board's columns, each with its parts: (label, the name ?sort= knows it by, or "" for no sort).
 FLEET_COLUMNS = ((("Host", "name"),), (("State", "state"),), (("Power", "power"),), (("NodeType", ""),),
-                 (("Labels", ""),), (("Claim", "claim"), ("tenant", "tenant")), (("Since", "since"),),
+                 (("Labels", ""),), (("Rack · rail", ""),), (("Claim", "claim"), ("tenant", "tenant")), (("Since", "since"),),
                  (("Error", "error"),))
 
 
@@ -81,6 +82,7 @@ def decorate_rows(hosts: list[BareMetalHost], node_types: list[NodeType]) -> lis
     for host in hosts:
         host.node_type_name = node_type_of(host, node_types)
         host.shown_labels = sorted((host.labels or {}).items())
+        host.topology = host_topology(host.labels)
     return hosts
 
 
@@ -153,6 +155,7 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
     return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
             "step": step_status(host),
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
+            "topology": host_topology(host.labels),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
             "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
 
@@ -172,6 +175,24 @@ def cleaning_shown(host: BareMetalHost) -> str:
     if cleaning["overrides"]:
         text += f" (overrides {cleaning['overrides']} on the host)"
     return text
+
+
+def preflight_shown(host: BareMetalHost) -> dict:
+    """The host's last preflight for its page: verdict, when, each check's reason, TLS and the BMC's quirks."""
+    detail = host.preflight or {}
+    bmc, boot = detail.get("bmc") or {}, detail.get("boot") or {}
+    quirks = bmc.get("quirks") or {}
+    yes_no = {True: "yes", False: "no"}
+    return {
+        "checked": host.preflight_ok is not None, "ok": host.preflight_ok, "at": host.preflight_checked_at,
+        "reason": host.preflight_reason, "unverified_tls": bool(detail.get("unverified_tls")),
+        "checks": [("BMC network", bmc.get("ok"), bmc.get("reason", "")),
+                   ("Provisioning network", boot.get("ok"), boot.get("reason", ""))] if detail else [],
+        "tls": bmc.get("tls", ""), "via": boot.get("via", ""), "dhcp_checked": boot.get("dhcp_checked"),
+        "quirks": [("Virtual media", yes_no.get(quirks.get("virtual_media"), "?")),
+                   ("One-time boot override", yes_no.get(quirks.get("boot_once"), "?")),
+                   ("Boot override mode", quirks.get("boot_mode") or "not reported")] if quirks else [],
+    }
 
 
 def bmc_tls_shown(host: BareMetalHost) -> str:
@@ -216,7 +237,7 @@ def flow_log(host: BareMetalHost) -> dict:
 
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
                  "power-cycle": "Power cycle", "power-on": "Power on", "power-off": "Power off", "retest": "Retest",
-                 "return-to-service": "Return to service", "retire": "Retire"}
+                 "return-to-service": "Return to service", "retire": "Retire", "preflight": "Run preflight"}
 # What the fleet board's selection may do (console.fleet_actions), in its menu's order. Release is the claim's.
 BULK_ACTIONS = (("maintenance-on", "Maintenance on"), ("maintenance-off", "Maintenance off"), ("retry", "Retry"),
                 ("retest", "Retest"), ("power-on", "Power on"), ("power-off", "Power off"),
@@ -241,6 +262,8 @@ def host_actions(host: BareMetalHost) -> list[dict]:
         allowed.append("retire")
     if host.state in POWER_CYCLE_STATES:
         allowed += ["power-on", "power-off", "power-cycle"]
+    if host.state != HostState.RETIRED:
+        allowed.append("preflight")
     return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed]
 
 

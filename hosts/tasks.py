@@ -1,7 +1,8 @@
 """Celery tasks for hosts: thin, idempotent."""
 from celery import shared_task
 
-from . import engine, services
+from . import engine, preflight, services
+from .models import BareMetalHost
 
 
 @shared_task(name="hosts.tasks.sweep_overdue_hosts")
@@ -37,3 +38,16 @@ def power_host(host_id: int, request_id: int) -> None:
 @shared_task(name="hosts.tasks.check_bmcs")
 def check_bmcs() -> list[str]:
     return services.hosts_bmc_check_due()
+
+
+# The periodic preflight: hosts whose last one is older than PREFLIGHT_EVERY_S, PREFLIGHT_BATCH per pass. Each
+# preflight is also its host's BMC contact, so check-bmcs skips a host preflight has just heard from.
+@shared_task(name="hosts.tasks.preflight_due")
+def preflight_due() -> int:
+    return len(preflight.hosts_preflight_due())
+
+
+@shared_task(name="hosts.tasks.preflight_hosts")
+def preflight_hosts(host_ids: list[int], actor: str = "system:preflight") -> int:
+    hosts = list(BareMetalHost.objects.filter(pk__in=host_ids).order_by("pk"))
+    return len(preflight.hosts_preflight(hosts=hosts, actor=actor))

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import Q
+
+from pools.matching import label_selector_q
+
 RACK_LABEL = "topology.vmetal.dev/rack"
 RAIL_GROUP_LABEL = "topology.vmetal.dev/rail-group"
 FABRIC_LABEL = "topology.vmetal.dev/fabric"
@@ -25,3 +29,14 @@ def host_topology(labels: dict | None) -> Topology:
     return Topology(rack=str(labels.get(RACK_LABEL) or labels.get(SHORT_RACK_LABEL) or ""),
                     rail_group=str(labels.get(RAIL_GROUP_LABEL) or ""),
                     fabric=str(labels.get(FABRIC_LABEL) or ""))
+
+
+def topology_q(*, rack: str = "", rail_group: str = "") -> Q:
+    """Hosts in this rack and/or rail group, as a filter on their labels (the fleet board, the API)."""
+    q = Q()
+    if rack:
+        q &= label_selector_q({"matchLabels": {RACK_LABEL: rack}}) | (
+            ~Q(labels__has_key=RACK_LABEL) & label_selector_q({"matchLabels": {SHORT_RACK_LABEL: rack}}))
+    if rail_group:
+        q &= label_selector_q({"matchLabels": {RAIL_GROUP_LABEL: rail_group}})
+    return q

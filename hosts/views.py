@@ -31,6 +31,7 @@ from .choices import HostState
 from .filtersets import HostFilterSet, without_state
 from .lifecycle import ConcurrentTransition, IllegalTransition
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from .preflight import preflight_request
 
 PAGE_SIZES = (25, 50, 100, 200)
 
@@ -62,7 +63,7 @@ def fleet(request):
         "filters": filters,
         "node_types": node_types, "tenants": list(Tenant.objects.values_list("name", flat=True)),
         "states": HostState.choices, "selected_states": request.GET.getlist("state"),
-        "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "tenant", "sort")},
+        "f": {k: request.GET.get(k, "") for k in ("q", "node_type", "label", "rack", "rail_group", "tenant", "sort")},
         "per_page": page_size(request), "page_sizes": PAGE_SIZES,
         "query": query.urlencode() if hasattr(query, "urlencode") else "",
         "ws_url": f"/ws/fleet/?{request.GET.urlencode()}", "nav": "fleet",
@@ -95,6 +96,7 @@ def host_detail(request, name: str):
                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
+        "preflight": presenters.preflight_shown(host),
     })
     if scoping.may_see_bmc(request.user):  # the BMC's web interface and the agent's log: staff only
         context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address), flow_log=presenters.flow_log(host))
@@ -151,6 +153,11 @@ ACTIONS = {
     "retire": ("Retire", "Take {host} out of the fleet for good: it is never allocated again and no action brings it "
                          "back. The reason is required and goes in the Event log."),
 }
+ACTIONS["preflight"] = ("Run preflight", "Check {host}'s BMC network (Redfish with its credentials, TLS, the system "
+                                          "and its boot MAC) and provisioning network (its DHCP/boot entry, the boot "
+                                          "route, the ramdisk) now. Nothing on the host changes; a worker runs it and "
+                                          "the result appears on this page. A red preflight keeps the host from "
+                                          "being allocated.")
 REASON_REQUIRED = {"retire"}
 
 
@@ -204,6 +211,9 @@ def action_run(*, host: BareMetalHost, action: str, actor: str, reason: str = ""
                                         override_reason=reason if (override or passed) else "")
     elif action == "retire":
         services.host_retire(host=host, actor=actor, reason=reason)
+    elif action == "preflight":
+        preflight_request(host_ids=[host.pk], actor=actor)
+        return f"{label}: asked for {host.name}; the result will appear on its page"
     elif action in services.POWER_STEPS:
         services.host_power_request(host=host, action=action, actor=actor, reason=reason)
         return f"{label}: asked for {host.name}; the BMC's answer will appear in the timeline"

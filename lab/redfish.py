@@ -101,7 +101,8 @@ class RedfishLab:
 
     systems: [{"name", "mac", "uuid"?, "username"?, "password"?, "power_state"? ("Off"),
                "power_delay"? ((lo, hi) s), "fault"? (kind or {"kind", "seconds", "requests",
-               "delay"}), "extra_macs"? [...]}]
+               "delay"}), "extra_macs"? [...], "tls"? (serve HTTPS on its own port with a self-signed
+               certificate, as many BMCs ship: `redfish+https://` addresses)}]
     """
 
     def __init__(self, systems: list[dict], username: str = "admin", password: str = "password",
@@ -125,6 +126,7 @@ class RedfishLab:
                 "fault": _fault_spec(spec["fault"]) if spec.get("fault") else None,
                 "macs": [mac] + [m.lower() for m in spec.get("extra_macs", ())],
                 "port": int(spec.get("port") or 0),  # 0: a free one
+                "tls": bool(spec.get("tls")),
             }
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
@@ -202,7 +204,8 @@ class RedfishLab:
                 with open(auth, "w") as f:
                     f.write(_htpasswd(s["username"], s["password"]))
             lab_systems[s["uuid"]] = {"name": s["name"], "auth_file": auth, "port": s["port"],
-                                      "power_delay": s["power_delay"], "fault": s["fault"]}
+                                      "power_delay": s["power_delay"], "fault": s["fault"],
+                                      "tls": _self_signed(directory) if s["tls"] else None}
         options = {
             "SUSHY_EMULATOR_LISTEN_IP": self.host,
             "SUSHY_EMULATOR_LISTEN_PORT": self.port,
@@ -310,6 +313,36 @@ class RedfishLab:
         except urllib.error.HTTPError as exc:
             raise LabError(f"{method} {path}: {exc.code} {exc.read().decode(errors='replace')}") from None
         return json.loads(text) if text else None
+
+
+def _self_signed(directory: str) -> list[str]:
+    """A self-signed certificate for 127.0.0.1 (made once per lab): [cert file, key file]."""
+    cert, key = os.path.join(directory, "bmc-cert.pem"), os.path.join(directory, "bmc-key.pem")
+    if not os.path.exists(cert):
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        private = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab-bmc")])
+        now = datetime.datetime.now(datetime.UTC)
+        certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                       .public_key(private.public_key()).serial_number(x509.random_serial_number())
+                       .not_valid_before(now - datetime.timedelta(days=1))
+                       .not_valid_after(now + datetime.timedelta(days=365))
+                       .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                      critical=False)
+                       .sign(private, hashes.SHA256()))
+        with open(key, "wb") as f:
+            f.write(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+        with open(cert, "wb") as f:
+            f.write(certificate.public_bytes(serialization.Encoding.PEM))
+    return [cert, key]
 
 
 def _delay_range(value) -> tuple[float, float]:
@@ -473,7 +506,9 @@ class _Site:
         from werkzeug.serving import make_server
 
         port = port if port is not None else self.ports.get(uuid, 0)
-        server = make_server(self.host, port, _LabApp(self, uuid), threaded=True)
+        tls = self.systems[uuid].get("tls") if uuid else None
+        server = make_server(self.host, port, _LabApp(self, uuid), threaded=True,
+                             ssl_context=tuple(tls) if tls else None)
         threading.Thread(target=server.serve_forever, name=f"bmc-{uuid}", daemon=True).start()
         with self.lock:
             self.servers[uuid] = server

@@ -18,6 +18,7 @@ from events.services import object_update
 from hosts.models import BareMetalHost
 from hosts.services import host_create
 from pools.choices import CleaningPolicy, PoolKind, ProviderKind
+from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
     NodeEnvironment,
@@ -26,7 +27,13 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.services import PoolSpec, node_type_delete, tenant_private_nodes_apply, tenant_quota_warning
+from pools.services import (
+    PoolSpec,
+    node_type_delete,
+    tenant_private_nodes_apply,
+    tenant_quota_warning,
+)
+from pools.validators import NETWORK_DATA
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
 
@@ -37,6 +44,8 @@ REDACTED = "vmetal.dev/redacted"
 STATUS_ANNOTATION = "baremetalhost.metal3.io/status"
 # A host's own cleaning method, overriding its NodeType's (metadata, full or secure); absent: the NodeType's.
 CLEANING_ANNOTATION = ANNOTATION_PREFIX + "cleaning-policy"
+# A tenant's fabric partitions as export writes them (`vlan=100,ib-pkey=0x8001`): recorded again by apply.
+FABRIC_ANNOTATION = ANNOTATION_PREFIX + "fabric-partitions"
 KINDS = {("v1", "Secret"), (LOFT, "NodeProvider"), (LOFT, "NodeType"), (LOFT, "NodeEnvironment"),
          (LOFT, "OSImage"), (LOFT, "VirtualClusterInstance"), (METAL3, "BareMetalHost")}
 # Applied in this order, whatever the order in the files: what is referred to comes first.
@@ -437,13 +446,21 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
     if display_name is not None:
         values["display_name"] = display_name
     known = {"api-endpoint": "api_endpoint", "join-mode": "join_mode", "quota-nodes": "quota_nodes"}
+    fabric = None
     for key, text in annotations.items():
         if not key.startswith(ANNOTATION_PREFIX):
             continue
         short = key[len(ANNOTATION_PREFIX):]
+        if key == FABRIC_ANNOTATION:
+            try:
+                fabric = parse_fabric_partitions(text)
+            except ValidationError as exc:
+                raise Invalid(annotations_path + (key,), exc.messages[0]) from None
+            continue
         if short not in known:
             raise Invalid(annotations_path + (key,), f"unknown annotation; expected one of "
-                                                    f"{', '.join(ANNOTATION_PREFIX + k for k in sorted(known))}")
+                                                    f"{', '.join(ANNOTATION_PREFIX + k for k in sorted(known))}, "
+                                                    f"{FABRIC_ANNOTATION}")
         if short == "quota-nodes":
             if not text.isdigit():
                 raise Invalid(annotations_path + (key,), "must be a whole number of nodes")
@@ -459,12 +476,20 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
                self_link="tenant")
     if tenant.quota_nodes != quota:
         ctx.quotas_set.append(tenant)
+    if fabric:
+        try:
+            lines = fabric_partitions_restore(tenant=tenant, wanted=fabric, actor=ctx.actor)
+        except ValidationError as exc:
+            raise Invalid(annotations_path + (FABRIC_ANNOTATION,), exc.messages[0]) from None
+        ctx.result.lines += lines
+        ctx.result.changed += sum(line.endswith(" created") for line in lines)
     return tenant
 
 
-STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile"}
+STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile",
+                 "topology", "group"}
 DYNAMIC_FIELDS = {"name", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile", "limits",
-                  "disruption", "expireAfter", "weight"}
+                  "disruption", "expireAfter", "weight", "topology", "group"}
 
 
 def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
@@ -520,6 +545,9 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
         "taints": pool.list("taints"),
         "termination_grace_period": pool.str("terminationGracePeriod"),
         "profile": pool.str("profile"),
+        # Ours, beside vCluster's fields: where the nodes sit and whether they come in all-or-nothing groups.
+        "topology": pool.child("topology", {}).value,
+        "group": pool.child("group", {}).value,
     }
     if kind == PoolKind.STATIC:
         quantity = pool.int("quantity", required=True)
@@ -537,7 +565,8 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
         probe.clean()
     except ValidationError as exc:
         field_paths = {"node_type_selector": "nodeTypeSelector", "node_labels": "nodeLabels", "taints": "taints",
-                       "disruption": "disruption", "limits": "limits", "quantity": "quantity"}
+                       "disruption": "disruption", "limits": "limits", "quantity": "quantity",
+                       "topology": "topology", "group": "group"}
         raise _invalid_from(exc, {name: pool.path + (field_paths.get(name, name),)
                                   for name in getattr(exc, "error_dict", {})}) from None
     return PoolSpec(name=name, provider=provider, kind=kind, values=values), pool
@@ -569,6 +598,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
         "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
         "cleaning_policy": Reader(meta.string_map("annotations"), meta.path + ("annotations",))
         .choice(CLEANING_ANNOTATION, CleaningPolicy.values),
+        # An override: the node's network data as written; the console allocates it no address (claims.ipam).
+        "network_data": meta.string_map("annotations").get(NETWORK_DATA, ""),
     }
     if secret is None:
         if not host.pk or host.bmc_credentials_name != credentials_name:
@@ -584,7 +615,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     paths = {"bmc_address": bmc.path + ("address",), "boot_mac": spec.path + ("bootMACAddress",),
              "labels": meta.path + ("labels",), "root_device_hints": spec.path + ("rootDeviceHints",),
              "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name"),
-             "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION)}
+             "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION),
+             "network_data": meta.path + ("annotations", NETWORK_DATA)}
     if not creating:
         ctx.update(f"baremetalhost/{name}", host, values, paths, object_type=ObjectType.HOST, self_link="host")
         return

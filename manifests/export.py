@@ -6,12 +6,15 @@ import yaml
 
 from hosts.models import BareMetalHost
 from pools.choices import PoolKind
+from pools.fabric import fabric_partitions_text
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.validators import NETWORK_DATA
 
 from .apply import (
     ANNOTATION_PREFIX,
     CLEANING,
     CLEANING_ANNOTATION,
+    FABRIC_ANNOTATION,
     HEALTH_CHECK,
     LOFT,
     METAL3,
@@ -97,7 +100,7 @@ def export_documents(*, include_secrets: bool = False) -> list[dict]:
         spec["properties"] = {OSImage.URL: image.url, OSImage.CHECKSUM: image.checksum,
                               OSImage.CHECKSUM_TYPE: image.checksum_type, **dict(sorted(image.properties.items()))}
         docs.append({"apiVersion": LOFT, "kind": "OSImage", "metadata": {"name": image.name}, "spec": spec})
-    for tenant in Tenant.objects.prefetch_related("pools__provider"):
+    for tenant in Tenant.objects.prefetch_related("pools__provider", "fabric_partitions"):
         docs.append(_virtual_cluster_instance(tenant))
     secrets_written = set()
     hosts = list(BareMetalHost.objects.all())
@@ -138,6 +141,8 @@ def _pool(pool) -> dict:
     _put(body, "taints", pool.taints)
     _put(body, "terminationGracePeriod", pool.termination_grace_period)
     _put(body, "profile", pool.profile)
+    _put(body, "topology", dict(sorted(pool.topology.items())))
+    _put(body, "group", dict(sorted(pool.group.items())))
     if pool.kind == PoolKind.DYNAMIC:
         _put(body, "limits", dict(sorted(pool.limits.items())))
         _put(body, "disruption", pool.disruption)
@@ -153,6 +158,9 @@ def _virtual_cluster_instance(tenant: Tenant) -> dict:
         annotations[ANNOTATION_PREFIX + "join-mode"] = tenant.join_mode
     if tenant.quota_nodes is not None:
         annotations[ANNOTATION_PREFIX + "quota-nodes"] = str(tenant.quota_nodes)
+    # The tenant's fabric partitions (pools.fabric) for the network side's switch tool, which reads them here
+    # (`vlan=100,ib-pkey=0x8001`); apply records them again on a restore.
+    _put(annotations, FABRIC_ANNOTATION, fabric_partitions_text(tenant.fabric_partitions.all()))
     metadata = {"name": tenant.name, "namespace": tenant.namespace}
     _put(metadata, "annotations", annotations)
     spec: dict = {}
@@ -175,8 +183,12 @@ def _secret(host: BareMetalHost, include_secrets: bool) -> dict:
 def _bare_metal_host(host: BareMetalHost) -> dict:
     metadata = {"name": host.name, "namespace": host.namespace}
     _put(metadata, "labels", dict(sorted(host.labels.items())))
+    annotations = {}
     if host.cleaning_policy:
-        metadata["annotations"] = {CLEANING_ANNOTATION: host.cleaning_policy}
+        annotations[CLEANING_ANNOTATION] = host.cleaning_policy
+    if host.network_data:
+        annotations[NETWORK_DATA] = host.network_data
+    _put(metadata, "annotations", annotations)
     bmc = {"address": host.bmc_address, "credentialsName": host.bmc_credentials_name}
     if host.bmc_disable_certificate_verification:
         bmc["disableCertificateVerification"] = True

@@ -22,6 +22,7 @@ from events.services import event_record
 from .capacity import node_type_capacity
 from .choices import PoolKind
 from .models import (
+    FabricPartition,
     NodeEnvironment,
     NodePool,
     NodeProvider,
@@ -408,3 +409,22 @@ class NodePoolAdmin(admin.ModelAdmin):
         with transaction.atomic():
             for pool in queryset.select_related("tenant"):
                 pool_delete(pool=pool, actor=admin_actor(request))
+
+
+@admin.register(FabricPartition)
+class FabricPartitionAdmin(admin.ModelAdmin):
+    """Read-only: a partition is taken by the provision flow (pools.fabric) and freed with its tenant; the switches
+    carry it, so nobody edits it by hand here."""
+
+    list_display = ("tenant", "kind", "value_text", "source", "since")
+    list_filter = ("kind",)
+    search_fields = ("tenant__name",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -13,3 +13,19 @@ def node_type_capacity(node_types: list) -> dict[int, dict[str, int]]:
     if _source is None or not node_types:
         return {}
     return _source(node_types)
+
+
+# NodeEnvironments' addresses ({env id: {size, used, free, leaked}}): the claims app, which hands them out
+# (claims.ipam), registers the source.
+_address_usage = None
+
+
+def address_usage_source(fn) -> None:
+    global _address_usage
+    _address_usage = fn
+
+
+def environment_addresses(environments: list) -> dict[int, dict]:
+    if _address_usage is None or not environments:
+        return {}
+    return _address_usage(environments)

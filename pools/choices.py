@@ -47,3 +47,15 @@ class CleaningPolicy(models.TextChoices):
     METADATA = "metadata", "metadata (partition tables and signatures, first and last 2 MiB)"
     FULL = "full", "full (overwrite every block with zeros: NIST Clear)"
     SECURE = "secure", "secure (the drive's own erase: NVMe format/sanitize, ATA security erase: NIST Purge)"
+
+
+class GroupFailurePolicy(models.TextChoices):
+    """What an all-or-nothing group does when one member fails provisioning (claims.services)."""
+    REPLACE = "Replace", "Replace (a new host from the group's rail group, or the group waits)"
+    RELEASE_GROUP = "ReleaseGroup", "ReleaseGroup (every member released, the group placed again)"
+
+
+class FabricKind(models.TextChoices):
+    """What a tenant's fabric partition is (pools.fabric): an Ethernet VLAN id or an InfiniBand partition key."""
+    VLAN = "vlan", "VLAN"
+    IB_PKEY = "ib-pkey", "InfiniBand partition key"

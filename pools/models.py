@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 
 from core.crypto import EncryptedTextField
 from core.labels import validate_labels, validate_taints
@@ -12,6 +13,8 @@ from .choices import (
     ChecksumType,
     CleaningPolicy,
     ConsolidationPolicy,
+    FabricKind,
+    GroupFailurePolicy,
     ImageFormat,
     JoinMode,
     PoolKind,
@@ -19,16 +22,20 @@ from .choices import (
 )
 from .matching import validate_label_selector, validate_requirements
 from .validators import (
+    NETWORK_DATA,
     check_disruption,
+    check_fabric_ranges,
     check_host_selector,
     check_node_type_selector,
     check_quantities,
     check_taints,
     collect,
+    fabric_value_text,
     parse_cron,
     parse_ip_ranges,
     validate_dns_label,
     validate_duration,
+    validate_network_data,
     validate_object_name,
     validate_string_map,
 )
@@ -58,7 +65,8 @@ class NodeProvider(models.Model):
 
     def clean(self):
         errors = {}
-        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"),
+                lambda: check_fabric_ranges(self.properties))
         # Export writes it back as the provider block: a mapping such as {clusterRef: ..., deploy: ...}.
         collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"))
         if errors:
@@ -176,6 +184,30 @@ class Network:
     def gateway(self):
         return self.interface.ip
 
+    @property
+    def pools(self) -> list:
+        """The ranges addresses are handed out from: the ip-range's, or without one the whole network but its
+        network and broadcast addresses (the gateway is never handed out either way: `addresses`)."""
+        if self.ranges:
+            return self.ranges
+        net = self.interface.network
+        if net.num_addresses <= 2:
+            return [(net.network_address, net.broadcast_address)]
+        return [(net.network_address + 1, net.broadcast_address - 1)]
+
+    def addresses(self):
+        """Every address that may be handed out, lowest first."""
+        gateway = self.gateway
+        for first, last in self.pools:
+            for value in range(int(first), int(last) + 1):
+                address = ipaddress.ip_address(value)
+                if address != gateway:
+                    yield address
+
+    def size(self) -> int:
+        total = sum(int(last) - int(first) + 1 for first, last in self.pools)
+        return total - sum(1 for first, last in self.pools if first <= self.gateway <= last)
+
 
 class NodeEnvironment(models.Model):
     name = models.CharField(max_length=253, validators=[validate_object_name])
@@ -201,11 +233,36 @@ class NodeEnvironment(models.Model):
 
     def clean(self):
         validate_string_map(self.properties, "properties")
-        if self.CIDR in self.properties or self.IP_RANGE in self.properties:
+        try:
+            check_fabric_ranges(self.properties)
+            if self.properties.get(NETWORK_DATA):
+                validate_network_data(self.properties[NETWORK_DATA])
+            if self.CIDR in self.properties or self.IP_RANGE in self.properties:
+                self._check_overlaps(self.network())
+        except ValidationError as exc:
+            raise ValidationError({"properties": exc.messages}) from None
+
+    def _check_overlaps(self, network: "Network | None") -> None:
+        """Two environments on one network (the same CIDR, or networks that overlap) must not share an address
+        they both hand out: each would give it to a node of its own."""
+        if network is None:
+            return
+        others = NodeEnvironment.objects.exclude(pk=self.pk).order_by("namespace", "name")
+        for other in others:
             try:
-                self.network()
-            except ValidationError as exc:
-                raise ValidationError({"properties": exc.messages}) from None
+                theirs = other.network()
+            except ValidationError:
+                continue
+            if theirs is None or not network.interface.network.overlaps(theirs.interface.network):
+                continue
+            for first, last in network.pools:
+                for their_first, their_last in theirs.pools:
+                    if max(first, their_first) <= min(last, their_last):
+                        mine = self.properties.get(self.IP_RANGE) and self.IP_RANGE or self.CIDR
+                        raise ValidationError(
+                            f"{mine}: {_span(first, last)} overlaps NodeEnvironment {other} ({_span(their_first, their_last)}"
+                            f" on {theirs.interface.network}): NodeEnvironment {self.namespace}/{self.name} and "
+                            f"NodeEnvironment {other} would hand out the same addresses; give each its own range")
 
     def network(self) -> Network | None:
         cidr = self.properties.get(self.CIDR)
@@ -228,6 +285,10 @@ class NodeEnvironment(models.Model):
             except ValueError:
                 raise ValidationError(f"{self.DNS}: {server!r} is not an IP address") from None
         return Network(interface=interface, ranges=ranges, dns=dns)
+
+
+def _span(first, last) -> str:
+    return str(first) if first == last else f"{first}-{last}"
 
 
 CHECKSUM_LENGTHS = {32: ChecksumType.MD5, 64: ChecksumType.SHA256, 128: ChecksumType.SHA512}
@@ -335,6 +396,10 @@ class NodePool(models.Model):
     disruption = models.JSONField(default=dict, blank=True)
     expire_after = models.CharField(max_length=32, blank=True, validators=[validate_duration])
     weight = models.IntegerField(null=True, blank=True)
+    # Where the pool's nodes sit (validate_topology): {"sameRailGroup": true} and/or {"sameRack": true}.
+    topology = models.JSONField(default=dict, blank=True)
+    # All-or-nothing groups (validate_group): {"size": 4, "onMemberFailure": "Replace" | "ReleaseGroup"}.
+    group = models.JSONField(default=dict, blank=True)
     # Optimistic concurrency: bumped on every change.
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -371,8 +436,31 @@ class NodePool(models.Model):
         collect(errors, "disruption", lambda: check_disruption(self.disruption),
                 lambda: validate_disruption(self.disruption))
         collect(errors, "limits", lambda: check_quantities(self.limits), lambda: validate_limits(self.limits))
+        collect(errors, "topology", lambda: validate_topology(self.topology))
+        collect(errors, "group", lambda: validate_group(self.group))
+        size = self.group_size
+        if (self.kind == PoolKind.STATIC and size and "group" not in errors and isinstance(self.quantity, int)
+                and "quantity" not in errors and self.quantity % size):
+            errors["quantity"] = (f"a pool of groups of {size} asks for whole groups: {self.quantity} is not a "
+                                  f"multiple of {size}")
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def group_size(self) -> int:
+        """Members of each all-or-nothing group; 0: the pool's claims are placed one by one."""
+        size = (self.group or {}).get("size") if isinstance(self.group, dict) else None
+        return size if isinstance(size, int) and not isinstance(size, bool) else 0
+
+    def shared_topology(self) -> tuple[str, ...]:
+        """What every node of the pool shares, as `topology` says (hosts.topology.Topology fields)."""
+        topology = self.topology if isinstance(self.topology, dict) else {}
+        return tuple(key for key, flag in (("rack", "sameRack"), ("rail_group", "sameRailGroup"))
+                     if topology.get(flag) is True)
+
+    def group_shares(self) -> tuple[str, ...]:
+        """What the members of one group share: the pool's `topology`, else one rail group."""
+        return self.shared_topology() or ("rail_group",)
 
 
 def validate_limits(limits) -> None:
@@ -384,6 +472,47 @@ def validate_limits(limits) -> None:
                 raise ValueError
         except ValueError:
             raise ValidationError(f"limits.{key}: {value!r} is not a quantity ≥ 0") from None
+
+
+TOPOLOGY_FIELDS = ("sameRack", "sameRailGroup")
+GROUP_FIELDS = ("size", "onMemberFailure")
+GROUP_MAX_SIZE = 1000
+
+
+def validate_topology(topology) -> None:
+    """{sameRailGroup: true} (every node of the pool on one rail group), {sameRack: true} (in one rack), or both."""
+    if not isinstance(topology, dict):
+        raise ValidationError("topology must be a mapping such as {sameRailGroup: true}")
+    unknown = set(topology) - set(TOPOLOGY_FIELDS)
+    if unknown:
+        raise ValidationError(f"topology: unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"expected {' or '.join(TOPOLOGY_FIELDS)}")
+    for key, value in topology.items():
+        if not isinstance(value, bool):
+            raise ValidationError(f"topology.{key} must be true or false, not {value!r}")
+
+
+def validate_group(group) -> None:
+    """{size: N, onMemberFailure: Replace | ReleaseGroup}: the pool's nodes come in groups of N hosts of one
+    rail group (or of what `topology` names), all placed at once or none."""
+    if not isinstance(group, dict):
+        raise ValidationError("group must be a mapping such as {size: 4, onMemberFailure: Replace}")
+    if not group:
+        return
+    unknown = set(group) - set(GROUP_FIELDS)
+    if unknown:
+        raise ValidationError(f"group: unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"expected {', '.join(GROUP_FIELDS)}")
+    size = group.get("size")
+    if size is None:
+        raise ValidationError("group.size is required: how many hosts each group takes at once")
+    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= GROUP_MAX_SIZE:
+        raise ValidationError(f"group.size must be a whole number from 2 to {GROUP_MAX_SIZE}, not {size!r} "
+                              "(a group of 1 is a plain pool)")
+    policy = group.get("onMemberFailure", GroupFailurePolicy.REPLACE)
+    if policy not in GroupFailurePolicy.values:
+        raise ValidationError(f"group.onMemberFailure must be {' or '.join(GroupFailurePolicy.values)}, "
+                              f"not {policy!r}")
 
 
 DISRUPTION_FIELDS = {"consolidationPolicy", "consolidateAfter", "minNodeLifetime", "budgets"}
@@ -453,3 +582,36 @@ class TenantMembership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant}"
+
+
+class FabricPartition(models.Model):
+    """A tenant's share of the fabric between its servers: a VLAN id or an InfiniBand partition key, taken
+    from the range its NodeEnvironment (or NodeProvider) configures when its first node is provisioned, and
+    kept until the tenant is deleted (pools.fabric). The console records and exports it; the network side's
+    tool configures the switches."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="fabric_partitions")
+    kind = models.CharField(max_length=16, choices=FabricKind.choices)
+    value = models.PositiveIntegerField()
+    # Where the range came from, as a person finds it: "NodeEnvironment p-default/servers 100-199".
+    source = models.CharField(max_length=300, blank=True)
+    since = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant__name", "kind"]
+        constraints = [
+            # No two tenants share a value, and a tenant holds one partition of each kind.
+            models.UniqueConstraint(fields=["kind", "value"], name="uniq_fabric_partition_value"),
+            models.UniqueConstraint(fields=["tenant", "kind"], name="uniq_fabric_partition_per_tenant"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.label} for {self.tenant_id and self.tenant.name}"
+
+    @property
+    def value_text(self) -> str:
+        return fabric_value_text(self.kind, self.value)
+
+    @property
+    def label(self) -> str:
+        return f"{'VLAN' if self.kind == FabricKind.VLAN else 'P_Key'} {self.value_text}"

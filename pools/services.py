@@ -100,7 +100,7 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
 def _pool_defaults() -> dict:
     return {"quantity": None, "node_type_selector": [], "node_labels": {}, "taints": [],
             "termination_grace_period": "", "profile": "", "limits": {}, "disruption": {},
-            "expire_after": "", "weight": None}
+            "expire_after": "", "weight": None, "topology": {}, "group": {}}
 
 
 # One way to create and to change a pool, for the admin, the API and the console. The lock order

@@ -86,6 +86,25 @@ def parse_ip_ranges(text: str) -> list[tuple[ipaddress.IPv4Address, ipaddress.IP
     return ranges
 
 
+
+NETWORK_DATA = "metal3.vcluster.com/network-data"
+
+
+def validate_network_data(text: str) -> None:
+    """A `metal3.vcluster.com/network-data` override: written into the node's seed as is (cloud-init's
+    network-config), so it must at least be a YAML (or JSON) mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where else ""
+        raise ValidationError(f"{NETWORK_DATA}: not YAML or JSON{at}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict) or not data:
+        raise ValidationError(f"{NETWORK_DATA} must be a network configuration (a YAML or JSON mapping, such "
+                              "as cloud-init's network-config `version: 2` with `ethernets`)")
+
 # --- shapes of JSON fields ------------------------------------------------------------------------
 # What Model.clean() checks before it reads a JSON field's contents, so that a value of the wrong shape (a
 # number where a list belongs) is a ValidationError naming the field, never a TypeError: from the admin, a
@@ -185,3 +204,59 @@ def collect(errors: dict, name: str, *checks) -> None:
             items = [e for es in exc.error_dict.values() for e in es] if hasattr(exc, "error_dict") else exc.error_list
             errors.setdefault(name, []).extend(items)
             return
+
+
+# A tenant's fabric partition (pools.fabric) comes from a range in its NodeEnvironment's (or NodeProvider's)
+# properties: `vmetal.dev/fabric-vlan-range: 100-199`, `vmetal.dev/fabric-pkey-range: 0x8001-0x80ff`.
+FABRIC_VLAN_RANGE = "vmetal.dev/fabric-vlan-range"
+FABRIC_PKEY_RANGE = "vmetal.dev/fabric-pkey-range"
+FABRIC_RANGE_PROPERTIES = {"vlan": FABRIC_VLAN_RANGE, "ib-pkey": FABRIC_PKEY_RANGE}
+# 802.1Q ids 1-4094 (0 and 4095 are reserved); InfiniBand P_Keys are 15 bits plus the full-membership bit, and
+# 0x7fff (the default partition) and its limited twin 0xffff are never a tenant's.
+_FABRIC_BOUNDS = {"vlan": (1, 4094), "ib-pkey": (0x0001, 0xfffe)}
+
+
+def fabric_value_text(kind: str, value: int) -> str:
+    """A value as switches write it: VLAN 100, P_Key 0x8001."""
+    return f"0x{value:04x}" if kind == "ib-pkey" else str(value)
+
+
+def parse_fabric_value(kind: str, text: str) -> int:
+    text = str(text).strip()
+    try:
+        value = int(text, 0) if kind == "ib-pkey" else int(text, 10)
+    except ValueError:
+        example = "0x8001" if kind == "ib-pkey" else "100"
+        raise ValidationError(f"{text!r} is not a {'P_Key' if kind == 'ib-pkey' else 'VLAN id'} such as {example}") \
+            from None
+    low, high = _FABRIC_BOUNDS[kind]
+    if not low <= value <= high or (kind == "ib-pkey" and value & 0x7fff in (0, 0x7fff)):
+        allowed = "P_Keys 0x0001-0x7ffe (0x8001-0xfffe: full members)" if kind == "ib-pkey" else "VLAN ids 1-4094"
+        raise ValidationError(f"{text} is outside the {allowed}")
+    return value
+
+
+def parse_fabric_range(kind: str, text: str) -> tuple[int, int]:
+    """`100-199` (VLAN) or `0x8001-0x80ff` (P_Key): the first and last value, both included."""
+    first, sep, last = str(text).partition("-")
+    if not sep:
+        raise ValidationError(f"{FABRIC_RANGE_PROPERTIES[kind]}: {text!r} is not a range such as "
+                              f"{'0x8001-0x80ff' if kind == 'ib-pkey' else '100-199'}")
+    try:
+        low, high = parse_fabric_value(kind, first), parse_fabric_value(kind, last)
+    except ValidationError as exc:
+        raise ValidationError(f"{FABRIC_RANGE_PROPERTIES[kind]}: {exc.messages[0]}") from None
+    if low > high:
+        raise ValidationError(f"{FABRIC_RANGE_PROPERTIES[kind]}: {text!r} ends before it starts")
+    if kind == "ib-pkey" and (low & 0x8000) != (high & 0x8000):
+        raise ValidationError(f"{FABRIC_RANGE_PROPERTIES[kind]}: {text!r} mixes full and limited membership keys")
+    return low, high
+
+
+def check_fabric_ranges(properties: dict) -> None:
+    """The fabric ranges a NodeEnvironment's or NodeProvider's properties configure, if any, are well formed."""
+    if not isinstance(properties, dict):
+        return
+    for kind, key in FABRIC_RANGE_PROPERTIES.items():
+        if key in properties:
+            parse_fabric_range(kind, properties[key])

@@ -189,6 +189,11 @@ CELERY_BEAT_SCHEDULE = {
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
+    "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
+    # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
+    "free-leaked-addresses": {"task": "claims.tasks.free_leaked_addresses",
+                              "schedule": float(os.environ.get("IPAM_LEAK_CHECK_EVERY_S", "300"))},
     # Dynamic pools' claims past their launch deadline: reported once, never relaunched (autonodes/launches.py).
     "check-launches": {"task": "autonodes.tasks.check_launches",
                        "schedule": float(os.environ.get("AUTONODES_LAUNCH_CHECK_EVERY_S", "30"))},
@@ -233,6 +238,17 @@ BMC_RETRY_S = env_float("BMC_RETRY_S", 5)  # a step whose BMC is away tries agai
 BMC_CHECK_EVERY_S = env_float("BMC_CHECK_EVERY_S", 60)  # the periodic check of available hosts' BMCs
 BMC_CHECK_TIMEOUT_S = env_float("BMC_CHECK_TIMEOUT_S", 5)  # its one read, without retries
 BMC_CONTACT_REFRESH_S = env_float("BMC_CONTACT_REFRESH_S", 60)  # a flow's successful BMC call is recorded this often
+# Preflight (hosts/preflight.py): the BMC and provisioning networks per host, run by the preflight-due beat for
+# hosts last checked more than PREFLIGHT_EVERY_S ago, PREFLIGHT_BATCH per pass, PREFLIGHT_CONCURRENCY at a time
+# (8: the top of Metal3 BMO's 2-8 concurrent reconciles), each BMC read without retries.
+PREFLIGHT_EVERY_S = env_float("PREFLIGHT_EVERY_S", 600)
+PREFLIGHT_BATCH = int(os.environ.get("PREFLIGHT_BATCH", "200"))
+PREFLIGHT_CONCURRENCY = int(os.environ.get("PREFLIGHT_CONCURRENCY", "8"))
+PREFLIGHT_TIMEOUT_S = env_float("PREFLIGHT_TIMEOUT_S", 5)
+PREFLIGHT_HTTP_TIMEOUT_S = env_float("PREFLIGHT_HTTP_TIMEOUT_S", 3)
+# Whether the ramdisk's kernel and initrd (AGENT_KERNEL_URL, AGENT_INITRD_URL) must answer a HEAD: on, except
+# where the lab runs (its simulated servers start the agent from the iPXE script and fetch no kernel).
+PREFLIGHT_RAMDISK_CHECK = env_bool("PREFLIGHT_RAMDISK_CHECK", not env_bool("VMETAL_LAB", EMBEDDED))
 # A drive's lease on its host, renewed every third of it while the drive runs: a worker killed mid-step holds
 # its host this long at most.
 DRIVE_LEASE_S = env_float("DRIVE_LEASE_S", 30)
@@ -276,6 +292,18 @@ AGENT_LISTEN = os.environ.get("AGENT_LISTEN", "127.0.0.1:8001")
 AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
 AGENT_KERNEL_URL = os.environ.get("AGENT_KERNEL_URL", f"{AGENT_BOOT_URL}/images/agent/vmlinuz")
 AGENT_INITRD_URL = os.environ.get("AGENT_INITRD_URL", f"{AGENT_BOOT_URL}/images/agent/initrd")
+# The provisioning network's DHCP/boot server (dnsmasq; hosts/dhcp.py, `manage.py dhcp-config`). DHCP_RANGE:
+# dnsmasq's dhcp-range value (start,end[,netmask][,lease time]); with DHCP_RELAY on, the relayed subnet instead
+# (network,static,netmask: requests arrive from a relay, dnsmasq binds to no interface of that subnet).
+# DHCP_INTERFACE: the interface on the provisioning network (local mode; empty: every interface). DHCP_ROUTER and
+# DHCP_DNS_SERVERS: options 3 and 6 (empty: not sent). DHCP_TFTP_ROOT: where the iPXE binaries are (Debian's
+# `ipxe` package: /usr/lib/ipxe with undionly.kpxe, ipxe.efi, snponly.efi).
+DHCP_RANGE = os.environ.get("DHCP_RANGE", "172.22.0.100,172.22.0.200,255.255.255.0,1h")
+DHCP_RELAY = os.environ.get("DHCP_RELAY", "").lower() in ("1", "true", "yes", "on")
+DHCP_INTERFACE = os.environ.get("DHCP_INTERFACE", "")
+DHCP_ROUTER = os.environ.get("DHCP_ROUTER", "")
+DHCP_DNS_SERVERS = os.environ.get("DHCP_DNS_SERVERS", "")
+DHCP_TFTP_ROOT = os.environ.get("DHCP_TFTP_ROOT", "/usr/lib/ipxe")
 
 CHANNEL_LAYERS = {
     "default": (

@@ -140,6 +140,11 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
     effective_cleaning = serializers.SerializerMethodField()
     erase_certificates = serializers.SerializerMethodField()
     health_runs = serializers.SerializerMethodField()
+    preflight_tls = serializers.SerializerMethodField(
+        help_text="how the last preflight reached the BMC: verified, not verified (disableCertificateVerification) "
+                  "or none (plain HTTP)")
+    preflight_checks = serializers.SerializerMethodField(
+        help_text="the last preflight per check: bmc and boot, each {ok, reason}, and the BMC's quirks")
 
     class Meta:
         model = BareMetalHost
@@ -147,10 +152,12 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
                   "has_bmc_credentials", "bmc_disable_certificate_verification", "boot_mac", "online",
                   "root_device_hints", "labels", "automated_cleaning_mode", "cleaning_policy", "effective_cleaning",
                   "inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
-                  "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs", "created_at",
-                  "updated_at"]
+                  "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs",
+                  "preflight_ok", "preflight_checked_at", "preflight_reason", "preflight_tls", "preflight_checks",
+                  "created_at", "updated_at"]
         read_only_fields = ["inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
-                            "error_message", "error_count", "created_at", "updated_at"]
+                            "error_message", "error_count", "preflight_ok", "preflight_checked_at",
+                            "preflight_reason", "created_at", "updated_at"]
         extra_kwargs = {"cleaning_policy": {"help_text": "overrides its NodeType's cleaning method; empty: the "
                                                          "NodeType's"},
                         # No generic uniqueness check: full_clean() says which host has the MAC.
@@ -166,6 +173,18 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
         if isinstance(self.instance, models.Model):
             for name in self.FIXED_AFTER_CREATE:
                 self.fields[name].read_only = True
+
+    def get_preflight_tls(self, obj) -> str:
+        return ((obj.preflight or {}).get("bmc") or {}).get("tls", "")
+
+    def get_preflight_checks(self, obj) -> dict:
+        detail = obj.preflight or {}
+        bmc, boot = detail.get("bmc") or {}, detail.get("boot") or {}
+        if not detail:
+            return {}
+        return {"bmc": {"ok": bmc.get("ok"), "reason": bmc.get("reason", "")},
+                "boot": {"ok": boot.get("ok"), "reason": boot.get("reason", "")},
+                "quirks": bmc.get("quirks") or {}}
 
     def get_has_bmc_credentials(self, obj) -> bool:
         return bool(obj.bmc_username and obj.bmc_password)

@@ -143,7 +143,7 @@ class CapacityView(APIView):
                    description="Per NodeType, per rack (the `rack` label) and in all: hosts total, free (available), "
                                "allocatable (available and not held back), serving a claim, broken (error, repair, "
                                "retesting), and the free hosts held back by each reason (bmc_red: the BMC's last "
-                               "answer failed).")
+                               "answer failed; preflight_red: the host's preflight is red).")
     def get(self, request):
         if not scoping.sees_everything(request.user):
             raise exceptions.PermissionDenied("the fleet's capacity is for admins and auditors")

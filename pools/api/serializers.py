@@ -7,7 +7,9 @@ from rest_framework import serializers
 from core import scoping
 from core.api import StrictModelSerializer
 from pools.api_check import tenant_api_check
+from pools.capacity import environment_addresses
 from pools.models import (
+    FabricPartition,
     NodeEnvironment,
     NodePool,
     NodeProvider,
@@ -26,6 +28,15 @@ def _request_user(serializer):
     return getattr(request, "user", None)
 
 
+class FabricPartitionSerializer(serializers.ModelSerializer):
+    value_text = serializers.CharField(read_only=True, help_text="as switches write it: 100, 0x8001")
+
+    class Meta:
+        model = FabricPartition
+        fields = ["kind", "value", "value_text", "source", "since"]
+        read_only_fields = fields
+
+
 class TenantSerializer(StrictModelSerializer):
     kubeconfig = serializers.CharField(write_only=True, required=False, allow_blank=True, trim_whitespace=False,
                                        style={"input_type": "password"},
@@ -33,6 +44,9 @@ class TenantSerializer(StrictModelSerializer):
     has_kubeconfig = serializers.SerializerMethodField()
     warnings = serializers.SerializerMethodField(help_text="what the write just made means, for the caller (also "
                                                            "in the Warning header): a quota below current use")
+    fabric_partitions = FabricPartitionSerializer(many=True, read_only=True,
+                                                  help_text="the tenant's VLAN / InfiniBand partition key, given "
+                                                            "with its first node; read-only")
     api_check = serializers.SerializerMethodField(
         help_text="does the tenant API (its VIP) answer: `console`, checked from the console when one tenant is "
                   "read (reused for a short while; in a list, the last result only), and `server`, the last check "
@@ -42,8 +56,8 @@ class TenantSerializer(StrictModelSerializer):
         model = Tenant
         fields = ["id", "name", "namespace", "display_name", "api_endpoint", "kubeconfig", "has_kubeconfig",
                   "join_mode", "quota_nodes", "private_nodes_enabled", "provider_properties", "deleting_since",
-                  "created_at", "updated_at", "warnings", "api_check"]
-        read_only_fields = ["deleting_since", "created_at", "updated_at"]
+                  "fabric_partitions", "created_at", "updated_at", "warnings", "api_check"]
+        read_only_fields = ["deleting_since", "fabric_partitions", "created_at", "updated_at"]
 
     def get_has_kubeconfig(self, obj) -> bool:
         return bool(obj.kubeconfig)
@@ -78,7 +92,7 @@ class NodePoolSerializer(StrictModelSerializer):
         model = NodePool
         fields = ["id", "tenant", "name", "provider", "kind", "quantity", "node_type_selector", "node_labels",
                   "taints", "termination_grace_period", "profile", "limits", "disruption", "expire_after", "weight",
-                  "version", "created_at", "updated_at"]
+                  "topology", "group", "version", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
     def __init__(self, *args, **kwargs):
@@ -147,12 +161,21 @@ class NodeEnvironmentSerializer(StrictModelSerializer):
                                             required=False, allow_null=True)
     tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all(), required=False,
                                           allow_null=True)
+    addresses = serializers.SerializerMethodField(
+        help_text="IPAM: size (addresses its ranges hold; null without a network or with a network-data "
+                  "override), used, free, and leaked (rows whose claim is gone or holds no host, freed by the "
+                  "periodic check)")
 
     class Meta:
         model = NodeEnvironment
-        fields = ["id", "name", "namespace", "display_name", "provider", "tenant", "properties", "created_at",
-                  "updated_at"]
+        fields = ["id", "name", "namespace", "display_name", "provider", "tenant", "properties", "addresses",
+                  "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
+
+    def get_addresses(self, obj) -> dict:
+        if not obj.pk:
+            return {}
+        return environment_addresses([obj]).get(obj.pk, {})
 
 
 class OSImageSerializer(StrictModelSerializer):

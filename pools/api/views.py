@@ -98,7 +98,7 @@ class TenantViewSet(ConfigViewSet):
     self_link = "tenant"
 
     def get_queryset(self):
-        return tenants_visible(self.request.user)
+        return tenants_visible(self.request.user).prefetch_related("fabric_partitions")
 
     def event_tenant(self, obj, values=None):
         return None  # self_link fills it
