@@ -6,8 +6,15 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from core.transitions import ConcurrentTransition, IllegalTransition
+from events.admin import (
+    ReadOnlyAdmin,
+    RecordedAdmin,
+    admin_actor,
+    badge,
+    brief,
+    event_log_link,
+)
 from events.choices import ObjectType
-from events.admin import RecordedAdmin, admin_actor, badge, brief, event_log_link
 from pools.admin import NodePoolAdmin, TenantAdmin
 from pools.models import NodePool, Tenant
 
@@ -19,7 +26,7 @@ EDITABLE = ("node_name", "node_labels", "taints")
 
 
 @admin.register(ClaimGroup)
-class ClaimGroupAdmin(admin.ModelAdmin):
+class ClaimGroupAdmin(ReadOnlyAdmin):
     """All-or-nothing groups: read only (the reconciler makes them, the allocator places them whole)."""
 
     list_display = ("name", "tenant", "pool_name", "size", "on_member_failure", "rack", "rail_group", "placed_at",
@@ -27,15 +34,6 @@ class ClaimGroupAdmin(admin.ModelAdmin):
     list_filter = ("on_member_failure", "reason", "tenant")
     search_fields = ("name", "pool_name", "tenant__name", "rail_group", "rack")
     list_select_related = ("tenant",)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(NodeClaim)
@@ -147,18 +145,9 @@ for _model, _base, _position in ((Tenant, TenantAdmin, 7), (NodePool, NodePoolAd
 
 
 @admin.register(AddressAllocation)
-class AddressAllocationAdmin(admin.ModelAdmin):
+class AddressAllocationAdmin(ReadOnlyAdmin):
     """IPAM's record (claims/ipam.py): read here; taken and freed only with claims' hosts, leaks by the check."""
 
     list_display = ("address", "environment", "claim_name", "host_name", "tenant", "since")
     list_filter = ("environment",)
     search_fields = ("address", "claim_name", "host_name", "tenant__name")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

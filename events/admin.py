@@ -43,6 +43,19 @@ def brief(text: str, length: int = 80) -> str:
     return text if len(text) <= length else text[: length - 1] + "…"
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records and evidence: looked at, never added, changed or deleted by hand."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class RecordedAdmin(admin.ModelAdmin):
     """Saves and deletes through events.services.object_update / object_delete: the change is
     validated, saved only if something changed, and recorded with the admin's name (secrets masked)."""
@@ -134,7 +147,7 @@ class ServiceDeleteMixin:
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(ReadOnlyAdmin):
     """Append-only: nobody adds, changes or deletes events, not even a superuser."""
 
     list_display = ("created_at", "kind", "object_type", "object_name", "transition", "step", "actor",
@@ -146,15 +159,6 @@ class EventAdmin(admin.ModelAdmin):
     show_full_result_count = False  # the log grows without bound: no second COUNT(*) per page
     fields = ("created_at", "kind", "object_type", "object_name", "host", "claim", "tenant", "from_state",
               "to_state", "step", "message", "duration_s", "actor", "data")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="transition")
     def transition(self, event):

@@ -5,8 +5,8 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from events.choices import ObjectType
 from events.admin import (
+    ReadOnlyAdmin,
     RecordedAdmin,
     ServiceDeleteMixin,
     admin_actor,
@@ -14,6 +14,7 @@ from events.admin import (
     brief,
     event_log_link,
 )
+from events.choices import ObjectType
 from pools.matching import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
@@ -173,7 +174,6 @@ class BareMetalHostAdmin(ServiceDeleteMixin, RecordedAdmin):
     def retry(self, request, queryset):
         self._act(request, queryset, "Retry", lambda host, actor: host_retry(host=host, actor=actor))
 
-
     @admin.action(description="Retest (hosts in repair): clean and health suite again", permissions=["change"])
     def retest(self, request, queryset):
         self._act(request, queryset, "Retest", lambda host, actor: host_retest(host=host, actor=actor))
@@ -182,19 +182,6 @@ class BareMetalHostAdmin(ServiceDeleteMixin, RecordedAdmin):
     def return_to_service(self, request, queryset):
         self._act(request, queryset, "Return to service",
                   lambda host, actor: host_return_to_service(host=host, actor=actor))
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Evidence: looked at, never changed or deleted by hand."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(EraseCertificate)

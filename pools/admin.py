@@ -15,7 +15,13 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html_join
 
-from events.admin import RecordedAdmin, ServiceDeleteMixin, admin_actor, event_log_link
+from events.admin import (
+    ReadOnlyAdmin,
+    RecordedAdmin,
+    ServiceDeleteMixin,
+    admin_actor,
+    event_log_link,
+)
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
@@ -412,19 +418,10 @@ class NodePoolAdmin(admin.ModelAdmin):
 
 
 @admin.register(FabricPartition)
-class FabricPartitionAdmin(admin.ModelAdmin):
+class FabricPartitionAdmin(ReadOnlyAdmin):
     """Read-only: a partition is taken by the provision flow (pools.fabric) and freed with its tenant; the switches
     carry it, so nobody edits it by hand here."""
 
     list_display = ("tenant", "kind", "value_text", "source", "since")
     list_filter = ("kind",)
     search_fields = ("tenant__name",)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
