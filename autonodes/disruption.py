@@ -61,6 +61,7 @@ from .fit import (
     format_quantity,
     is_daemonset_pod,
     pod_requests,
+    total_resources,
 )
 from .live import demand_changed
 from .models import NodeUsage
@@ -226,14 +227,6 @@ def pod_key(pod: dict) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _sum(requests: list[dict[str, float]]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for asked in requests:
-        for key, value in asked.items():
-            total[key] = total.get(key, 0.0) + value
-    return total
-
-
 def _size(requests: dict[str, float]) -> tuple:
     """Largest first: GPUs (any extended resource) before CPU before memory."""
     extended = sum(v for k, v in requests.items() if k not in ("cpu", "memory", "pods", "ephemeral-storage"))
@@ -266,7 +259,7 @@ def _node(claim: NodeClaim, usage: NodeUsage, pods: list[dict]) -> Node:
     allocatable = {k: parse_quantity(v) for k, v in ((node_type.resources if node_type else {}) or {}).items()}
     occupying = [p for p in pods if occupies(p)]
     guarded = [pod_key(p) for p in pods if do_not_disrupt(p) and not (p.get("metadata") or {}).get("deletionTimestamp")]
-    return Node(claim=claim, usage=usage, pods=occupying, requested=_sum([pod_requests(p) for p in occupying]),
+    return Node(claim=claim, usage=usage, pods=occupying, requested=total_resources([pod_requests(p) for p in occupying]),
                 labels=labels, taints=list(claim.taints or []), allocatable=allocatable, guarded=sorted(guarded))
 
 
@@ -581,7 +574,7 @@ class _Pass:
         targets = {n.claim.node_name: n for n in others}
         for pod in node.pods:
             target = targets[placement[pod_key(pod)]]
-            target.requested = _sum([target.requested, pod_requests(pod)])
+            target.requested = total_resources([target.requested, pod_requests(pod)])
             self.receiving.add(target.claim.pk)
         moves = ", ".join(f"{pod} → {to}" for pod, to in sorted(placement.items()))
         self._release([node], R.UNDERUTILIZED,

@@ -27,9 +27,18 @@ def quantities(values: dict | None) -> dict[str, float]:
     return out
 
 
-def _add(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+def add_resources(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """Adds `more` into `total` (in place) and returns it."""
     for key, value in more.items():
         total[key] = total.get(key, 0.0) + value
+    return total
+
+
+def total_resources(parts) -> dict[str, float]:
+    """The sum of several parsed resource maps, as a new map."""
+    total: dict[str, float] = {}
+    for part in parts:
+        add_resources(total, part)
     return total
 
 
@@ -44,11 +53,11 @@ def pod_requests(pod: dict) -> dict[str, float]:
 
     total: dict[str, float] = {}
     for container in spec.get("containers") or []:
-        _add(total, asked(container))
+        add_resources(total, asked(container))
     for container in spec.get("initContainers") or []:
         for key, value in asked(container).items():
             total[key] = max(total.get(key, 0.0), value)
-    return _add(total, quantities(spec.get("overhead")))
+    return add_resources(total, quantities(spec.get("overhead")))
 
 
 def is_daemonset_pod(pod: dict) -> bool:

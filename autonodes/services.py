@@ -28,7 +28,7 @@ from pools.matching import label_selector_q, requirements_match
 from pools.models import NodePool, NodeType, Tenant
 
 from .choices import DecisionReason, DemandStatus, WatchState
-from .fit import Demand, format_quantity, quantities, short_of
+from .fit import Demand, add_resources, format_quantity, quantities, short_of
 from .live import demand_changed
 from .models import NodeUsage, PendingPod, TenantWatch
 from .simulation import (
@@ -83,12 +83,6 @@ def daemonset_overhead() -> dict[str, float]:
 def _demand(pod: PendingPod) -> Demand:
     return Demand(requests=quantities(pod.requests), node_selector=dict(pod.node_selector or {}),
                   node_affinity=list(pod.node_affinity or []), tolerations=list(pod.tolerations or []))
-
-
-def _sum(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    for key, value in more.items():
-        into[key] = into.get(key, 0.0) + value
-    return into
 
 
 @retry_on_deadlock()
@@ -251,7 +245,7 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
             counted = used[claim.pool_id]
             counted["nodes"] = counted.get("nodes", 0.0) + 1
             if claim.node_type_id:
-                _sum(counted, resources[claim.node_type_id])
+                add_resources(counted, resources[claim.node_type_id])
     options = []
     for pool in pools:
         types = tuple(
@@ -266,7 +260,7 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
     # is known (autonodes.disruption keeps NodeUsage); less what is planned there (pods launched on them).
     planned: dict[int, dict[str, float]] = defaultdict(dict)
     for pod in kept:
-        _sum(planned[pod.claim_id], quantities(pod.requests))
+        add_resources(planned[pod.claim_id], quantities(pod.requests))
     nodes = []
     for claim in sorted(open_claims.values(), key=lambda c: (c.created_at, c.pk)):
         if claim.node_type_id is None:
@@ -274,7 +268,7 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         if claim.phase == P.AVAILABLE:
             if claim.pool_id not in dynamic_ids or claim.pk not in usage:
                 continue  # what runs there is unknown; the tenant's scheduler has seen it anyway
-            _sum(planned[claim.pk], quantities(usage[claim.pk].requested))
+            add_resources(planned[claim.pk], quantities(usage[claim.pk].requested))
         free = {k: v - overhead.get(k, 0.0) - planned[claim.pk].get(k, 0.0)
                 for k, v in with_undeclared(resources[claim.node_type_id]).items()}
         nodes.append(Node(name=claim.name, pool=claim.pool_name, labels={**(claim.node_labels or {}),

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .choices import DecisionReason
-from .fit import Demand, format_quantity, why_not
+from .fit import Demand, format_quantity, total_resources, why_not
 
 # Resources every node has: anything else (nvidia.com/gpu, rdma/ib, ...) is an extended resource, and a node
 # type that has one is launched only for pods that ask for it.
@@ -136,13 +136,6 @@ def _size(pod: PodDemand) -> tuple:
 
 def _holds(usable: dict[str, float], requested: dict[str, float]) -> bool:
     return all(v <= usable.get(k, 0.0) + EPSILON for k, v in requested.items() if v > 0)
-
-
-def _plus(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, 0.0) + v
-    return out
 
 
 @dataclass
@@ -311,7 +304,7 @@ class _Simulation:
             ids = allowed.get(id(node.pool))
             if ids is None:
                 continue
-            requested = _plus(node.requested, pod.demand.requests)
+            requested = total_resources([node.requested, pod.demand.requests])
             types = [t for t in node.types if id(t) in ids and _holds(t.usable, requested)]
             # A new cheapest type must have a free host of its own.
             types = [t for t in types if t is node.types[0] or t.option.free_hosts is None
