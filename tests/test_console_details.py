@@ -166,12 +166,14 @@ def test_the_handler_keeps_a_single_line_for_refusals_only():
     refused.status_code, failed.status_code = 403, 500
     handler = next(h for h in logging.getLogger().handlers if any(isinstance(f, RefusalsOneLine) for f in h.filters))
     stream = io.StringIO()
-    previous = handler.setStream(stream)
+    # Swapped by hand, not setStream(): that flushes the previous stream, which an earlier test's captured
+    # stderr may have closed already.
+    previous, handler.stream = handler.stream, stream
     try:
         handler.handle(refused)
         handler.handle(failed)
     finally:
-        handler.setStream(previous)
+        handler.stream = previous
     lines = stream.getvalue().splitlines()
     assert lines[0].endswith("django.request: answer: /x (no)")
     assert "Traceback (most recent call last):" in lines[1:]
