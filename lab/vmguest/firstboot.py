@@ -193,6 +193,7 @@ class TenantClient:
         self.spec = spec
         self.timeout = timeout
         self.context = None
+        self.ready_since: str | None = None
         if spec.scheme == "https":
             if spec.mode == "kubeadm" and spec.ca_pem is None:
                 spec.ca_pem = discover_ca(spec, timeout)
@@ -285,10 +286,11 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def ready_condition() -> dict:
+def ready_condition(since: str | None = None) -> dict:
+    """Ready=True, beating now; `since`: when it became Ready (a heartbeat is no transition)."""
     now = _now()
     return {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "vmetal-os is posting ready status",
-            "lastHeartbeatTime": now, "lastTransitionTime": now}
+            "lastHeartbeatTime": now, "lastTransitionTime": since or now}
 
 
 def machine_capacity(meminfo: str = "/proc/meminfo") -> dict:
@@ -315,6 +317,7 @@ def join(client: TenantClient, node_name: str, *, address: str | None, labels: d
     elif status not in (200, 201):
         raise JoinError(f"creating node {node_name}: tenant API answered {status}: {answer.get('message', '')}")
     resources = capacity or machine_capacity()
+    client.ready_since = client.ready_since or _now()
     uname = os.uname()
     addresses = [{"type": "Hostname", "address": node_name}]
     if address:
@@ -324,7 +327,7 @@ def join(client: TenantClient, node_name: str, *, address: str | None, labels: d
         "nodeInfo": {"kubeletVersion": "v1.33.0", "kubeProxyVersion": "", "osImage": "vMetal OS (Debian 12 packages)",
                      "operatingSystem": "linux", "architecture": "amd64", "kernelVersion": uname.release,
                      "containerRuntimeVersion": "", "machineID": "", "systemUUID": "", "bootID": _boot_id()},
-        "conditions": [ready_condition()]}})
+        "conditions": [ready_condition(client.ready_since)]}})
 
 
 def _boot_id() -> str:
@@ -341,7 +344,8 @@ def heartbeat(client: TenantClient, node_name: str, every: float = HEARTBEAT_S, 
     while beats is None or done < beats:
         time.sleep(every)
         try:
-            client.patch(f"/api/v1/nodes/{node_name}/status", {"status": {"conditions": [ready_condition()]}})
+            client.patch(f"/api/v1/nodes/{node_name}/status",
+                         {"status": {"conditions": [ready_condition(client.ready_since)]}})
         except JoinError as exc:
             log.warning("heartbeat: %s", exc)
         done += 1
