@@ -87,6 +87,7 @@ ALWAYS_LIBS = ["libgcc_s.so.1"]  # dlopened by glibc when a thread exits, never 
 AGENT_FILES = ["agent"]
 OS_AGENT_FILES = ["agent/__init__.py", "agent/seed.py", "agent/disks.py", "agent/hardware.py"]  # the seed reader
 TARGETS = ("ramdisk", "iso", "os-image")
+KEEP_BUILDS = 3
 OS_IMAGE = "vmetal-os.img"
 KERNEL_ARGS = "console=ttyS0 quiet"
 
@@ -100,7 +101,7 @@ class BuildError(Exception):
 
 def _run(argv: list[str], **kwargs) -> str:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
     except OSError as exc:
         raise BuildError(f"{argv[0]}: {exc.strerror}") from None
     if proc.returncode != 0:
@@ -108,29 +109,36 @@ def _run(argv: list[str], **kwargs) -> str:
     return proc.stdout
 
 
-def kernel_package() -> str:
-    """The versioned kernel package `linux-image-amd64` currently depends on (e.g. linux-image-6.1.0-57-amd64)."""
-    for line in _run(["apt-cache", "depends", KERNEL_META]).splitlines():
-        match = re.match(r"\s*Depends:\s*(linux-image-[0-9][^\s]*)", line)
-        if match:
-            return match.group(1)
-    raise BuildError(f"apt-cache depends {KERNEL_META}: no versioned linux-image package")
+def apt_options(cache: Path) -> list[str]:
+    """apt-cache with its binary package cache kept in ours: without one (Debian's container images turn it off)
+    every call parses all the package lists again, 3 s or more here."""
+    (cache / "apt").mkdir(parents=True, exist_ok=True)
+    return ["-o", f"Dir::Cache::pkgcache={cache / 'apt/pkgcache.bin'}",
+            "-o", f"Dir::Cache::srcpkgcache={cache / 'apt/srcpkgcache.bin'}"]
 
 
-def resolve_versions(packages: list[str]) -> dict[str, str]:
-    """{package: candidate version} from apt-cache; a package apt does not know is an error."""
-    out = _run(["apt-cache", "show", "--no-all-versions", *packages])
-    versions = {}
+def resolve_versions(packages: list[str], cache: Path) -> tuple[str, dict[str, str]]:
+    """(the versioned kernel package `linux-image-amd64` depends on, {package: candidate version}) from one
+    apt-cache call; a package apt does not know is an error."""
+    out = _run(["apt-cache", *apt_options(cache), "show", "--no-all-versions", KERNEL_META, *packages])
+    versions, kernel = {}, None
     name = None
     for line in out.splitlines():
         if line.startswith("Package: "):
             name = line.split(": ", 1)[1].strip()
         elif line.startswith("Version: ") and name:
             versions.setdefault(name, line.split(": ", 1)[1].strip())
+        elif (line.startswith("Depends: ") and name == KERNEL_META
+              and (match := re.search(r"(linux-image-[0-9][^\s,]*)\s*\(=\s*([^)\s]+)\)", line))):
+            kernel = match.group(1)
+            versions[kernel] = match.group(2)
+    if kernel is None:
+        raise BuildError(f"apt-cache show {KERNEL_META}: no versioned linux-image package in its Depends")
     missing = [p for p in packages if p not in versions]
     if missing:
         raise BuildError(f"apt-cache knows no candidate for {', '.join(missing)} (apt-get update?)")
-    return versions
+    versions.pop(KERNEL_META, None)
+    return kernel, versions
 
 
 def fetch(versions: dict[str, str], debs_dir: Path) -> dict[str, Path]:
@@ -367,7 +375,7 @@ def check_imports(tree: Tree, modules: list[str]) -> None:
             *modules]
     env = {"PYTHONHOME": str(usr), "PYTHONPATH": str(tree.root / "opt/vmetal"), "PYTHONDONTWRITEBYTECODE": "1",
            "PATH": os.environ.get("PATH", "")}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
     if proc.returncode != 0:
         raise BuildError(f"the image's python cannot import its modules: {proc.stderr.strip()[-800:]}")
 
@@ -456,15 +464,13 @@ def build(targets: list[str], *, cache: Path | None = None) -> Build:
     """Build what `targets` need that the cache does not hold yet; returns where the artefacts are."""
     started = time.monotonic()
     cache = cache or cache_root()
-    kernel = kernel_package()
-    packages = [kernel, *BASE_PACKAGES, *AGENT_PACKAGES, *OS_PACKAGES, *BOOT_PACKAGES]
-    versions = resolve_versions(packages)
+    cache.mkdir(parents=True, exist_ok=True)
+    kernel, versions = resolve_versions([*BASE_PACKAGES, *AGENT_PACKAGES, *OS_PACKAGES, *BOOT_PACKAGES], cache)
     key = cache_key(versions)
     directory = cache / key
     result = Build(key=key, directory=directory, versions=versions,
                    kernel_version=kernel.removeprefix("linux-image-"))
     wanted = [t for t in TARGETS if t in targets or (t == "ramdisk" and "iso" in targets)]
-    cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test workers building at once: the second waits, then reuses
         missing = [t for t in wanted if not all((directory / n).exists() for n in OUTPUTS[t])]
@@ -481,8 +487,30 @@ def build(targets: list[str], *, cache: Path | None = None) -> Build:
                     result.built.append(target)
             (directory / "manifest.json").write_text(json.dumps(
                 {"key": key, "kernel": kernel, "versions": versions, "modules": MODULES}, indent=2, sort_keys=True))
+            prune(cache, keep=directory)
+        else:
+            os.utime(directory)  # recently used: the last to be pruned
     result.seconds = time.monotonic() - started
     return result
+
+
+def prune(cache: Path, keep: Path, builds: int = KEEP_BUILDS) -> None:
+    """Old builds beyond the newest `builds` (each ~150 MiB) go; so do packages no recent build named."""
+    done = sorted((d for d in cache.iterdir() if (d / "manifest.json").exists() and d != keep),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in done[builds - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
+        (cache / f"{old.name}.lock").unlink(missing_ok=True)
+    named = set()
+    for d in [keep, *done[:builds - 1]]:
+        try:
+            named.update(f"{n}_{v.replace(':', '%3a')}_" for n, v in
+                         json.loads((d / "manifest.json").read_text())["versions"].items())
+        except (OSError, ValueError, KeyError):
+            return  # unreadable: keep every package rather than guess
+    for deb in (cache / "debs").glob("*.deb"):
+        if not any(deb.name.startswith(prefix) for prefix in named):
+            deb.unlink()
 
 
 def _publish(result: Build, name: str, data_path: Path) -> None:

@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -62,8 +63,8 @@ class VM:
                 "-drive", f"file={disk},if=none,id=d0,format=raw", "-device", f"nvme,serial={NVME_SERIAL},drive=d0",
                 "-netdev", "user,id=n0", "-device", f"virtio-net-pci,netdev=n0,mac={MAC},romfile=", *args]
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=open(self.log_path, "wb"),
-                                     stderr=subprocess.STDOUT)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
     @property
     def serial(self) -> str:
@@ -108,7 +109,7 @@ def vm(tmp_path):
 
 
 def section(serial: str, name: str) -> str:
-    match = re.search(rf"^=== {re.escape(name)}\n(.*?)^=== end", serial, re.S | re.M)
+    match = re.search(rf"^=== {re.escape(name)}\n(.*?)^=== end", serial, re.DOTALL | re.MULTILINE)
     assert match, f"no '{name}' section on the serial console:\n{serial[-3000:]}"
     return match.group(1)
 
@@ -128,8 +129,8 @@ def test_the_ramdisk_boots_and_the_agent_reports_the_nvme_and_the_nic_as_qemu_wa
     assert ctrl["sn"].strip() == NVME_SERIAL and ctrl["mn"].strip() == "QEMU NVMe Ctrl"
     assert ctrl["oacs"] & 0x2, "the controller offers Format NVM"
     assert section(serial, "format --ses=1 /dev/nvme0n1").strip().startswith("Success formatting")
-    assert re.search(r"^=== end format rc=0$", serial, re.M)
-    agent_at = re.search(r"vmetal-init: selftest: inventory at ([\d.]+) s", serial)
+    assert re.search(r"^=== end format rc=0$", serial, re.MULTILINE)
+    agent_at = re.search(r"vmetal-init \[([\d.]+) s\]: selftest: inventory", serial)
     print(f"QEMU {ctrl['fr'].strip()} NVMe: sanicap={ctrl['sanicap']:#x} (sanitize {'offered' if ctrl['sanicap'] else 'not offered'}), "
           f"fna={ctrl['fna']:#x} (crypto erase {'offered' if ctrl['fna'] & 0x4 else 'not offered'}); "
           f"ramdisk up to the agent in {agent_at.group(1) if agent_at else '?'} s guest time, "
@@ -139,9 +140,9 @@ def test_the_ramdisk_boots_and_the_agent_reports_the_nvme_and_the_nic_as_qemu_wa
 class Console(http.server.BaseHTTPRequestHandler):
     """Stands in for the console's agent listener: records each lookup, answers 503 (the agent tries again)."""
 
-    lookups: list[dict] = []
+    lookups: ClassVar[list[dict]] = []
 
-    def do_POST(self):  # noqa: N802 (http.server's name)
+    def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/agent/lookup":
             self.lookups.append(json.loads(body))

@@ -147,7 +147,7 @@ def ipv4_address(interface: str | None = None) -> str | None:
     """The first global IPv4 address (of `interface`, or of any NIC), from `ip -4 -o addr`."""
     argv = ["ip", "-4", "-o", "addr", "show"] + (["dev", interface] if interface else [])
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     for line in out.splitlines():
@@ -271,14 +271,14 @@ def spki_sha256(pem: str) -> str:
 
     _, cert, _ = element(der, 0)
     _, at, _ = element(der, cert)  # tbsCertificate: walk its fields
-    fields = []
-    while len(fields) < 7:
-        tag, start, end = element(der, at)
-        fields.append((tag, at, end))
+    fields: list[tuple[int, int] | None] = []
+    while len(fields) < 7:  # version, serial, signature, issuer, validity, subject, subjectPublicKeyInfo
+        tag, _, end = element(der, at)
+        if not fields and tag != 0xA0:
+            fields.append(None)  # a v1 certificate: no explicit version
+        fields.append((at, end))
         at = end
-    if fields[0][0] != 0xA0:  # no explicit version: v1, one field fewer before the key
-        fields.insert(0, (0xA0, 0, 0))
-    _, key_start, key_end = fields[6]
+    key_start, key_end = fields[6]
     return hashlib.sha256(der[key_start:key_end]).hexdigest()
 
 
@@ -395,7 +395,7 @@ def run(*, retry_s: float = 5, join_deadline_s: float = 600) -> int:
     if joined is None:
         log.info("no join command in the seed's runcmd: done")
         return 0
-    print(f"vmetal-os: node {node_name} joined {joined.spec.endpoint}, Ready", flush=True)
+    print(f"vmetal-os: node {node_name} joined {joined.spec.endpoint}, Ready ({_uptime()} s after boot)", flush=True)
     heartbeat(joined, node_name)
     return 0
 
@@ -416,6 +416,14 @@ def _join_until(spec: JoinSpec, node_name: str, address: str | None, retry_s: fl
                 print(f"vmetal-os: join failed: {exc}", flush=True)
                 return None
             time.sleep(retry_s)
+
+
+def _uptime() -> str:
+    try:
+        with open("/proc/uptime") as fh:
+            return fh.read().split()[0]
+    except OSError:
+        return "?"
 
 
 def _apply(plan: list[list[str]]) -> None:
