@@ -688,11 +688,12 @@ def _guest_view(url: str) -> str:
 
 def _agent_kernel() -> Path | None:
     """The agent ramdisk's kernel, if built (IMAGE_DIR/agent/vmlinuz): what the KVM probe boots."""
-    try:
-        from django.conf import settings
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
 
+    try:
         path = Path(settings.IMAGE_DIR) / "agent" / "vmlinuz"
-    except Exception:  # no Django settings: a lab without the console
+    except ImproperlyConfigured:  # no Django settings: a lab without the console
         return None
     return path if path.is_file() else None
 

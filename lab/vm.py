@@ -77,7 +77,7 @@ def _kvm_probe(kernel: str | Path | None, timeout: float = 20.0) -> bool:
                             "-no-reboot", "-kernel", str(kernel), "-append", "console=ttyS0 panic=-1",
                             "-serial", f"file:{serial}"],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=timeout)
+                           timeout=timeout, check=False)
         except (subprocess.TimeoutExpired, OSError):
             return False
         text = serial.read_text(errors="replace") if serial.exists() else ""
