@@ -13,6 +13,7 @@ from conftest import DEMO, wait_for
 from hosts.bmc import BMC
 from hosts.boot import ramdisk_boot_start
 from hosts.models import BareMetalHost, RamdiskBoot
+from hosts.preflight import hosts_preflight
 from lab.redfish import GUEST_HOST
 from lab.site import LabSite
 from pools.matching import label_selector_matches
@@ -53,6 +54,8 @@ def vm_console(agent_server, settings, worker_settings):
     host (for workers started after this too)."""
     url = agent_server.url.replace("127.0.0.1", GUEST_HOST)
     settings.AGENT_BOOT_URL = worker_settings["AGENT_BOOT_URL"] = url
+    # The console checks its boot path (preflight) where it reaches it itself.
+    settings.AGENT_BOOT_CHECK_URL = worker_settings["AGENT_BOOT_CHECK_URL"] = agent_server.url
     return url
 
 
@@ -104,6 +107,10 @@ def test_a_vm_powered_on_into_pxe_fetches_its_own_boot_script_from_the_console_a
     host = BareMetalHost.objects.get(name=VM)
     assert host.boot_mac == vm.mac
     assert [t.name for t in NodeType.objects.all() if label_selector_matches(t.host_selector, host.labels)] == ["vm-server"]
+    # Preflight is green: the boot path is checked where the console reaches it, not at 10.0.2.2.
+    hosts_preflight(hosts=[host], actor="user:test")
+    host.refresh_from_db()
+    assert (host.preflight_ok, host.preflight_reason) == (True, ""), host.preflight
     boot = ramdisk_boot_start(host=host, flow_id="test")
     bmc = bmc_of(site)
     assert bmc.power_state() == "off" and not vm.running

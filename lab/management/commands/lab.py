@@ -60,8 +60,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"tenant {name}: Kubernetes API at {server.url}")
             if options["vms"]:
                 self.stdout.write(f"VM servers boot from the console at {site.vm_console_url} (QEMU's address of this "
-                                  f"host): the console's AGENT_BOOT_URL must be {site.vm_console_url}; serial "
-                                  f"consoles in {site.var_dir}/vm-*/console.log")
+                                  f"host): run the console with AGENT_BOOT_URL={site.vm_console_url} "
+                                  f"AGENT_BOOT_CHECK_URL={site.console_url}; serial consoles in "
+                                  f"{site.var_dir}/vm-*/console.log")
             self.stdout.write(f"lab running: {len(site.hosts)} servers; Ctrl-C stops it")
             stop = threading.Event()
             signal.signal(signal.SIGTERM, lambda *a: stop.set())
