@@ -16,9 +16,14 @@ What the subprocess adds around sushy-tools' Flask app (`python -m lab.redfish s
   only when someone next reads the system. Here the delay range is configurable (floats), a
   ticker applies due changes on time, and every landing is recorded as an event and, when
   `notify_url` is set, POSTed there as JSON {"system", "uuid", "power_state", "boot_target",
-  "boot_once", "virtual_media", "macs", "cause", "seq", "time"}: the boot target is the one in
+  "boot_once", "virtual_media", "macs", "cause", "request" (the Redfish ResetType asked for, e.g.
+  GracefulShutdown), "seq", "time"}: the boot target is the one in
   force at the moment of power-on. A "Once" boot override is consumed by that power-on (target
   back to Hdd), which sushy-tools itself does not do (it treats every override as Continuous).
+- the machine's own power changes (POST /lab/power, `RedfishLab.power_changed`): a lab VM whose
+  guest powered itself off is Off at once, with an event of that cause (lab/site.py).
+- virtual media named by QEMU's address of this host (10.0.2.2, what the lab's VMs use) is downloaded
+  from 127.0.0.1: the BMC runs on the host.
 - credentials: sushy-tools' htpasswd check (bcrypt), one file per BMC: a request for a system
   with another system's password, or any wrong one, gets 401 like a real BMC.
 - faults, one per system, set at start or at run time (POST /lab/faults): `bmc-500` (500 for

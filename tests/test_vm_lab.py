@@ -65,8 +65,8 @@ def vm_lab(vm_console, agent_server, tmp_path):
     sites = []
 
     def make(**kwargs):
-        site = LabSite(hosts=0, vms=1, console_url=vm_console, var_dir=tmp_path / "lab",
-                       power_delay=(0.1, 0.2), disk_bytes=64 * 1024 * 1024, **kwargs).start()
+        kwargs = {"hosts": 0, "vms": 1, "power_delay": (0.1, 0.2), "disk_bytes": 64 * 1024 * 1024, **kwargs}
+        site = LabSite(console_url=vm_console, var_dir=tmp_path / "lab", **kwargs).start()
         sites.append(site)
         assert site.console_url == agent_server.url and site.vm_console_url == vm_console
         call_command("apply", "-f", str(DEMO / "site.yaml"), verbosity=0)
@@ -227,3 +227,19 @@ def test_a_vm_whose_network_boot_finds_no_boot_file_ends_in_error_within_the_loo
     text = site.hosts[VM].vm.console_text()
     assert "tftp://10.0.2.2/vmetal.ipxe" in text, text[-2000:]  # iPXE asked, nothing answered
     assert not RamdiskBoot.objects.filter(host=host, delivered_at__isnull=False).exists()
+
+
+def test_a_simulated_server_beside_vms_still_boots_its_agent_through_127_0_0_1(
+        fast_worker_settings, celery_worker_process, vm_lab):
+    """The console names itself 10.0.2.2 in every boot script (what the VMs reach); the lab's simulated servers run
+    on this host, so their agent calls 127.0.0.1 instead, and they are inspected and available as before."""
+    site = vm_lab(hosts=1, faults={VM: "no-tftp"})  # the VM fails its own boot: not what this test is about
+    try:
+        wait_for(lambda: BareMetalHost.objects.filter(name="cpu-01", state="available").exists(), timeout=60,
+                 interval=0.5)
+    except AssertionError:
+        raise AssertionError(lab_report()) from None
+    boot = RamdiskBoot.objects.get(host__name="cpu-01")
+    assert boot.delivered_via == "ipxe" and boot.looked_up_at is not None
+    cmdline = (site.hosts["cpu-01"].directory / "ramdisk" / "cmdline").read_text()
+    assert f"vmetal.console={site.console_url} " in cmdline and GUEST_HOST not in cmdline
