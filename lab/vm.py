@@ -126,6 +126,8 @@ class VMServer:
         with open(self.disk, "ab") as f:  # sparse: costs nothing until written
             f.truncate(self.disk_bytes)
         (self.directory / "sercon.bin").write_bytes(SERCON_PORT)
+        if qemu_available():
+            accelerator(self.probe_kernel)  # the probe (if any) now, not in the first power-on
 
     def console_text(self) -> str:
         """The serial console so far, as a person reads it (iPXE's status spinner and padding gone)."""
@@ -177,8 +179,12 @@ class VMServer:
             if cd_file:
                 shutil.copyfile(cd_file, self.cd_image)  # the BMC's copy may be ejected while the VM reads it
             self.console_log.write_bytes(b"")  # one boot per log: what a test or a person reads is this boot
+            # The VM dies with the lab (its controller thread, which starts it): no QEMU left behind by a killed test.
+            setpriv = shutil.which("setpriv")
+            guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
             with open(self.qemu_log, "ab") as out:
-                self.proc = subprocess.Popen(self.command(boot=boot, once=once, cd=bool(cd_file)), cwd=self.directory,
+                self.proc = subprocess.Popen(guard + self.command(boot=boot, once=once, cd=bool(cd_file)),
+                                             cwd=self.directory,
                                              stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True)
             self.started_at, self.boot = time.monotonic(), boot
