@@ -5,7 +5,7 @@ The lab puts a directory of small shims on the agent's PATH (`python -m lab.fake
 agent runs the same commands it runs on real hardware. Faults come from the profile's "lab" section:
     {"faults": [{"kind": "gpu-dcgm-fail", "gpu": 3}, {"kind": "nccl-slow"}, ...], "dcgm_version": "3.3.9"}
 GPU faults: gpu-dcgm-fail (DCGM's memory test finds faulty memory: Fail, exit 205), gpu-xid (an XID 48 on the
-GPU during the diagnostic: Fail, exit 226), gpu-reset-busy (a process holds the GPU: listed by
+GPU during the diagnostic: Fail, exit 226), xid-intermittent (that XID in the server's first diagnostic only), gpu-reset-busy (a process holds the GPU: listed by
 --query-compute-apps, reset refused with exit 255), nccl-slow (large-message busbw well under 400 GB/s).
 Disk faults (the disk's "fault"): erase-skips-region (the erase reports success, the middle quarter of the
 disk is left untouched), erase-fails (the erase command fails).
@@ -113,10 +113,23 @@ def _failures(prof: dict) -> dict[tuple[str, int], dict]:
     for gpu in faulty_gpus(prof, "gpu-dcgm-fail"):
         out[("memory", gpu)] = {"warning": f"Found 12 faulty memory elements on GPU {gpu}", "error_id": 52,
                                 "error_category": 10, "error_severity": 2}  # DCGM_FR_FAULTY_MEMORY, ISOLATE
-    for gpu in faulty_gpus(prof, "gpu-xid"):
+    for gpu in faulty_gpus(prof, "gpu-xid") | _intermittent_xid(prof):
         out[("pcie", gpu)] = {"warning": f"Detected XID 48 for GPU {gpu}", "error_id": 101,
                               "error_category": 5, "error_severity": 4}  # DCGM_FR_XID_ERROR, TRIAGE
     return out
+
+
+def _intermittent_xid(prof: dict) -> set[int]:
+    """xid-intermittent: the GPU's XID shows in the server's first diagnostic only; every later one passes (the
+    state is a file beside the profile, in the server's own lab directory, so it outlives the agent's boots)."""
+    gpus = faulty_gpus(prof, "xid-intermittent")
+    if not gpus:
+        return set()
+    seen = Path(os.environ["VMETAL_LAB_PROFILE"]).with_name("xid-intermittent.seen")
+    if seen.exists():
+        return set()
+    seen.write_text("the XID was reported once\n")
+    return gpus
 
 
 def dcgmi(args: list[str]) -> int:

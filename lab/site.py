@@ -14,8 +14,8 @@ Faults per host: bmc-500 (the BMC answers 500 for a few requests), bmc-down (its
 slow-power (power changes land after 60 s), agent-crash (the agent dies after its first command),
 corrupt-image (the image reaches that server with a flipped byte); disk faults erase-skips-region (the erase
 reports success but leaves the middle quarter of the disk untouched) and erase-fails (the erase command
-fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy (on GPU 0 or on
-`KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
+fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, xid-intermittent (an XID in the
+server's first diagnostic only: a retest passes), gpu-reset-busy (on GPU 0 or on `KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
 the agent finds on its PATH. Several faults: `KIND,KIND:TARGET`.
 
 While a server runs its installed OS, `write_pattern` plays its tenant writing data across its disks, and
@@ -49,7 +49,7 @@ from .redfish import RedfishLab, port_free
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
 ERASE_FAULTS = ("erase-skips-region", "erase-fails")
-GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow")
+GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "xid-intermittent", "gpu-reset-busy", "nccl-slow")
 FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", *ERASE_FAULTS, *GPU_FAULTS)
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
 SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB

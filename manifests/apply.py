@@ -17,7 +17,7 @@ from events.choices import ObjectType
 from events.services import object_update
 from hosts.models import BareMetalHost
 from hosts.services import host_create
-from pools.choices import CleaningPolicy, PoolKind, ProviderKind
+from pools.choices import REPAIR_LADDER_MAX, CleaningPolicy, FailureKind, PoolKind, ProviderKind, RepairRemedy
 from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
@@ -289,7 +289,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck"}
+                    "cleaning", "healthCheck", "repair"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -317,6 +317,32 @@ def _release_gate(spec: Reader) -> tuple[dict, dict]:
     return values, paths
 
 
+def _repair_ladders(spec: Reader) -> dict:
+    """spec.repair: {automatic, ladders: {KIND: [REMEDY, ...]}} (hosts/repair.py climbs it), checked here with the
+    path of each mistake; NodeType.clean() checks the same rules for the admin and the API."""
+    block = spec.child("repair", {}).mapping({"automatic", "ladders"})
+    value: dict = {}
+    if block.has("automatic"):
+        value["automatic"] = block.bool("automatic", True)
+    if block.has("ladders"):
+        ladders = block.child("ladders").mapping(set(FailureKind.values))
+        value["ladders"] = {}
+        for kind in ladders.value:
+            remedies = ladders.child(kind, [])
+            items = remedies.items()
+            for item in items:
+                if item.value not in RepairRemedy.values:
+                    raise Invalid(item.path, f"{item.value!r} is not a remedy; expected one of "
+                                             f"{', '.join(RepairRemedy.values)}")
+            names = [item.value for item in items]
+            if len(set(names)) != len(names):
+                raise Invalid(remedies.path, "a remedy is listed twice")
+            if len(names) > REPAIR_LADDER_MAX:
+                raise Invalid(remedies.path, f"at most {REPAIR_LADDER_MAX} remedies")
+            value["ladders"][str(kind)] = names
+    return value
+
+
 def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
     selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
     node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
@@ -326,13 +352,15 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     if cost is not None and cost < 0:
         raise Invalid(spec.path + ("cost",), "must be 0 or more")
     gate, gate_paths = _release_gate(spec)
+    repair = _repair_ladders(spec)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
-                "declared_in_provider": declared_in_provider, **gate},
+                "declared_in_provider": declared_in_provider, "repair": repair, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
-                "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
+                "host_selector": selector.path, "name": spec.path + ("name",), "repair": spec.path + ("repair",),
+                **gate_paths},
                object_type=ObjectType.NODETYPE)
 
 

@@ -12,6 +12,7 @@ from core.labels import validate_labels, validate_taints
 from .choices import (
     ChecksumType,
     CleaningPolicy,
+    DEFAULT_LADDERS,
     ConsolidationPolicy,
     FabricKind,
     GroupFailurePolicy,
@@ -28,6 +29,7 @@ from .validators import (
     check_host_selector,
     check_node_type_selector,
     check_quantities,
+    check_repair,
     check_taints,
     collect,
     fabric_value_text,
@@ -97,6 +99,9 @@ class NodeType(models.Model):
     health_dcgm_level = models.PositiveSmallIntegerField(default=2, help_text="dcgmi diag -r N; 0: not run")
     health_nccl_min_busbw_gbps = models.FloatField(null=True, blank=True,
                                                    help_text="all_reduce_perf busbw at 8 GiB; blank: not run")
+    # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
+    # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
+    repair = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -121,6 +126,7 @@ class NodeType(models.Model):
         if _number(busbw) and not 0 < busbw < float("inf"):
             errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
@@ -135,6 +141,14 @@ class NodeType(models.Model):
         if self.zone:
             props["topology.kubernetes.io/zone"] = self.zone
         return {**props, **self.properties}
+
+    def repair_ladder(self, kind: str) -> list[str]:
+        """The remedies a host of this type climbs for a failure of `kind`, in order; [] when none is automatic."""
+        config = self.repair or {}
+        if config.get("automatic") is False:
+            return []
+        ladders = config.get("ladders") or {}
+        return list(ladders[kind] if kind in ladders else DEFAULT_LADDERS.get(kind, DEFAULT_LADDERS["unknown"]))
 
     def effective_cost(self) -> int:
         """vCluster's default when unset: 10 per CPU, 2 per GB of memory, 10000 per other resource."""
