@@ -41,7 +41,13 @@ from .flows import (
     step_verify_erase,
 )
 from .lifecycle import ConcurrentTransition, HostsMoved
-from .models import BareMetalHost, EraseCertificate, HealthCheckRun, RepairAttempt, RepairCase
+from .models import (
+    BareMetalHost,
+    EraseCertificate,
+    HealthCheckRun,
+    RepairAttempt,
+    RepairCase,
+)
 from .services import host_transition
 
 log = logging.getLogger(__name__)

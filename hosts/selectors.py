@@ -3,7 +3,18 @@ that need attention, and what each user may see."""
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import BooleanField, Case, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    IntegerField,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from core import scoping
@@ -11,9 +22,15 @@ from events.choices import EventKind, ObjectType
 from events.models import Event
 from pools.models import Tenant
 
-from .choices import HostState
+from .choices import HostState, RepairOutcome
 from .lifecycle import STATE_FAILURE
-from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from .models import (
+    BareMetalHost,
+    EraseCertificate,
+    HealthCheckRun,
+    RepairAttempt,
+    RepairCase,
+)
 
 
 def _failures(since=None):
@@ -67,6 +84,8 @@ def host_recent_failures(*, host: BareMetalHost) -> list[Event]:
 FIX_ERROR = ("retry", "Retry", "register, inspect and clean it again")
 FIX_REPAIR = ("retest", "Retest", "clean and check it again; only a passing retest returns it to service")
 FIX_REPAIR_PASSED = ("return-to-service", "Return to service", "it passed its retest")
+FIX_LADDER = ("", "", ("the repair ladder is on it: it returns the host to service when the checks pass after a "
+                       "remedy, or says what it tried"))
 FIX_OVERDUE = ("", "", "nothing drove it past its deadline: check that the workers and the scheduler (beat) run; "
                        "the sweeper then moves it to {failure} with the reason")
 
@@ -75,12 +94,12 @@ def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet
     """One list for the fleet board and the repair page: hosts in error, in repair, and any host past its state's
     deadline (a flow nobody drives). Each row carries `overdue` and `reason_event_id`, the Event of its move into
     its state; `attention_explain` reads those Events (one query) and adds the reason and the action that fixes
-    it. Errors first, then overdue hosts, then repair; newest first within each."""
+    it. Errors first, then overdue hosts, then repair (and the repair ladder's hosts); newest first within each."""
     qs = BareMetalHost.objects.all() if qs is None else qs
     now = now or timezone.now()
     overdue = Q(deadline_at__lt=now)
     last = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
-    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR]) | overdue)
+    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR, HostState.REPAIRING]) | overdue)
             .annotate(overdue=Case(When(overdue, then=Value(True)), default=Value(False), output_field=BooleanField()),
                       attention_rank=Case(When(state=HostState.ERROR, then=Value(0)), When(overdue, then=Value(1)),
                                           default=Value(2), output_field=IntegerField()),
@@ -94,7 +113,10 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
     ({"action", "label", "hint"})."""
     ids = [h.reason_event_id for h in hosts if h.reason_event_id]
     moves = {e.pk: e for e in Event.objects.filter(pk__in=ids).only("message", "actor", "step", "data")} if ids else {}
+    cases = repair_cases_open([h.pk for h in hosts if h.state in (HostState.REPAIR, HostState.REPAIRING)])
     for host in hosts:
+        host.repair_case = cases.get(host.pk)
+        host.repair_position = repair_position(host.repair_case)
         move = moves.get(host.reason_event_id)
         host.reason = move.message if move else None
         host.reason_actor = move.actor if move else None
@@ -107,9 +129,17 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
         elif host.state == HostState.REPAIR and data.get("retest") == "passed":
             action, label, hint = FIX_REPAIR_PASSED
             host.why = host.reason or "retest passed"
+        elif host.state == HostState.REPAIR and host.repair_case and host.repair_case.outcome == RepairOutcome.RUNNING:
+            action, label, hint = FIX_LADDER
+            host.why = host.reason or "in repair (no reason recorded)"
         elif host.state == HostState.REPAIR:
             action, label, hint = FIX_REPAIR
-            host.why = host.reason or "in repair (no reason recorded)"
+            # The repair ladder's summary (what failed, what it tried) once it has nothing left to try.
+            summary = host.repair_case.summary if host.repair_case else ""
+            host.why = summary or host.reason or "in repair (no reason recorded)"
+        elif host.state == HostState.REPAIRING and not host.overdue:
+            action, label, hint = FIX_LADDER
+            host.why = host.reason or "repair ladder under way"
         else:
             action, label, hint = FIX_OVERDUE
             hint = hint.format(failure=STATE_FAILURE.get(host.state, HostState.ERROR))
@@ -148,3 +178,80 @@ def health_runs_visible(user, qs: QuerySet | None = None) -> QuerySet:
     if ids is None:
         return qs
     return qs.filter(flow_id__in=EraseCertificate.objects.filter(_erases_of(ids)).values("flow_id"))
+
+
+# --- the repair ladder: where each host stands, its history, and the fleet's figures -------------------------
+
+def repair_cases_open(host_ids: list[int]) -> dict[int, RepairCase]:
+    """The open repair case of each of these hosts (one query), with its attempts counted."""
+    if not host_ids:
+        return {}
+    cases = RepairCase.objects.filter(host_id__in=host_ids, closed_at__isnull=True).prefetch_related("attempts")
+    return {c.host_id: c for c in cases}
+
+
+def repair_position(case: RepairCase | None) -> str:
+    """Where a case stands on its ladder, in words: "2/3 power-cycle (running)", "3/3 tried: waiting"."""
+    if case is None:
+        return ""
+    ladder = case.ladder or []
+    if case.outcome == RepairOutcome.WAITING:
+        return f"{case.position}/{len(ladder)} tried: waiting for a person" if ladder else "no automatic remedy"
+    attempts = sorted(case.attempts.all(), key=lambda a: a.position)
+    current = attempts[-1] if attempts else None
+    if current is None:
+        return f"0/{len(ladder)}: next {ladder[0]}" if ladder else "no automatic remedy"
+    nxt = f"; next {ladder[current.position]}" if current.outcome != "running" and current.position < len(ladder) \
+        else ""
+    return f"{current.position}/{len(ladder)} {current.step} ({current.outcome}){nxt}"
+
+
+def repair_history(host: BareMetalHost, *, limit: int = 10) -> list[RepairCase]:
+    """The host's latest repair cases, newest first, each with its attempts in order (two queries)."""
+    return list(RepairCase.objects.filter(host=host).order_by("-opened_at", "-id")
+                .prefetch_related(Prefetch("attempts", queryset=RepairAttempt.objects.order_by("position")))[:limit])
+
+
+FINISHED = (RepairOutcome.REPAIRED, RepairOutcome.RETURNED, RepairOutcome.WAITING, RepairOutcome.RETIRED)
+BACK_IN_SERVICE = (RepairOutcome.REPAIRED, RepairOutcome.RETURNED)
+
+
+def _figures(name: str, rows: list[tuple]) -> dict:
+    """rows: (outcome, opened_at, closed_at) of one group's cases."""
+    count = {o: 0 for o in RepairOutcome.values}
+    durations = []
+    for outcome, opened_at, closed_at in rows:
+        count[outcome] = count.get(outcome, 0) + 1
+        if outcome in BACK_IN_SERVICE and closed_at is not None:
+            durations.append((closed_at - opened_at).total_seconds())
+    finished = sum(count[o] for o in FINISHED)
+    return {"name": name, "cases": len(rows), "running": count[RepairOutcome.RUNNING],
+            "repaired": count[RepairOutcome.REPAIRED], "returned": count[RepairOutcome.RETURNED],
+            "waiting": count[RepairOutcome.WAITING], "retired": count[RepairOutcome.RETIRED],
+            "finished": finished,
+            # The share of the cases whose ladder is over that it repaired without a person.
+            "repair_rate": round(count[RepairOutcome.REPAIRED] / finished, 4) if finished else None,
+            # Mean time from the failure to the return to service (automatic or by a person).
+            "mttr_s": round(sum(durations) / len(durations), 1) if durations else None}
+
+
+def repair_stats(*, days: float = 30, node_type: str = "", kind: str = "", now=None) -> dict:
+    """Mean time to repair and repair rate over the repair cases opened within the last `days` days, for the
+    fleet, per NodeType and per failure kind (optionally only one NodeType or kind). Computed from the
+    RepairCase rows (one query)."""
+    now = now or timezone.now()
+    qs = RepairCase.objects.filter(opened_at__gte=now - timedelta(days=days))
+    if node_type:
+        qs = qs.filter(node_type=node_type)
+    if kind:
+        qs = qs.filter(kind=kind)
+    rows = list(qs.values_list("node_type", "kind", "outcome", "opened_at", "closed_at"))
+    by_type: dict[str, list] = {}
+    by_kind: dict[str, list] = {}
+    for type_name, kind_name, *rest in rows:
+        by_type.setdefault(type_name or "(none)", []).append(rest)
+        by_kind.setdefault(kind_name, []).append(rest)
+    return {"window_days": days, "node_type": node_type, "kind": kind,
+            "fleet": _figures("fleet", [r[2:] for r in rows]),
+            "by_node_type": [_figures(n, r) for n, r in sorted(by_type.items())],
+            "by_kind": [_figures(n, r) for n, r in sorted(by_kind.items())]}

@@ -17,7 +17,14 @@ from events.choices import ObjectType
 from events.services import object_update
 from hosts.models import BareMetalHost
 from hosts.services import host_create
-from pools.choices import REPAIR_LADDER_MAX, CleaningPolicy, FailureKind, PoolKind, ProviderKind, RepairRemedy
+from pools.choices import (
+    REPAIR_LADDER_MAX,
+    CleaningPolicy,
+    FailureKind,
+    PoolKind,
+    ProviderKind,
+    RepairRemedy,
+)
 from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,

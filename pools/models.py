@@ -10,9 +10,9 @@ from core.crypto import EncryptedTextField
 from core.labels import validate_labels, validate_taints
 
 from .choices import (
+    DEFAULT_LADDERS,
     ChecksumType,
     CleaningPolicy,
-    DEFAULT_LADDERS,
     ConsolidationPolicy,
     FabricKind,
     GroupFailurePolicy,

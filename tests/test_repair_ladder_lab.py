@@ -90,7 +90,7 @@ def test_a_permanent_fault_climbs_the_whole_ladder_and_waits_for_a_person_whose_
     assert all("faulty memory elements on GPU 3" in a.message for a in attempts)
     # Only the retest erased again (verified, a certificate per disk); the power cycle kept the host off first.
     assert attempts[2].evidence["certificates"] and not attempts[0].evidence["certificates"]
-    held = Event.objects.get(host=host, step="cold_off", message="done", data__flow="repair")
+    held = Event.objects.get(host=host, step="cold_off", message="done", data__has_key="held_off_s")
     assert held.data["held_off_s"] >= 1
     waiting = Event.objects.filter(host=host, step="repair_ladder", kind="action").get()
     assert waiting.message == case.summary

@@ -4,7 +4,7 @@ a tenant member sees only the hosts serving its claims, without BMC details. The
 (erase certificates, health runs) is read only, scoped by core.scoping."""
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -21,12 +21,17 @@ from hosts.filtersets import (
     EraseCertificateFilterSet,
     HealthCheckRunFilterSet,
 )
+from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.selectors import (
     erase_certificates_visible,
     health_runs_visible,
     hosts_visible,
+    repair_cases_open,
+    repair_position,
+    repair_stats,
 )
+from pools.choices import FailureKind
 from hosts.services import host_create, host_delete, host_retry, host_set_maintenance
 
 from .serializers import (
@@ -148,3 +153,48 @@ class CapacityView(APIView):
         if not scoping.sees_everything(request.user):
             raise exceptions.PermissionDenied("the fleet's capacity is for admins and auditors")
         return Response(fleet_capacity())
+
+
+class RepairView(APIView):
+    """GET /api/v1/repair/: the repair ladder as the repair page shows it, for admins and auditors: each host in
+    repair with its case (failure kind, where, the ladder, the rung reached, the attempts) and the fleet's mean
+    time to repair and repair rate, per NodeType and per failure kind (hosts.selectors.repair_stats)."""
+
+    permission_classes = [ScopedPermission]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("days", float, description="the window: cases opened within it (default 30)"),
+                    OpenApiParameter("node_type", str, description="only this NodeType's cases"),
+                    OpenApiParameter("kind", str, enum=FailureKind.values, description="only this failure kind")],
+        responses={200: OpenApiTypes.OBJECT, 400: OpenApiResponse(description="a parameter that is not valid")},
+        description="`hosts`: the open repair cases (host, state, kind, detail, ladder, position, outcome, summary, "
+                    "attempts with remedy, outcome, times, failed step). `stats`: `fleet`, `by_node_type` and "
+                    "`by_kind`, each with cases, running, repaired (by the ladder), returned (by a person), "
+                    "waiting, retired, repair_rate (repaired / cases whose ladder is over) and mttr_s (mean "
+                    "seconds from the failure to the return to service).")
+    def get(self, request):
+        if not scoping.sees_everything(request.user):
+            raise exceptions.PermissionDenied("the repair pool is for admins and auditors")
+        try:
+            days = float(request.query_params.get("days", 30))
+        except ValueError:
+            raise exceptions.ValidationError({"days": ["must be a number of days, e.g. 30"]}) from None
+        if not 0 < days <= 3660:
+            raise exceptions.ValidationError({"days": ["must be more than 0 and at most 3660"]})
+        kind = request.query_params.get("kind", "")
+        if kind and kind not in FailureKind.values:
+            raise exceptions.ValidationError({"kind": [f"must be one of {', '.join(FailureKind.values)}"]})
+        node_type = request.query_params.get("node_type", "")[:253]
+        cases = repair_cases_open(list(BareMetalHost.objects.filter(
+            state__in=[HostState.REPAIR, HostState.REPAIRING, HostState.RETESTING]).values_list("pk", flat=True)))
+        states = dict(BareMetalHost.objects.filter(pk__in=list(cases)).values_list("pk", "state"))
+        hosts = [{"host": c.host_name, "state": states.get(c.host_id), "node_type": c.node_type, "kind": c.kind,
+                  "detail": c.detail, "failure_step": c.failure_step, "failure": c.failure, "ladder": c.ladder,
+                  "position": c.position, "ladder_position": repair_position(c), "outcome": c.outcome,
+                  "summary": c.summary, "opened_at": c.opened_at,
+                  "attempts": [{"position": a.position, "remedy": a.step, "outcome": a.outcome,
+                                "started_at": a.started_at, "finished_at": a.finished_at,
+                                "failed_step": a.failed_step, "message": a.message}
+                               for a in sorted(c.attempts.all(), key=lambda a: a.position)]}
+                 for c in sorted(cases.values(), key=lambda c: c.host_name)]
+        return Response({"hosts": hosts, "stats": repair_stats(days=days, node_type=node_type, kind=kind)})
