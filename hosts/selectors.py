@@ -85,7 +85,7 @@ FIX_ERROR = ("retry", "Retry", "register, inspect and clean it again")
 FIX_REPAIR = ("retest", "Retest", "clean and check it again; only a passing retest returns it to service")
 FIX_REPAIR_PASSED = ("return-to-service", "Return to service", "it passed its retest")
 FIX_LADDER = ("", "", ("the repair ladder is on it: it returns the host to service when the checks pass after a "
-                       "remedy, or says what it tried"))
+                       "remedy, or says what it tried and waits for a person"))
 FIX_OVERDUE = ("", "", "nothing drove it past its deadline: check that the workers and the scheduler (beat) run; "
                        "the sweeper then moves it to {failure} with the reason")
 
@@ -129,13 +129,12 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
         elif host.state == HostState.REPAIR and data.get("retest") == "passed":
             action, label, hint = FIX_REPAIR_PASSED
             host.why = host.reason or "retest passed"
-        elif host.state == HostState.REPAIR and host.repair_case and host.repair_case.outcome == RepairOutcome.RUNNING:
-            action, label, hint = FIX_LADDER
-            host.why = host.reason or "in repair (no reason recorded)"
         elif host.state == HostState.REPAIR:
             action, label, hint = FIX_REPAIR
-            # The repair ladder's summary (what failed, what it tried) once it has nothing left to try.
-            summary = host.repair_case.summary if host.repair_case else ""
+            # The repair ladder's summary (what failed, what it tried) once it has nothing left to try. Between two
+            # rungs the retest is offered too: a person's retest takes the host from the ladder.
+            case = host.repair_case
+            summary = case.summary if case and case.outcome == RepairOutcome.WAITING else ""
             host.why = summary or host.reason or "in repair (no reason recorded)"
         elif host.state == HostState.REPAIRING and not host.overdue:
             action, label, hint = FIX_LADDER

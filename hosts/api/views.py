@@ -4,7 +4,12 @@ a tenant member sees only the hosts serving its claims, without BMC details. The
 (erase certificates, health runs) is read only, scoped by core.scoping."""
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import exceptions, mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -16,12 +21,12 @@ from events.choices import ObjectType
 from events.services import object_update
 from hosts.capacity import fleet_capacity
 from hosts.certificate_views import signed_file
+from hosts.choices import HostState
 from hosts.filtersets import (
     BareMetalHostFilterSet,
     EraseCertificateFilterSet,
     HealthCheckRunFilterSet,
 )
-from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.selectors import (
     erase_certificates_visible,
@@ -31,8 +36,8 @@ from hosts.selectors import (
     repair_position,
     repair_stats,
 )
-from pools.choices import FailureKind
 from hosts.services import host_create, host_delete, host_retry, host_set_maintenance
+from pools.choices import FailureKind
 
 from .serializers import (
     EraseCertificateSerializer,
