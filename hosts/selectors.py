@@ -1,5 +1,6 @@
 """Reads of hosts: the failure record from the Event log (who failed, how often, with which image), the hosts
 that need attention, and what each user may see."""
+import json
 from datetime import timedelta
 
 from django.conf import settings
@@ -7,6 +8,7 @@ from django.db.models import (
     BooleanField,
     Case,
     IntegerField,
+    JSONField,
     OuterRef,
     Prefetch,
     Q,
@@ -15,6 +17,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.functions import JSONObject
 from django.utils import timezone
 
 from core import scoping
@@ -103,7 +106,7 @@ def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet
             .annotate(overdue=Case(When(overdue, then=Value(True)), default=Value(False), output_field=BooleanField()),
                       attention_rank=Case(When(state=HostState.ERROR, then=Value(0)), When(overdue, then=Value(1)),
                                           default=Value(2), output_field=IntegerField()),
-                      reason_event_id=Subquery(last.values("pk")[:1]))
+                      reason_event_id=Subquery(last.values("pk")[:1]), repair_case=_open_case_json())
             .order_by("attention_rank", "-state_changed_at", "pk"))
 
 
@@ -113,10 +116,16 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
     ({"action", "label", "hint"})."""
     ids = [h.reason_event_id for h in hosts if h.reason_event_id]
     moves = {e.pk: e for e in Event.objects.filter(pk__in=ids).only("message", "actor", "step", "data")} if ids else {}
-    cases = repair_cases_open([h.pk for h in hosts if h.state in (HostState.REPAIR, HostState.REPAIRING)])
     for host in hosts:
-        host.repair_case = cases.get(host.pk)
-        host.repair_position = repair_position(host.repair_case)
+        case = getattr(host, "repair_case", None)
+        case = json.loads(case) if isinstance(case, str) else case  # SQLite hands the JSON over as text
+        host.repair_case = case if isinstance(case, dict) and case.get("kind") else None
+        if host.repair_case is not None:
+            case = host.repair_case
+            case["what"] = f"{case['kind']} on {case['detail']}" if case.get("detail") else case["kind"]
+            host.repair_position = repair_position(ladder=case.get("ladder") or [],
+                                                   position=case.get("position") or 0,
+                                                   outcome=case.get("outcome") or "", state=host.state)
         move = moves.get(host.reason_event_id)
         host.reason = move.message if move else None
         host.reason_actor = move.actor if move else None
@@ -133,8 +142,8 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
             action, label, hint = FIX_REPAIR
             # The repair ladder's summary (what failed, what it tried) once it has nothing left to try. Between two
             # rungs the retest is offered too: a person's retest takes the host from the ladder.
-            case = host.repair_case
-            summary = case.summary if case and case.outcome == RepairOutcome.WAITING else ""
+            case = host.repair_case or {}
+            summary = case.get("summary") if case.get("outcome") == RepairOutcome.WAITING else ""
             host.why = summary or host.reason or "in repair (no reason recorded)"
         elif host.state == HostState.REPAIRING and not host.overdue:
             action, label, hint = FIX_LADDER
@@ -182,27 +191,36 @@ def health_runs_visible(user, qs: QuerySet | None = None) -> QuerySet:
 # --- the repair ladder: where each host stands, its history, and the fleet's figures -------------------------
 
 def repair_cases_open(host_ids: list[int]) -> dict[int, RepairCase]:
-    """The open repair case of each of these hosts (one query), with its attempts counted."""
+    """The open repair case of each of these hosts, with the host (one query, and one for their attempts)."""
     if not host_ids:
         return {}
-    cases = RepairCase.objects.filter(host_id__in=host_ids, closed_at__isnull=True).prefetch_related("attempts")
+    cases = (RepairCase.objects.filter(host_id__in=host_ids, closed_at__isnull=True).select_related("host")
+             .prefetch_related(Prefetch("attempts", queryset=RepairAttempt.objects.order_by("position"))))
     return {c.host_id: c for c in cases}
 
 
-def repair_position(case: RepairCase | None) -> str:
-    """Where a case stands on its ladder, in words: "2/3 power-cycle (running)", "3/3 tried: waiting"."""
-    if case is None:
-        return ""
-    ladder = case.ladder or []
-    if case.outcome == RepairOutcome.WAITING:
-        return f"{case.position}/{len(ladder)} tried: waiting for a person" if ladder else "no automatic remedy"
-    attempts = sorted(case.attempts.all(), key=lambda a: a.position)
-    current = attempts[-1] if attempts else None
-    if current is None:
-        return f"0/{len(ladder)}: next {ladder[0]}" if ladder else "no automatic remedy"
-    nxt = f"; next {ladder[current.position]}" if current.outcome != "running" and current.position < len(ladder) \
-        else ""
-    return f"{current.position}/{len(ladder)} {current.step} ({current.outcome}){nxt}"
+def repair_position(*, ladder: list, position: int, outcome: str, state: str) -> str:
+    """Where a case stands on its ladder, in words, from the case and its host's state alone (no query):
+    "2/3 power-cycle (running)", "1/3 gpu-reset (failed); next power-cycle", "3/3 tried: waiting for a person"."""
+    ladder = ladder if isinstance(ladder, list) else []
+    if outcome == RepairOutcome.WAITING:
+        return f"{position}/{len(ladder)} tried: waiting for a person" if position else "no automatic remedy tried"
+    if not ladder:
+        return "no automatic remedy"
+    if position == 0:
+        return f"0/{len(ladder)}: next {ladder[0]}"
+    current = ladder[min(position, len(ladder)) - 1]
+    if state == HostState.REPAIRING:
+        return f"{position}/{len(ladder)} {current} (running)"
+    return f"{position}/{len(ladder)} {current} (failed)" + (f"; next {ladder[position]}" if position < len(ladder)
+                                                             else "")
+
+
+def _open_case_json() -> Subquery:
+    """The host's open repair case as one JSON value, for a list of hosts (a subquery per row shown, no join)."""
+    return Subquery(RepairCase.objects.filter(host_id=OuterRef("pk"), closed_at__isnull=True).values(
+        json=JSONObject(kind="kind", detail="detail", outcome="outcome", summary="summary", position="position",
+                        ladder="ladder"))[:1], output_field=JSONField())
 
 
 def repair_history(host: BareMetalHost, *, limit: int = 10) -> list[RepairCase]:

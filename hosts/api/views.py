@@ -160,6 +160,9 @@ class CapacityView(APIView):
         return Response(fleet_capacity())
 
 
+REPAIR_STATES = (HostState.REPAIR, HostState.REPAIRING, HostState.RETESTING)
+
+
 class RepairView(APIView):
     """GET /api/v1/repair/: the repair ladder as the repair page shows it, for admins and auditors: each host in
     repair with its case (failure kind, where, the ladder, the rung reached, the attempts) and the fleet's mean
@@ -190,16 +193,19 @@ class RepairView(APIView):
         if kind and kind not in FailureKind.values:
             raise exceptions.ValidationError({"kind": [f"must be one of {', '.join(FailureKind.values)}"]})
         node_type = request.query_params.get("node_type", "")[:253]
-        cases = repair_cases_open(list(BareMetalHost.objects.filter(
-            state__in=[HostState.REPAIR, HostState.REPAIRING, HostState.RETESTING]).values_list("pk", flat=True)))
-        states = dict(BareMetalHost.objects.filter(pk__in=list(cases)).values_list("pk", "state"))
-        hosts = [{"host": c.host_name, "state": states.get(c.host_id), "node_type": c.node_type, "kind": c.kind,
-                  "detail": c.detail, "failure_step": c.failure_step, "failure": c.failure, "ladder": c.ladder,
-                  "position": c.position, "ladder_position": repair_position(c), "outcome": c.outcome,
-                  "summary": c.summary, "opened_at": c.opened_at,
-                  "attempts": [{"position": a.position, "remedy": a.step, "outcome": a.outcome,
-                                "started_at": a.started_at, "finished_at": a.finished_at,
-                                "failed_step": a.failed_step, "message": a.message}
-                               for a in sorted(c.attempts.all(), key=lambda a: a.position)]}
-                 for c in sorted(cases.values(), key=lambda c: c.host_name)]
+        hosts = []
+        for case in repair_cases_open(list(BareMetalHost.objects.filter(state__in=REPAIR_STATES)
+                                           .order_by("name").values_list("pk", flat=True))).values():
+            state = case.host.state
+            hosts.append({
+                "host": case.host_name, "state": state, "node_type": case.node_type, "kind": case.kind,
+                "detail": case.detail, "failure_step": case.failure_step, "failure": case.failure,
+                "ladder": case.ladder, "position": case.position, "outcome": case.outcome, "summary": case.summary,
+                "ladder_position": repair_position(ladder=case.ladder, position=case.position, outcome=case.outcome,
+                                                   state=state),
+                "opened_at": case.opened_at,
+                "attempts": [{"position": a.position, "remedy": a.step, "outcome": a.outcome,
+                              "started_at": a.started_at, "finished_at": a.finished_at, "failed_step": a.failed_step,
+                              "message": a.message} for a in case.attempts.all()]})
+        hosts.sort(key=lambda h: h["host"])
         return Response({"hosts": hosts, "stats": repair_stats(days=days, node_type=node_type, kind=kind)})

@@ -66,7 +66,7 @@ class Command(BaseCommand):
                 failed_runs = HealthCheckRun.objects.filter(host=host, verdict="fail").count()
                 line += f"\tfailed certificates: {failed_certs}, failed health runs: {failed_runs}"
             if host.repair_case is not None:
-                line += f"\tladder: {host.repair_case.what}: {host.repair_position}"
+                line += f"\tladder: {host.repair_case['what']}: {host.repair_position}"
             self.stdout.write(line)
 
     def _stats(self, options):
