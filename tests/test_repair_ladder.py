@@ -273,3 +273,17 @@ def test_the_repair_page_shows_each_hosts_ladder_position(apply, admin_client):
                                                                          ("power-cycle", "running")]
     history = admin_client.get("/hosts/gpu-01/").content.decode()
     assert "Repair history" in history and "repair-attempt-" in history
+
+
+def test_the_api_sets_a_node_types_ladder_and_refuses_a_bad_one(apply, admin_client):
+    apply(GPU_TYPE)
+    node_type = NodeType.objects.get()
+    url = f"/api/v1/nodetypes/{node_type.pk}/"
+    refused = admin_client.patch(url, {"repair": {"ladders": {"gpu-xid": ["reboot"]}}}, content_type="application/json")
+    assert refused.status_code == 400 and "'reboot' is not a remedy" in refused.content.decode()
+    assert NodeType.objects.get().repair == {}
+    done = admin_client.patch(url, {"repair": {"ladders": {"gpu-xid": ["power-cycle"]}}},
+                              content_type="application/json")
+    assert done.status_code == 200, done.content
+    assert done.json()["repair"] == {"ladders": {"gpu-xid": ["power-cycle"]}}
+    assert NodeType.objects.get().repair_ladder("gpu-xid") == ["power-cycle"]
