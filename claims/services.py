@@ -599,6 +599,17 @@ def _free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tupl
     return by_domain
 
 
+def group_free_domains(node_type: NodeType, shares: tuple[str, ...]) -> dict[str, int]:
+    """Free hosts of a type per rail group (or what `shares` names), by name: {"rail r2": 3}. What a dynamic
+    pool's decision reads before it asks for a group (the allocator decides where the group goes)."""
+    return {_domain_name(shares, domain): len(pks) for domain, pks in _free_by_domain(node_type, shares).items()}
+
+
+def group_where(shares: tuple[str, ...]) -> str:
+    """("rail_group",) → "on one rail group": what a group's hosts share, as the messages say it."""
+    return SHARES_WORDS.get(tuple(shares), ("together", "group"))[0]
+
+
 class _FellShort(Exception):
     """A domain that looked big enough lost hosts to another allocation meanwhile: its locks are let go."""
 
