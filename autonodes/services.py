@@ -15,7 +15,12 @@ from django.utils import timezone
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
 from claims.selectors import launch_deadlines
-from claims.services import claim_group_create, claims_create, group_free_domains, group_where
+from claims.services import (
+    claim_group_create,
+    claims_create,
+    group_free_domains,
+    group_where,
+)
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
