@@ -32,7 +32,6 @@ def groups(world):
 
 
 def test_a_member_lists_only_their_tenants_groups_with_state_place_and_members(world, api, groups):
-    placed, _ = groups
     body = api("member_a", "get", "/api/v1/claim-groups/").json()
     assert [g["name"] for g in body["results"]] == ["alpha-gplace"]
     [row] = body["results"]
