@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, When
 from django.utils import timezone
 
+from core import live
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from core.transitions import swap
@@ -565,10 +566,16 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             by_message[(reason, msg)].append(claim.pk)
     for (reason, msg), ids in by_message.items():
         NodeClaim.objects.filter(pk__in=ids, phase=P.PENDING).update(reason=reason, message=msg)
+    told: list[NodeClaim] = []
     for group in claim_groups.values():  # a group waiting to be placed says why, as its members do
         why = next((waiting[c] for c in pending if c.group_id == group.pk and c in waiting), None)
         if why and group.placed_at is None and (group.reason, group.message) != why:
             ClaimGroup.objects.filter(pk=group.pk, placed_at__isnull=True).update(reason=why[0], message=why[1])
+            told += [c for c in pending if c.group_id == group.pk]
+    if told:  # no Event for a reason that changed: the live claims list hears of it from its members' ids
+        groups = ["claims", *sorted({f"tenant-{c.tenant_id}" for c in told})]
+        message = {"object": "claim", "ids": [c.pk for c in told]}
+        transaction.on_commit(lambda: live.publish(groups, message))
     return result
 
 
