@@ -80,7 +80,7 @@ def decisions(tenant, **data):
 
 
 @pytest.mark.django_db
-def test_a_pool_of_groups_of_2_gets_3_pods_as_two_whole_groups_each_named_by_one_decision(two):
+def test_a_pool_of_groups_of_2_gets_3_pods_as_two_whole_groups_each_named_by_one_decision(two, admin_client):
     tenant = two(nodes=8, group="{size: 2}")
     pods = [pending(tenant, f"train-7-{i}") for i in range(3)]
     result = tenant_decide(tenant_id=tenant.pk)
@@ -100,6 +100,8 @@ def test_a_pool_of_groups_of_2_gets_3_pods_as_two_whole_groups_each_named_by_one
     assert sorted(p for e in launches for p in e.data["pods"]) == sorted(f"ml/{p.name}" for p in pods)
     assert {p.status for p in PendingPod.objects.all()} == {DemandStatus.LAUNCHED}
     assert {p.claim.group_id for p in PendingPod.objects.select_related("claim")} == {g.pk for g in groups}
+    api = admin_client.get("/api/v1/decisions/").json()["results"]
+    assert sorted(d["group"] for d in api if d["reason"] == DecisionReason.LAUNCHED) == sorted(g.name for g in groups)
     # The allocator places each group whole on its rail group.
     pools_reconcile(pool_ids=[NodePool.objects.get(name="burst").pk])
     for group in ClaimGroup.objects.all():
