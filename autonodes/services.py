@@ -20,6 +20,7 @@ from claims.services import (
     claims_create,
     group_free_domains,
     group_where,
+    pool_free_domain,
 )
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
@@ -284,14 +285,23 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
         for t in matching[pool.pk] if shares else ():
             if (t.pk, shares) not in domains:
                 domains[(t.pk, shares)] = group_free_domains(t, shares)
+        # A pool with topology and no group: only the free hosts where its nodes are kept count.
+        in_place = {t.pk: pool_free_domain(pool, t) for t in matching[pool.pk]} if not shares else {}
+        kept_where = ""
+        if in_place and pool.shared_topology():
+            where = next((d for d, _ in in_place.values() if d), "")
+            kept_where = group_where(pool.shared_topology()) + (f" ({where})" if where else "")
         types = tuple(
             TypeOption(name=t.name, cost=t.effective_cost(), allocatable=resources[t.pk], properties=properties[t.pk],
-                       free_hosts=free_hosts[t.pk], free_domains=domains.get((t.pk, shares)))
+                       free_hosts=(min(free_hosts[t.pk], in_place[t.pk][1]) if in_place.get(t.pk) is not None
+                                   else free_hosts[t.pk]),
+                       free_domains=domains.get((t.pk, shares)))
             for t in matching[pool.pk])
         options.append(PoolOption(name=pool.name, types=types, weight=pool.weight or 0,
                                   labels=dict(pool.node_labels or {}), taints=tuple(pool.taints or ()),
                                   limits=quantities(pool.limits), used=dict(used[pool.pk]),
-                                  group_size=pool.group_size, group_where=group_where(shares) if shares else ""))
+                                  group_size=pool.group_size, group_where=group_where(shares) if shares else "",
+                                  kept_where=kept_where))
 
     # Capacity that exists: claims in flight (their node is coming) and Ready nodes of dynamic pools whose use
     # is known (autonodes.disruption keeps NodeUsage); less what is planned there (pods launched on them).

@@ -92,6 +92,9 @@ class PoolOption:
     used: dict[str, float] = field(default_factory=dict)
     group_size: int = 0  # new nodes come in all-or-nothing groups of this many (0: one by one)
     group_where: str = "on one rail group"  # what a group's hosts share, for messages
+    # A pool with `topology` and no group: where its nodes are kept ("on one rail group (rail r3)"); its types'
+    # free_hosts count only the hosts there.
+    kept_where: str = ""
 
 
 @dataclass
@@ -311,7 +314,8 @@ class _Simulation:
         if not free:
             names = ", ".join(t.option.name for t in within)
             noun = "type" if len(within) == 1 else "types"
-            return [], Verdict(DecisionReason.NO_CAPACITY, f"not added: no free host of {noun} {names}", name)
+            kept = f"; pool {name} keeps its nodes {pool.option.kept_where}" if pool.option.kept_where else ""
+            return [], Verdict(DecisionReason.NO_CAPACITY, f"not added: no free host of {noun} {names}{kept}", name)
         return free, None
 
     def _group_launchable(self, pool: _Pool, types: list[_Type]) -> tuple[_Type | None, str, Verdict | None]:

@@ -612,6 +612,22 @@ def group_free_domains(node_type: NodeType, shares: tuple[str, ...]) -> dict[str
     return {_domain_name(shares, domain): len(pks) for domain, pks in _free_by_domain(node_type, shares).items()}
 
 
+def pool_free_domain(pool: NodePool, node_type: NodeType) -> tuple[str, int] | None:
+    """A pool with `topology` (no group): where its next nodes of the type go and how many free hosts are there
+    (the domain its serving nodes are in, else the one with the most free: at most what the allocator finds).
+    None for a pool without topology; ("", 0) when no free host of the type says where it sits."""
+    shares = pool.shared_topology()
+    if not shares:
+        return None
+    by_domain = _free_by_domain(node_type, shares)
+    domain = _pool_domain(pool, shares)
+    if domain is None:
+        if not by_domain:
+            return "", 0
+        domain = max((len(pks), d) for d, pks in by_domain.items())[1]
+    return _domain_name(shares, domain), len(by_domain.get(domain, []))
+
+
 def group_where(shares: tuple[str, ...]) -> str:
     """("rail_group",) → "on one rail group": what a group's hosts share, as the messages say it."""
     return SHARES_WORDS.get(tuple(shares), ("together", "group"))[0]

@@ -161,6 +161,21 @@ def test_a_group_the_allocator_cannot_place_after_all_holds_no_host_and_its_pods
 
 
 @pytest.mark.django_db
+def test_a_pool_kept_on_one_rail_group_launches_only_what_that_rail_group_has_free(apply, rails):
+    apply(pool_yaml(8, "") + "          topology: {sameRailGroup: true}\n", tenant="two")
+    tenant = Tenant.objects.get(name="two")
+    for i in range(4):
+        pending(tenant, f"train-7-{i}")
+    tenant_decide(tenant_id=tenant.pk)
+    assert NodeClaim.objects.count() == 3 and not ClaimGroup.objects.exists()  # rail r1 has 3 free
+    [waiting] = PendingPod.objects.filter(status=DemandStatus.WAITING)
+    assert waiting.reason == ("not added: no free host of type gpu-server; pool burst keeps its nodes on one rail "
+                              "group (rail r1)")
+    pools_reconcile(pool_ids=[NodePool.objects.get(name="burst").pk])
+    assert {host_topology(c.host.labels).rail_group for c in NodeClaim.objects.select_related("host")} == {"r1"}
+
+
+@pytest.mark.django_db
 def test_a_gang_of_4_gets_room_for_all_4_or_for_none(two):
     tenant = two(nodes=3, group="{}")
     for i in range(4):
