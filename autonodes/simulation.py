@@ -529,9 +529,7 @@ class _Simulation:
                 if other is pod and outcome == "unservable":
                     self.outcome.unservable[pod.key] = why
                 else:
-                    self.outcome.waiting[other.key] = Verdict(why.reason if outcome == "waiting"
-                                                              else DecisionReason.NO_NODE_TYPE,
-                                                              f"{together}: {why.message}", why.pool)
+                    self.outcome.waiting[other.key] = Verdict(why.reason, f"{together}: {why.message}", why.pool)
             return
 
     def run(self) -> Outcome:

@@ -252,3 +252,13 @@ def test_a_gang_that_does_not_fit_takes_back_what_it_had_planned_even_on_existin
     assert outcome.waiting["ml/g0"].message == (
         "gang ml/g: its 3 pods are added together or not at all; pod ml/g2 finds no room: "
         "not added: limit nodes 1 reached")
+
+
+def test_a_gang_with_a_pod_no_pool_can_serve_launches_nothing_and_its_other_pods_say_which():
+    gang = [PodDemand(key="ml/g0", demand=Demand(requests={"nvidia.com/gpu": 8}), gang="ml/g"),
+            PodDemand(key="ml/g1", demand=Demand(requests={"nvidia.com/gpu": 16}), gang="ml/g")]
+    outcome = run(gang, [pool(types=(GPU,))])
+    assert not outcome.launches and outcome.unservable["ml/g1"].reason == DecisionReason.NO_NODE_TYPE
+    assert outcome.waiting["ml/g0"].message == (
+        "gang ml/g: its 2 pods are added together or not at all; pod ml/g1 cannot be served: no NodeType fits pod "
+        "ml/g1: asks 16 nvidia.com/gpu, largest type has 8")
