@@ -18,7 +18,13 @@ from events.choices import ObjectType
 from pools.matching import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
-from .models import BareMetalHost, EraseCertificate, HealthCheckRun, RepairAttempt, RepairCase
+from .models import (
+    BareMetalHost,
+    EraseCertificate,
+    HealthCheckRun,
+    RepairAttempt,
+    RepairCase,
+)
 from .services import (
     host_create,
     host_delete,

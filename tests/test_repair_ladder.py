@@ -11,7 +11,13 @@ from django.utils import timezone
 
 from events.models import Event
 from hosts import services
-from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun, RepairAttempt, RepairCase
+from hosts.models import (
+    BareMetalHost,
+    EraseCertificate,
+    HealthCheckRun,
+    RepairAttempt,
+    RepairCase,
+)
 from hosts.repair import classify, host_repair_advance
 from hosts.selectors import repair_stats
 from pools.models import NodeType
