@@ -293,3 +293,23 @@ def test_the_api_sets_a_node_types_ladder_and_refuses_a_bad_one(apply, admin_cli
     assert done.status_code == 200, done.content
     assert done.json()["repair"] == {"ladders": {"gpu-xid": ["power-cycle"]}}
     assert NodeType.objects.get().repair_ladder("gpu-xid") == ["power-cycle"]
+
+
+def test_a_lost_task_is_made_up_by_the_periodic_catch_up_and_a_stuck_remedy_by_the_sweeper(apply):
+    from hosts.repair import hosts_repair_due
+
+    apply(GPU_TYPE)
+    host = _host()
+    _fail(host, _dcgm_failure(host))  # its task went nowhere: no worker runs here
+    assert hosts_repair_due() == [host.pk]
+    host.refresh_from_db()
+    assert host.state == "repairing" and RepairAttempt.objects.get().outcome == "running"
+    assert hosts_repair_due() == []  # nothing to catch up while a remedy runs
+    # A remedy nobody drives past the repairing state's deadline: the sweeper fails it, the ladder goes on.
+    BareMetalHost.objects.filter(pk=host.pk).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    assert services.hosts_sweep_overdue() == [host.name]
+    attempt = RepairAttempt.objects.get()
+    assert attempt.outcome == "failed" and attempt.message.startswith("deadline exceeded: repairing for more than")
+    assert hosts_repair_due() == [host.pk]
+    assert list(RepairAttempt.objects.order_by("position").values_list("step", "outcome")) == [
+        ("gpu-reset", "failed"), ("power-cycle", "running")]
