@@ -206,6 +206,33 @@ def _imported_status(status) -> tuple[str, dict]:
     return state, hardware
 
 
+# --- inspection: labels derived from it (pools/sku.py) ------------------------------------------------------
+
+def host_derive_labels(*, host: BareMetalHost, actor: str = "system:flow") -> dict[str, list]:
+    """Write the labels an inspection implies (nvidia.com/gpu.product, .count, .memory) on the host, beside the
+    labels written by hand, when a metal3 provider says `deriveLabels: true`; NodeType host selectors then match
+    them like any label. A GPU label the inventory no longer supports is removed. Returns {label: [old, new]}
+    (and records them as a change Event); {} when nothing changed or labels are not derived."""
+    from pools.selectors import labels_derived
+    from pools.sku import DERIVED_LABELS, derived_labels
+
+    if not labels_derived():
+        return {}
+    with transaction.atomic():
+        current = BareMetalHost.objects.select_for_update().only("labels", "inventory").get(pk=host.pk)
+        derived = derived_labels(current.inventory)
+        labels = {**{k: v for k, v in current.labels.items() if k not in DERIVED_LABELS}, **derived}
+        changes = {k: [current.labels.get(k), labels.get(k)] for k in DERIVED_LABELS
+                   if current.labels.get(k) != labels.get(k)}
+        if changes:
+            BareMetalHost.objects.filter(pk=host.pk).update(labels=labels, updated_at=timezone.now())
+            text = ", ".join(f"{k} {old or '(none)'} → {new or '(removed)'}" for k, (old, new) in changes.items())
+            event_record(kind=EventKind.CHANGE, object_type=ObjectType.HOST, object_name=host.name, host=host,
+                         actor=actor, message=f"labels derived from inspection: {text}", data={"labels": changes})
+    host.labels = labels
+    return changes
+
+
 # --- the repair pool: retest, return to service, retire ------------------------------------------------
 
 def host_last_repair_verdict(*, host: BareMetalHost) -> dict:

@@ -1,0 +1,204 @@
+"""A NodeType's SKU: what each of its servers must have, checked against a host's inspected inventory.
+
+The SKU (NodeType.sku, `spec.sku` in its manifest), every part optional:
+    gpu:      {model: "NVIDIA H200", count: 8}      exactly `count` GPUs, each named `model`
+    memory:   "2Ti"                                 at least this much RAM (a quantity: 2048Gi, 2Ti)
+    nvme:     {count: 8, minSize: "3.84T"}          at least `count` NVMe drives of at least `minSize` each
+    nics:     {count: 2, minSpeedGbps: 100}         at least `count` NICs at `minSpeedGbps` or faster
+    firmware: {bios: "2.3.1", gpuVbios: "96.00.9F.00.01"}   exactly these versions, when known
+
+`sku_deviations` is pure (dicts in, sentences out): the flows, the host page and the API all call it, so a
+host shows the same differences everywhere. `derived_labels` is the other use of an inventory: labels such as
+GPU Feature Discovery writes on a Kubernetes node (nvidia.com/gpu.product), for NodeType host selectors."""
+from __future__ import annotations
+
+import math
+
+from django.core.exceptions import ValidationError
+
+from core.labels import field_error
+
+SKU_FIELDS = {"gpu": {"model", "count"}, "memory": None, "nvme": {"count", "minSize"},
+              "nics": {"count", "minSpeedGbps"}, "firmware": {"bios", "gpuVbios"}}
+# The labels an inspection writes on a host when its provider derives labels (NodeProvider deriveLabels): the
+# names NVIDIA's GPU Feature Discovery gives a node, so a NodeType may select `nvidia.com/gpu.product: NVIDIA-H200`.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+DERIVED_LABELS = (GPU_PRODUCT_LABEL, GPU_COUNT_LABEL, GPU_MEMORY_LABEL)
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+def check_sku(sku) -> None:
+    """Every problem of a SKU, each at its place inside it (`gpu.count: ...`), for the admin, the API and apply."""
+    if sku in (None, {}):
+        return
+    if not isinstance(sku, dict):
+        raise ValidationError("must be a mapping such as {gpu: {model: NVIDIA H200, count: 8}, memory: 2Ti}")
+    errors = []
+    for key in sorted(set(map(str, sku)) - set(SKU_FIELDS)):
+        errors.append(field_error((key,), f"unknown field; expected {', '.join(SKU_FIELDS)}"))
+    if "memory" in sku and _bytes(sku["memory"]) is None:
+        errors.append(field_error(("memory",), f"{sku['memory']!r} is not an amount of memory such as 2Ti or 2048Gi"))
+    for part, fields in SKU_FIELDS.items():
+        if fields is None or part not in sku:
+            continue
+        value = sku[part]
+        if not isinstance(value, dict) or not value:
+            errors.append(field_error((part,), f"must be a mapping of {', '.join(sorted(fields))}"))
+            continue
+        errors += [field_error((part, k), f"unknown field; expected {', '.join(sorted(fields))}")
+                   for k in sorted(set(map(str, value)) - fields)]
+        if "count" in value and not (_integer(value["count"]) and value["count"] >= 1):
+            errors.append(field_error((part, "count"), "must be a whole number, 1 or more"))
+        for key in ("model", "bios", "gpuVbios"):
+            if key in value and not (isinstance(value[key], str) and value[key].strip()):
+                errors.append(field_error((part, key), "must be a non-empty string (quote a version: \"2.3\")"))
+    if isinstance(sku.get("gpu"), dict) and "count" not in sku["gpu"]:
+        errors.append(field_error(("gpu", "count"), "required: how many GPUs each server has"))
+    nvme = sku.get("nvme")
+    if isinstance(nvme, dict) and "minSize" in nvme and not (_bytes(nvme["minSize"]) or 0) > 0:
+        errors.append(field_error(("nvme", "minSize"), f"{nvme['minSize']!r} is not a size such as 3.84T or 3576Gi"))
+    nics = sku.get("nics")
+    if isinstance(nics, dict) and "minSpeedGbps" in nics:
+        speed = nics["minSpeedGbps"]
+        if not (_number(speed) and 0 < speed < math.inf):
+            errors.append(field_error(("nics", "minSpeedGbps"), "must be a speed in Gb/s above 0, e.g. 100"))
+    if errors:
+        raise ValidationError(errors)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bytes(value) -> float | None:
+    from .models import parse_quantity
+
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    try:
+        amount = parse_quantity(value)
+    except (ValueError, OverflowError):
+        return None
+    return amount if math.isfinite(amount) and amount > 0 else None
+
+
+# --- conformance -------------------------------------------------------------------------------------
+
+def sku_deviations(sku: dict | None, inventory: dict | None) -> list[str]:
+    """How an inventory (the agent's `inspect`) differs from a SKU, one sentence per difference; [] when it
+    conforms, or when there is no SKU. An inventory that lacks a fact the SKU asks for deviates (unknown is
+    not conforming), except firmware versions the inventory does not report."""
+    if not sku:
+        return []
+    inv = inventory or {}
+    out: list[str] = []
+    gpu = sku.get("gpu")
+    if gpu:
+        out += _gpu_deviations(gpu, [g for g in inv.get("gpus") or [] if isinstance(g, dict)], inv)
+    if sku.get("memory"):
+        want = _bytes(sku["memory"]) or 0
+        have = (inv.get("ram_mib") or 0) * 2**20
+        if have < want:
+            out.append(f"memory: {_size(have, binary=True)} < {_size(want, binary=True)}")
+    nvme = sku.get("nvme")
+    if nvme:
+        out += _nvme_deviations(nvme, [d for d in inv.get("disks") or [] if isinstance(d, dict)])
+    nics = sku.get("nics")
+    if nics:
+        out += _nic_deviations(nics, [n for n in inv.get("nics") or [] if isinstance(n, dict)])
+    firmware = sku.get("firmware") or {}
+    bios = ((inv.get("system") or {}).get("bios_version") or "").strip()
+    if firmware.get("bios") and bios and bios != firmware["bios"]:
+        out.append(f"BIOS: {bios}, SKU {firmware['bios']}")
+    if firmware.get("gpuVbios"):
+        other = sorted({str(g.get("vbios_version")) for g in inv.get("gpus") or []
+                        if isinstance(g, dict) and g.get("vbios_version") and g["vbios_version"] != firmware["gpuVbios"]})
+        if other:
+            out.append(f"GPU VBIOS: {', '.join(other)}, SKU {firmware['gpuVbios']}")
+    return out
+
+
+def _gpu_deviations(gpu: dict, gpus: list[dict], inv: dict) -> list[str]:
+    want, model = gpu.get("count") or 0, gpu.get("model")
+    matching = [g for g in gpus if not model or g.get("name") == model]
+    out = []
+    if len(matching) != want:
+        out.append(f"GPUs: {len(matching)} of {want}{' ' + model if model else ''}")
+        for warning in inv.get("warnings") or []:  # why the list is short (nvidia-smi failed)
+            out.append(f"inspection: {warning}")
+    others = sorted({str(g.get("name")) for g in gpus if model and g.get("name") != model})
+    if others:
+        out.append(f"GPU model: {', '.join(others)}, SKU {model}")
+    return out
+
+
+def _nvme_deviations(nvme: dict, disks: list[dict]) -> list[str]:
+    want = nvme.get("count") or 0
+    minimum = _bytes(nvme.get("minSize")) if nvme.get("minSize") is not None else 0
+    binary = str(nvme.get("minSize", "")).endswith("i")
+    drives = [d for d in disks if d.get("type") == "nvme"]
+    small = [d for d in drives if (d.get("size_bytes") or 0) < (minimum or 0)]
+    fit = len(drives) - len(small)
+    out = []
+    if want and fit < want:
+        size = f" of at least {_size(minimum, binary=binary)}" if minimum else ""
+        out.append(f"NVMe: {fit} of {want} drives{size}")
+    out += [f"{d.get('name')}: {_size(d.get('size_bytes') or 0, binary=binary)} < {_size(minimum, binary=binary)}"
+            for d in small]
+    return out if (want and fit < want) or not want else []
+
+
+def _nic_deviations(nics: dict, found: list[dict]) -> list[str]:
+    want, speed = nics.get("count") or 0, nics.get("minSpeedGbps") or 0
+    slow = [n for n in found if speed and (n.get("speed_gbps") or 0) < speed]
+    fit = len(found) - len(slow)
+    if not want or fit >= want:
+        return [] if want else [f"{n.get('name')}: {_speed(n.get('speed_gbps'))} < {_speed(speed)}" for n in slow]
+    at = f" at {_speed(speed)} or faster" if speed else ""
+    return [f"NICs: {fit} of {want}{at}",
+            *(f"{n.get('name')}: {_speed(n.get('speed_gbps'))} < {_speed(speed)}" for n in slow)]
+
+
+def _speed(gbps) -> str:
+    return "unknown speed" if not gbps else f"{gbps:g} Gb/s"
+
+
+def _size(n: float, *, binary: bool) -> str:
+    """1.6e12 → '1.6 TB' (decimal, as drives are sold) or, binary, 2**31 → '2 GiB'."""
+    base, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else (1000, ("B", "kB", "MB", "GB", "TB", "PB"))
+    value, unit = float(n), units[0]
+    for unit in units:
+        if abs(value) < base or unit == units[-1]:
+            break
+        value /= base
+    return f"{round(value, 2):g} {unit}"
+
+
+# --- labels from inspection ---------------------------------------------------------------------------
+
+def derived_labels(inventory: dict | None) -> dict[str, str]:
+    """nvidia.com/gpu.product, .count and .memory (MiB) from an inventory's GPUs, as GPU Feature Discovery
+    writes them (spaces become dashes: NVIDIA-H200). No GPUs: no labels (a CPU server carries none of them)."""
+    gpus = [g for g in (inventory or {}).get("gpus") or [] if isinstance(g, dict)]
+    if not gpus:
+        return {}
+    names = sorted({str(g.get("name") or "") for g in gpus})
+    labels = {GPU_PRODUCT_LABEL: _label_value(names[0] if len(names) == 1 else "mixed"),
+              GPU_COUNT_LABEL: str(len(gpus))}
+    memory = {g.get("memory_mib") for g in gpus}
+    if len(memory) == 1 and _integer(next(iter(memory))):
+        labels[GPU_MEMORY_LABEL] = str(next(iter(memory)))
+    return labels
+
+
+def _label_value(text: str) -> str:
+    """A label value: letters, digits, '-', '_', '.', at most 63, starting and ending alphanumeric."""
+    value = "".join(c if c.isalnum() or c in "-_." else "-" for c in text.strip())[:63]
+    return value.strip("-_.") or "unknown"
