@@ -273,6 +273,20 @@ def _next_states(state: str):
     return TRANSITIONS.get(state, ())
 
 
+def sku_shown(host: BareMetalHost) -> dict:
+    """The host's last inventory against the SKU of each NodeType that selects it (pools/sku.py), for its page:
+    {"deviations": [(NodeType, [sentences])], "conforms": [NodeType names]}."""
+    from pools.selectors import node_types_selecting
+
+    from .selectors import host_sku_deviations
+
+    if not host.inventory:
+        return {"deviations": [], "conforms": []}
+    types = [t for t in node_types_selecting(host.labels) if t.sku]
+    deviations = host_sku_deviations(host, types)
+    return {"deviations": sorted(deviations.items()), "conforms": [t.name for t in types if t.name not in deviations]}
+
+
 def inventory_view(inventory: dict, *, macs: bool) -> dict:
     """The agent's inventory and Metal3's imported `hardware` status, in one shape for the page. MAC addresses
     only for those who may see the BMC (never tenant members: a MAC is what an agent lookup names)."""

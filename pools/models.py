@@ -160,7 +160,7 @@ class NodeType(models.Model):
 
 def _check_derive_labels(config: dict) -> None:
     if "deriveLabels" in config and not isinstance(config["deriveLabels"], bool):
-        raise ValidationError(field_error(("deriveLabels",), f"must be true or false, not {config['deriveLabels']!r}"))
+        raise ValidationError([field_error(("deriveLabels",), f"must be true or false, not {config['deriveLabels']!r}")])
 
 
 def _number(value) -> bool:

@@ -50,8 +50,9 @@ def check_sku(sku) -> None:
             continue
         errors += [field_error((part, k), f"unknown field; expected {', '.join(sorted(fields))}")
                    for k in sorted(set(map(str, value)) - fields)]
-        if "count" in value and not (_integer(value["count"]) and value["count"] >= 1):
-            errors.append(field_error((part, "count"), "must be a whole number, 1 or more"))
+        least = 0 if part == "gpu" else 1  # a CPU server's SKU may say it has no GPU
+        if "count" in value and not (_integer(value["count"]) and value["count"] >= least):
+            errors.append(field_error((part, "count"), f"must be a whole number, {least} or more"))
         for key in ("model", "bios", "gpuVbios"):
             if key in value and not (isinstance(value[key], str) and value[key].strip()):
                 errors.append(field_error((part, key), "must be a non-empty string (quote a version: \"2.3\")"))
@@ -92,48 +93,69 @@ def _bytes(value) -> float | None:
 # --- conformance -------------------------------------------------------------------------------------
 
 def sku_deviations(sku: dict | None, inventory: dict | None) -> list[str]:
-    """How an inventory (the agent's `inspect`) differs from a SKU, one sentence per difference; [] when it
-    conforms, or when there is no SKU. An inventory that lacks a fact the SKU asks for deviates (unknown is
+    """How an inventory differs from a SKU, one sentence per difference; [] when it conforms, or when there
+    is no SKU. The inventory is the agent's `inspect` or Metal3's imported `hardware` status (a GPU count, no
+    names: its model cannot be checked). A fact the SKU asks for and the inventory lacks deviates (unknown is
     not conforming), except firmware versions the inventory does not report."""
     if not sku:
         return []
-    inv = inventory or {}
+    facts = _facts(inventory)
     out: list[str] = []
-    gpu = sku.get("gpu")
-    if gpu:
-        out += _gpu_deviations(gpu, [g for g in inv.get("gpus") or [] if isinstance(g, dict)], inv)
+    if sku.get("gpu"):
+        out += _gpu_deviations(sku["gpu"], facts)
     if sku.get("memory"):
         want = _bytes(sku["memory"]) or 0
-        have = (inv.get("ram_mib") or 0) * 2**20
+        have = (facts["ram_mib"] or 0) * 2**20
         if have < want:
             out.append(f"memory: {_size(have, binary=True)} < {_size(want, binary=True)}")
-    nvme = sku.get("nvme")
-    if nvme:
-        out += _nvme_deviations(nvme, [d for d in inv.get("disks") or [] if isinstance(d, dict)])
-    nics = sku.get("nics")
-    if nics:
-        out += _nic_deviations(nics, [n for n in inv.get("nics") or [] if isinstance(n, dict)])
+    if sku.get("nvme"):
+        out += _nvme_deviations(sku["nvme"], facts["disks"])
+    if sku.get("nics"):
+        out += _nic_deviations(sku["nics"], facts["nics"])
     firmware = sku.get("firmware") or {}
-    bios = ((inv.get("system") or {}).get("bios_version") or "").strip()
-    if firmware.get("bios") and bios and bios != firmware["bios"]:
-        out.append(f"BIOS: {bios}, SKU {firmware['bios']}")
+    if firmware.get("bios") and facts["bios"] and facts["bios"] != firmware["bios"]:
+        out.append(f"BIOS: {facts['bios']}, SKU {firmware['bios']}")
     if firmware.get("gpuVbios"):
-        other = sorted({str(g.get("vbios_version")) for g in inv.get("gpus") or []
-                        if isinstance(g, dict) and g.get("vbios_version") and g["vbios_version"] != firmware["gpuVbios"]})
+        other = sorted({str(g.get("vbios_version")) for g in facts["gpus"] or []
+                        if g.get("vbios_version") and g["vbios_version"] != firmware["gpuVbios"]})
         if other:
             out.append(f"GPU VBIOS: {', '.join(other)}, SKU {firmware['gpuVbios']}")
     return out
 
 
-def _gpu_deviations(gpu: dict, gpus: list[dict], inv: dict) -> list[str]:
+def _facts(inventory: dict | None) -> dict:
+    """The agent's inventory and Metal3's `hardware` status in one shape: gpus (a list, or None when only a
+    count is known), gpu_count, ram_mib, disks [{name, type, size_bytes}], nics [{name, speed_gbps}], bios."""
+    inv = inventory if isinstance(inventory, dict) else {}
+    gpus = inv.get("gpus")
+    gpu_list = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else None
+    count = len(gpu_list) if gpu_list is not None else (gpus if _integer(gpus) else 0)
+    disks = [{"name": str(d.get("name") or d.get("path") or "?").removeprefix("/dev/"),
+              "type": str(d.get("type") or "").lower(), "size_bytes": d.get("size_bytes") or d.get("sizeBytes") or 0}
+             for d in inv.get("disks") or inv.get("storage") or [] if isinstance(d, dict)]
+    nics = [{"name": n.get("name", "?"), "speed_gbps": n.get("speed_gbps") or n.get("speedGbps")}
+            for n in inv.get("nics") or [] if isinstance(n, dict)]
+    system = inv.get("system") if isinstance(inv.get("system"), dict) else {}
+    bios = system.get("bios_version")
+    metal3_firmware = inv.get("firmware")  # Metal3's hardware status: firmware.bios.version
+    if not bios and isinstance(metal3_firmware, dict) and isinstance(metal3_firmware.get("bios"), dict):
+        bios = metal3_firmware["bios"].get("version")
+    return {"gpus": gpu_list, "gpu_count": count, "ram_mib": inv.get("ram_mib") or inv.get("ramMebibytes"),
+            "disks": disks, "nics": nics, "bios": str(bios or "").strip(), "warnings": inv.get("warnings") or []}
+
+
+def _gpu_deviations(gpu: dict, facts: dict) -> list[str]:
     want, model = gpu.get("count") or 0, gpu.get("model")
-    matching = [g for g in gpus if not model or g.get("name") == model]
+    gpus = facts["gpus"]
+    if gpus is None:  # a count only (Metal3's status): the model is not known
+        have, others = facts["gpu_count"], []
+    else:
+        have = len([g for g in gpus if not model or g.get("name") == model])
+        others = sorted({str(g.get("name")) for g in gpus if model and g.get("name") != model})
     out = []
-    if len(matching) != want:
-        out.append(f"GPUs: {len(matching)} of {want}{' ' + model if model else ''}")
-        for warning in inv.get("warnings") or []:  # why the list is short (nvidia-smi failed)
-            out.append(f"inspection: {warning}")
-    others = sorted({str(g.get("name")) for g in gpus if model and g.get("name") != model})
+    if have != want:
+        out.append(f"GPUs: {have} of {want}{' ' + model if model else ''}")
+        out += [f"inspection: {w}" for w in facts["warnings"]]  # why the list is short (nvidia-smi failed)
     if others:
         out.append(f"GPU model: {', '.join(others)}, SKU {model}")
     return out
