@@ -465,7 +465,7 @@ RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
     Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S")),
     Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
     Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),
-    Step("sku_check", step_sku_check, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("sku_check", step_sku_check, lambda: 60.0),  # reads the database only: one drive
 ]
 INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT_COMMAND_DEADLINE_S"))
 

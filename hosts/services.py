@@ -171,8 +171,17 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     writers of a host's state: the transition table has no move from nothing, so a new host's first state
     and its Event are written here, once. Raises ValidationError ({field: message}; "status" for the status)."""
     state, hardware = HostState.REGISTERING, {}
+    deviations = {}
     if status is not None:
         state, hardware = _imported_status(status)
+        if state == HostState.AVAILABLE and hardware:
+            # Another Metal3's inventory that deviates from the SKU of a NodeType selecting the host: not taken
+            # as available, but registered and inspected here, where the SKU check decides (hosts.flows).
+            from pools.selectors import sku_deviations_of
+
+            deviations = sku_deviations_of(hardware, values.get("labels") or {})
+            if deviations:
+                state = HostState.REGISTERING
     host = BareMetalHost()
     for name, value in values.items():
         setattr(host, name, value)
@@ -183,10 +192,16 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     host.full_clean()
     host.save()
     message = "created" if status is None else f"created: imported from Metal3 status as {state}"
+    if deviations:
+        from .selectors import sku_deviations_text
+
+        message = (f"created: imported from Metal3 status as available, but its hardware does not match its SKU "
+                   f"({sku_deviations_text(deviations)}): registered and inspected instead")
     # Published on commit to the fleet and the host's group: {"object": "host", "ids": [id], "to_state": state}.
     event_record(kind=EventKind.TRANSITION, object_type=ObjectType.HOST, object_name=host.name, host=host,
                  to_state=state, actor=actor, message=message,
-                 data={"imported": {"state": state}} if status is not None else {})
+                 data=({"imported": {"state": state, **({"sku_deviations": deviations} if deviations else {})}}
+                       if status is not None else {}))
     engine.request_drive(host.pk)
     return host
 

@@ -115,6 +115,18 @@ def test_a_bad_sku_is_refused_with_its_place_and_changes_nothing(apply, demo_sit
     assert list(NodeType.objects.order_by("name").values_list("name", "sku", "updated_at")) == before
 
 
+@pytest.mark.django_db
+def test_a_host_imported_as_available_with_hardware_short_of_its_sku_is_inspected_instead(apply):
+    apply(site_with(GOOD_SKU.replace("count: 4", "count: 8")))  # the demo's servers have 4 NVMe drives
+    apply((DEMO / "hosts.yaml").read_text())
+    states = dict(BareMetalHost.objects.values_list("name", "state"))
+    assert {s for n, s in states.items() if n.startswith("gpu-")} == {"registering"}
+    assert {s for n, s in states.items() if n.startswith("cpu-")} == {"available"}  # cpu-server has no SKU
+    created = Event.objects.get(object_name="gpu-01", kind="transition")
+    assert "does not match its SKU (gpu-server: NVMe: 4 of 8 drives of at least 3.84 TB)" in created.message
+    assert created.data["imported"]["sku_deviations"] == {"gpu-server": ["NVMe: 4 of 8 drives of at least 3.84 TB"]}
+
+
 # --- the API and the host page ------------------------------------------------------------------------------
 
 @pytest.fixture
