@@ -9,6 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from pools.selectors import node_types_selecting
+
 from . import boot as boot_path
 from .bmc import BMCError
 from .choices import HostState
@@ -26,7 +28,7 @@ from .engine import (
 )
 from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost
-from .selectors import host_recent_failures
+from .selectors import host_recent_failures, host_sku_deviations, sku_deviations_text
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +234,6 @@ def step_sku_check(run: Run) -> dict:
     """The inventory against the SKU of every NodeType that selects the host (pools/sku.py): a host that
     deviates (a missing GPU, a smaller disk, another firmware) goes to repair with the differences, never to
     the pool as a type it is not. Runs after every inspection (intake, retest)."""
-    from pools.selectors import node_types_selecting
-
-    from .selectors import host_sku_deviations, sku_deviations_text
-
     checked = [t.name for t in node_types_selecting(run.host.labels) if t.sku]
     deviations = host_sku_deviations(run.host)
     if deviations:

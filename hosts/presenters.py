@@ -9,9 +9,15 @@ from django.utils import timezone
 from core import scoping
 from events.models import Event
 from events.selectors import events_visible
-from hosts.selectors import attention_explain, hosts_needing_attention, hosts_visible
+from hosts.selectors import (
+    attention_explain,
+    host_sku_deviations,
+    hosts_needing_attention,
+    hosts_visible,
+)
 from pools.matching import label_selector_matches
 from pools.models import NodeType
+from pools.selectors import node_types_selecting
 
 from .bmc import SCHEMES
 from .choices import HostState
@@ -276,10 +282,6 @@ def _next_states(state: str):
 def sku_shown(host: BareMetalHost) -> dict:
     """The host's last inventory against the SKU of each NodeType that selects it (pools/sku.py), for its page:
     {"deviations": [(NodeType, [sentences])], "conforms": [NodeType names]}."""
-    from pools.selectors import node_types_selecting
-
-    from .selectors import host_sku_deviations
-
     if not host.inventory:
         return {"deviations": [], "conforms": []}
     types = [t for t in node_types_selecting(host.labels) if t.sku]

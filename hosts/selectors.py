@@ -10,6 +10,7 @@ from core import scoping
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from pools.models import Tenant
+from pools.selectors import sku_deviations_of
 
 from .choices import HostState
 from .lifecycle import STATE_FAILURE
@@ -153,8 +154,6 @@ def health_runs_visible(user, qs: QuerySet | None = None) -> QuerySet:
 def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[str]]:
     """{NodeType: deviations} of the host's last inventory from the SKU of each NodeType that selects it
     (pools/sku.py); {} when it conforms or was never inspected. `node_types`: already read, for lists."""
-    from pools.selectors import sku_deviations_of
-
     if not host.inventory:
         return {}
     return sku_deviations_of(host.inventory, host.labels, node_types)

@@ -14,6 +14,8 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import event_record, events_record, seconds_since
+from pools.selectors import labels_derived, sku_deviations_of
+from pools.sku import DERIVED_LABELS, derived_labels
 
 from . import engine
 from .bmc import BMC, BMCError
@@ -31,6 +33,7 @@ from .lifecycle import (
     deadline_for,
 )
 from .models import BareMetalHost
+from .selectors import sku_deviations_text
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +180,6 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
         if state == HostState.AVAILABLE and hardware:
             # Another Metal3's inventory that deviates from the SKU of a NodeType selecting the host: not taken
             # as available, but registered and inspected here, where the SKU check decides (hosts.flows).
-            from pools.selectors import sku_deviations_of
-
             deviations = sku_deviations_of(hardware, values.get("labels") or {})
             if deviations:
                 state = HostState.REGISTERING
@@ -193,8 +194,6 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     host.save()
     message = "created" if status is None else f"created: imported from Metal3 status as {state}"
     if deviations:
-        from .selectors import sku_deviations_text
-
         message = (f"created: imported from Metal3 status as available, but its hardware does not match its SKU "
                    f"({sku_deviations_text(deviations)}): registered and inspected instead")
     # Published on commit to the fleet and the host's group: {"object": "host", "ids": [id], "to_state": state}.
@@ -228,9 +227,6 @@ def host_derive_labels(*, host: BareMetalHost, actor: str = "system:flow") -> di
     labels written by hand, when a metal3 provider says `deriveLabels: true`; NodeType host selectors then match
     them like any label. A GPU label the inventory no longer supports is removed. Returns {label: [old, new]}
     (and records them as a change Event); {} when nothing changed or labels are not derived."""
-    from pools.selectors import labels_derived
-    from pools.sku import DERIVED_LABELS, derived_labels
-
     if not labels_derived():
         return {}
     with transaction.atomic():
