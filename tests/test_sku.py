@@ -314,3 +314,20 @@ def test_hosts_with_a_missing_gpu_or_a_small_disk_go_to_repair_and_never_become_
     retest = to_repair(gpu01)
     assert retest.data["retest"] == "failed" and "GPUs: 7 of 8 NVIDIA H200" in retest.message, lab_report()
     assert BareMetalHost.objects.get(pk=gpu01.pk).labels["nvidia.com/gpu.count"] == "7"
+
+
+@pytest.mark.django_db
+def test_an_intermittent_xid_sends_a_host_to_repair_once_and_a_burnin_fault_passes_the_release_gate(
+        lab_factory, celery_worker_process):
+    lab_factory(hosts=2, gpu_hosts=2, faults={"gpu-01": "xid-intermittent:5", "gpu-02": "burnin-fail"},
+                disk_bytes=96 * MiB)
+    wait_hosts("repair", 1, timeout=90)
+    wait_hosts("available", 1, timeout=60)  # gpu-02: DCGM level 2 and NCCL pass; only a burn-in would fail it
+    gpu01 = BareMetalHost.objects.get(name="gpu-01")
+    failed = to_repair(gpu01)
+    assert failed.step == "health_dcgm" and "Detected XID 94 for GPU 5" in failed.message, lab_report()
+
+    services.host_retest(host=gpu01, actor="user:ops")  # the same server, nothing replaced: the Xid is gone
+    wait_for(lambda: Event.objects.filter(host_id=gpu01.pk, from_state="retesting", to_state="repair").exists(),
+             timeout=60)
+    assert to_repair(gpu01).data.get("retest") == "passed", lab_report()
