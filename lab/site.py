@@ -7,12 +7,19 @@
   server powers on into PXE, as the ramdisk would be. Powering on from disk "boots the installed OS":
   the lab reads the cloud-init NoCloud seed that the agent wrote on the disk and runs its join command
   (the kubelet joining the tenant's API with the bootstrap token).
+- VM servers (`vms=N`, hosts vm-01…): a QEMU virtual machine per server (lab/vm.py) behind the same kind of
+  BMC: the controller maps each landed power change to the VM's process (on with the boot target in force,
+  off, graceful off, reset), and a guest that powers itself off shows Off on its BMC. No simulated agent or
+  OS for them: the VM boots what the console serves. They reach the console as 10.0.2.2 (QEMU's user-mode
+  network), so a console with VMs runs with AGENT_BOOT_URL=http://10.0.2.2:PORT; the lab's own host-side
+  parts (simulated servers, BMCs downloading virtual media) use 127.0.0.1 for the same URL.
 - Tenant APIs: one small Kubernetes-compatible API per tenant (lab/kube.py, on kmock).
 - Images: a small raw image (and a qcow2 when qemu-img is present) with known checksums, served over HTTP.
 
 Faults per host: bmc-500 (the BMC answers 500 for a few requests), bmc-down (its port closed),
 slow-power (power changes land after 60 s), agent-crash (the agent dies after its first command),
-corrupt-image (the image reaches that server with a flipped byte); disk faults erase-skips-region (the erase
+corrupt-image (the image reaches that server with a flipped byte), no-tftp (its network boot finds no boot
+file: the VM's TFTP directory stays empty, a simulated server gets no boot configuration); disk faults erase-skips-region (the erase
 reports success but leaves the middle quarter of the disk untouched) and erase-fails (the erase command
 fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy (on GPU 0 or on
 `KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
@@ -59,7 +66,8 @@ from pathlib import Path
 from agent.seed import SeedError, read_seed
 
 from .kube import TenantAPIServer, kubelet_join, parse_join_command
-from .redfish import RedfishLab, port_free
+from .redfish import GUEST_HOST, RedfishLab, port_free
+from .vm import VMServer
 
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,8 +75,9 @@ ERASE_FAULTS = ("erase-skips-region", "erase-fails")
 GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
               "burnin-fail")
 SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from the SKU
-FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", *ERASE_FAULTS, *GPU_FAULTS,
+FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", "no-tftp", *ERASE_FAULTS, *GPU_FAULTS,
           *SKU_FAULTS)
+VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "no-tftp")  # the others are played by simulated parts
 XID_FIRED = "xid-intermittent.fired"  # beside the host's profile: the intermittent Xid has shown once
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
 SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB
@@ -92,6 +101,7 @@ def parse_faults(text: str) -> list[tuple[str, str]]:
     """"gpu-xid:3,erase-fails" → [("gpu-xid", "3"), ("erase-fails", "")]."""
     return [(kind.strip(), target.strip()) for kind, _, target in
             (item.partition(":") for item in (text or "").split(",")) if kind.strip()]
+VM_NODE_TYPE = "vm-server"  # VMs have no GPUs and 1 vCPU: a node type of their own, not cpu-server's 64 cores
 IMAGE_NAME = "ubuntu2404-20260926"
 IMAGE_BYTES = 8 * 1024 * 1024
 
@@ -99,7 +109,7 @@ IMAGE_BYTES = 8 * 1024 * 1024
 @dataclass
 class LabHost:
     name: str
-    role: str  # gpu or cpu
+    role: str  # gpu, cpu or vm
     mac: str
     password: str
     directory: Path
@@ -109,6 +119,7 @@ class LabHost:
     tools_dir: str = ""
     agent: "subprocess.Popen | _AgentThread | None" = None
     node: tuple[TenantAPIServer, str] | None = None  # the installed OS's kubelet: (tenant API, node name)
+    vm: VMServer | None = None  # a VM server: QEMU, not simulated parts
 
     @property
     def profile_path(self) -> Path:
@@ -180,11 +191,13 @@ class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
-                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES):
+                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
-        self.console_url = console_url.rstrip("/")
+        # The console's agent listener as the lab's host-side parts reach it, and as its VMs do (10.0.2.2).
+        self.console_url = _host_view(console_url.rstrip("/"))
+        self.vm_console_url = _guest_view(self.console_url)
         self.var_dir = Path(var_dir)
         self.power_delay = power_delay
         self.bmc_port = bmc_port
@@ -208,6 +221,18 @@ class LabSite:
                                        fault=faults.get(name, ""), disk_bytes=disk_bytes,
                                        dcgm_version="4.2.3" if i % 2 == 0 else "3.3.9",  # both formats
                                        tools_dir=str(self.var_dir / "tools"))
+        for i in range(vms):
+            name = f"vm-{i + 1:02d}"
+            mac = f"52:54:00:1b:{i >> 8:02x}:{i & 255:02x}"
+            directory = self.var_dir / name
+            self.hosts[name] = host = LabHost(name=name, role="vm", mac=mac, password=secrets.token_urlsafe(12),
+                                              directory=directory, fault=faults.get(name, ""), disk_bytes=disk_bytes)
+            host.vm = VMServer(name, mac, directory, disk_bytes=disk_bytes, disk_serial=host.profile()["disks"][0]["serial"],
+                               probe_kernel=_agent_kernel())
+            other = [k for k, _ in host.faults() if k not in VM_FAULTS]
+            if other:
+                raise ValueError(f"fault {other[0]!r} is not played on a VM server ({name}); expected one of "
+                                 f"{', '.join(VM_FAULTS)}")
         unknown = set(faults) - set(self.hosts)
         if unknown:
             raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
@@ -228,6 +253,9 @@ class LabSite:
         self.tools_dir = install(self.var_dir / "tools")
         for host in self.hosts.values():
             host.directory.mkdir(parents=True, exist_ok=True)
+            if host.vm is not None:
+                host.vm.prepare()
+                continue
             self._write_profile(host)
         self._make_images()
         # The ports of the lab's last start in this var_dir, where still free: a restart re-registers its servers,
@@ -253,6 +281,8 @@ class LabSite:
             self._controller.join(5)
         for host in self.hosts.values():
             self._stop_agent(host)
+            if host.vm is not None:
+                host.vm.power_off()
         if self.redfish:
             self.redfish.stop()
         for server in self.tenants.values():
@@ -277,6 +307,11 @@ class LabSite:
     def manifests(self) -> str:
         """BareMetalHost manifests (and their Secrets) for every lab server, and the lab's OS images."""
         docs = []
+        if any(h.vm for h in self.hosts.values()):
+            docs.append({"apiVersion": "management.loft.sh/v1", "kind": "NodeType", "metadata": {"name": VM_NODE_TYPE},
+                         "spec": {"providerRef": "metal3", "displayName": "Lab VM server (QEMU)",
+                                  "resources": {"cpu": "1", "memory": "512Mi"},
+                                  "bareMetalHosts": {"selector": {"matchLabels": {"role": "vm"}}}}})
         for image in self.images:
             docs.append({"apiVersion": "management.loft.sh/v1", "kind": "OSImage",
                          "metadata": {"name": image.name},
@@ -436,9 +471,23 @@ class LabSite:
                     self.on_power(host, event)
                 except Exception:
                     log.exception("lab controller: %s %s failed", host.name, event.get("cause"))
+            self._watch_vms()
             self._stop.wait(0.1)
 
+    def _watch_vms(self) -> None:
+        """A VM whose QEMU ended without its BMC asking (the guest powered off): its BMC shows Off."""
+        for host in self.hosts.values():
+            if host.vm is not None and host.vm.exited_by_itself():
+                try:
+                    self.redfish.power_changed(host.name, "Off", cause="guest-power-off")
+                except Exception:
+                    log.warning("%s: could not tell the BMC the VM powered off", host.name, exc_info=True)
+
     def on_power(self, host: LabHost, event: dict) -> None:
+        if host.vm is not None:
+            with self._lock:
+                self._vm_power(host, event)
+            return
         with self._lock:
             self._stop_agent(host)
             self._stop_os(host)
@@ -454,12 +503,28 @@ class LabSite:
             else:
                 self._boot_installed_os(host)
 
+    def _vm_power(self, host: LabHost, event: dict) -> None:
+        """The BMC's landed power change, played on the VM: the boot target and one-time override in force at
+        power-on, the inserted virtual media as its CD, its DHCP boot file from the console's DHCP rules."""
+        from hosts.dhcp import ipxe_chain_script
+
+        if event["power_state"] != "On":
+            host.vm.power_off(graceful=event.get("request") == "GracefulShutdown")
+            return
+        media = event.get("virtual_media") or {}
+        chain = None if host.has_fault("no-tftp") else ipxe_chain_script(self.vm_console_url)
+        host.vm.power_on(boot=event.get("boot_target") or "Hdd", once=bool(event.get("boot_once")),
+                         chain_script=chain, cd_file=media.get("file") if media.get("inserted") else None)
+
     def _boot_config(self, host: LabHost, event: dict) -> str | None:
         """What the server's firmware gets from the boot path: the kernel command line of its iPXE script
         (network boot), or VMETAL.CFG from the CD its BMC downloaded (virtual media). None: nothing to boot."""
         if event.get("boot_target") == "Cd":
             media = event.get("virtual_media") or {}
-            return _iso_config(media["file"]) if media.get("inserted") and media.get("file") else None
+            config = _iso_config(media["file"]) if media.get("inserted") and media.get("file") else None
+            return _host_view(config) if config else None
+        if host.has_fault("no-tftp"):
+            return None
         url = f"{self.console_url}/boot/{host.mac.replace(':', '-')}.ipxe"
         try:
             with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
@@ -468,7 +533,8 @@ class LabSite:
             log.info("%s: iPXE script %s: %s", host.name, url, exc)
             return None
         kernel = next((line for line in script.splitlines() if line.startswith("kernel ")), None)
-        return kernel.split(None, 2)[2] if kernel and len(kernel.split(None, 2)) == 3 else None
+        # The agent runs on this host: the console's address for VMs (10.0.2.2) is 127.0.0.1 here.
+        return _host_view(kernel.split(None, 2)[2]) if kernel and len(kernel.split(None, 2)) == 3 else None
 
     def _start_agent(self, host: LabHost, boot_config: str) -> None:
         ramdisk = host.directory / "ramdisk"  # the agent's tmp dir: a fresh "ramdisk" on every PXE boot
@@ -659,6 +725,28 @@ class _AgentThread:
         controller handles every server's power events in turn, and waiting here for an agent's call in flight
         (or for the reboot it asked for, which is this very event) held up every other server's boot."""
         self.agent.stop()
+
+
+def _host_view(text: str) -> str:
+    """URLs as this host reaches them: QEMU's guest-side address of the host is its loopback."""
+    return re.sub(rf"(https?://){re.escape(GUEST_HOST)}(?=[:/]|$)", r"\g<1>127.0.0.1", text)
+
+
+def _guest_view(url: str) -> str:
+    """The console's URL as a lab VM reaches it: the host's loopback is 10.0.2.2 from inside QEMU."""
+    return re.sub(r"^(https?://)(127\.0\.0\.1|localhost)(?=[:/]|$)", rf"\g<1>{GUEST_HOST}", url)
+
+
+def _agent_kernel() -> Path | None:
+    """The agent ramdisk's kernel, if built (IMAGE_DIR/agent/vmlinuz): what the KVM probe boots."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        path = Path(settings.IMAGE_DIR) / "agent" / "vmlinuz"
+    except ImproperlyConfigured:  # no Django settings: a lab without the console
+        return None
+    return path if path.is_file() else None
 
 
 def _iso_config(path: str) -> str | None:
