@@ -160,6 +160,17 @@ def test_the_host_api_and_page_show_how_a_host_deviates_from_its_sku(admin, appl
     assert sku_on_page(admin, "cpu-01") == ""  # cpu-server states no SKU
 
 
+@pytest.mark.django_db
+def test_the_node_type_api_reads_and_writes_the_sku_with_the_same_rules(admin):
+    node_type = NodeType.objects.get(name="gpu-server")
+    url = f"/api/v1/nodetypes/{node_type.pk}/"
+    bad = admin.patch(url, {"sku": {"gpu": {"model": "NVIDIA H200", "count": -1}}}, content_type="application/json")
+    assert bad.status_code == 400 and bad.json()["sku"] == ["gpu.count: must be a whole number, 0 or more"]
+    assert NodeType.objects.get(pk=node_type.pk).sku == {}
+    good = admin.patch(url, {"sku": {"gpu": {"model": "NVIDIA H200", "count": 8}}}, content_type="application/json")
+    assert good.status_code == 200 and good.json()["sku"] == {"gpu": {"model": "NVIDIA H200", "count": 8}}
+
+
 # --- labels derived from inspection ---------------------------------------------------------------------
 
 DERIVING = (DEMO / "site.yaml").read_text().replace("  metal3:\n", "  metal3:\n    deriveLabels: true\n", 1)
