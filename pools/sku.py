@@ -162,30 +162,31 @@ def _gpu_deviations(gpu: dict, facts: dict) -> list[str]:
 
 
 def _nvme_deviations(nvme: dict, disks: list[dict]) -> list[str]:
+    """With a count: at least that many NVMe drives of minSize, the short ones named when the count is not met
+    (a small boot drive beside enough big ones is fine). Without one: every NVMe drive of minSize."""
     want = nvme.get("count") or 0
-    minimum = _bytes(nvme.get("minSize")) if nvme.get("minSize") is not None else 0
+    minimum = _bytes(nvme["minSize"]) if nvme.get("minSize") is not None else 0
     binary = str(nvme.get("minSize", "")).endswith("i")
     drives = [d for d in disks if d.get("type") == "nvme"]
-    small = [d for d in drives if (d.get("size_bytes") or 0) < (minimum or 0)]
+    small = [d for d in drives if (d.get("size_bytes") or 0) < minimum]
     fit = len(drives) - len(small)
-    out = []
-    if want and fit < want:
-        size = f" of at least {_size(minimum, binary=binary)}" if minimum else ""
-        out.append(f"NVMe: {fit} of {want} drives{size}")
-    out += [f"{d.get('name')}: {_size(d.get('size_bytes') or 0, binary=binary)} < {_size(minimum, binary=binary)}"
-            for d in small]
-    return out if (want and fit < want) or not want else []
+    if want and fit >= want:
+        return []
+    out = [f"NVMe: {fit} of {want} drives" + (f" of at least {_size(minimum, binary=binary)}" if minimum else "")
+           ] if want else []
+    return out + [f"{d.get('name')}: {_size(d.get('size_bytes') or 0, binary=binary)} < "
+                  f"{_size(minimum, binary=binary)}" for d in small]
 
 
 def _nic_deviations(nics: dict, found: list[dict]) -> list[str]:
+    """The same rule for NICs and their speed."""
     want, speed = nics.get("count") or 0, nics.get("minSpeedGbps") or 0
     slow = [n for n in found if speed and (n.get("speed_gbps") or 0) < speed]
     fit = len(found) - len(slow)
-    if not want or fit >= want:
-        return [] if want else [f"{n.get('name')}: {_speed(n.get('speed_gbps'))} < {_speed(speed)}" for n in slow]
-    at = f" at {_speed(speed)} or faster" if speed else ""
-    return [f"NICs: {fit} of {want}{at}",
-            *(f"{n.get('name')}: {_speed(n.get('speed_gbps'))} < {_speed(speed)}" for n in slow)]
+    if want and fit >= want:
+        return []
+    out = [f"NICs: {fit} of {want}" + (f" at {_speed(speed)} or faster" if speed else "")] if want else []
+    return out + [f"{n.get('name')}: {_speed(n.get('speed_gbps'))} < {_speed(speed)}" for n in slow]
 
 
 def _speed(gbps) -> str:

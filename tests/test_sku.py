@@ -59,6 +59,9 @@ def test_a_conforming_inventory_has_no_deviation_and_each_difference_is_one_sent
     assert sku_deviations({"nvme": {"count": 1, "minSize": "3.84T"}},
                           {"disks": [{"name": "nvme0n1", "type": "nvme", "size_bytes": 3_840_755_982_336},
                                      {"name": "nvme1n1", "type": "nvme", "size_bytes": 480 * 10**9}]}) == []
+    # Without a count, every drive (every NIC) must meet the size (the speed).
+    assert sku_deviations({"nvme": {"minSize": "256Mi"}, "nics": {"minSpeedGbps": 400}}, inventory(disks=(128, 256))) == [
+        "nvme0n1: 128 MiB < 256 MiB", "eth0: 100 Gb/s < 400 Gb/s"]
     # Metal3's imported hardware status: a GPU count without names, storage with sizeBytes.
     metal3 = {"gpus": 8, "ramMebibytes": 2097152, "nics": [{"name": "eth0", "speedGbps": 100}],
               "storage": [{"name": "/dev/nvme0n1", "type": "NVME", "sizeBytes": 1_600_000_000_000}]}
