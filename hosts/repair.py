@@ -38,6 +38,7 @@ from .flows import (
     step_inspect,
     step_power_off,
     step_power_on_ramdisk,
+    step_sku_check,
     step_verify_erase,
 )
 from .lifecycle import ConcurrentTransition, HostsMoved
@@ -75,8 +76,11 @@ def classify(*, step: str, message: str, data: dict | None) -> tuple[str, str]:
     evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
     step = step or data.get("step") or ""
     text = f"{message} {data.get('message') or ''}".lower()
-    if "deviations" in data or "deviations" in evidence or step.startswith("sku") or "conformance" in step:
+    if "deviations" in data or "deviations" in evidence or step.startswith("sku"):
+        # hosts.flows.step_sku_check: {NodeType: ["GPUs: 7 of 8 NVIDIA H200", ...]}; the first difference names it.
         deviations = data.get("deviations") or evidence.get("deviations") or []
+        if isinstance(deviations, dict):
+            deviations = [item for items in deviations.values() if isinstance(items, list) for item in items]
         return FailureKind.SKU, (str(deviations[0])[:200] if isinstance(deviations, list) and deviations else "")
     run = None
     if isinstance(evidence.get("health_run"), int):
@@ -356,6 +360,7 @@ register_flow(Flow(name="repair", state=HostState.REPAIRING, finish=finish, fail
     Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S")),
     Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
     Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),  # the hardware may have changed
+    Step("sku_check", step_sku_check, lambda: 60.0),  # a missing GPU or disk may be back (or still gone)
     Step("erase", step_repair_erase, setting("ERASE_DEADLINE_S")),
     Step("verify_erase", step_repair_verify_erase, setting("VERIFY_DEADLINE_S")),
     Step("gpu_reset", step_gpu_reset, setting("AGENT_COMMAND_DEADLINE_S")),

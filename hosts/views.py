@@ -99,7 +99,7 @@ def host_detail(request, name: str):
                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
-        "preflight": presenters.preflight_shown(host),
+        "preflight": presenters.preflight_shown(host), "sku": presenters.sku_shown(host),
         # Its stays in repair: what failed, each remedy the ladder tried and how it ended (staff only).
         "repair_history": repair_history(host) if scoping.sees_everything(request.user) else None,
     })

@@ -78,8 +78,8 @@ def test_a_failure_is_classified_from_the_run_that_failed(db):
         ("erase", "nvme1n1")
     assert classify(step="erase", message="agent: nvme format failed",
                     data={"evidence": {"disks": [{"name": "nvme0n1", "error": "INTERNAL"}]}}) == ("disk", "nvme0n1")
-    assert classify(step="sku_check", message="", data={"deviations": ["GPUs: 7 of 8 NVIDIA H200"]}) == \
-        ("sku", "GPUs: 7 of 8 NVIDIA H200")
+    sku = {"step": "sku_check", "evidence": {"deviations": {"gpu-server": ["GPUs: 7 of 8 NVIDIA H200"]}}}
+    assert classify(step="sku_check", message="", data=sku) == ("sku", "GPUs: 7 of 8 NVIDIA H200")
     assert classify(step="host_failures", message="3 provisioning failures", data={}) == ("unknown", "")
 
 

@@ -56,7 +56,7 @@ def test_an_intermittent_xid_is_repaired_by_a_gpu_reset_and_the_host_returns_wit
     runs = {r["suite"]: r["verdict"] for r in attempt.evidence["health_runs"]}
     assert runs == {"gpu-reset": "pass", "dcgmi": "pass", "nccl": "pass"}
     failed = HealthCheckRun.objects.get(pk=case.evidence["health_run"])
-    assert failed.verdict == "fail" and "XID 48 for GPU 3" in " ".join(failed.reasons)
+    assert failed.verdict == "fail" and "XID 94 for GPU 3" in " ".join(failed.reasons)
     # The remedy did not erase again: the failed run's erase had been verified before its GPU check failed.
     steps = dict(Event.objects.filter(host=host, kind="step", data__flow="repair").exclude(message="started")
                  .values_list("step", "message"))
