@@ -109,3 +109,17 @@ def test_a_permanent_fault_climbs_the_whole_ladder_and_waits_for_a_person_whose_
     case.refresh_from_db()
     assert (case.outcome, case.closed_by) == ("returned", "user:ops")
     assert RepairAttempt.objects.count() == 3 and BareMetalHost.objects.get().state == "available"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_missing_gpu_is_a_sku_case_that_a_cold_power_cycle_does_not_mend(ladder_lab, celery_worker_process):
+    ladder_lab(hosts=1, gpu_hosts=1, faults={"gpu-01": "gpu-missing"}, disk_bytes=96 * 1024 * 1024)
+    _wait(lambda: RepairCase.objects.filter(outcome="waiting").exists(), timeout=120)
+    case = RepairCase.objects.get()
+    assert (case.kind, case.failure_step, case.ladder) == ("sku", "sku_check", ["power-cycle"])
+    assert case.detail.startswith("GPUs: 7 of 8")
+    [attempt] = case.attempts.all()
+    assert (attempt.step, attempt.outcome, attempt.failed_step) == ("power-cycle", "failed", "sku_check")
+    assert case.summary == f"sku on {case.detail}: tried power-cycle (failed); waiting for a person"
+    assert BareMetalHost.objects.get().state == "repair"
