@@ -9,9 +9,15 @@ from django.utils import timezone
 from core import scoping
 from events.models import Event
 from events.selectors import events_visible
-from hosts.selectors import attention_explain, hosts_needing_attention, hosts_visible
+from hosts.selectors import (
+    attention_explain,
+    host_sku_deviations,
+    hosts_needing_attention,
+    hosts_visible,
+)
 from pools.matching import label_selector_matches
 from pools.models import NodeType
+from pools.selectors import node_types_selecting
 
 from .bmc import SCHEMES
 from .choices import HostState
@@ -273,6 +279,16 @@ def _next_states(state: str):
     return TRANSITIONS.get(state, ())
 
 
+def sku_shown(host: BareMetalHost) -> dict:
+    """The host's last inventory against the SKU of each NodeType that selects it (pools/sku.py), for its page:
+    {"deviations": [(NodeType, [sentences])], "conforms": [NodeType names]}."""
+    if not host.inventory:
+        return {"deviations": [], "conforms": []}
+    types = [t for t in node_types_selecting(host.labels) if t.sku]
+    deviations = host_sku_deviations(host, types)
+    return {"deviations": sorted(deviations.items()), "conforms": [t.name for t in types if t.name not in deviations]}
+
+
 def inventory_view(inventory: dict, *, macs: bool) -> dict:
     """The agent's inventory and Metal3's imported `hardware` status, in one shape for the page. MAC addresses
     only for those who may see the BMC (never tenant members: a MAC is what an agent lookup names)."""
@@ -299,3 +315,17 @@ def render_host_live(user, host: BareMetalHost) -> list[str]:
         render_to_string("events/partials/timeline.html",
                          {"events": host_events(user, host), "timeline_id": "host-timeline", "oob": True}),
     ]
+
+
+def repair_figures_shown(figures: dict) -> dict:
+    """hosts.selectors.repair_stats' figures of one group, with the MTTR in words ("1h05m", "42s")."""
+    seconds = figures.get("mttr_s")
+    if seconds is None:
+        mttr = None
+    elif seconds < 120:
+        mttr = f"{seconds:.0f}s"
+    elif seconds < 7200:
+        mttr = f"{seconds / 60:.0f}m"
+    else:
+        mttr = f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    return {**figures, "mttr": mttr}

@@ -25,6 +25,21 @@ fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, 
 `KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
 the agent finds on its PATH. Several faults: `KIND,KIND:TARGET`.
 
+Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab_sku`: 8 NVIDIA H200, 2 TiB,
+2 NVMe of the lab's disk size, one 100 Gb/s NIC):
+- gpu-missing: a GPU has fallen off the bus: inspection, nvidia-smi and the diagnostics see 7 of 8 (GPU 7, or
+  `gpu-missing:N`). The SKU check sends the host to repair ("GPUs: 7 of 8 NVIDIA H200").
+- disk-small: the first NVMe (or `disk-small:DISK`) is half the lab's disk size, smaller than the SKU
+  ("nvme0n1: 128 MiB < 256 MiB").
+- nvlink-slow: NVLinks of GPU 0 (or `:N`) are down: `nvidia-smi nvlink --status` shows them inactive and
+  all_reduce_perf's large-message busbw is ~330 GB/s, under the lab's 400 GB/s threshold (nccl-slow: ~180).
+- xid-intermittent: an Xid 94 on GPU 0 (or `:N`) fails the first `dcgmi diag` (level 2 or more) and never
+  again: a retest passes. The fired state is kept in the host's lab directory (xid-intermittent.fired) and
+  cleared when the lab starts or the fault is set again.
+- burnin-fail: passes inspection, GPU reset, DCGM levels 1 and 2 and NCCL, but `dcgmi diag -r 3` or `-r 4`
+  (the intake burn-in) fails Targeted Stress on GPU 0 (or `:N`) with DCGM_FR_STRESS_LEVEL.
+`manage.py lab --fault HOST=KIND[:TARGET][,KIND...]` sets any of them; `LabSite.set_fault` while it runs.
+
 While a server runs its installed OS, `write_pattern` plays its tenant writing data across its disks, and
 `scan_disks` looks for bytes afterwards (the isolation tests).
 """
@@ -57,13 +72,29 @@ from .vm import VMServer
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
 ERASE_FAULTS = ("erase-skips-region", "erase-fails")
-GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow")
-FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", "no-tftp", *ERASE_FAULTS, *GPU_FAULTS)
+GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
+              "burnin-fail")
+SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from the SKU
+FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", "no-tftp", *ERASE_FAULTS, *GPU_FAULTS,
+          *SKU_FAULTS)
 VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "no-tftp")  # the others are played by simulated parts
+XID_FIRED = "xid-intermittent.fired"  # beside the host's profile: the intermittent Xid has shown once
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
 SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB
 # The lab's gpu-server is an 8x H200 SXM: it runs `dcgmi diag -r 2` and must reach 400 GB/s all-reduce busbw.
 LAB_GPU_HEALTH = {"health_dcgm_level": 2, "health_nccl_min_busbw_gbps": 400.0}
+GPU_MODEL = "NVIDIA H200"
+MiB = 1024 * 1024
+
+
+def lab_sku(role: str, disk_bytes: int = DISK_BYTES) -> dict:
+    """The SKU the lab's servers of a role are built to (pools/sku.py): what their profile reports."""
+    size = f"{disk_bytes // MiB}Mi" if disk_bytes % MiB == 0 else str(disk_bytes)
+    if role == "gpu":
+        return {"gpu": {"model": GPU_MODEL, "count": 8}, "memory": "2Ti", "nvme": {"count": 2, "minSize": size},
+                "nics": {"count": 1, "minSpeedGbps": 100}}
+    return {"gpu": {"count": 0}, "memory": "512Gi", "nvme": {"count": 1, "minSize": size},
+            "nics": {"count": 1, "minSpeedGbps": 25}}
 
 
 def parse_faults(text: str) -> list[tuple[str, str]]:
@@ -101,24 +132,32 @@ class LabHost:
         return any(k == kind for k, _ in self.faults())
 
     def profile(self) -> dict:
-        gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
-                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0"}
+        missing = {int(target or 7) for kind, target in self.faults() if kind == "gpu-missing"}
+        gpus = [{"index": i, "name": GPU_MODEL, "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
+                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0",
+                 "vbios_version": "96.00.AF.00.01"}
                 for i in range(8 if self.role == "gpu" else 0)]
+        # A GPU off the bus: the others keep their indexes' order, renumbered as nvidia-smi would.
+        gpus = [{**g, "index": n} for n, g in enumerate(g for g in gpus if g["index"] not in missing)]
         disks = [{"name": f"nvme{i}n1", "path": str(self.directory / f"nvme{i}n1.img"), "size_bytes": self.disk_bytes,
                   "type": "nvme", "model": "SAMSUNG MZWLO3T8HCLS" if self.role == "gpu" else "SAMSUNG MZQL21T9HCJR",
                   "serial": f"S7{self.name.upper().replace('-', '')}{i}"}
                  for i in range(2 if self.role == "gpu" else 1)]
         gpu_faults = []
         for kind, target in self.faults():
-            if kind in ERASE_FAULTS:
+            if kind in (*ERASE_FAULTS, "disk-small"):
                 disk = next((d for d in disks if d["name"] == (target or disks[0]["name"])), None)
                 if disk is None:
                     raise ValueError(f"{self.name}: fault {kind}: no disk {target!r}")
-                disk["fault"] = kind
+                if kind == "disk-small":
+                    disk["size_bytes"] = self.disk_bytes // 2
+                else:
+                    disk["fault"] = kind
             elif kind in GPU_FAULTS:
                 gpu_faults.append({"kind": kind, **({"gpu": int(target or 0)} if kind != "nccl-slow" else {})})
         return {
-            "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}"},
+            "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}",
+                       "bios_version": "2.3.1" if self.role == "gpu" else "1.9.2"},
             "cpu": {"arch": "x86_64", "model": "AMD EPYC 9654" if self.role == "gpu" else "AMD EPYC 9354",
                     "count": 192 if self.role == "gpu" else 64},
             "ram_mib": 2 * 1024 * 1024 if self.role == "gpu" else 512 * 1024,
@@ -217,10 +256,7 @@ class LabSite:
             if host.vm is not None:
                 host.vm.prepare()
                 continue
-            host.profile_path.write_text(json.dumps(host.profile(), indent=1))
-            for path in host.disk_paths():
-                with open(path, "ab") as f:
-                    f.truncate(host.disk_bytes)
+            self._write_profile(host)
         self._make_images()
         # The ports of the lab's last start in this var_dir, where still free: a restart re-registers its servers,
         # tenant APIs and images at the addresses they had, so the console's objects do not change.
@@ -318,6 +354,10 @@ class LabSite:
         from pools.models import NodeType
 
         NodeType.objects.filter(name="gpu-server", health_nccl_min_busbw_gbps__isnull=True).update(**LAB_GPU_HEALTH)
+        # The SKU the lab's servers are built to (lab_sku), unless someone set one: gpu-missing and disk-small
+        # hosts then go to repair instead of the pool.
+        for role in ("gpu", "cpu"):
+            NodeType.objects.filter(name=f"{role}-server", sku={}).update(sku=lab_sku(role, self.disk_bytes))
         if self.agent_mode == "thread":
             NodeType.objects.update(cleaning_policy="metadata", cleaning_fallback="")
 
@@ -591,7 +631,18 @@ class LabSite:
                 raise ValueError(f"unknown fault {kind!r}; expected one of {', '.join(FAULTS)}")
         lab_host = self.hosts[host]
         lab_host.fault = fault
-        lab_host.profile_path.write_text(json.dumps(lab_host.profile(), indent=1))
+        self._write_profile(lab_host)
+
+    @staticmethod
+    def _write_profile(host: LabHost) -> None:
+        """The server's profile for the agent and the fake tools, its disk files at their sizes (disk-small
+        shrinks one), and the intermittent Xid armed again."""
+        profile = host.profile()
+        host.profile_path.write_text(json.dumps(profile, indent=1))
+        for disk in profile["disks"]:
+            with open(disk["path"], "ab") as f:
+                f.truncate(disk["size_bytes"])
+        (host.directory / XID_FIRED).unlink(missing_ok=True)
 
     def write_pattern(self, host: str, pattern: bytes, *, image_bytes: int = 16 * 1024 * 1024) -> int:
         """The tenant's workload writing its data across the server's disks while the installed OS runs: every

@@ -17,7 +17,14 @@ from events.choices import ObjectType
 from events.services import object_update
 from hosts.models import BareMetalHost
 from hosts.services import host_create
-from pools.choices import CleaningPolicy, PoolKind, ProviderKind
+from pools.choices import (
+    REPAIR_LADDER_MAX,
+    CleaningPolicy,
+    FailureKind,
+    PoolKind,
+    ProviderKind,
+    RepairRemedy,
+)
 from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
@@ -27,12 +34,14 @@ from pools.models import (
     OSImage,
     Tenant,
 )
+from pools.selectors import labels_derived
 from pools.services import (
     PoolSpec,
     node_type_delete,
     tenant_private_nodes_apply,
     tenant_quota_warning,
 )
+from pools.sku import DERIVED_LABELS
 from pools.validators import NETWORK_DATA
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
@@ -263,13 +272,14 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
     if blocks[0] != "metal3":
         raise Invalid(("spec", blocks[0]), f"provider kind {blocks[0]} is not supported by this console; "
                                            "supported: metal3")
-    block = spec.child("metal3").mapping({"clusterRef", "deploy", "nodeTypes"})
+    # deriveLabels: inspections write GPU labels on hosts (pools/sku.py, hosts.services.host_derive_labels).
+    block = spec.child("metal3").mapping({"clusterRef", "deploy", "nodeTypes", "deriveLabels"})
     config = {k: v for k, v in block.value.items() if k != "nodeTypes"}
     provider = NodeProvider.objects.filter(name=name).first() or NodeProvider(name=name)
     ctx.update(f"nodeprovider/{name}", provider,
                {"kind": ProviderKind.METAL3, "display_name": spec.str("displayName"),
                 "properties": spec.string_map("properties"), "config": config},
-               {"properties": ("spec", "properties"), "name": ("metadata", "name")},
+               {"properties": ("spec", "properties"), "name": ("metadata", "name"), "config": block.path},
                object_type=ObjectType.NODEPROVIDER)
     declared = set()
     for item in block.child("nodeTypes", []).items():
@@ -289,7 +299,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck"}
+                    "cleaning", "healthCheck", "sku", "repair"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -317,6 +327,32 @@ def _release_gate(spec: Reader) -> tuple[dict, dict]:
     return values, paths
 
 
+def _repair_ladders(spec: Reader) -> dict:
+    """spec.repair: {automatic, ladders: {KIND: [REMEDY, ...]}} (hosts/repair.py climbs it), checked here with the
+    path of each mistake; NodeType.clean() checks the same rules for the admin and the API."""
+    block = spec.child("repair", {}).mapping({"automatic", "ladders"})
+    value: dict = {}
+    if block.has("automatic"):
+        value["automatic"] = block.bool("automatic", True)
+    if block.has("ladders"):
+        ladders = block.child("ladders").mapping(set(FailureKind.values))
+        value["ladders"] = {}
+        for kind in ladders.value:
+            remedies = ladders.child(kind, [])
+            items = remedies.items()
+            for item in items:
+                if item.value not in RepairRemedy.values:
+                    raise Invalid(item.path, f"{item.value!r} is not a remedy; expected one of "
+                                             f"{', '.join(RepairRemedy.values)}")
+            names = [item.value for item in items]
+            if len(set(names)) != len(names):
+                raise Invalid(remedies.path, "a remedy is listed twice")
+            if len(names) > REPAIR_LADDER_MAX:
+                raise Invalid(remedies.path, f"at most {REPAIR_LADDER_MAX} remedies")
+            value["ladders"][str(kind)] = names
+    return value
+
+
 def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
     selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
     node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
@@ -326,12 +362,15 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     if cost is not None and cost < 0:
         raise Invalid(spec.path + ("cost",), "must be 0 or more")
     gate, gate_paths = _release_gate(spec)
+    repair = _repair_ladders(spec)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
-                "declared_in_provider": declared_in_provider, **gate},
+                "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
+                "repair": repair, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
+                "sku": spec.path + ("sku",), "repair": spec.path + ("repair",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)
 
@@ -594,7 +633,7 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
         "bmc_disable_certificate_verification": bmc.bool("disableCertificateVerification", False),
         "boot_mac": spec.str("bootMACAddress", required=True).lower(), "online": spec.bool("online", True),
         "root_device_hints": spec.child("rootDeviceHints", {}).mapping().value,
-        "labels": meta.string_map("labels"),
+        "labels": _with_derived_labels(host, meta.string_map("labels")),
         "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
         "cleaning_policy": Reader(meta.string_map("annotations"), meta.path + ("annotations",))
         .choice(CLEANING_ANNOTATION, CleaningPolicy.values),
@@ -628,6 +667,14 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     except ValidationError as exc:
         raise _invalid_from(exc, paths) from None
     ctx.result.add(f"baremetalhost/{name}", True)
+
+
+def _with_derived_labels(host: BareMetalHost, labels: dict) -> dict:
+    """The manifest's labels, and those inspection derived on the host (deriveLabels) that it does not write:
+    applying the same manifest again changes nothing, and export leaves the derived ones out."""
+    if not host.pk or not labels_derived():
+        return labels
+    return {**{k: v for k, v in host.labels.items() if k in DERIVED_LABELS}, **labels}
 
 
 def _status_json(text: str, path: tuple):

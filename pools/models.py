@@ -7,9 +7,10 @@ from django.db import models
 from django.utils import timezone
 
 from core.crypto import EncryptedTextField
-from core.labels import validate_labels, validate_taints
+from core.labels import field_error, validate_labels, validate_taints
 
 from .choices import (
+    DEFAULT_LADDERS,
     ChecksumType,
     CleaningPolicy,
     ConsolidationPolicy,
@@ -21,6 +22,7 @@ from .choices import (
     ProviderKind,
 )
 from .matching import validate_label_selector, validate_requirements
+from .sku import check_sku
 from .validators import (
     NETWORK_DATA,
     check_disruption,
@@ -28,6 +30,7 @@ from .validators import (
     check_host_selector,
     check_node_type_selector,
     check_quantities,
+    check_repair,
     check_taints,
     collect,
     fabric_value_text,
@@ -68,7 +71,8 @@ class NodeProvider(models.Model):
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"),
                 lambda: check_fabric_ranges(self.properties))
         # Export writes it back as the provider block: a mapping such as {clusterRef: ..., deploy: ...}.
-        collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"))
+        collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"),
+                lambda: _check_derive_labels(self.config))
         if errors:
             raise ValidationError(errors)
 
@@ -97,6 +101,12 @@ class NodeType(models.Model):
     health_dcgm_level = models.PositiveSmallIntegerField(default=2, help_text="dcgmi diag -r N; 0: not run")
     health_nccl_min_busbw_gbps = models.FloatField(null=True, blank=True,
                                                    help_text="all_reduce_perf busbw at 8 GiB; blank: not run")
+    # What each server of this type must have (pools/sku.py): GPU model and count, memory, NVMe, NICs, firmware.
+    # Inspection results are compared with it; a host that deviates goes to repair, never to the pool as this type.
+    sku = models.JSONField(default=dict, blank=True)
+    # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
+    # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
+    repair = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -121,6 +131,8 @@ class NodeType(models.Model):
         if _number(busbw) and not 0 < busbw < float("inf"):
             errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        collect(errors, "sku", lambda: check_sku(self.sku))
+        collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
@@ -136,6 +148,14 @@ class NodeType(models.Model):
             props["topology.kubernetes.io/zone"] = self.zone
         return {**props, **self.properties}
 
+    def repair_ladder(self, kind: str) -> list[str]:
+        """The remedies a host of this type climbs for a failure of `kind`, in order; [] when none is automatic."""
+        config = self.repair or {}
+        if config.get("automatic") is False:
+            return []
+        ladders = config.get("ladders") or {}
+        return list(ladders[kind] if kind in ladders else DEFAULT_LADDERS.get(kind, DEFAULT_LADDERS["unknown"]))
+
     def effective_cost(self) -> int:
         """vCluster's default when unset: 10 per CPU, 2 per GB of memory, 10000 per other resource."""
         if self.cost is not None:
@@ -150,6 +170,11 @@ class NodeType(models.Model):
             else:
                 total += EXTENDED_RESOURCE_COST * amount
         return int(round(total))
+
+
+def _check_derive_labels(config: dict) -> None:
+    if "deriveLabels" in config and not isinstance(config["deriveLabels"], bool):
+        raise ValidationError([field_error(("deriveLabels",), f"must be true or false, not {config['deriveLabels']!r}")])
 
 
 def _number(value) -> bool:

@@ -5,9 +5,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from autonodes.api.views import DecisionViewSet, PoolStatusView
-from claims.api.views import NodeClaimViewSet
+from claims.api.views import ClaimGroupViewSet, NodeClaimViewSet
 from events.api.views import EventViewSet
-from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet
+from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet, RepairView
 from manifests.api import ApplyView
 from pools.api.tokens import TokenViewSet
 from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
@@ -18,6 +18,7 @@ router = DefaultRouter(trailing_slash="/?")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("pools", NodePoolViewSet, basename="pool")
 router.register("claims", NodeClaimViewSet, basename="claim")
+router.register("claim-groups", ClaimGroupViewSet, basename="claim-group")
 router.register("hosts", HostViewSet, basename="host")
 router.register("erase-certificates", EraseCertificateViewSet, basename="erase-certificate")
 router.register("health-runs", HealthRunViewSet, basename="health-run")
@@ -32,6 +33,7 @@ router.register("decisions", DecisionViewSet, basename="decision")
 v1 = [
     re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
     re_path(r"^capacity/?$", CapacityView.as_view(), name="capacity"),
+    re_path(r"^repair/?$", RepairView.as_view(), name="repair"),
     re_path(r"^pools/(?P<id>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
     *router.urls,
 ]

@@ -21,8 +21,12 @@ class Command(BaseCommand):
         parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: all but two, half below 4)")
         parser.add_argument("--tenants", default="one", help="comma-separated tenants that get an API of their own")
         parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
-                            help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*) or a "
-                                 "GPU index (gpu-*), e.g. gpu-01=gpu-xid:3")
+                            help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*, "
+                                 "disk-small) or a GPU index (gpu-*, nvlink-slow, xid-intermittent, burnin-fail), "
+                                 "e.g. gpu-01=gpu-xid:3. gpu-missing (7 of 8 GPUs) and disk-small (the first NVMe "
+                                 "half the size) deviate from the gpu-server SKU; nvlink-slow: NCCL under the "
+                                 "threshold; xid-intermittent: an Xid that fails the first DCGM run only; "
+                                 "burnin-fail: fails only dcgmi diag -r 3/4 (see lab/site.py)")
         parser.add_argument("--boot-url", "--console-url", dest="console_url", default=settings.AGENT_BOOT_URL,
                             help="the console's agent listener, where the servers fetch their boot configuration "
                                  "and the agents call home (default AGENT_BOOT_URL, %(default)s)")
