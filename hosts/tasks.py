@@ -1,7 +1,7 @@
 """Celery tasks for hosts: thin, idempotent."""
 from celery import shared_task
 
-from . import engine, preflight, services
+from . import engine, preflight, services, warm
 from .models import BareMetalHost
 
 
@@ -51,3 +51,9 @@ def preflight_due() -> int:
 def preflight_hosts(host_ids: list[int], actor: str = "system:preflight") -> int:
     hosts = list(BareMetalHost.objects.filter(pk__in=host_ids).order_by("pk"))
     return len(preflight.hosts_preflight(hosts=hosts, actor=actor))
+
+
+# Warm hosts idle too long, or whose agent went silent: no longer warm, powered off (hosts/warm.py).
+@shared_task(name="hosts.tasks.sweep_warm_hosts")
+def sweep_warm_hosts() -> list[str]:
+    return warm.hosts_warm_sweep()

@@ -19,6 +19,7 @@ from .apply import (
     LOFT,
     METAL3,
     REDACTED,
+    WARM,
 )
 
 
@@ -59,6 +60,8 @@ def _node_type_body(t: NodeType) -> dict:
                         if getattr(t, field) not in (None, "")}
     body["healthCheck"] = {key: _number(getattr(t, field)) for key, field in HEALTH_CHECK.items()
                            if getattr(t, field) is not None}
+    if t.warm_hosts:
+        body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
     return body
 
 

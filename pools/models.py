@@ -97,6 +97,10 @@ class NodeType(models.Model):
     health_dcgm_level = models.PositiveSmallIntegerField(default=2, help_text="dcgmi diag -r N; 0: not run")
     health_nccl_min_busbw_gbps = models.FloatField(null=True, blank=True,
                                                    help_text="all_reduce_perf busbw at 8 GiB; blank: not run")
+    # Warm hosts (hosts/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
+    # passing release gate, ready to write an image at once, and for how long an idle one stays on.
+    warm_hosts = models.PositiveIntegerField(default=0, help_text="hosts kept warm; 0: none")
+    warm_idle_minutes = models.PositiveIntegerField(default=30, help_text="a warm host idle this long is powered off")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -108,6 +112,8 @@ class NodeType(models.Model):
 
     def clean(self):
         errors = {}
+        if _number(self.warm_idle_minutes) and self.warm_idle_minutes < 1:
+            errors["warm_idle_minutes"] = ["at least 1 minute"]
         if self.cleaning_fallback and self.cleaning_fallback == self.cleaning_policy:
             errors["cleaning_fallback"] = ["a fallback must differ from the method"]
         if _number(self.erase_concurrency) and self.erase_concurrency < 1:

@@ -191,6 +191,9 @@ CELERY_BEAT_SCHEDULE = {
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
     # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
     "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
+    # Warm hosts (hosts/warm.py): one idle past its NodeType's idleMinutes, or whose agent is silent, is powered off.
+    "sweep-warm-hosts": {"task": "hosts.tasks.sweep_warm_hosts",
+                         "schedule": float(os.environ.get("WARM_SWEEP_EVERY_S", "30"))},
     # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
     "free-leaked-addresses": {"task": "claims.tasks.free_leaked_addresses",
                               "schedule": float(os.environ.get("IPAM_LEAK_CHECK_EVERY_S", "300"))},
