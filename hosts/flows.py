@@ -448,7 +448,7 @@ RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
 INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT_COMMAND_DEADLINE_S"))
 # After a passing gate, where the host's NodeType keeps warm hosts (hosts/warm.py): it may stay on in the
 # ramdisk, warm, instead of being powered off. Its timeline then shows keep_warm and no power-off.
-KEEP_WARM = Step("keep_warm", step_keep_warm, setting("AGENT_COMMAND_DEADLINE_S"), when=warm_wanted)
+KEEP_WARM = Step("keep_warm", step_keep_warm, lambda: 60.0, when=warm_wanted)  # a few queries: a minute is plenty
 
 
 def power_off_unless_warm(name: str) -> Step:
