@@ -2,9 +2,10 @@
 
   .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
                                   [--web-pool 10] [--profile DIR]
-  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--power-delay 2] [--idle 30]
+  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-heartbeats 1,5] [--power-delay 2] [--idle 30]
 
---warm (hosts/warm.py): for each N, twice (cold: the NodeType keeps no warm host; warm: it keeps all N warm),
+--warm (hosts/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
+per --warm-heartbeats value: how often a warm host's idle agent asks for work, WARM_HEARTBEAT_S), each with
 a fresh database and lab, N gpu-servers registered and inspected, then a quiet window of --idle seconds with
 nothing to do (the warm hosts' agents heartbeating), then one pool of N. Prints claim → Ready (claim created →
 Available) p50/p95 warm and cold side by side with their ratio, the console's CPU per provision, and the
@@ -262,9 +263,11 @@ def heartbeats() -> int:
     return HEARTBEATS.value
 
 
-def run_warm(n: int, warm: bool, args) -> dict:
+def run_warm(n: int, warm: bool, args, heartbeat_s: float = 1) -> dict:
     """One N, cold or warm: register N gpu-servers (all kept warm, or none), measure a quiet window, then
-    provision N at once. Claim → Ready per claim: its creation to its Available transition."""
+    provision N at once. Claim → Ready per claim: its creation to its Available transition. `heartbeat_s`: how
+    often a warm host's idle agent asks for work (WARM_HEARTBEAT_S)."""
+    os.environ["WARM_HEARTBEAT_S"] = str(heartbeat_s)  # the console's processes read it
     fresh_database()
     from django.core.management import call_command
     from django.db.models import Count
@@ -337,12 +340,13 @@ def run_warm(n: int, warm: bool, args) -> dict:
 
 def main_warm(args) -> None:
     sizes = [int(x) for x in args.warm_sizes.split(",") if x]
-    results: dict[tuple[int, bool], dict] = {}
+    beats = [float(x) for x in args.warm_heartbeats.split(",") if x]
+    modes = [("cold", False, 1.0)] + [(f"warm@{b:g}s", True, b) for b in beats]
+    results: dict[tuple[int, str], dict] = {}
     for n in sizes:
-        for warm in (False, True):
-            mode = "warm" if warm else "cold"
+        for mode, warm, beat in modes:
             try:
-                results[n, warm] = r = run_warm(n, warm, args)
+                results[n, mode] = r = run_warm(n, warm, args, heartbeat_s=beat)
             except RuntimeError as exc:
                 print(f"N={n:>3} {mode}: did not finish: {exc}", flush=True)
                 continue
@@ -353,48 +357,53 @@ def main_warm(args) -> None:
                   f"{i['seconds']:.0f}s: console {i['console']:.2f} CPU-s (web {i['web']:.2f}), "
                   f"{i['heartbeats']} heartbeats", flush=True)
     print(f"\npower changes land after {args.power_delay:g}s; console: agent listener (pool {args.web_pool}) + "
-          f"{args.workers} worker(s) × {args.threads} threads; lab agents in threads (no process start)")
-    print("\nclaim → Ready (claim created → Available), seconds")
-    print(f"  {'N':>4} {'cold p50':>9} {'warm p50':>9} {'warm/cold':>9} {'cold p95':>9} {'warm p95':>9} {'warm/cold':>9}"
-          f" {'cold CPU-s':>11} {'warm CPU-s':>11}  (console CPU per provision)")
+          f"{args.workers} worker(s) × {args.threads} threads; lab agents in threads (no process start); "
+          f"warm@Xs: a warm host's idle agent asks for work every X s (WARM_HEARTBEAT_S)")
+    print("\nclaim → Ready (claim created → Available), seconds; console CPU-s per provision")
+    print(f"  {'N':>4} {'mode':<10} {'p50':>7} {'p95':>7} {'p50/cold':>9} {'p95/cold':>9} {'CPU-s':>7}")
     for n in sizes:
-        cold, warm = results.get((n, False)), results.get((n, True))
-        if not cold or not warm:
-            print(f"  {n:>4} (not both modes ran)")
-            continue
-        c50, w50 = percentile(cold["latencies"], 50), percentile(warm["latencies"], 50)
-        c95, w95 = percentile(cold["latencies"], 95), percentile(warm["latencies"], 95)
-        print(f"  {n:>4} {c50:>9.2f} {w50:>9.2f} {w50 / c50:>9.2f} {c95:>9.2f} {w95:>9.2f} {w95 / c95:>9.2f}"
-              f" {cold['cpu_per_host']:>11.3f} {warm['cpu_per_host']:>11.3f}")
-    print("\nwhat warm hosts cost the console, against what they save")
+        cold = results.get((n, "cold"))
+        for mode, _, _ in modes:
+            r = results.get((n, mode))
+            if r is None:
+                print(f"  {n:>4} {mode:<10} (did not run)")
+                continue
+            p50, p95 = percentile(r["latencies"], 50), percentile(r["latencies"], 95)
+            ratio = (f"{p50 / percentile(cold['latencies'], 50):>9.2f} {p95 / percentile(cold['latencies'], 95):>9.2f}"
+                     if cold else f"{'-':>9} {'-':>9}")
+            print(f"  {n:>4} {mode:<10} {p50:>7.2f} {p95:>7.2f} {ratio} {r['cpu_per_host']:>7.3f}")
+    print("\nwhat warm hosts cost the console (quiet window, warm minus cold), against what a warm provision saves")
     for n in sizes:
-        cold, warm = results.get((n, False)), results.get((n, True))
-        if not cold or not warm:
-            continue
-        ci, wi = cold["idle"], warm["idle"]
-        extra = wi["console"] / wi["seconds"] - ci["console"] / ci["seconds"]  # CPU-s per second, N warm hosts
-        per_host_hour = extra / n * 3600
-        beats = wi["heartbeats"] - ci["heartbeats"]
-        per_beat = (wi["web"] - ci["web"] * wi["seconds"] / ci["seconds"]) / beats if beats > 0 else float("nan")
-        saved = cold["cpu_per_host"] - warm["cpu_per_host"]
-        line = (f"  N={n:>3}: {per_host_hour:.1f} CPU-s per warm host-hour ({beats / wi['seconds'] / n:.2f} heartbeats/s "
-                f"per host, {1000 * per_beat:.2f} ms of the agent listener's CPU each); a warm provision saves "
-                f"{saved:.3f} console CPU-s")
-        if saved > 0:
-            line += f": the warmth pays for itself in console CPU at {per_host_hour / saved:.0f} claims per warm host-hour"
-        print(line)
-    ns = [n for n in sizes if (n, False) in results and (n, True) in results]
+        cold = results.get((n, "cold"))
+        for mode, warm, _ in modes:
+            r = results.get((n, mode))
+            if not warm or r is None or cold is None:
+                continue
+            ci, wi = cold["idle"], r["idle"]
+            extra = wi["console"] / wi["seconds"] - ci["console"] / ci["seconds"]  # CPU-s per second, N warm hosts
+            per_host_hour = extra / n * 3600
+            sent = wi["heartbeats"] - ci["heartbeats"] * wi["seconds"] / ci["seconds"]
+            web = wi["web"] - ci["web"] * wi["seconds"] / ci["seconds"]
+            per_beat = web / sent if sent > 0 else float("nan")
+            saved = cold["cpu_per_host"] - r["cpu_per_host"]
+            line = (f"  N={n:>3} {mode:<10}: {per_host_hour:6.1f} CPU-s per warm host-hour ({sent / wi['seconds'] / n:.2f} "
+                    f"heartbeats/s per host at {1000 * per_beat:.1f} ms of the agent listener's CPU each); a warm "
+                    f"provision saves {saved:.3f} console CPU-s")
+            if saved > 0:
+                line += f": even at {per_host_hour / saved:.0f} claims per warm host-hour"
+            print(line)
+    ns = [n for n in sizes if all((n, m) in results for m, _, _ in modes)]
     if ns:
-        print("\nper-step p50 (seconds), cold / warm")
-        steps = list(results[ns[-1], False]["steps"])
-        print("  " + " " * 18 + "".join(f"{'N=' + str(n):>16}" for n in ns))
-        for step in steps:
+        from hosts.engine import FLOWS
+
+        print("\nper-step p50 (seconds): " + " / ".join(m for m, _, _ in modes))
+        print("  " + " " * 18 + "".join(f"{'N=' + str(n):>24}" for n in ns))
+        for step in [s.name for s in FLOWS["provision"].steps]:
             cells = []
             for n in ns:
-                c = results[n, False]["steps"].get(step)
-                w = results[n, True]["steps"].get(step)
-                cells.append(f"{percentile(c, 50) if c else 0:6.2f} / " + (f"{percentile(w, 50):6.2f}" if w else "     -"))
-            print(f"  {step:<18}" + "".join(f"{c:>16}" for c in cells))
+                values = [results[n, m]["steps"].get(step) for m, _, _ in modes]
+                cells.append(" / ".join(f"{percentile(v, 50):5.2f}" if v else "    -" for v in values))
+            print(f"  {step:<18}" + "".join(f"{c:>24}" for c in cells))
 
 
 def backends() -> dict[int, float]:
@@ -438,6 +447,8 @@ def main():
     parser.add_argument("--warm", action="store_true", help="claim → Ready of warm hosts against cold ones")
     parser.add_argument("--warm-sizes", default="1,20,50", help="with --warm: the N to run, comma separated")
     parser.add_argument("--idle", type=float, default=30, help="with --warm: the quiet window, seconds")
+    parser.add_argument("--warm-heartbeats", default="1,5",
+                        help="with --warm: WARM_HEARTBEAT_S values to run warm with, comma separated")
     args = parser.parse_args()
     if args.warm:
         main_warm(args)

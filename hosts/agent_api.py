@@ -210,16 +210,18 @@ def heartbeat(request, body):
         engine.publish_progress(session.host_id)
     if body.get("status") == "busy":
         return {"command": None}
+    if session.host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
+        return {"command": None, "heartbeat_s": settings.WARM_HEARTBEAT_S}
     flow_id = (session.host.flow or {}).get("id")
     command = HostCommand.objects.filter(host_id=session.host_id, flow_id=flow_id,
                                          status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()
     if command is None:
-        return {"command": None}
+        return {"command": None, "heartbeat_s": HEARTBEAT_S}
     HostCommand.objects.filter(pk=command.pk).update(status=CommandStatus.SENT, sent_at=now, session=session)
     args = dict(command.args)
     if command.secret_args:
         args.update(json.loads(command.secret_args))
-    return {"command": {"id": command.public_id, "name": command.name, "args": args}}
+    return {"command": {"id": command.public_id, "name": command.name, "args": args}, "heartbeat_s": HEARTBEAT_S}
 
 
 @rate_limited("call")

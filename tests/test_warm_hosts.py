@@ -108,6 +108,37 @@ def test_a_warm_host_shows_as_warm_on_its_page_the_fleet_board_and_the_api(apply
     assert api.get(f"/api/v1/hosts/{cold.pk}/").json()["warm"] is False
 
 
+# --- the agent protocol ------------------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_a_warm_hosts_agent_keeps_its_session_and_is_told_how_often_to_ask_and_a_cold_ones_is_refused(
+        agent_client, demo_site, settings):
+    from hosts.services import host_transition
+
+    from .test_agent_protocol import boot, lookup, post
+
+    settings.WARM_HEARTBEAT_S = 3
+    warm, cold = BareMetalHost.objects.get(name="gpu-01"), BareMetalHost.objects.get(name="gpu-02")
+    tokens = {}
+    for host in (warm, cold):
+        host_transition(host=host, to_state="inspecting", actor="test")
+        host.boot_secret = boot(host)
+        tokens[host.name] = lookup(agent_client, host)["token"]
+    BareMetalHost.objects.filter(pk=warm.pk).update(warm_since=timezone.now())  # the gate's keep_warm step
+    for host in (warm, cold):
+        host_transition(host=BareMetalHost.objects.get(pk=host.pk), to_state="available", actor="test")
+    assert AgentSession.objects.get(host=warm).active and not AgentSession.objects.get(host=cold).active
+    status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
+    assert (status, answer) == (200, {"command": None, "heartbeat_s": 3})
+    assert post(agent_client, "/agent/heartbeat", {"host_id": cold.pk, "status": "idle"}, tokens["gpu-02"])[0] == 403
+    # Allocated: the same agent is asked every second again and gets the provision's first command.
+    host_transition(host=BareMetalHost.objects.get(pk=warm.pk), to_state="provisioning", actor="test")
+    assert BareMetalHost.objects.get(pk=warm.pk).warm_since is None
+    assert AgentSession.objects.get(host=warm).active
+    status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
+    assert (status, answer) == (200, {"command": None, "heartbeat_s": 1})
+
+
 # --- in the lab ----------------------------------------------------------------------------------------------
 
 @pytest.fixture
