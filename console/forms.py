@@ -99,8 +99,11 @@ class NodeTypeForm(RecordedForm):
                   "host_selector",
                   # The release gate: a manifest's spec.cleaning and spec.healthCheck.
                   "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
-                  "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps"]
-        labels = {"cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
+                  "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps",
+                  # Warm hosts (hosts/warm.py): a manifest's spec.warm.
+                  "warm_hosts", "warm_idle_minutes"]
+        labels = {"warm_hosts": "Warm hosts", "warm_idle_minutes": "Warm host idle minutes",
+                  "cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
                   "erase_concurrency": "Disks erased at once", "erase_verify_share": "Share read back",
                   "erase_verify_full": "Read every byte back", "health_dcgm_level": "dcgmi diag level",
                   "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least"}

@@ -211,7 +211,8 @@ def heartbeat(request, body):
     if body.get("status") == "busy":
         return {"command": None}
     if session.host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
-        return {"command": None, "heartbeat_s": settings.WARM_HEARTBEAT_S}
+        # At most a quarter of AGENT_SILENCE_S, so that a warm agent is never taken for a silent one.
+        return {"command": None, "heartbeat_s": min(settings.WARM_HEARTBEAT_S, settings.AGENT_SILENCE_S / 4)}
     flow_id = (session.host.flow or {}).get("id")
     command = HostCommand.objects.filter(host_id=session.host_id, flow_id=flow_id,
                                          status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()

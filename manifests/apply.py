@@ -21,6 +21,8 @@ from pools.choices import CleaningPolicy, PoolKind, ProviderKind
 from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
+    WARM_MAX_HOSTS,
+    WARM_MAX_IDLE_MINUTES,
     NodeEnvironment,
     NodeProvider,
     NodeType,
@@ -320,8 +322,6 @@ def _release_gate(spec: Reader) -> tuple[dict, dict]:
 # spec.warm: {hosts: N, idleMinutes: M}: N hosts of the type kept warm after a passing gate, each powered off after
 # M minutes idle (hosts/warm.py). Left out: none kept warm.
 WARM = {"hosts": "warm_hosts", "idleMinutes": "warm_idle_minutes"}
-WARM_MAX_HOSTS = 100_000
-WARM_MAX_IDLE_MINUTES = 366 * 24 * 60
 
 
 def _warm(spec: Reader) -> tuple[dict, dict]:

@@ -68,6 +68,23 @@ def test_a_bad_warm_setting_is_refused_with_its_place_and_changes_nothing(apply,
     assert (node_type.warm_hosts, node_type.warm_idle_minutes) == (2, 10)
 
 
+@pytest.mark.django_db
+def test_the_api_sets_a_node_types_warm_hosts_and_refuses_a_bad_idle_time(apply, django_user_model):
+    apply(open("demo/site.yaml").read())
+    admin = django_user_model.objects.create_user("root", "r@example.invalid", "pw-pw-pw-pw", is_staff=True,
+                                                  is_superuser=True)
+    api = APIClient()
+    api.force_authenticate(admin)
+    node_type = NodeType.objects.get(name="cpu-server")
+    path = f"/api/v1/nodetypes/{node_type.pk}/"
+    done = api.patch(path, {"warm_hosts": 2, "warm_idle_minutes": 20}, format="json")
+    assert done.status_code == 200 and (done.json()["warm_hosts"], done.json()["warm_idle_minutes"]) == (2, 20)
+    refused = api.patch(path, {"warm_idle_minutes": 0}, format="json")
+    assert refused.status_code == 400 and "warm_idle_minutes" in refused.json()
+    node_type.refresh_from_db()
+    assert (node_type.warm_hosts, node_type.warm_idle_minutes) == (2, 20)
+
+
 # --- the allocator and the pages -----------------------------------------------------------------------------
 
 @pytest.mark.django_db

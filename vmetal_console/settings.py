@@ -263,8 +263,8 @@ AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
 # A warm host's idle agent (hosts/warm.py) asks for work this often (an agent at work: every second). Each ask
 # costs the agent listener a request; a longer wait is that much later a start for the claim that takes the host.
-# At most a quarter of AGENT_SILENCE_S, so that a warm agent is never taken for a silent one.
-WARM_HEARTBEAT_S = min(env_float("WARM_HEARTBEAT_S", 1), AGENT_SILENCE_S / 4)
+# Never more than a quarter of AGENT_SILENCE_S (hosts/agent_api.py), so that a warm agent is not taken for a silent one.
+WARM_HEARTBEAT_S = env_float("WARM_HEARTBEAT_S", 1)
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
 NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
 NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 1)  # how often a joining node is looked at (one GET)
