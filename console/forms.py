@@ -112,6 +112,21 @@ class NodeTypeForm(RecordedForm):
                       "cleaning_fallback": "used, and recorded on the certificate, when the method cannot run; "
                                            "empty: none (the host goes to repair)"}
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("warm_hosts", "warm_idle_minutes"):  # left empty: as it is (a new type: the default)
+            self.fields[name].required = False
+
+    def _kept(self, name: str):
+        value = self.cleaned_data.get(name)
+        return getattr(self.instance, name) if value is None else value
+
+    def clean_warm_hosts(self):
+        return self._kept("warm_hosts")
+
+    def clean_warm_idle_minutes(self):
+        return self._kept("warm_idle_minutes")
+
     def clean_resources(self):
         resources = self.cleaned_data["resources"]
         # Quantities are strings in Kubernetes; YAML reads 192 as a number.
