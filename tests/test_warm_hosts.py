@@ -2,6 +2,7 @@
 allocator, provisioned without power-on, network boot or lookup; powered off when idle too long or when its agent
 goes silent. The lab tests run the real agent, sushy-tools BMCs and a Celery worker with beat on the real broker."""
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.management.base import CommandError
@@ -22,6 +23,7 @@ from .test_allocation import make_hosts, make_pool
 
 pytest_plugins = ["tests.lab_conftest"]
 
+DEMO_SITE = (Path(__file__).resolve().parent.parent / "demo" / "site.yaml").read_text()
 BOOT_STEPS = {"power_on_pxe", "agent_lookup", "inspect"}  # what a warm host's provision has none of
 WARM_SITE = """\
 apiVersion: management.loft.sh/v1
@@ -38,7 +40,7 @@ spec:
 
 @pytest.mark.django_db
 def test_a_node_types_warm_setting_is_applied_and_exported_as_written(apply):
-    apply(open("demo/site.yaml").read())
+    apply(DEMO_SITE)
     apply(WARM_SITE.format(warm="warm: {hosts: 3, idleMinutes: 15}"))
     node_type = NodeType.objects.get(name="gpu-warm")
     assert (node_type.warm_hosts, node_type.warm_idle_minutes) == (3, 15)
@@ -59,7 +61,7 @@ def test_a_node_types_warm_setting_is_applied_and_exported_as_written(apply):
     ("warm: 2", "spec.warm: must be a mapping, not an integer"),
 ])
 def test_a_bad_warm_setting_is_refused_with_its_place_and_changes_nothing(apply, warm, message):
-    apply(open("demo/site.yaml").read())
+    apply(DEMO_SITE)
     apply(WARM_SITE.format(warm="warm: {hosts: 2, idleMinutes: 10}"))
     with pytest.raises(CommandError) as refused:
         apply(WARM_SITE.format(warm=warm))
@@ -70,7 +72,7 @@ def test_a_bad_warm_setting_is_refused_with_its_place_and_changes_nothing(apply,
 
 @pytest.mark.django_db
 def test_the_api_sets_a_node_types_warm_hosts_and_refuses_a_bad_idle_time(apply, django_user_model):
-    apply(open("demo/site.yaml").read())
+    apply(DEMO_SITE)
     admin = django_user_model.objects.create_user("root", "r@example.invalid", "pw-pw-pw-pw", is_staff=True,
                                                   is_superuser=True)
     api = APIClient()
@@ -89,7 +91,7 @@ def test_the_api_sets_a_node_types_warm_hosts_and_refuses_a_bad_idle_time(apply,
 
 @pytest.mark.django_db
 def test_the_allocator_takes_a_warm_host_before_a_cold_one(apply):
-    apply(open("demo/site.yaml").read())
+    apply(DEMO_SITE)
     make_hosts(3)
     warm = BareMetalHost.objects.order_by("pk").last()  # not the first by pk: the order would pick that one
     BareMetalHost.objects.filter(pk=warm.pk).update(warm_since=timezone.now())
@@ -104,7 +106,7 @@ def test_the_allocator_takes_a_warm_host_before_a_cold_one(apply):
 
 @pytest.mark.django_db
 def test_a_warm_host_shows_as_warm_on_its_page_the_fleet_board_and_the_api(apply, django_user_model, client):
-    apply(open("demo/site.yaml").read())
+    apply(DEMO_SITE)
     make_hosts(2)
     warm, cold = BareMetalHost.objects.order_by("pk")
     BareMetalHost.objects.filter(pk=warm.pk).update(warm_since=timezone.now(),
