@@ -1,5 +1,6 @@
 """Shared test fixtures: manifests applied the way users apply them, the demo site, database facts."""
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,20 @@ def is_postgres() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """`postgres` tests skip on SQLite for a newcomer's quick run, but never in CI: there they must run."""
-    if os.environ.get("CI") or os.environ.get("DATABASE_URL", "").startswith("postgres"):
+    """`postgres` tests skip on SQLite for a newcomer's quick run, and `vm` tests where QEMU is not installed, but
+    never in CI: there they must run (.ci/run installs QEMU)."""
+    if os.environ.get("CI"):
         return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
+    skips = {}
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        skips["postgres"] = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
+    if shutil.which("qemu-system-x86_64") is None:
+        skips["vm"] = pytest.mark.skip(reason="needs QEMU: qemu-system-x86_64 is not installed "
+                                              "(apt-get install qemu-system-x86)")
     for item in items:
-        if "postgres" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

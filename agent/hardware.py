@@ -21,7 +21,7 @@ log = logging.getLogger("agent.hardware")
 
 DISK_TYPES = ("nvme", "ssd", "hdd")
 NVIDIA_SMI_QUERY = [
-    "--query-gpu=index,name,uuid,memory.total,pci.bus_id",
+    "--query-gpu=index,name,uuid,memory.total,pci.bus_id,vbios_version",
     "--format=csv,noheader,nounits",
 ]
 # Block devices that are not disks a server could boot from: loop, RAM, device-mapper, optical, …
@@ -134,7 +134,7 @@ def query_nvidia_smi(executable: str = "nvidia-smi", timeout: float = 60) -> lis
 
 
 def parse_nvidia_smi_csv(text: str) -> list[dict]:
-    """Rows of `index, name, uuid, memory.total (MiB), pci.bus_id` → GPU dicts."""
+    """Rows of `index, name, uuid, memory.total (MiB), pci.bus_id[, vbios_version]` → GPU dicts."""
     gpus = []
     for row in csv.reader(io.StringIO(text), skipinitialspace=True):
         if not row or not row[0].strip():
@@ -142,13 +142,16 @@ def parse_nvidia_smi_csv(text: str) -> list[dict]:
         if len(row) < 5:
             raise HardwareError(f"unexpected nvidia-smi row: {','.join(row)!r}")
         index, name, uuid, memory, bus = (cell.strip() for cell in row[:5])
-        gpus.append({
+        gpu = {
             "index": int(index),
             "name": name,
             "uuid": uuid,
             "memory_mib": _int_or_none(memory),
             "pci_bus": bus,
-        })
+        }
+        if len(row) > 5 and row[5].strip() and not row[5].strip().startswith("["):  # [N/A]
+            gpu["vbios_version"] = row[5].strip()  # the SKU's firmware.gpuVbios
+        gpus.append(gpu)
     return gpus
 
 
@@ -254,6 +257,7 @@ class LinuxHardware(Hardware):
             "vendor": self._read(*dmi, "sys_vendor"),
             "product": self._read(*dmi, "product_name"),
             "serial": self._read(*dmi, "product_serial"),
+            "bios_version": self._read(*dmi, "bios_version"),  # the SKU's firmware.bios
         }
 
 
@@ -360,7 +364,8 @@ class LabHardware(Hardware):
 
     def system(self) -> dict:
         system = self.profile.get("system") or {}
-        return {"vendor": system.get("vendor"), "product": system.get("product"), "serial": system.get("serial")}
+        return {"vendor": system.get("vendor"), "product": system.get("product"), "serial": system.get("serial"),
+                "bios_version": system.get("bios_version")}
 
 
 def device_size(path: str) -> int:

@@ -21,7 +21,38 @@ from .choices import DemandStatus
 from .models import PendingPod
 
 # What a spec change is made of: a pod whose demand changed is decided again, the console's answer forgotten.
-SPEC_FIELDS = ("requests", "node_selector", "node_affinity", "tolerations")
+SPEC_FIELDS = ("requests", "node_selector", "node_affinity", "tolerations", "gang", "gang_min_member")
+
+# Gangs (all-or-nothing pod groups), as the schedulers that place them mark their pods. The group's name, and its
+# minMember where the pod itself carries it (the PodGroup object of scheduler-plugins and Volcano holds it in its
+# spec, which the console does not read: then every Pending pod of the group is placed together).
+GANG_NAME_LABELS = (
+    "scheduling.x-k8s.io/pod-group",  # kubernetes-sigs/scheduler-plugins coscheduling (PodGroup CRD)
+    "pod-group.scheduling.sigs.k8s.io/name",  # its lightweight coscheduling (labels only)
+    "pod-group.scheduling.sigs.k8s.io",  # older spelling of the same
+    "kueue.x-k8s.io/pod-group-name",  # Kueue plain-pod groups
+)
+GANG_NAME_ANNOTATIONS = ("scheduling.k8s.io/group-name",)  # Volcano
+GANG_MIN_LABELS = ("pod-group.scheduling.sigs.k8s.io/min-available",)
+GANG_MIN_ANNOTATIONS = ("kueue.x-k8s.io/pod-group-total-count", "pod-group.scheduling.sigs.k8s.io/min-available")
+
+
+def pod_gang(meta: dict) -> tuple[str, int | None]:
+    """("ns/group", minMember or None) of a pod's metadata; ("", None) when it belongs to no gang."""
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    name = next((str(labels[k]) for k in GANG_NAME_LABELS if labels.get(k)), "") or \
+        next((str(annotations[k]) for k in GANG_NAME_ANNOTATIONS if annotations.get(k)), "")
+    if not name:
+        return "", None
+    minimum = None
+    for value in [labels.get(k) for k in GANG_MIN_LABELS] + [annotations.get(k) for k in GANG_MIN_ANNOTATIONS]:
+        try:
+            if value is not None and int(value) > 0:
+                minimum = int(value)
+                break
+        except (TypeError, ValueError):
+            continue
+    return f"{meta.get('namespace') or 'default'}/{name}"[:317], minimum
 
 
 class Seen(enum.Enum):
@@ -63,7 +94,10 @@ def pod_fields(pod: dict) -> dict:
     owner = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
     message = next((c.get("message") or "" for c in (pod.get("status") or {}).get("conditions") or []
                     if c.get("type") == "PodScheduled"), "")
+    gang, min_member = pod_gang(meta)
     return {
+        "gang": gang,
+        "gang_min_member": min_member,
         "namespace": meta.get("namespace") or "default",
         "name": meta.get("name") or "",
         "owner": f"{owner.get('kind')}/{owner.get('name')}"[:253] if owner else "",

@@ -26,6 +26,12 @@ Where we differ from Karpenter, and why:
   `schedule` (cron, UTC, read by Celery's crontab) + `duration`: in force from each firing for `duration`;
   `reasons` any of Empty, Underutilized, Drifted, Expired (none: all). The most restrictive budget in force
   wins; no budget written: Karpenter's default, 10%.
+- all-or-nothing groups (a pool with `group.size`): a group's nodes go as one unit or not at all. A member is
+  never consolidated, expired or drifted alone (that would break the gang it was placed for); the whole group
+  is released once every live member is an Available node, empty for consolidateAfter, past its minimum
+  lifetime, with no do-not-disrupt pod, and the budget allows all its members at once. Underutilized members
+  are not consolidated (their pods would move off the rail group they were placed on), and expired or drifted
+  groups are not replaced (a replacement would have to be a whole new group first): both are said on the node.
 """
 from __future__ import annotations
 
@@ -345,7 +351,7 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
                       .select_for_update(no_key=True).values_list("pk", flat=True))
         pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk"))
         claims = list(NodeClaim.objects.filter(pool_id__in=locked).exclude(phase=P.RELEASED)
-                      .select_related("node_type__provider").order_by("created_at", "pk"))
+                      .select_related("node_type__provider", "group").order_by("created_at", "pk"))
         by_node = defaultdict(list)
         for pod in pods:
             if node_name := (pod.get("spec") or {}).get("nodeName"):
@@ -431,12 +437,18 @@ class _Pass:
             node.usage.next_action, node.usage.next_action_at, node.usage.blocked_by = "", None, ""
         self._replacements(by_id)
         policy = consolidation_policy(self.pool)
-        candidates = [n for n in self.nodes if n.claim.pk not in self.gone | self.kept]
+        members: dict[int, list[Node]] = defaultdict(list)  # all-or-nothing groups: released whole or kept
+        for node in self.nodes:
+            if node.claim.group_id:
+                members[node.claim.group_id].append(node)
+        candidates = [n for n in self.nodes if n.claim.pk not in self.gone | self.kept and not n.claim.group_id]
         for node in candidates:
             self._expiry_or_drift(node)
         for node in sorted(candidates, key=lambda n: (n.usage.empty_since or self.now, n.claim.pk)):
             if node.claim.pk not in self.gone | self.kept and not node.pods:
                 self._empty(node)
+        for group_id, nodes in sorted(members.items()):
+            self._group(group_id, nodes)
         for node in sorted(candidates, key=lambda n: (len(n.pods), _size(n.requested), n.claim.pk)):
             if node.claim.pk not in self.gone | self.kept and node.pods:
                 self._underutilized(node, policy)
@@ -542,6 +554,53 @@ class _Pass:
             return
         self._release([node], R.EMPTY, f"released {node.claim.name}: empty since {_hhmm(since)} "
                                        f"(consolidateAfter {_for(after)})")
+
+    def _group(self, group_id: int, nodes: list[Node]) -> None:
+        """An all-or-nothing group's nodes: released together once all are empty long enough, or all kept."""
+        nodes = [n for n in nodes if n.claim.pk not in self.gone]
+        if not nodes:
+            return
+        name = nodes[0].claim.group.name if nodes[0].claim.group else f"#{group_id}"
+        live = [c for c in self.claims if c.group_id == group_id and c.phase not in (P.RELEASED, P.RELEASING)]
+        busy = [n for n in nodes if n.pods]
+        size = len(live)
+
+        def say(text: str, at: datetime | None = None) -> None:
+            for node in nodes:
+                node.usage.next_action, node.usage.next_action_at = text[:300], at
+
+        if busy or len(nodes) != size:
+            ready = f"{len(nodes) - len(busy)} of {size} empty" if len(nodes) == size else \
+                f"{size - len(nodes)} of {size} not Ready"
+            say(f"member of group {name}: released only with the whole group, once every member is empty "
+                f"({ready})")
+            return
+        after = consolidate_after(self.pool, nodes[0].claim.node_type)
+        if after is None:
+            say(f"group {name}: kept: consolidateAfter Never")
+            return
+        since = max(n.usage.empty_since or self.now for n in nodes)
+        due = max([since + after] + [self._lifetime_end(n) for n in nodes])
+        if due > self.now:
+            say(f"group {name} empty since {_hhmm(since)}, released whole at {_hhmm(due)} unless a pod arrives",
+                due)
+            return
+        for node in nodes:
+            if node.guarded:
+                for other in nodes:
+                    self._block(other, f"do-not-disrupt:{node.guarded[0]}",
+                                f"kept with group {name}: pod {node.guarded[0]} has do-not-disrupt")
+                return
+        budget = allowance(self.pool, R.EMPTY, self.total, self.now)
+        if budget.allowed - self.disrupting < len(nodes):
+            for node in nodes:
+                self._block(node, f"budget:{R.EMPTY}:group",
+                            f"kept: group {name} needs {len(nodes)} disruptions at once; the budget allows "
+                            f"{max(budget.allowed - self.disrupting, 0)} now (Empty)")
+            return
+        self._release(nodes, R.EMPTY, f"released group {name} whole ({len(nodes)} nodes: "
+                                      f"{', '.join(n.claim.name for n in nodes)}): every member empty since "
+                                      f"{_hhmm(since)} (consolidateAfter {_for(after)})", extra={"group": name})
 
     def _underutilized(self, node: Node, policy: str) -> None:
         pods = f"in use: {len(node.pods)} pod(s)"

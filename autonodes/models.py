@@ -25,6 +25,10 @@ class PendingPod(models.Model):
     node_affinity = models.JSONField(default=list, blank=True)
     tolerations = models.JSONField(default=list, blank=True)
     scheduler_message = models.TextField(blank=True)  # the PodScheduled condition's message
+    # A gang: the coscheduling PodGroup it belongs to ("ns/name", autonodes.demand.pod_gang) and the group's
+    # minMember when the pod says it; its pods are placed all or nothing (autonodes.simulation).
+    gang = models.CharField(max_length=317, blank=True)
+    gang_min_member = models.PositiveIntegerField(null=True, blank=True)
     seen_at = models.DateTimeField(auto_now_add=True)  # first seen Pending
     updated_at = models.DateTimeField(auto_now=True)
     # The console's answer.

@@ -93,7 +93,9 @@ def pod_state(pod: PendingPod) -> PodState:
     if claim.phase == ClaimPhase.AVAILABLE:
         return _state("ready", f"node {claim.node_name or claim.host_name} of claim {claim.name}")
     if claim.phase == ClaimPhase.PENDING or claim.host_id is None:
-        return _state("waiting", f"claim {claim.name}: {claim.message or 'no free server matches yet'}")
+        # A member of an all-or-nothing group waits with its group: the claim's message is the group's reason.
+        of = f" (group {claim.group.name})" if claim.group_id and claim.group is not None else ""
+        return _state("waiting", f"claim {claim.name}{of}: {claim.message or 'no free server matches yet'}")
     if claim.phase in (ClaimPhase.PROVISIONING, ClaimPhase.JOINING):
         step = step_status(claim.host) if claim.host is not None else {}
         where = claim.host.name if claim.host is not None else claim.host_name
@@ -104,7 +106,7 @@ def pod_state(pod: PendingPod) -> PodState:
 
 def pending_pods_shown(qs: QuerySet) -> QuerySet:
     """Pending pods with what pod_state reads: their claim and its host (its flow: the current step)."""
-    return qs.select_related("claim", "claim__host", "pool").defer(
+    return qs.select_related("claim", "claim__host", "claim__group", "pool").defer(
         "claim__requirements", "claim__properties", "claim__node_labels", "claim__taints",
         "claim__host__bmc_username", "claim__host__bmc_password", "claim__host__inventory")
 

@@ -15,7 +15,13 @@ from django.utils import timezone
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
 from claims.selectors import launch_deadlines
-from claims.services import claims_create
+from claims.services import (
+    claim_group_create,
+    claims_create,
+    group_free_domains,
+    group_where,
+    pool_free_domain,
+)
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
@@ -67,6 +73,7 @@ class Decision:
     """What one tenant_decide did: claim → its pods, pod → claim it fits on, pod → why it waits / is not served."""
 
     launched: dict[str, list[str]] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)  # all-or-nothing group asked for → its claims
     placed: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, str] = field(default_factory=dict)
     unservable: dict[str, str] = field(default_factory=dict)
@@ -156,7 +163,8 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         groups: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
         for launch in outcome.launches:
             groups[(launch.pool, launch.node_type)].append(launch.pods)
-        deadlines = launch_deadlines({type_of[t] for _, t in groups})  # one read for every group
+        deadlines = launch_deadlines({type_of[t] for _, t in groups}
+                                     | {type_of[g.node_type] for g in outcome.groups})  # one read for all
         answered: list[PendingPod] = []  # written in one statement below
         for (pool_name, type_name), nodes in groups.items():
             pool, node_type = pool_of[pool_name], type_of[type_name]
@@ -172,6 +180,30 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
                                 tenant_id=tenant.pk, actor=actor, message=message,
                                 data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
                                       "node_type": type_name, "pods": sorted(str(m) for m in members),
+                                      "claims": [c.name for c in created]}))
+
+        # New groups (pools with group.size): one claim_group_create and one Event per group, naming it.
+        for launch in outcome.groups:
+            pool, node_type = pool_of[launch.pool], type_of[launch.node_type]
+            members = [by_key[k] for keys in launch.nodes for k in keys]
+            size = len(launch.nodes)
+            where = f" on {launch.domain}" if launch.domain else ""
+            message = (f"added a group of {size} {launch.node_type} for {_owners(members)}: {_describe(members)}"
+                       f" (all or nothing{where})")
+            created = claim_group_create(pool=pool, size=size, node_type=node_type, actor=actor,
+                                         message=f"{pool.name}: {message}", launch_deadline=deadlines[node_type.pk])
+            group_name = created[0].group.name
+            for claim, keys in zip(created, launch.nodes):
+                result.launched[claim.name] = list(keys)
+                answered += _answer([by_key[k] for k in keys], claim=claim, pool=pool, now=now,
+                                    reason=f"a {launch.node_type} node is being added for it (claim {claim.name}, "
+                                           f"group {group_name} of {size})")
+            result.groups[group_name] = [c.name for c in created]
+            events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
+                                tenant_id=tenant.pk, actor=actor, message=f"{message}: group {group_name}",
+                                data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
+                                      "node_type": launch.node_type, "group": group_name, "size": size,
+                                      "domain": launch.domain, "pods": sorted(str(m) for m in members),
                                       "claims": [c.name for c in created]}))
 
         # Pods that fit on a node that exists or is on its way: nothing launched; they wait for it.
@@ -247,14 +279,29 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
             if claim.node_type_id:
                 add_resources(counted, resources[claim.node_type_id])
     options = []
+    domains: dict[tuple, dict[str, int]] = {}  # (type, shares) → free hosts per rail group: pools of groups only
     for pool in pools:
+        shares = pool.group_shares() if pool.group_size else ()
+        for t in matching[pool.pk] if shares else ():
+            if (t.pk, shares) not in domains:
+                domains[(t.pk, shares)] = group_free_domains(t, shares)
+        # A pool with topology and no group: only the free hosts where its nodes are kept count.
+        in_place = {t.pk: pool_free_domain(pool, t) for t in matching[pool.pk]} if not shares else {}
+        kept_where = ""
+        if in_place and pool.shared_topology():
+            where = next((d for d, _ in in_place.values() if d), "")
+            kept_where = group_where(pool.shared_topology()) + (f" ({where})" if where else "")
         types = tuple(
             TypeOption(name=t.name, cost=t.effective_cost(), allocatable=resources[t.pk], properties=properties[t.pk],
-                       free_hosts=free_hosts[t.pk])
+                       free_hosts=(min(free_hosts[t.pk], in_place[t.pk][1]) if in_place.get(t.pk) is not None
+                                   else free_hosts[t.pk]),
+                       free_domains=domains.get((t.pk, shares)))
             for t in matching[pool.pk])
         options.append(PoolOption(name=pool.name, types=types, weight=pool.weight or 0,
                                   labels=dict(pool.node_labels or {}), taints=tuple(pool.taints or ()),
-                                  limits=quantities(pool.limits), used=dict(used[pool.pk])))
+                                  limits=quantities(pool.limits), used=dict(used[pool.pk]),
+                                  group_size=pool.group_size, group_where=group_where(shares) if shares else "",
+                                  kept_where=kept_where))
 
     # Capacity that exists: claims in flight (their node is coming) and Ready nodes of dynamic pools whose use
     # is known (autonodes.disruption keeps NodeUsage); less what is planned there (pods launched on them).
@@ -281,8 +328,30 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
                      .values_list("quantity", flat=True))
         dynamic = sum(1 for c in claims if c.pool_id is None or c.pool_id in dynamic_ids)
         quota_left = tenant.quota_nodes - static - dynamic
-    pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner) for p in undecided)
+    pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner, gang=gang,
+                           min_member=p.gang_min_member) for p, gang in _gangs(undecided, kept))
     return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
+
+
+def _gangs(undecided: list[PendingPod], kept: list[PendingPod]) -> list[tuple[PendingPod, str]]:
+    """Each undecided pod with the gang it is placed with ("" alone). A gang's unit is minMember less its pods
+    already launched (all its undecided pods when minMember is not known); pods beyond that are placed alone,
+    as coscheduling lets them bind once minMember run. Fewer undecided than that: all of them, together (the
+    others may be running: the console sees only Pending pods)."""
+    launched = defaultdict(int)
+    for pod in kept:
+        if pod.gang:
+            launched[pod.gang] += 1
+    members: dict[str, list[PendingPod]] = defaultdict(list)
+    for pod in undecided:
+        if pod.gang:
+            members[pod.gang].append(pod)
+    together: set[int] = set()
+    for gang, pods in members.items():
+        need = pods[0].gang_min_member
+        unit = pods if not need else sorted(pods, key=lambda p: (p.namespace, p.name))[:max(need - launched[gang], 0)]
+        together.update(p.pk for p in unit)
+    return [(p, p.gang if p.pk in together else "") for p in undecided]
 
 
 def _taken(pod: PendingPod, claim: NodeClaim, usage: NodeUsage | None) -> bool:

@@ -13,6 +13,17 @@ The rules, in order, for each pod, largest first (first-fit decreasing):
    and the free hosts. A node keeps every type that still holds all its pods; the cheapest is launched.
 A pod no pool and type could ever serve is unservable (with the reason); one that only a limit, the quota or
 the lack of free hosts keeps out is waiting (with the reason).
+
+All or nothing, twice:
+- a pool with `group.size` N gets new nodes only as whole groups of N of one NodeType (claims.services.
+  claim_group_create): opening its first new node takes a group, which counts N nodes against the pool's limits
+  (N × the type's resources), the tenant's quota and the free hosts, and needs N free hosts in one rail group
+  (or what the pool's topology names: TypeOption.free_domains); the group's other seats take the next nodes of
+  that pool and type, and seats left empty are launched too (a group is never asked for in part). A group
+  that does not fit a limit is not asked for: its pods wait, saying so.
+- pods of one gang (a coscheduling PodGroup: PodDemand.gang, at least min_member of them) are placed together:
+  the gang's pods are decided first, and if any of them finds no room (on existing capacity or new nodes),
+  everything the pass planned for the gang is undone and all its pods wait, with that reason.
 """
 from __future__ import annotations
 
@@ -46,6 +57,8 @@ class PodDemand:
     key: str
     demand: Demand
     owner: str = ""
+    gang: str = ""  # "ns/group": the coscheduling PodGroup it belongs to (all or nothing with the others)
+    min_member: int | None = None  # the gang's minMember, when the pod says it
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,9 @@ class TypeOption:
     allocatable: dict[str, float]
     properties: dict[str, str] = field(default_factory=dict)
     free_hosts: int | None = None
+    # For pools of groups: free hosts per rail group (or rack: what the pool's groups share), {"rail r2": 3};
+    # None: not counted.
+    free_domains: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,11 @@ class PoolOption:
     taints: tuple[dict, ...] = ()
     limits: dict[str, float] = field(default_factory=dict)
     used: dict[str, float] = field(default_factory=dict)
+    group_size: int = 0  # new nodes come in all-or-nothing groups of this many (0: one by one)
+    group_where: str = "on one rail group"  # what a group's hosts share, for messages
+    # A pool with `topology` and no group: where its nodes are kept ("on one rail group (rail r3)"); its types'
+    # free_hosts count only the hosts there.
+    kept_where: str = ""
 
 
 @dataclass
@@ -120,8 +141,20 @@ class Launch:
 
 
 @dataclass
+class GroupLaunch:
+    """One all-or-nothing group of new nodes: its pool, NodeType, where it is expected to go ("rail r2"), and
+    each member's pods (`nodes`, `size` lists; a member may have none: a group is asked for whole)."""
+
+    pool: str
+    node_type: str
+    domain: str
+    nodes: list[list[str]]
+
+
+@dataclass
 class Outcome:
     launches: list[Launch] = field(default_factory=list)
+    groups: list[GroupLaunch] = field(default_factory=list)
     placed: dict[str, str] = field(default_factory=dict)  # pod → the existing node (claim) it fits on
     waiting: dict[str, Verdict] = field(default_factory=dict)
     unservable: dict[str, Verdict] = field(default_factory=dict)
@@ -155,12 +188,23 @@ class _Pool:
 
 
 @dataclass
+class _Group:
+    """An all-or-nothing group this pass asks for: its seats are taken by new nodes of its pool and type."""
+
+    pool: _Pool
+    type: _Type
+    domain: str
+    members: list = field(default_factory=list)  # _NewNode
+
+
+@dataclass
 class _NewNode:
     pool: _Pool
     types: list[_Type]  # those that still hold every pod on it, cheapest first
     requested: dict
     pods: list[str]
     reservation: dict  # the most each limited resource may take: the max over `types`
+    group: _Group | None = None
 
 
 class _Simulation:
@@ -178,6 +222,8 @@ class _Simulation:
         self.new_nodes: list[_NewNode] = []
         self.quota_left = problem.quota_nodes_left
         self.host_use: Counter = Counter()  # type name → new nodes that would take one of its free hosts
+        self.domain_use: Counter = Counter()  # (type name, domain) → hosts the groups of this pass take there
+        self.groups: list[_Group] = []
         self.outcome = Outcome()
         self._compat_cache: dict = {}
 
@@ -268,8 +314,78 @@ class _Simulation:
         if not free:
             names = ", ".join(t.option.name for t in within)
             noun = "type" if len(within) == 1 else "types"
-            return [], Verdict(DecisionReason.NO_CAPACITY, f"not added: no free host of {noun} {names}", name)
+            kept = f"; pool {name} keeps its nodes {pool.option.kept_where}" if pool.option.kept_where else ""
+            return [], Verdict(DecisionReason.NO_CAPACITY, f"not added: no free host of {noun} {names}{kept}", name)
         return free, None
+
+    def _group_launchable(self, pool: _Pool, types: list[_Type]) -> tuple[_Type | None, str, Verdict | None]:
+        """The cheapest type of which a whole group (pool.option.group_size nodes) may be asked for now, and the
+        rail group (or rack) expected to hold it; or why none: the quota, a limit, free hosts, or no rail group
+        with room for the whole group."""
+        name, size = pool.option.name, pool.option.group_size
+        limits = pool.option.limits
+        if self.quota_left is not None and self.quota_left < size:
+            return None, "", Verdict(DecisionReason.QUOTA, f"not added: a group of {size} would pass the tenant's "
+                                                           f"node quota ({max(self.quota_left, 0)} left)", name)
+        if "nodes" in limits and self._limit_room(pool, "nodes") < size - EPSILON:
+            left = max(self._limit_room(pool, "nodes"), 0.0)
+            return None, "", Verdict(DecisionReason.LIMIT, f"not added: a group of {size} would pass limit nodes "
+                                                           f"{limits['nodes']:g} ({left:g} left)", name)
+        first_limit, short, best = None, None, None
+        for t in types:
+            over = next((k for k in sorted(limits) if k != "nodes"
+                         and size * t.option.allocatable.get(k, 0.0) > self._limit_room(pool, k) + EPSILON), None)
+            if over is not None:
+                first_limit = first_limit or (over, t)
+                continue
+            # Free hosts of the type (less those promised to claims waiting for one), then per rail group.
+            enough = t.option.free_hosts is None or t.option.free_hosts - self.host_use[t.option.name] >= size
+            if t.option.free_domains is None:
+                if enough:
+                    return t, "", None
+                short = short or t
+                continue
+            room = {d: n - self.domain_use[(t.option.name, d)] for d, n in t.option.free_domains.items()}
+            fitting = sorted((n, d) for d, n in room.items() if n >= size)
+            if fitting and enough:  # best fit, as the allocator places groups: the smallest domain with room
+                return t, fitting[0][1], None
+            if fitting:
+                short = short or t
+                continue
+            largest = max(((n, d) for d, n in room.items()), default=None)
+            if best is None or (largest is not None and largest > best[:2]):
+                best = (*(largest or (0, "")), t)
+        if best is not None:
+            n, domain, t = best
+            noun = "rack" if "rack" in pool.option.group_where and "rail" not in pool.option.group_where else "group"
+            kind = f", {t.option.name}" if len(types) > 1 else ""
+            where = (f"largest free {noun} has {n} ({domain}{kind})" if domain
+                     else f"no free host of type {t.option.name} has a rail group label")
+            return None, "", Verdict(DecisionReason.NO_CAPACITY,
+                                     f"not added: needs {size} {pool.option.group_where}; {where}", name)
+        if short is not None:
+            left = max(short.option.free_hosts - self.host_use[short.option.name], 0)
+            return None, "", Verdict(DecisionReason.NO_CAPACITY, f"not added: a group needs {size} free hosts of "
+                                                                 f"type {short.option.name}; {left} free", name)
+        over, t = first_limit
+        return None, "", Verdict(DecisionReason.LIMIT, f"not added: a group of {size} {t.option.name} would pass "
+                                                       f"limit {over} {format_quantity(over, limits[over])}", name)
+
+    def _open_group(self, pool: _Pool, t: _Type, domain: str) -> _Group:
+        size = pool.option.group_size
+        group = _Group(pool=pool, type=t, domain=domain)
+        for k in pool.option.limits:
+            if k != "nodes":
+                pool.reserved[k] = pool.reserved.get(k, 0.0) + size * t.option.allocatable.get(k, 0.0)
+        pool.reserved["nodes"] = pool.reserved.get("nodes", 0.0) + size
+        pool.opened += size
+        if self.quota_left is not None:
+            self.quota_left -= size
+        self.host_use[t.option.name] += size
+        if domain:
+            self.domain_use[(t.option.name, domain)] += size
+        self.groups.append(group)
+        return group
 
     def _reserve(self, node: _NewNode, types: list[_Type]) -> None:
         limits = node.pool.option.limits
@@ -306,6 +422,12 @@ class _Simulation:
                 continue
             requested = total_resources([node.requested, pod.demand.requests])
             types = [t for t in node.types if id(t) in ids and _holds(t.usable, requested)]
+            if node.group is not None:  # its type is the group's: reserved with it
+                if types:
+                    node.requested = requested
+                    node.pods.append(pod.key)
+                    return True
+                continue
             # A new cheapest type must have a free host of its own.
             types = [t for t in types if t is node.types[0] or t.option.free_hosts is None
                      or t.option.free_hosts > self.host_use[t.option.name]]
@@ -319,6 +441,12 @@ class _Simulation:
     def open_new(self, pod: PodDemand, compatible: list[tuple[_Pool, list[_Type]]]) -> Verdict | None:
         first = None
         for pool, types in compatible:
+            if pool.option.group_size:
+                why = self._open_in_group(pod, pool, types)
+                if why is None:
+                    return None
+                first = first or why
+                continue
             launchable, why = self._launchable(pool, types)
             if not launchable:
                 first = first or why
@@ -333,21 +461,101 @@ class _Simulation:
             return None
         return first
 
+    def _open_in_group(self, pod: PodDemand, pool: _Pool, types: list[_Type]) -> Verdict | None:
+        """A new node of a pool of groups: a free seat of a group this pass already asks for (same type), else a
+        new group of the cheapest type that may have one."""
+        ids = {id(t) for t in types}
+        group = next((g for g in self.groups if g.pool is pool and id(g.type) in ids
+                      and len(g.members) < pool.option.group_size), None)
+        if group is None:
+            t, domain, why = self._group_launchable(pool, types)
+            if t is None:
+                return why
+            group = self._open_group(pool, t, domain)
+        node = _NewNode(pool=pool, types=[group.type], requested=dict(pod.demand.requests), pods=[pod.key],
+                        reservation={}, group=group)
+        group.members.append(node)
+        self.new_nodes.append(node)
+        return None
+
+    def place(self, pod: PodDemand) -> tuple[str, Verdict | None]:
+        """One pod: "placed" (on existing capacity or a new node), "waiting" or "unservable" with the verdict."""
+        if self.place_on_existing(pod):
+            return "placed", None
+        compatible = self.compatible(pod)
+        if not compatible:
+            return "unservable", self.unservable(pod)
+        if self.add_to_new(pod, compatible):
+            return "placed", None
+        why = self.open_new(pod, compatible)
+        return ("waiting", why) if why is not None else ("placed", None)
+
+    def _save(self) -> tuple:
+        """What placing pods changes, to undo a gang that did not fit (cheaper than a deep copy: a pass may
+        have hundreds of gangs)."""
+        return ([dict(n.free) for n in self.nodes],
+                [(list(n.types), dict(n.requested), len(n.pods), dict(n.reservation)) for n in self.new_nodes],
+                [(p.opened, dict(p.reserved)) for p in self.pools],
+                [len(g.members) for g in self.groups],
+                self.quota_left, Counter(self.host_use), Counter(self.domain_use), len(self.outcome.placed))
+
+    def _restore(self, saved: tuple) -> None:
+        free, new_nodes, pools, groups, self.quota_left, self.host_use, self.domain_use, placed = saved
+        for node, was in zip(self.nodes, free):
+            node.free = was
+        del self.new_nodes[len(new_nodes):]
+        for node, (types, requested, pods, reservation) in zip(self.new_nodes, new_nodes):
+            node.types, node.requested, node.reservation = types, requested, reservation
+            del node.pods[pods:]
+        for pool, (opened, reserved) in zip(self.pools, pools):
+            pool.opened, pool.reserved = opened, reserved
+        del self.groups[len(groups):]
+        for group, members in zip(self.groups, groups):
+            del group.members[members:]
+        for key in list(self.outcome.placed)[placed:]:
+            del self.outcome.placed[key]
+
+    def place_gang(self, gang: str, pods: list[PodDemand]) -> None:
+        """All of the gang's pods, or none: a pod that finds no room undoes what was planned for the others."""
+        saved = self._save()
+        for pod in sorted(pods, key=_size):
+            outcome, why = self.place(pod)
+            if outcome == "placed":
+                continue
+            self._restore(saved)
+            together = (f"gang {gang}: its {len(pods)} pods are added together or not at all; "
+                        f"pod {pod.key} {'cannot be served' if outcome == 'unservable' else 'finds no room'}")
+            for other in pods:
+                if other is pod and outcome == "unservable":
+                    self.outcome.unservable[pod.key] = why
+                else:
+                    self.outcome.waiting[other.key] = Verdict(why.reason, f"{together}: {why.message}", why.pool)
+            return
+
     def run(self) -> Outcome:
-        for pod in sorted(self.problem.pods, key=_size):
-            if self.place_on_existing(pod):
-                continue
-            compatible = self.compatible(pod)
-            if not compatible:
-                self.outcome.unservable[pod.key] = self.unservable(pod)
-                continue
-            if self.add_to_new(pod, compatible):
-                continue
-            why = self.open_new(pod, compatible)
-            if why is not None:
+        gangs: dict[str, list[PodDemand]] = {}
+        alone = []
+        for pod in self.problem.pods:
+            if pod.gang:
+                gangs.setdefault(pod.gang, []).append(pod)
+            else:
+                alone.append(pod)
+        # Gangs first (all or nothing is the harder fit), largest first; then the other pods, largest first.
+        for gang, pods in sorted(gangs.items(), key=lambda kv: (min(_size(p) for p in kv[1]), kv[0])):
+            self.place_gang(gang, pods)
+        for pod in sorted(alone, key=_size):
+            outcome, why = self.place(pod)
+            if outcome == "unservable":
+                self.outcome.unservable[pod.key] = why
+            elif outcome == "waiting":
                 self.outcome.waiting[pod.key] = why
         self.outcome.launches = [Launch(pool=n.pool.option.name, node_type=n.types[0].option.name, pods=n.pods)
-                                 for n in self.new_nodes]
+                                 for n in self.new_nodes if n.group is None]
+        self.outcome.groups = [
+            GroupLaunch(pool=g.pool.option.name, node_type=g.type.option.name, domain=g.domain,
+                        nodes=[n.pods for n in g.members] + [[] for _ in range(g.pool.option.group_size
+                                                                              - len(g.members))])
+            for g in self.groups]
         return self.outcome
 
 

@@ -20,6 +20,7 @@ the servers installed and joined, the tenant's scheduler binding). Karpenter's f
 window (1 s idle, 10 s at most) plus its simulation: the output sets ours beside it.
 """
 import argparse
+import dataclasses
 import io
 import os
 import random
@@ -130,12 +131,17 @@ def bench_simulation(args) -> dict:
     from autonodes.simulation import simulate
 
     batch = problems(args.tenants, args.pods // args.tenants)
+    if args.gang_size or args.group_size:  # every pod in gangs of --gang-size, every pool in groups of --group-size
+        batch = [dataclasses.replace(
+            p, pods=tuple(dataclasses.replace(d, gang=f"g{i // args.gang_size}" if args.gang_size else "")
+                          for i, d in enumerate(p.pods)),
+            pools=tuple(dataclasses.replace(o, group_size=args.group_size) for o in p.pools)) for p in batch]
     times, launched = [], 0
     for _ in range(args.repeat):
         start = time.process_time()
         outcomes = [simulate(p) for p in batch]
         times.append(time.process_time() - start)
-        launched = sum(len(o.launches) for o in outcomes)
+        launched = sum(len(o.launches) + sum(len(g.nodes) for g in o.groups) for o in outcomes)
     placed = sum(len(o.placed) for o in outcomes)
     waiting = sum(len(o.waiting) for o in outcomes)
     unservable = sum(len(o.unservable) for o in outcomes)
@@ -432,6 +438,8 @@ def main():
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--gang-size", type=int, default=0, help="(a): the simulation with pods in gangs of N")
+    parser.add_argument("--group-size", type=int, default=0, help="(a): the simulation with pools in groups of N")
     parser.add_argument("--batches", default="1,10,50")
     parser.add_argument("--power-delay", type=float, default=2.0)
     parser.add_argument("--timeout", type=float, default=900)

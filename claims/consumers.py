@@ -28,7 +28,9 @@ class ClaimListConsumer(HostAwareConsumer):
 
     def keys_for_message(self, message: dict) -> set:
         if message.get("object") == "claim":
-            return {self._key(i) for i in message.get("ids", ())}
+            ids = message.get("ids", ())
+            # A claim in an all-or-nothing group changes its group's row too (which group: read when rendering).
+            return {self._key(i) for i in ids} | {("group-of", i) for i in ids}
         return set()
 
     def _key(self, claim_id: int) -> tuple:
@@ -41,10 +43,10 @@ class ClaimListConsumer(HostAwareConsumer):
         return events_visible(self.user, events.filter(claim_id__isnull=False, object_type=ObjectType.CLAIM))
 
     def keys_for_events(self, rows: list[dict]) -> set:
-        return {self._key(r["claim_id"]) for r in rows if r["claim_id"]}
+        return {k for r in rows if r["claim_id"] for k in (self._key(r["claim_id"]), ("group-of", r["claim_id"]))}
 
     def all_keys(self) -> set:
-        return {("claim", i) for i in self.visible}
+        return {("claim", i) for i in self.visible} | {("groups",)}
 
     def render(self, keys: set) -> list[str]:
         ids = [k[1] for k in keys if k[0] == "claim"]
@@ -52,6 +54,11 @@ class ClaimListConsumer(HostAwareConsumer):
         show_tenant = tenants is None or len(tenants) != 1
         claims = list(presenters.claims_rows_queryset(claims_visible(self.user).filter(pk__in=ids)))
         parts = presenters.render_claim_rows(presenters.with_progress(claims), show_tenant=show_tenant)
+        members = [k[1] for k in keys if k[0] == "group-of"]
+        if ("groups",) in keys or (members and claims_visible(self.user).filter(
+                pk__in=members, group__isnull=False).exists()):
+            # The group table whole (at most 50 rows): new groups appear, released ones go, each row's state moves.
+            parts.append(presenters.render_claim_groups_section(self.user))
         new = [k[1] for k in keys if k[0] == "new" and k[1] not in self.visible]
         if new and self.query.get("page", "1") == "1":
             data = QueryDict(mutable=True)

@@ -3,7 +3,7 @@ import django_filters as filters
 from django_filters.fields import MultipleChoiceField
 
 from .choices import ClaimPhase
-from .models import NodeClaim
+from .models import ClaimGroup, NodeClaim
 
 NOT_RELEASED = "live"  # the claims page's "not released": every phase but Released
 
@@ -39,3 +39,15 @@ class NodeClaimFilterSet(filters.FilterSet):
             phases.discard(NOT_RELEASED)
             phases.update(p for p in ClaimPhase.values if p != ClaimPhase.RELEASED)
         return queryset.filter(phase__in=phases)
+
+
+class ClaimGroupFilterSet(filters.FilterSet):
+    q = filters.CharFilter(field_name="name", lookup_expr="icontains", label="Name contains")
+    tenant = filters.CharFilter(field_name="tenant__name", label="Tenant")
+    pool = filters.CharFilter(field_name="pool_name", label="Pool")
+    placed = filters.BooleanFilter(field_name="placed_at", lookup_expr="isnull", exclude=True,
+                                   label="Placed (true) or waiting to be placed (false)")
+
+    class Meta:
+        model = ClaimGroup
+        fields = {"name": ["exact"]}

@@ -13,7 +13,7 @@ from hosts.engine import step_status
 from hosts.models import HostCommand
 
 from .choices import ClaimPhase
-from .models import NodeClaim
+from .models import ClaimGroup, NodeClaim
 
 ALLOCATE = "allocate"  # the claim's wait for a host: from its creation to Scheduled
 # The seed's table, step by step: what happens, where the time goes, and the flow steps that do it.
@@ -311,3 +311,18 @@ def claim_groups_rows(groups) -> list:
         group.where = ", ".join(f"{'rail' if key == 'rail_group' else key} {getattr(group, key)}"
                                 for key in group.shares if getattr(group, key))
     return groups
+
+
+def live_claim_groups(user, limit: int = 50) -> list:
+    """The groups the claims list shows: those with a member in the user's scope that is not released, newest
+    first, each with its state (claim_groups_rows)."""
+    from .selectors import claims_visible
+
+    live = claims_visible(user).exclude(phase=ClaimPhase.RELEASED).filter(group__isnull=False)
+    return claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
+                             .order_by("-created_at", "-pk")[:limit])
+
+
+def render_claim_groups_section(user) -> str:
+    """The claims list's group table (the section, hidden while there is none), for the page and its live view."""
+    return render_to_string("claims/partials/claim_groups_section.html", {"groups": live_claim_groups(user)})

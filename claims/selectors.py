@@ -17,7 +17,7 @@ from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
 from .charts import percentile
 from .choices import ClaimPhase
-from .models import NodeClaim
+from .models import ClaimGroup, NodeClaim
 
 STATUS_VERSION = 1
 
@@ -141,5 +141,12 @@ def launch_deadline_unknown_type() -> LaunchDeadline:
 
 def claims_visible(user, qs: QuerySet | None = None) -> QuerySet:
     qs = NodeClaim.objects.all() if qs is None else qs
+    ids = scoping.tenant_ids(user)
+    return qs if ids is None else qs.filter(tenant_id__in=ids)
+
+
+def claim_groups_visible(user, qs: QuerySet | None = None) -> QuerySet:
+    """All-or-nothing groups in the user's scope: admins and auditors every one, members their tenants'."""
+    qs = ClaimGroup.objects.all() if qs is None else qs
     ids = scoping.tenant_ids(user)
     return qs if ids is None else qs.filter(tenant_id__in=ids)

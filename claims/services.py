@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, When
 from django.utils import timezone
 
+from core import live
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from core.transitions import swap
@@ -565,10 +566,16 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             by_message[(reason, msg)].append(claim.pk)
     for (reason, msg), ids in by_message.items():
         NodeClaim.objects.filter(pk__in=ids, phase=P.PENDING).update(reason=reason, message=msg)
+    told: list[NodeClaim] = []
     for group in claim_groups.values():  # a group waiting to be placed says why, as its members do
         why = next((waiting[c] for c in pending if c.group_id == group.pk and c in waiting), None)
         if why and group.placed_at is None and (group.reason, group.message) != why:
             ClaimGroup.objects.filter(pk=group.pk, placed_at__isnull=True).update(reason=why[0], message=why[1])
+            told += [c for c in pending if c.group_id == group.pk]
+    if told:  # no Event for a reason that changed: the live claims list hears of it from its members' ids
+        groups = ["claims", *sorted({f"tenant-{c.tenant_id}" for c in told})]
+        message = {"object": "claim", "ids": [c.pk for c in told]}
+        transaction.on_commit(lambda: live.publish(groups, message))
     return result
 
 
@@ -597,6 +604,33 @@ def _free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tupl
         if all(domain):
             by_domain[domain].append(pk)
     return by_domain
+
+
+def group_free_domains(node_type: NodeType, shares: tuple[str, ...]) -> dict[str, int]:
+    """Free hosts of a type per rail group (or what `shares` names), by name: {"rail r2": 3}. What a dynamic
+    pool's decision reads before it asks for a group (the allocator decides where the group goes)."""
+    return {_domain_name(shares, domain): len(pks) for domain, pks in _free_by_domain(node_type, shares).items()}
+
+
+def pool_free_domain(pool: NodePool, node_type: NodeType) -> tuple[str, int] | None:
+    """A pool with `topology` (no group): where its next nodes of the type go and how many free hosts are there
+    (the domain its serving nodes are in, else the one with the most free: at most what the allocator finds).
+    None for a pool without topology; ("", 0) when no free host of the type says where it sits."""
+    shares = pool.shared_topology()
+    if not shares:
+        return None
+    by_domain = _free_by_domain(node_type, shares)
+    domain = _pool_domain(pool, shares)
+    if domain is None:
+        if not by_domain:
+            return "", 0
+        domain = max((len(pks), d) for d, pks in by_domain.items())[1]
+    return _domain_name(shares, domain), len(by_domain.get(domain, []))
+
+
+def group_where(shares: tuple[str, ...]) -> str:
+    """("rail_group",) → "on one rail group": what a group's hosts share, as the messages say it."""
+    return SHARES_WORDS.get(tuple(shares), ("together", "group"))[0]
 
 
 class _FellShort(Exception):

@@ -13,7 +13,7 @@ from pools.selectors import tenants_visible
 from . import charts, presenters
 from .choices import ClaimPhase
 from .filtersets import NodeClaimFilterSet
-from .models import ClaimGroup, NodeClaim
+from .models import NodeClaim
 
 
 @console_view()
@@ -26,10 +26,8 @@ def claim_list(request):
     current = pager.get_page(request.GET.get("page"))
     rows = presenters.with_progress(list(current.object_list))
     tenants = list(tenants_visible(request.user, Tenant.objects.all()).values_list("name", flat=True))
-    # All-or-nothing groups with a member not released, each shown once as a unit above the claims.
-    live_groups = claims_visible(request.user).exclude(phase=ClaimPhase.RELEASED).filter(group__isnull=False)
-    groups = presenters.claim_groups_rows(ClaimGroup.objects.filter(pk__in=live_groups.values("group_id"))
-                                          .order_by("-created_at", "-pk")[:50])
+    # All-or-nothing groups with a member not released, each shown once as a unit above the claims (live too).
+    groups = presenters.live_claim_groups(request.user)
     return page(request, "claims/claim_list.html", {"groups": groups,
         "cursor": cursor, "page_obj": current, "rows": rows, "filters": filters, "phases": ClaimPhase.choices,
         "phase": request.GET.get("phase", ""), "tenant": request.GET.get("tenant", ""),

@@ -20,6 +20,7 @@ import io
 import logging
 import secrets
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -28,10 +29,12 @@ from django.utils import timezone
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
+from .bootmedia import BootFiles, bootable_iso
 from .models import AgentSession, BareMetalHost, RamdiskBoot
 
 log = logging.getLogger(__name__)
 ISO_CONFIG = "/VMETAL.CFG;1"
+AGENT_ISO_KERNEL_ARGS = "console=tty0 console=ttyS0,115200n8"  # the serial console last: /dev/console
 
 
 def hash_secret(secret: str) -> str:
@@ -89,14 +92,22 @@ def ipxe_script(host: BareMetalHost, arguments: str) -> str:
 
 
 def boot_iso(arguments: str) -> bytes:
-    """An ISO 9660 image with the boot's kernel arguments in VMETAL.CFG (volume VMETAL_BOOT), for virtual media."""
+    """The virtual-media image of one boot: VMETAL.CFG holds its kernel arguments (volume VMETAL_BOOT). When the
+    agent's ramdisk sits in IMAGE_DIR/agent with isolinux beside it (`python -m lab.vmimage ramdisk --out
+    IMAGE_DIR`), the image also boots: isolinux, the ramdisk's kernel and initrd (the ramdisk's /init reads
+    VMETAL.CFG from the CD); else it holds VMETAL.CFG only, for a BMC that boots the ramdisk some other way."""
     import pycdlib
 
+    data = (arguments + "\n").encode()
+    files = BootFiles.in_directory(Path(settings.IMAGE_DIR) / "agent")
+    out = io.BytesIO()
+    if files.complete():
+        # No secret on the kernel command line: the ramdisk reads it from VMETAL.CFG.
+        bootable_iso(files, out, kernel_args=AGENT_ISO_KERNEL_ARGS, volume="VMETAL_BOOT", extra={ISO_CONFIG: data})
+        return out.getvalue()
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=1, vol_ident="VMETAL_BOOT")
-    data = (arguments + "\n").encode()
     iso.add_fp(io.BytesIO(data), len(data), ISO_CONFIG)
-    out = io.BytesIO()
     iso.write_fp(out)
     iso.close()
     return out.getvalue()

@@ -57,11 +57,18 @@ def host_entry(host: BareMetalHost) -> str | None:
     return _entry(host, _addresses([host.pk]).get(host.pk))
 
 
-def _script_url() -> str:
-    base = settings.AGENT_BOOT_URL.rstrip("/")
+def _script_url(boot_url: str | None = None) -> str:
+    base = (boot_url or settings.AGENT_BOOT_URL).rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise DHCPConfigError(f"AGENT_BOOT_URL {base!r} must be an http:// URL the servers reach")
     return base + IPXE_SCRIPT_PATH
+
+
+def ipxe_chain_script(boot_url: str | None = None) -> str:
+    """The boot file for a DHCP server that gives each server one boot file and cannot tell iPXE from PXE (QEMU's
+    user-mode network, the lab's VMs): an iPXE script that chains to the per-host script, as `dhcp-boot=tag:ipxe`
+    does here. boot_url: the agent listener as those servers reach it (default AGENT_BOOT_URL)."""
+    return f"#!ipxe\n# vMetal Console: chain to this server's own boot script (hosts/dhcp.py)\nchain {_script_url(boot_url)}\n"
 
 
 def _range() -> str:

@@ -9,6 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from pools.selectors import node_types_selecting
+
 from . import boot as boot_path
 from .bmc import BMCError
 from .choices import HostState
@@ -26,7 +28,7 @@ from .engine import (
 )
 from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost
-from .selectors import host_recent_failures
+from .selectors import host_recent_failures, host_sku_deviations, sku_deviations_text
 from .warm import not_kept_warm, step_keep_warm, warm_wanted
 
 log = logging.getLogger(__name__)
@@ -218,9 +220,27 @@ def step_agent_lookup(run: Run) -> dict:
 
 
 def step_inspect(run: Run) -> dict:
+    """The agent's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels)."""
+    from .services import host_derive_labels
+
     inventory = agent_command(run, "inspect")
     BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
-    return {"disks": len(inventory.get("disks", [])), "gpus": len(inventory.get("gpus", []))}
+    run.host.inventory = inventory
+    labels = host_derive_labels(host=run.host)
+    return {"disks": len(inventory.get("disks", [])), "gpus": len(inventory.get("gpus", [])),
+            **({"labels": labels} if labels else {})}
+
+
+def step_sku_check(run: Run) -> dict:
+    """The inventory against the SKU of every NodeType that selects the host (pools/sku.py): a host that
+    deviates (a missing GPU, a smaller disk, another firmware) goes to repair with the differences, never to
+    the pool as a type it is not. Runs after every inspection (intake, retest)."""
+    checked = [t.name for t in node_types_selecting(run.host.labels) if t.sku]
+    deviations = host_sku_deviations(run.host)
+    if deviations:
+        raise StepFailed(f"does not match its SKU: {sku_deviations_text(deviations)}", repair=True,
+                         evidence={"deviations": deviations, "checked": checked})
+    return {"checked": checked, "conforms": True} if checked else {"skipped": "no NodeType with a SKU selects it"}
 
 
 def step_inspect_unless_known(run: Run) -> dict:
@@ -444,6 +464,7 @@ RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
     Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S")),
     Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
     Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("sku_check", step_sku_check, lambda: 60.0),  # reads the database only: one drive
 ]
 INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT_COMMAND_DEADLINE_S"))
 # After a passing gate, where the host's NodeType keeps warm hosts (hosts/warm.py): it may stay on in the

@@ -135,7 +135,7 @@ class BootPath:
 
     def __init__(self):
         self._answers: dict[tuple[str, str], str] = {}
-        base = settings.AGENT_BOOT_URL.rstrip("/")
+        base = (settings.AGENT_BOOT_CHECK_URL or settings.AGENT_BOOT_URL).rstrip("/")
         self.script_url = f"{base}/boot/{PROBE_MAC}.ipxe"
         self.iso_url = f"{base}/boot/{PROBE_MAC}.iso"
 

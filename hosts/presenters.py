@@ -9,9 +9,15 @@ from django.utils import timezone
 from core import scoping
 from events.models import Event
 from events.selectors import events_visible
-from hosts.selectors import attention_explain, hosts_needing_attention, hosts_visible
+from hosts.selectors import (
+    attention_explain,
+    host_sku_deviations,
+    hosts_needing_attention,
+    hosts_visible,
+)
 from pools.matching import label_selector_matches
 from pools.models import NodeType
+from pools.selectors import node_types_selecting
 
 from .bmc import SCHEMES
 from .choices import HostState
@@ -271,6 +277,16 @@ def _next_states(state: str):
     from .lifecycle import TRANSITIONS
 
     return TRANSITIONS.get(state, ())
+
+
+def sku_shown(host: BareMetalHost) -> dict:
+    """The host's last inventory against the SKU of each NodeType that selects it (pools/sku.py), for its page:
+    {"deviations": [(NodeType, [sentences])], "conforms": [NodeType names]}."""
+    if not host.inventory:
+        return {"deviations": [], "conforms": []}
+    types = [t for t in node_types_selecting(host.labels) if t.sku]
+    deviations = host_sku_deviations(host, types)
+    return {"deviations": sorted(deviations.items()), "conforms": [t.name for t in types if t.name not in deviations]}
 
 
 def inventory_view(inventory: dict, *, macs: bool) -> dict:

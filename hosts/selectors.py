@@ -10,6 +10,7 @@ from core import scoping
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from pools.models import Tenant
+from pools.selectors import sku_deviations_of
 
 from .choices import HostState
 from .lifecycle import STATE_FAILURE
@@ -148,3 +149,16 @@ def health_runs_visible(user, qs: QuerySet | None = None) -> QuerySet:
     if ids is None:
         return qs
     return qs.filter(flow_id__in=EraseCertificate.objects.filter(_erases_of(ids)).values("flow_id"))
+
+
+def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[str]]:
+    """{NodeType: deviations} of the host's last inventory from the SKU of each NodeType that selects it
+    (pools/sku.py); {} when it conforms or was never inspected. `node_types`: already read, for lists."""
+    if not host.inventory:
+        return {}
+    return sku_deviations_of(host.inventory, host.labels, node_types)
+
+
+def sku_deviations_text(deviations: dict[str, list[str]]) -> str:
+    """One line for an error and a page: "gpu-server: GPUs: 7 of 8 NVIDIA H200; nvme0n1: 128 MiB < 256 MiB"."""
+    return "; ".join(f"{name}: {'; '.join(items)}" for name, items in sorted(deviations.items()))

@@ -14,6 +14,8 @@ from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import event_record, events_record, seconds_since
+from pools.selectors import labels_derived, sku_deviations_of
+from pools.sku import DERIVED_LABELS, derived_labels
 
 from . import engine
 from .bmc import BMC, BMCError
@@ -31,6 +33,7 @@ from .lifecycle import (
     deadline_for,
 )
 from .models import BareMetalHost
+from .selectors import sku_deviations_text
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +183,15 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     writers of a host's state: the transition table has no move from nothing, so a new host's first state
     and its Event are written here, once. Raises ValidationError ({field: message}; "status" for the status)."""
     state, hardware = HostState.REGISTERING, {}
+    deviations = {}
     if status is not None:
         state, hardware = _imported_status(status)
+        if state == HostState.AVAILABLE and hardware:
+            # Another Metal3's inventory that deviates from the SKU of a NodeType selecting the host: not taken
+            # as available, but registered and inspected here, where the SKU check decides (hosts.flows).
+            deviations = sku_deviations_of(hardware, values.get("labels") or {})
+            if deviations:
+                state = HostState.REGISTERING
     host = BareMetalHost()
     for name, value in values.items():
         setattr(host, name, value)
@@ -192,10 +202,14 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     host.full_clean()
     host.save()
     message = "created" if status is None else f"created: imported from Metal3 status as {state}"
+    if deviations:
+        message = (f"created: imported from Metal3 status as available, but its hardware does not match its SKU "
+                   f"({sku_deviations_text(deviations)}): registered and inspected instead")
     # Published on commit to the fleet and the host's group: {"object": "host", "ids": [id], "to_state": state}.
     event_record(kind=EventKind.TRANSITION, object_type=ObjectType.HOST, object_name=host.name, host=host,
                  to_state=state, actor=actor, message=message,
-                 data={"imported": {"state": state}} if status is not None else {})
+                 data=({"imported": {"state": state, **({"sku_deviations": deviations} if deviations else {})}}
+                       if status is not None else {}))
     engine.request_drive(host.pk)
     return host
 
@@ -213,6 +227,30 @@ def _imported_status(status) -> tuple[str, dict]:
     if not isinstance(hardware, dict):
         raise ValidationError({"status": "hardware must be a mapping"})
     return state, hardware
+
+
+# --- inspection: labels derived from it (pools/sku.py) ------------------------------------------------------
+
+def host_derive_labels(*, host: BareMetalHost, actor: str = "system:flow") -> dict[str, list]:
+    """Write the labels an inspection implies (nvidia.com/gpu.product, .count, .memory) on the host, beside the
+    labels written by hand, when a metal3 provider says `deriveLabels: true`; NodeType host selectors then match
+    them like any label. A GPU label the inventory no longer supports is removed. Returns {label: [old, new]}
+    (and records them as a change Event); {} when nothing changed or labels are not derived."""
+    if not labels_derived():
+        return {}
+    with transaction.atomic():
+        current = BareMetalHost.objects.select_for_update().only("labels", "inventory").get(pk=host.pk)
+        derived = derived_labels(current.inventory)
+        labels = {**{k: v for k, v in current.labels.items() if k not in DERIVED_LABELS}, **derived}
+        changes = {k: [current.labels.get(k), labels.get(k)] for k in DERIVED_LABELS
+                   if current.labels.get(k) != labels.get(k)}
+        if changes:
+            BareMetalHost.objects.filter(pk=host.pk).update(labels=labels, updated_at=timezone.now())
+            text = ", ".join(f"{k} {old or '(none)'} → {new or '(removed)'}" for k, (old, new) in changes.items())
+            event_record(kind=EventKind.CHANGE, object_type=ObjectType.HOST, object_name=host.name, host=host,
+                         actor=actor, message=f"labels derived from inspection: {text}", data={"labels": changes})
+    host.labels = labels
+    return changes
 
 
 # --- the repair pool: retest, return to service, retire ------------------------------------------------

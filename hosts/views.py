@@ -96,7 +96,7 @@ def host_detail(request, name: str):
                             .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
-        "preflight": presenters.preflight_shown(host),
+        "preflight": presenters.preflight_shown(host), "sku": presenters.sku_shown(host),
     })
     if scoping.may_see_bmc(request.user):  # the BMC's web interface and the agent's log: staff only
         context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address), flow_log=presenters.flow_log(host))

@@ -6,7 +6,12 @@ agent runs the same commands it runs on real hardware. Faults come from the prof
     {"faults": [{"kind": "gpu-dcgm-fail", "gpu": 3}, {"kind": "nccl-slow"}, ...], "dcgm_version": "3.3.9"}
 GPU faults: gpu-dcgm-fail (DCGM's memory test finds faulty memory: Fail, exit 205), gpu-xid (an XID 48 on the
 GPU during the diagnostic: Fail, exit 226), gpu-reset-busy (a process holds the GPU: listed by
---query-compute-apps, reset refused with exit 255), nccl-slow (large-message busbw well under 400 GB/s).
+--query-compute-apps, reset refused with exit 255), nccl-slow (large-message busbw well under 400 GB/s),
+nvlink-slow (GPU N's NVLinks partly down: `nvidia-smi nvlink --status` shows them inactive, busbw ~330 GB/s),
+xid-intermittent (an XID 94 on GPU N in the first `dcgmi diag` of level 2 or more only: xid-intermittent.fired
+beside the profile records that it showed), burnin-fail (Targeted Stress fails on GPU N at `dcgmi diag -r 3`
+or 4 with DCGM_FR_STRESS_LEVEL; levels 1 and 2 pass). A missing GPU (the lab's gpu-missing) is simply absent
+from the profile's list.
 Disk faults (the disk's "fault"): erase-skips-region (the erase reports success, the middle quarter of the
 disk is left untouched), erase-fails (the erase command fails).
 ATA drives (a disk that is not "nvme"): "enhanced_erase": false for a drive with only the normal SECURITY ERASE
@@ -51,7 +56,8 @@ def faulty_gpus(prof: dict, kind: str) -> set[int]:
 
 SMI_FIELDS = {"index": lambda g, u: str(g["index"]), "name": lambda g, u: g["name"], "uuid": lambda g, u: g["uuid"],
               "memory.total": lambda g, u: f"{g['memory_mib']}" + ("" if u else " MiB"),
-              "pci.bus_id": lambda g, u: g["pci_bus"]}
+              "pci.bus_id": lambda g, u: g["pci_bus"], "vbios_version": lambda g, u: g.get("vbios_version", "[N/A]")}
+NVLINKS = 18  # an H100/H200 SXM GPU has 18 NVLink 4 links of 26.562 GB/s
 
 
 def nvidia_smi(args: list[str]) -> int:
@@ -77,6 +83,17 @@ def nvidia_smi(args: list[str]) -> int:
                 row = {"gpu_uuid": g["uuid"], "pid": "4242", "process_name": "/usr/bin/python3",
                        "used_memory": "1024 MiB", "gpu_bus_id": g["pci_bus"]}
                 print(", ".join(row.get(f, "[N/A]") for f in fields))
+        return 0
+    if args[:1] == ["nvlink"] and ("--status" in args or "-s" in args):
+        slow = faulty_gpus(prof, "nvlink-slow")
+        target = args[args.index("-i") + 1] if "-i" in args else None
+        for g in gpus:
+            if target is not None and str(g["index"]) != target:
+                continue
+            print(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
+            for link in range(NVLINKS):
+                down = g["index"] in slow and link >= NVLINKS // 3 * 2  # a third of its links inactive
+                print(f"\t Link {link}: " + ("<inactive>" if down else "26.562 GB/s"))
         return 0
     if "--gpu-reset" in args or "-r" in args:
         target = args[args.index("-i") + 1] if "-i" in args else None
@@ -107,9 +124,22 @@ DEPLOYMENT_3X = ["Denylist", "NVML Library", "CUDA Main Library", "Permissions a
                  "Environment Variables", "Page Retirement/Row Remap", "Graphics Processes", "Inforom"]
 
 
-def _failures(prof: dict) -> dict[tuple[str, int], dict]:
+def _xid_fired_path() -> Path:
+    return Path(os.environ["VMETAL_LAB_PROFILE"]).with_name("xid-intermittent.fired")
+
+
+def _failures(prof: dict, level: int = 2) -> dict[tuple[str, int], dict]:
     """(test, gpu) → the warning DCGM would print, with its dcgmError_t id, category and severity."""
     out = {}
+    if level >= 2 and not _xid_fired_path().exists():
+        for gpu in faulty_gpus(prof, "xid-intermittent"):
+            out[("pcie", gpu)] = {"warning": f"Detected XID 94 for GPU {gpu}", "error_id": 101,
+                                  "error_category": 5, "error_severity": 4}  # a contained ECC error: once
+    if level >= 3:
+        for gpu in faulty_gpus(prof, "burnin-fail"):
+            out[("targeted_stress", gpu)] = {
+                "warning": f"Max stress level of 6124.8 did not reach desired stress level of 8230.0 for GPU {gpu}",
+                "error_id": 50, "error_category": 1, "error_severity": 4}  # DCGM_FR_STRESS_LEVEL, TRIAGE
     for gpu in faulty_gpus(prof, "gpu-dcgm-fail"):
         out[("memory", gpu)] = {"warning": f"Found 12 faulty memory elements on GPU {gpu}", "error_id": 52,
                                 "error_category": 10, "error_severity": 2}  # DCGM_FR_FAULTY_MEMORY, ISOLATE
@@ -127,7 +157,9 @@ def dcgmi(args: list[str]) -> int:
     level = int(args[args.index("-r") + 1]) if "-r" in args else 1
     version = (prof.get("lab") or {}).get("dcgm_version", "3.3.9")
     gpus = [g["index"] for g in prof.get("gpus") or []]
-    failures = _failures(prof)
+    failures = _failures(prof, level)
+    if faults(prof, "xid-intermittent") and level >= 2:
+        _xid_fired_path().touch()  # shown once (or never, when this run has no PCIe test): a retest passes
     tests = [("Integration", "pcie", "PCIe"), ("Hardware", "memory", "GPU Memory")] if level >= 2 else []
     if level >= 3:
         tests += [("Hardware", "diagnostic", "Diagnostic"), ("Stress", "targeted_stress", "Targeted Stress"),
@@ -209,7 +241,8 @@ def all_reduce_perf(args: list[str]) -> int:
         print(f"Invalid number of GPUs: {ngpus} requested but only {len(gpus)} were found.", file=sys.stderr)
         print("Please check the number of processes and GPUs per process.", file=sys.stderr)
         return 2
-    peak = 180.0 if faults(prof, "nccl-slow") else 477.0  # GB/s busbw at 8 GiB (an 8x H200 reaches ~477)
+    # GB/s busbw at 8 GiB: an 8x H200 reaches ~477; a third of one GPU's NVLinks down costs ~30%.
+    peak = 180.0 if faults(prof, "nccl-slow") else 330.0 if faults(prof, "nvlink-slow") else 477.0
     rows, size = [], lo
     while size <= hi:
         # Bandwidth grows with the message size and saturates around 1 GiB, as on NVLink.

@@ -16,9 +16,14 @@ What the subprocess adds around sushy-tools' Flask app (`python -m lab.redfish s
   only when someone next reads the system. Here the delay range is configurable (floats), a
   ticker applies due changes on time, and every landing is recorded as an event and, when
   `notify_url` is set, POSTed there as JSON {"system", "uuid", "power_state", "boot_target",
-  "boot_once", "virtual_media", "macs", "cause", "seq", "time"}: the boot target is the one in
+  "boot_once", "virtual_media", "macs", "cause", "request" (the Redfish ResetType asked for, e.g.
+  GracefulShutdown), "seq", "time"}: the boot target is the one in
   force at the moment of power-on. A "Once" boot override is consumed by that power-on (target
   back to Hdd), which sushy-tools itself does not do (it treats every override as Continuous).
+- the machine's own power changes (POST /lab/power, `RedfishLab.power_changed`): a lab VM whose
+  guest powered itself off is Off at once, with an event of that cause (lab/site.py).
+- virtual media named by QEMU's address of this host (10.0.2.2, what the lab's VMs use) is downloaded
+  from 127.0.0.1: the BMC runs on the host.
 - credentials: sushy-tools' htpasswd check (bcrypt), one file per BMC: a request for a system
   with another system's password, or any wrong one, gets 401 like a real BMC.
 - faults, one per system, set at start or at run time (POST /lab/faults): `bmc-500` (500 for
@@ -62,6 +67,7 @@ from pathlib import Path
 
 FAULT_KINDS = ("bmc-500", "bmc-down", "bmc-hang", "slow-power")
 SLOW_POWER_DELAY_S = 60.0
+GUEST_HOST = "10.0.2.2"  # the host as a lab VM sees it (QEMU user-mode network; lab/vm.py)
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/([^/]+)")
 BOOT_ENABLED = ("Once", "Continuous", "Disabled")
@@ -263,6 +269,12 @@ class RedfishLab:
         body = {"system": name, **_fault_spec({"kind": kind, "seconds": seconds,
                                                 "requests": requests, "delay": delay})}
         return self._call("POST", "/lab/faults", body)
+
+    def power_changed(self, name: str, power_state: str, cause: str = "machine") -> dict:
+        """The server changed its own power (a VM guest powered itself off): the BMC shows it now, and a power
+        event with this cause is recorded."""
+        self._system(name)
+        return self._call("POST", "/lab/power", {"system": name, "power_state": power_state, "cause": cause})
 
     def clear_fault(self, name: str) -> None:
         self._system(name)
@@ -576,6 +588,17 @@ class _Site:
                 fault = self.set_fault(uuid, spec["kind"], spec["seconds"], spec["requests"],
                                        spec["delay"])
                 return _json_response(200, fault, [], environ, start_response)
+            if path == "/lab/power" and method == "POST":
+                body = json.loads(_read_body(environ) or b"{}")
+                uuid = self.resolve(body.get("system"))
+                if uuid is None:
+                    return _json_response(404, {"error": f"no system {body.get('system')!r}"}, [],
+                                          environ, start_response)
+                if body.get("power_state") not in ("On", "Off"):
+                    raise ValueError("power_state must be On or Off")
+                event = self.driver.power_changed_by_machine(uuid, body["power_state"],
+                                                             str(body.get("cause") or "machine"))
+                return _json_response(200, event or {}, [], environ, start_response)
             if path.startswith("/lab/faults/") and method == "DELETE":
                 uuid = self.resolve(urllib.parse.unquote(path.rsplit("/", 1)[1]))
                 if uuid is None:
@@ -778,7 +801,7 @@ def _lab_driver_class(base, site: _Site, error):
             if "Restart" in state:
                 if system["power_state"] != "Off":
                     self._update(system, power_state="Off")
-                    site.emit(self.event(system, "reset"))
+                    site.emit(self.event(system, "reset", request=state))
                 target, cause = "On", "reset"
             elif "On" in state:
                 target, cause = "On", "power-on"
@@ -793,7 +816,7 @@ def _lab_driver_class(base, site: _Site, error):
                 return
             apply_time = time.time() + site.delay_for(uuid)
             self._update(system, pending_power={"power_state": target, "apply_time": apply_time,
-                                                "cause": cause})
+                                                "cause": cause, "request": state})
             site.pending[uuid] = apply_time
 
         @locked
@@ -808,20 +831,33 @@ def _lab_driver_class(base, site: _Site, error):
             state = "On" if "Restart" in pending["power_state"] else pending["power_state"]
             changes = {"power_state": state, "pending_power": None}
             system["power_state"] = state
-            event = self.event(system, pending.get("cause") or ("power-on" if state == "On" else "power-off"))
+            event = self.event(system, pending.get("cause") or ("power-on" if state == "On" else "power-off"),
+                               request=pending.get("request"))
             if state == "On" and system.get("boot_enabled") == "Once":
                 changes.update(boot_device="Hdd", boot_enabled="Disabled")
             self._update(system, **changes)
             site.emit(event)
             return system
 
-        def event(self, system, cause):
+        def event(self, system, cause, request=None):
             return {"system": system["name"], "uuid": system["uuid"],
-                    "power_state": system["power_state"], "cause": cause,
+                    "power_state": system["power_state"], "cause": cause, "request": request,
                     "boot_target": system.get("boot_device", "Hdd"),
                     "boot_once": system.get("boot_enabled") == "Once",
                     "virtual_media": site.virtual_media(system["uuid"]),
                     "macs": [nic["mac"] for nic in system.get("nics", ())], "time": time.time()}
+
+        @locked
+        def power_changed_by_machine(self, identity, state, cause):
+            """The server changed its own power (a VM guest powered off): no delay, no boot override spent."""
+            system = self._get(identity)
+            if system["power_state"] == state:
+                return None
+            self._update(system, power_state=state)
+            system["power_state"] = state
+            event = self.event(system, cause)
+            site.emit(event)
+            return event
 
         @locked
         def set_boot_enabled(self, identity, enabled):
@@ -836,6 +872,26 @@ def _lab_driver_class(base, site: _Site, error):
                  "get_boot_image", "set_boot_image", "get_nics"):
         setattr(LabFakeDriver, name, locked(getattr(base, name)))
     return LabFakeDriver
+
+
+def _download_from_guest_urls(app) -> None:
+    """The console names its boot ISO by the address its servers use (AGENT_BOOT_URL). In a lab with VMs
+    that is the host as QEMU's guests see it (10.0.2.2); the BMC runs on the host, so it downloads from
+    127.0.0.1 instead, as a BMC on another network than the servers would have its own route."""
+    from sushy_tools.emulator.resources import vmedia
+
+    original = vmedia.BaseDriver._get_image
+    if getattr(original, "lab_guest_urls", False):
+        return
+
+    def _get_image(self, image_url, *args, **kwargs):
+        parts = urllib.parse.urlsplit(image_url)
+        if parts.hostname == GUEST_HOST:
+            image_url = parts._replace(netloc=parts.netloc.replace(GUEST_HOST, "127.0.0.1", 1)).geturl()
+        return original(self, image_url, *args, **kwargs)
+
+    _get_image.lab_guest_urls = True
+    vmedia.BaseDriver._get_image = _get_image
 
 
 def serve(config_path: str, parent_pid: int | None = None) -> None:
@@ -853,6 +909,7 @@ def serve(config_path: str, parent_pid: int | None = None) -> None:
     # main.py looks the driver class up on the module when it first builds app.systems.
     fakedriver.FakeDriver = _lab_driver_class(fakedriver.FakeDriver, site, error)
     site.driver = app.systems
+    _download_from_guest_urls(app)
 
     for uuid, spec in site.systems.items():
         site.open_port(uuid, spec.get("port") or None)

@@ -7,16 +7,38 @@
   server powers on into PXE, as the ramdisk would be. Powering on from disk "boots the installed OS":
   the lab reads the cloud-init NoCloud seed that the agent wrote on the disk and runs its join command
   (the kubelet joining the tenant's API with the bootstrap token).
+- VM servers (`vms=N`, hosts vm-01…): a QEMU virtual machine per server (lab/vm.py) behind the same kind of
+  BMC: the controller maps each landed power change to the VM's process (on with the boot target in force,
+  off, graceful off, reset), and a guest that powers itself off shows Off on its BMC. No simulated agent or
+  OS for them: the VM boots what the console serves. They reach the console as 10.0.2.2 (QEMU's user-mode
+  network), so a console with VMs runs with AGENT_BOOT_URL=http://10.0.2.2:PORT; the lab's own host-side
+  parts (simulated servers, BMCs downloading virtual media) use 127.0.0.1 for the same URL.
 - Tenant APIs: one small Kubernetes-compatible API per tenant (lab/kube.py, on kmock).
 - Images: a small raw image (and a qcow2 when qemu-img is present) with known checksums, served over HTTP.
 
 Faults per host: bmc-500 (the BMC answers 500 for a few requests), bmc-down (its port closed),
 slow-power (power changes land after 60 s), agent-crash (the agent dies after its first command),
-corrupt-image (the image reaches that server with a flipped byte); disk faults erase-skips-region (the erase
+corrupt-image (the image reaches that server with a flipped byte), no-tftp (its network boot finds no boot
+file: the VM's TFTP directory stays empty, a simulated server gets no boot configuration); disk faults erase-skips-region (the erase
 reports success but leaves the middle quarter of the disk untouched) and erase-fails (the erase command
 fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy (on GPU 0 or on
 `KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
 the agent finds on its PATH. Several faults: `KIND,KIND:TARGET`.
+
+Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab_sku`: 8 NVIDIA H200, 2 TiB,
+2 NVMe of the lab's disk size, one 100 Gb/s NIC):
+- gpu-missing: a GPU has fallen off the bus: inspection, nvidia-smi and the diagnostics see 7 of 8 (GPU 7, or
+  `gpu-missing:N`). The SKU check sends the host to repair ("GPUs: 7 of 8 NVIDIA H200").
+- disk-small: the first NVMe (or `disk-small:DISK`) is half the lab's disk size, smaller than the SKU
+  ("nvme0n1: 128 MiB < 256 MiB").
+- nvlink-slow: NVLinks of GPU 0 (or `:N`) are down: `nvidia-smi nvlink --status` shows them inactive and
+  all_reduce_perf's large-message busbw is ~330 GB/s, under the lab's 400 GB/s threshold (nccl-slow: ~180).
+- xid-intermittent: an Xid 94 on GPU 0 (or `:N`) fails the first `dcgmi diag` (level 2 or more) and never
+  again: a retest passes. The fired state is kept in the host's lab directory (xid-intermittent.fired) and
+  cleared when the lab starts or the fault is set again.
+- burnin-fail: passes inspection, GPU reset, DCGM levels 1 and 2 and NCCL, but `dcgmi diag -r 3` or `-r 4`
+  (the intake burn-in) fails Targeted Stress on GPU 0 (or `:N`) with DCGM_FR_STRESS_LEVEL.
+`manage.py lab --fault HOST=KIND[:TARGET][,KIND...]` sets any of them; `LabSite.set_fault` while it runs.
 
 While a server runs its installed OS, `write_pattern` plays its tenant writing data across its disks, and
 `scan_disks` looks for bytes afterwards (the isolation tests).
@@ -44,23 +66,42 @@ from pathlib import Path
 from agent.seed import SeedError, read_seed
 
 from .kube import TenantAPIServer, kubelet_join, parse_join_command
-from .redfish import RedfishLab, port_free
+from .redfish import GUEST_HOST, RedfishLab, port_free
+from .vm import VMServer
 
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
 ERASE_FAULTS = ("erase-skips-region", "erase-fails")
-GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow")
-FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", *ERASE_FAULTS, *GPU_FAULTS)
+GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
+              "burnin-fail")
+SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from the SKU
+FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", "no-tftp", *ERASE_FAULTS, *GPU_FAULTS,
+          *SKU_FAULTS)
+VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "no-tftp")  # the others are played by simulated parts
+XID_FIRED = "xid-intermittent.fired"  # beside the host's profile: the intermittent Xid has shown once
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
 SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB
 # The lab's gpu-server is an 8x H200 SXM: it runs `dcgmi diag -r 2` and must reach 400 GB/s all-reduce busbw.
 LAB_GPU_HEALTH = {"health_dcgm_level": 2, "health_nccl_min_busbw_gbps": 400.0}
+GPU_MODEL = "NVIDIA H200"
+MiB = 1024 * 1024
+
+
+def lab_sku(role: str, disk_bytes: int = DISK_BYTES) -> dict:
+    """The SKU the lab's servers of a role are built to (pools/sku.py): what their profile reports."""
+    size = f"{disk_bytes // MiB}Mi" if disk_bytes % MiB == 0 else str(disk_bytes)
+    if role == "gpu":
+        return {"gpu": {"model": GPU_MODEL, "count": 8}, "memory": "2Ti", "nvme": {"count": 2, "minSize": size},
+                "nics": {"count": 1, "minSpeedGbps": 100}}
+    return {"gpu": {"count": 0}, "memory": "512Gi", "nvme": {"count": 1, "minSize": size},
+            "nics": {"count": 1, "minSpeedGbps": 25}}
 
 
 def parse_faults(text: str) -> list[tuple[str, str]]:
     """"gpu-xid:3,erase-fails" → [("gpu-xid", "3"), ("erase-fails", "")]."""
     return [(kind.strip(), target.strip()) for kind, _, target in
             (item.partition(":") for item in (text or "").split(",")) if kind.strip()]
+VM_NODE_TYPE = "vm-server"  # VMs have no GPUs and 1 vCPU: a node type of their own, not cpu-server's 64 cores
 IMAGE_NAME = "ubuntu2404-20260926"
 IMAGE_BYTES = 8 * 1024 * 1024
 
@@ -68,7 +109,7 @@ IMAGE_BYTES = 8 * 1024 * 1024
 @dataclass
 class LabHost:
     name: str
-    role: str  # gpu or cpu
+    role: str  # gpu, cpu or vm
     mac: str
     password: str
     directory: Path
@@ -78,6 +119,7 @@ class LabHost:
     tools_dir: str = ""
     agent: "subprocess.Popen | _AgentThread | None" = None
     node: tuple[TenantAPIServer, str] | None = None  # the installed OS's kubelet: (tenant API, node name)
+    vm: VMServer | None = None  # a VM server: QEMU, not simulated parts
 
     @property
     def profile_path(self) -> Path:
@@ -90,24 +132,32 @@ class LabHost:
         return any(k == kind for k, _ in self.faults())
 
     def profile(self) -> dict:
-        gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
-                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0"}
+        missing = {int(target or 7) for kind, target in self.faults() if kind == "gpu-missing"}
+        gpus = [{"index": i, "name": GPU_MODEL, "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
+                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0",
+                 "vbios_version": "96.00.AF.00.01"}
                 for i in range(8 if self.role == "gpu" else 0)]
+        # A GPU off the bus: the others keep their indexes' order, renumbered as nvidia-smi would.
+        gpus = [{**g, "index": n} for n, g in enumerate(g for g in gpus if g["index"] not in missing)]
         disks = [{"name": f"nvme{i}n1", "path": str(self.directory / f"nvme{i}n1.img"), "size_bytes": self.disk_bytes,
                   "type": "nvme", "model": "SAMSUNG MZWLO3T8HCLS" if self.role == "gpu" else "SAMSUNG MZQL21T9HCJR",
                   "serial": f"S7{self.name.upper().replace('-', '')}{i}"}
                  for i in range(2 if self.role == "gpu" else 1)]
         gpu_faults = []
         for kind, target in self.faults():
-            if kind in ERASE_FAULTS:
+            if kind in (*ERASE_FAULTS, "disk-small"):
                 disk = next((d for d in disks if d["name"] == (target or disks[0]["name"])), None)
                 if disk is None:
                     raise ValueError(f"{self.name}: fault {kind}: no disk {target!r}")
-                disk["fault"] = kind
+                if kind == "disk-small":
+                    disk["size_bytes"] = self.disk_bytes // 2
+                else:
+                    disk["fault"] = kind
             elif kind in GPU_FAULTS:
                 gpu_faults.append({"kind": kind, **({"gpu": int(target or 0)} if kind != "nccl-slow" else {})})
         return {
-            "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}"},
+            "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}",
+                       "bios_version": "2.3.1" if self.role == "gpu" else "1.9.2"},
             "cpu": {"arch": "x86_64", "model": "AMD EPYC 9654" if self.role == "gpu" else "AMD EPYC 9354",
                     "count": 192 if self.role == "gpu" else 64},
             "ram_mib": 2 * 1024 * 1024 if self.role == "gpu" else 512 * 1024,
@@ -141,11 +191,13 @@ class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
-                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES):
+                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
-        self.console_url = console_url.rstrip("/")
+        # The console's agent listener as the lab's host-side parts reach it, and as its VMs do (10.0.2.2).
+        self.console_url = _host_view(console_url.rstrip("/"))
+        self.vm_console_url = _guest_view(self.console_url)
         self.var_dir = Path(var_dir)
         self.power_delay = power_delay
         self.bmc_port = bmc_port
@@ -169,6 +221,18 @@ class LabSite:
                                        fault=faults.get(name, ""), disk_bytes=disk_bytes,
                                        dcgm_version="4.2.3" if i % 2 == 0 else "3.3.9",  # both formats
                                        tools_dir=str(self.var_dir / "tools"))
+        for i in range(vms):
+            name = f"vm-{i + 1:02d}"
+            mac = f"52:54:00:1b:{i >> 8:02x}:{i & 255:02x}"
+            directory = self.var_dir / name
+            self.hosts[name] = host = LabHost(name=name, role="vm", mac=mac, password=secrets.token_urlsafe(12),
+                                              directory=directory, fault=faults.get(name, ""), disk_bytes=disk_bytes)
+            host.vm = VMServer(name, mac, directory, disk_bytes=disk_bytes, disk_serial=host.profile()["disks"][0]["serial"],
+                               probe_kernel=_agent_kernel())
+            other = [k for k, _ in host.faults() if k not in VM_FAULTS]
+            if other:
+                raise ValueError(f"fault {other[0]!r} is not played on a VM server ({name}); expected one of "
+                                 f"{', '.join(VM_FAULTS)}")
         unknown = set(faults) - set(self.hosts)
         if unknown:
             raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
@@ -189,10 +253,10 @@ class LabSite:
         self.tools_dir = install(self.var_dir / "tools")
         for host in self.hosts.values():
             host.directory.mkdir(parents=True, exist_ok=True)
-            host.profile_path.write_text(json.dumps(host.profile(), indent=1))
-            for path in host.disk_paths():
-                with open(path, "ab") as f:
-                    f.truncate(host.disk_bytes)
+            if host.vm is not None:
+                host.vm.prepare()
+                continue
+            self._write_profile(host)
         self._make_images()
         # The ports of the lab's last start in this var_dir, where still free: a restart re-registers its servers,
         # tenant APIs and images at the addresses they had, so the console's objects do not change.
@@ -217,6 +281,8 @@ class LabSite:
             self._controller.join(5)
         for host in self.hosts.values():
             self._stop_agent(host)
+            if host.vm is not None:
+                host.vm.power_off()
         if self.redfish:
             self.redfish.stop()
         for server in self.tenants.values():
@@ -241,6 +307,11 @@ class LabSite:
     def manifests(self) -> str:
         """BareMetalHost manifests (and their Secrets) for every lab server, and the lab's OS images."""
         docs = []
+        if any(h.vm for h in self.hosts.values()):
+            docs.append({"apiVersion": "management.loft.sh/v1", "kind": "NodeType", "metadata": {"name": VM_NODE_TYPE},
+                         "spec": {"providerRef": "metal3", "displayName": "Lab VM server (QEMU)",
+                                  "resources": {"cpu": "1", "memory": "512Mi"},
+                                  "bareMetalHosts": {"selector": {"matchLabels": {"role": "vm"}}}}})
         for image in self.images:
             docs.append({"apiVersion": "management.loft.sh/v1", "kind": "OSImage",
                          "metadata": {"name": image.name},
@@ -283,6 +354,10 @@ class LabSite:
         from pools.models import NodeType
 
         NodeType.objects.filter(name="gpu-server", health_nccl_min_busbw_gbps__isnull=True).update(**LAB_GPU_HEALTH)
+        # The SKU the lab's servers are built to (lab_sku), unless someone set one: gpu-missing and disk-small
+        # hosts then go to repair instead of the pool.
+        for role in ("gpu", "cpu"):
+            NodeType.objects.filter(name=f"{role}-server", sku={}).update(sku=lab_sku(role, self.disk_bytes))
         if self.agent_mode == "thread":
             NodeType.objects.update(cleaning_policy="metadata", cleaning_fallback="")
 
@@ -396,9 +471,23 @@ class LabSite:
                     self.on_power(host, event)
                 except Exception:
                     log.exception("lab controller: %s %s failed", host.name, event.get("cause"))
+            self._watch_vms()
             self._stop.wait(0.1)
 
+    def _watch_vms(self) -> None:
+        """A VM whose QEMU ended without its BMC asking (the guest powered off): its BMC shows Off."""
+        for host in self.hosts.values():
+            if host.vm is not None and host.vm.exited_by_itself():
+                try:
+                    self.redfish.power_changed(host.name, "Off", cause="guest-power-off")
+                except Exception:
+                    log.warning("%s: could not tell the BMC the VM powered off", host.name, exc_info=True)
+
     def on_power(self, host: LabHost, event: dict) -> None:
+        if host.vm is not None:
+            with self._lock:
+                self._vm_power(host, event)
+            return
         with self._lock:
             self._stop_agent(host)
             self._stop_os(host)
@@ -414,12 +503,28 @@ class LabSite:
             else:
                 self._boot_installed_os(host)
 
+    def _vm_power(self, host: LabHost, event: dict) -> None:
+        """The BMC's landed power change, played on the VM: the boot target and one-time override in force at
+        power-on, the inserted virtual media as its CD, its DHCP boot file from the console's DHCP rules."""
+        from hosts.dhcp import ipxe_chain_script
+
+        if event["power_state"] != "On":
+            host.vm.power_off(graceful=event.get("request") == "GracefulShutdown")
+            return
+        media = event.get("virtual_media") or {}
+        chain = None if host.has_fault("no-tftp") else ipxe_chain_script(self.vm_console_url)
+        host.vm.power_on(boot=event.get("boot_target") or "Hdd", once=bool(event.get("boot_once")),
+                         chain_script=chain, cd_file=media.get("file") if media.get("inserted") else None)
+
     def _boot_config(self, host: LabHost, event: dict) -> str | None:
         """What the server's firmware gets from the boot path: the kernel command line of its iPXE script
         (network boot), or VMETAL.CFG from the CD its BMC downloaded (virtual media). None: nothing to boot."""
         if event.get("boot_target") == "Cd":
             media = event.get("virtual_media") or {}
-            return _iso_config(media["file"]) if media.get("inserted") and media.get("file") else None
+            config = _iso_config(media["file"]) if media.get("inserted") and media.get("file") else None
+            return _host_view(config) if config else None
+        if host.has_fault("no-tftp"):
+            return None
         url = f"{self.console_url}/boot/{host.mac.replace(':', '-')}.ipxe"
         try:
             with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=10) as resp:
@@ -428,7 +533,8 @@ class LabSite:
             log.info("%s: iPXE script %s: %s", host.name, url, exc)
             return None
         kernel = next((line for line in script.splitlines() if line.startswith("kernel ")), None)
-        return kernel.split(None, 2)[2] if kernel and len(kernel.split(None, 2)) == 3 else None
+        # The agent runs on this host: the console's address for VMs (10.0.2.2) is 127.0.0.1 here.
+        return _host_view(kernel.split(None, 2)[2]) if kernel and len(kernel.split(None, 2)) == 3 else None
 
     def _start_agent(self, host: LabHost, boot_config: str) -> None:
         ramdisk = host.directory / "ramdisk"  # the agent's tmp dir: a fresh "ramdisk" on every PXE boot
@@ -530,7 +636,18 @@ class LabSite:
                 raise ValueError(f"unknown fault {kind!r}; expected one of {', '.join(FAULTS)}")
         lab_host = self.hosts[host]
         lab_host.fault = fault
-        lab_host.profile_path.write_text(json.dumps(lab_host.profile(), indent=1))
+        self._write_profile(lab_host)
+
+    @staticmethod
+    def _write_profile(host: LabHost) -> None:
+        """The server's profile for the agent and the fake tools, its disk files at their sizes (disk-small
+        shrinks one), and the intermittent Xid armed again."""
+        profile = host.profile()
+        host.profile_path.write_text(json.dumps(profile, indent=1))
+        for disk in profile["disks"]:
+            with open(disk["path"], "ab") as f:
+                f.truncate(disk["size_bytes"])
+        (host.directory / XID_FIRED).unlink(missing_ok=True)
 
     def write_pattern(self, host: str, pattern: bytes, *, image_bytes: int = 16 * 1024 * 1024) -> int:
         """The tenant's workload writing its data across the server's disks while the installed OS runs: every
@@ -613,6 +730,28 @@ class _AgentThread:
         controller handles every server's power events in turn, and waiting here for an agent's call in flight
         (or for the reboot it asked for, which is this very event) held up every other server's boot."""
         self.agent.stop()
+
+
+def _host_view(text: str) -> str:
+    """URLs as this host reaches them: QEMU's guest-side address of the host is its loopback."""
+    return re.sub(rf"(https?://){re.escape(GUEST_HOST)}(?=[:/]|$)", r"\g<1>127.0.0.1", text)
+
+
+def _guest_view(url: str) -> str:
+    """The console's URL as a lab VM reaches it: the host's loopback is 10.0.2.2 from inside QEMU."""
+    return re.sub(r"^(https?://)(127\.0\.0\.1|localhost)(?=[:/]|$)", rf"\g<1>{GUEST_HOST}", url)
+
+
+def _agent_kernel() -> Path | None:
+    """The agent ramdisk's kernel, if built (IMAGE_DIR/agent/vmlinuz): what the KVM probe boots."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        path = Path(settings.IMAGE_DIR) / "agent" / "vmlinuz"
+    except ImproperlyConfigured:  # no Django settings: a lab without the console
+        return None
+    return path if path.is_file() else None
 
 
 def _iso_config(path: str) -> str | None:

@@ -29,12 +29,14 @@ from pools.models import (
     OSImage,
     Tenant,
 )
+from pools.selectors import labels_derived
 from pools.services import (
     PoolSpec,
     node_type_delete,
     tenant_private_nodes_apply,
     tenant_quota_warning,
 )
+from pools.sku import DERIVED_LABELS
 from pools.validators import NETWORK_DATA
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
@@ -265,13 +267,14 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
     if blocks[0] != "metal3":
         raise Invalid(("spec", blocks[0]), f"provider kind {blocks[0]} is not supported by this console; "
                                            "supported: metal3")
-    block = spec.child("metal3").mapping({"clusterRef", "deploy", "nodeTypes"})
+    # deriveLabels: inspections write GPU labels on hosts (pools/sku.py, hosts.services.host_derive_labels).
+    block = spec.child("metal3").mapping({"clusterRef", "deploy", "nodeTypes", "deriveLabels"})
     config = {k: v for k, v in block.value.items() if k != "nodeTypes"}
     provider = NodeProvider.objects.filter(name=name).first() or NodeProvider(name=name)
     ctx.update(f"nodeprovider/{name}", provider,
                {"kind": ProviderKind.METAL3, "display_name": spec.str("displayName"),
                 "properties": spec.string_map("properties"), "config": config},
-               {"properties": ("spec", "properties"), "name": ("metadata", "name")},
+               {"properties": ("spec", "properties"), "name": ("metadata", "name"), "config": block.path},
                object_type=ObjectType.NODEPROVIDER)
     declared = set()
     for item in block.child("nodeTypes", []).items():
@@ -291,7 +294,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "warm"}
+                    "cleaning", "healthCheck", "sku", "warm"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -353,8 +356,9 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
-                "declared_in_provider": declared_in_provider, **gate},
+                "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
+                "sku": spec.path + ("sku",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)
 
@@ -617,7 +621,7 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
         "bmc_disable_certificate_verification": bmc.bool("disableCertificateVerification", False),
         "boot_mac": spec.str("bootMACAddress", required=True).lower(), "online": spec.bool("online", True),
         "root_device_hints": spec.child("rootDeviceHints", {}).mapping().value,
-        "labels": meta.string_map("labels"),
+        "labels": _with_derived_labels(host, meta.string_map("labels")),
         "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
         "cleaning_policy": Reader(meta.string_map("annotations"), meta.path + ("annotations",))
         .choice(CLEANING_ANNOTATION, CleaningPolicy.values),
@@ -651,6 +655,14 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     except ValidationError as exc:
         raise _invalid_from(exc, paths) from None
     ctx.result.add(f"baremetalhost/{name}", True)
+
+
+def _with_derived_labels(host: BareMetalHost, labels: dict) -> dict:
+    """The manifest's labels, and those inspection derived on the host (deriveLabels) that it does not write:
+    applying the same manifest again changes nothing, and export leaves the derived ones out."""
+    if not host.pk or not labels_derived():
+        return labels
+    return {**{k: v for k, v in host.labels.items() if k in DERIVED_LABELS}, **labels}
 
 
 def _status_json(text: str, path: tuple):

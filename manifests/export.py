@@ -8,6 +8,8 @@ from hosts.models import BareMetalHost
 from pools.choices import PoolKind
 from pools.fabric import fabric_partitions_text
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
+from pools.selectors import labels_derived
+from pools.sku import DERIVED_LABELS
 from pools.validators import NETWORK_DATA
 
 from .apply import (
@@ -54,6 +56,7 @@ def _node_type_body(t: NodeType) -> dict:
     _put(body, "properties", dict(sorted(t.properties.items())))
     if t.host_selector:
         body["bareMetalHosts"] = {"selector": t.host_selector}
+    _put(body, "sku", t.sku)
     # Written even when they are the defaults: a backup that does not depend on the defaults of the version
     # that restores it.
     body["cleaning"] = {key: _number(getattr(t, field)) for key, field in CLEANING.items()
@@ -112,8 +115,10 @@ def export_documents(*, include_secrets: bool = False) -> list[dict]:
         if host.bmc_credentials_name and key not in secrets_written:
             secrets_written.add(key)
             docs.append(_secret(host, include_secrets))
+    # Labels that inspection derived (deriveLabels) are the inventory's, not the manifest's: left out.
+    derived = set(DERIVED_LABELS) if labels_derived() else set()
     for host in hosts:
-        docs.append(_bare_metal_host(host))
+        docs.append(_bare_metal_host(host, derived))
     return docs
 
 
@@ -183,9 +188,9 @@ def _secret(host: BareMetalHost, include_secrets: bool) -> dict:
     return doc
 
 
-def _bare_metal_host(host: BareMetalHost) -> dict:
+def _bare_metal_host(host: BareMetalHost, derived: set[str] = frozenset()) -> dict:
     metadata = {"name": host.name, "namespace": host.namespace}
-    _put(metadata, "labels", dict(sorted(host.labels.items())))
+    _put(metadata, "labels", dict(sorted((k, v) for k, v in host.labels.items() if k not in derived)))
     annotations = {}
     if host.cleaning_policy:
         annotations[CLEANING_ANNOTATION] = host.cleaning_policy

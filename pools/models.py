@@ -8,7 +8,7 @@ from django.db import models
 from django.utils import timezone
 
 from core.crypto import EncryptedTextField
-from core.labels import validate_labels, validate_taints
+from core.labels import field_error, validate_labels, validate_taints
 
 from .choices import (
     ChecksumType,
@@ -22,6 +22,7 @@ from .choices import (
     ProviderKind,
 )
 from .matching import validate_label_selector, validate_requirements
+from .sku import check_sku
 from .validators import (
     NETWORK_DATA,
     check_disruption,
@@ -69,7 +70,8 @@ class NodeProvider(models.Model):
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"),
                 lambda: check_fabric_ranges(self.properties))
         # Export writes it back as the provider block: a mapping such as {clusterRef: ..., deploy: ...}.
-        collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"))
+        collect(errors, "config", lambda: _check_mapping(self.config, "a mapping (the rest of the metal3 block)"),
+                lambda: _check_derive_labels(self.config))
         if errors:
             raise ValidationError(errors)
 
@@ -102,6 +104,9 @@ class NodeType(models.Model):
     health_dcgm_level = models.PositiveSmallIntegerField(default=2, help_text="dcgmi diag -r N; 0: not run")
     health_nccl_min_busbw_gbps = models.FloatField(null=True, blank=True,
                                                    help_text="all_reduce_perf busbw at 8 GiB; blank: not run")
+    # What each server of this type must have (pools/sku.py): GPU model and count, memory, NVMe, NICs, firmware.
+    # Inspection results are compared with it; a host that deviates goes to repair, never to the pool as this type.
+    sku = models.JSONField(default=dict, blank=True)
     # Warm hosts (hosts/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
     # passing release gate, ready to write an image at once, and for how long an idle one stays on.
     warm_hosts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(WARM_MAX_HOSTS)],
@@ -133,6 +138,7 @@ class NodeType(models.Model):
         if _number(busbw) and not 0 < busbw < float("inf"):
             errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
+        collect(errors, "sku", lambda: check_sku(self.sku))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
@@ -162,6 +168,11 @@ class NodeType(models.Model):
             else:
                 total += EXTENDED_RESOURCE_COST * amount
         return int(round(total))
+
+
+def _check_derive_labels(config: dict) -> None:
+    if "deriveLabels" in config and not isinstance(config["deriveLabels"], bool):
+        raise ValidationError([field_error(("deriveLabels",), f"must be true or false, not {config['deriveLabels']!r}")])
 
 
 def _number(value) -> bool:

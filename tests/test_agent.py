@@ -35,7 +35,7 @@ MAC = "52:54:00:aa:bb:01"
 
 def lab_hardware(tmp_path, disks=(("nvme0n1", 96 * MiB), ("sda", 8 * MiB)), gpus=None) -> LabHardware:
     profile = {
-        "system": {"vendor": "Supermicro", "product": "SYS-821GE-TNHR", "serial": "S123"},
+        "system": {"vendor": "Supermicro", "product": "SYS-821GE-TNHR", "serial": "S123", "bios_version": "2.3.1"},
         "cpu": {"arch": "x86_64", "model": "Intel Xeon Platinum 8480+", "count": 224},
         "ram_mib": 2097152,
         "nics": [{"name": "eno1", "mac": MAC.upper(), "speed_gbps": 100}],
@@ -271,7 +271,8 @@ def test_inspect_reports_the_lab_profile_with_real_disk_sizes(tmp_path):
     result = outcome.result
     assert result["cpu"] == {"arch": "x86_64", "model": "Intel Xeon Platinum 8480+", "count": 224}
     assert result["ram_mib"] == 2097152
-    assert result["system"] == {"vendor": "Supermicro", "product": "SYS-821GE-TNHR", "serial": "S123"}
+    assert result["system"] == {"vendor": "Supermicro", "product": "SYS-821GE-TNHR", "serial": "S123",
+                                "bios_version": "2.3.1"}
     assert result["nics"] == [{"name": "eno1", "mac": MAC, "speed_gbps": 100}]
     assert result["gpus"][0]["uuid"] == "GPU-1"
     nvme, sda = result["disks"]
@@ -309,9 +310,10 @@ def test_linux_hardware_reads_proc_sys_and_nvidia_smi(tmp_path):
     put("sys/class/net/br0/address", "3c:ec:ef:00:11:22\n")  # a bridge: no device
     put("sys/class/dmi/id/sys_vendor", "Supermicro\n")
     put("sys/class/dmi/id/product_name", "SYS-821GE-TNHR\n")
+    put("sys/class/dmi/id/bios_version", "2.1\n")
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, GPU-aaaa, 143771, 00000000:19:00.0'\n"
-                   "echo '1, NVIDIA H200, GPU-bbbb, 143771, 00000000:3B:00.0'\n")
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, GPU-aaaa, 143771, 00000000:19:00.0, 96.00.AF.00.01'\n"
+                   "echo '1, NVIDIA H200, GPU-bbbb, 143771, 00000000:3B:00.0, [N/A]'\n")
     smi.chmod(0o755)
 
     hw = LinuxHardware(root=tmp_path, nvidia_smi=str(smi))
@@ -328,7 +330,9 @@ def test_linux_hardware_reads_proc_sys_and_nvidia_smi(tmp_path):
     assert [g["uuid"] for g in result["gpus"]] == ["GPU-aaaa", "GPU-bbbb"]
     assert result["gpus"][1] == {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-bbbb", "memory_mib": 143771,
                                  "pci_bus": "00000000:3B:00.0"}
-    assert result["system"] == {"vendor": "Supermicro", "product": "SYS-821GE-TNHR", "serial": None}
+    assert result["gpus"][0]["vbios_version"] == "96.00.AF.00.01"  # the SKU's firmware.gpuVbios
+    assert result["system"] == {"vendor": "Supermicro", "product": "SYS-821GE-TNHR", "serial": None,
+                                "bios_version": "2.1"}
     assert "warnings" not in result
 
 

@@ -13,7 +13,6 @@ test's transaction, the way Django's test client does; so it runs in the default
 pytest_plugins = ["tests.api_conftest"]
 
 import os  # noqa: E402
-import time  # noqa: E402
 
 import pytest  # noqa: E402
 import schemathesis  # noqa: E402
@@ -75,7 +74,6 @@ def test_no_operation_answers_with_a_server_error(role, world, evidence, wsgi_ap
     tokens_user = token_user(world, role)
     ids = real_ids(world)
     failures, calls = [], []
-    started = time.monotonic()
 
     secrets = no_secrets_leak.pin()  # the site's own; a fuzzer's "credentials" are random words
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -116,7 +114,6 @@ def test_no_operation_answers_with_a_server_error(role, world, evidence, wsgi_ap
     assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:20])
     assert len(calls) >= len(operations) * 2
     assert any(200 <= code < 300 for code in calls) and any(code == 400 for code in calls)
-    assert time.monotonic() - started < 120
 
 
 def test_the_apply_endpoint_answers_only_with_what_its_schema_documents(world, wsgi_app, seed_block):

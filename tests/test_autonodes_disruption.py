@@ -574,3 +574,45 @@ def test_apply_refuses_a_budget_or_lifetime_it_cannot_read(apply, demo_site, wri
         apply(POOL.format(disruption=indent(written)), tenant="one")
     assert error in str(refused.value)
     assert not NodePool.objects.filter(name="burst").exists()
+
+
+def test_an_all_or_nothing_group_is_released_whole_once_every_member_is_empty_and_never_one_member_alone(site):
+    from claims.models import ClaimGroup
+
+    one = site.tenant("one")
+    pool = site.pool(one, group={"size": 2}, disruption={"consolidateAfter": "1s", "minNodeLifetime": "0s",
+                                                         "consolidationPolicy": "WhenEmptyOrUnderutilized"})
+    group = ClaimGroup.objects.create(name="one-gabcde", tenant=one, pool=pool, pool_name=pool.name, size=2,
+                                      shares=["rail_group"], on_member_failure="Replace", rail_group="r1",
+                                      placed_at=timezone.now())
+    empty, busy = site.node(pool), site.node(pool)
+    alone = site.node(pool)  # an empty node of no group, for comparison
+    NodeClaim.objects.filter(pk__in=[empty.pk, busy.pk]).update(group=group)
+    site.pod("one", busy, "train-0", gpus=1)  # underutilized: would fit on `empty`
+
+    disruption.pools_disrupt()
+    time.sleep(1.2)
+    result = disruption.pools_disrupt()
+
+    assert result.released == {alone.name: "Empty"}  # the group's empty member is kept with its group
+    assert phase(empty) == phase(busy) == "Available"
+    assert usage(empty).next_action == ("member of group one-gabcde: released only with the whole group, once "
+                                        "every member is empty (1 of 2 empty)")
+    assert usage(busy).next_action == usage(empty).next_action  # not consolidated onto its peer either
+
+    site.delete_pod("one", "train-0")
+    disruption.pools_disrupt()  # busy is empty from now
+    assert phase(busy) == "Available" and "released whole at" in usage(busy).next_action
+    time.sleep(1.2)
+    result = disruption.pools_disrupt()
+    # The default budget (10%: 1 node of 3 at once) cannot take a group of 2: kept whole, and it says so.
+    assert result.released == {} and phase(empty) == phase(busy) == "Available"
+    assert usage(busy).next_action == ("kept: group one-gabcde needs 2 disruptions at once; the budget allows 0 "
+                                       "now (Empty)")
+    NodePool.objects.filter(pk=pool.pk).update(disruption={**pool.disruption, "budgets": [{"nodes": "100%"}]})
+    result = disruption.pools_disrupt()
+    assert result.released == {empty.name: "Empty", busy.name: "Empty"}
+    assert phase(empty) == phase(busy) == "Releasing"
+    [event] = [e for e in decisions("Empty") if e.data.get("group") == "one-gabcde"]
+    assert sorted(event.data["claims"]) == sorted([empty.name, busy.name])
+    assert event.message.startswith("released group one-gabcde whole (2 nodes: ")

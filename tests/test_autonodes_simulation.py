@@ -224,3 +224,41 @@ def test_ephemeral_storage_a_type_does_not_declare_is_not_counted_but_a_declared
     outcome = run([pod_with("a", asks)], [pool(types=(small_disk,))])
     assert outcome.unservable["ml/a"].message == (
         "no NodeType fits pod ml/a: asks 100Gi ephemeral-storage, largest type has 50Gi")
+
+
+# --- all or nothing: pools of groups, gangs ------------------------------------------------------------------
+
+def test_a_pool_of_groups_asks_for_whole_groups_on_the_smallest_rail_group_with_room():
+    from dataclasses import replace
+
+    gpu = replace(GPU, free_hosts=9, free_domains={"rail r1": 5, "rail r2": 3, "rail r3": 1})
+    outcome = run([pod(f"p{i}", gpu=8) for i in range(4)], [pool(types=(gpu,), group_size=3)])
+    assert not outcome.launches and not outcome.waiting
+    assert [(g.node_type, g.domain, [len(n) for n in g.nodes]) for g in outcome.groups] == [
+        ("gpu-server", "rail r2", [1, 1, 1]), ("gpu-server", "rail r1", [1, 0, 0])]  # the 2nd group's seats: empty
+
+
+def test_a_gang_that_does_not_fit_takes_back_what_it_had_planned_even_on_existing_capacity():
+    inflight = Node("one-abcde", "burst", {"vcluster.com/node-type": "gpu-server"}, (),
+                    {"cpu": 192, "memory": 2048 * GI, "nvidia.com/gpu": 8})
+    gang = [PodDemand(key=f"ml/g{i}", demand=Demand(requests={"nvidia.com/gpu": 8}), gang="ml/g") for i in range(3)]
+    outcome = run([*gang, pod("alone", gpu=8)], [pool(types=(GPU,), limits={"nodes": 1})], nodes=(inflight,))
+    # g0 would fit on the claim in flight and g1 on a new node, g2 nowhere: none of the gang is placed, and the
+    # pod decided after it gets the claim in flight that the gang had held for a moment.
+    assert outcome.placed == {"ml/alone": "one-abcde"}
+    assert sorted(outcome.waiting) == ["ml/g0", "ml/g1", "ml/g2"]
+    assert not outcome.launches
+    assert {v.reason for v in outcome.waiting.values()} == {DecisionReason.LIMIT}
+    assert outcome.waiting["ml/g0"].message == (
+        "gang ml/g: its 3 pods are added together or not at all; pod ml/g2 finds no room: "
+        "not added: limit nodes 1 reached")
+
+
+def test_a_gang_with_a_pod_no_pool_can_serve_launches_nothing_and_its_other_pods_say_which():
+    gang = [PodDemand(key="ml/g0", demand=Demand(requests={"nvidia.com/gpu": 8}), gang="ml/g"),
+            PodDemand(key="ml/g1", demand=Demand(requests={"nvidia.com/gpu": 16}), gang="ml/g")]
+    outcome = run(gang, [pool(types=(GPU,))])
+    assert not outcome.launches and outcome.unservable["ml/g1"].reason == DecisionReason.NO_NODE_TYPE
+    assert outcome.waiting["ml/g0"].message == (
+        "gang ml/g: its 2 pods are added together or not at all; pod ml/g1 cannot be served: no NodeType fits pod "
+        "ml/g1: asks 16 nvidia.com/gpu, largest type has 8")

@@ -6,6 +6,7 @@ import pytest
 from channels.db import database_sync_to_async as sync_to_async
 
 from claims.models import NodeClaim
+from pools.models import NodePool
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import pool  # noqa: E402
@@ -158,3 +159,42 @@ async def test_a_members_tenant_list_is_not_told_of_another_tenants_changes(clie
         refused = await connect(f"/ws/lists/{topic}/", cookie)
         assert await refused.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}, topic
         await refused.disconnect()
+
+
+async def test_the_claims_lists_group_table_follows_its_groups_live_and_a_member_never_gets_another_tenants(
+        client, users, apply, seed_block):
+    from claims.models import ClaimGroup
+    from claims.services import pools_reconcile
+    from hosts.models import BareMetalHost
+    from hosts.topology import RAIL_GROUP_LABEL
+
+    admin = await connect("/ws/claims/", await sync_to_async(session_cookie)(client, users["admin"]))
+    bob = await connect("/ws/claims/", await sync_to_async(session_cookie)(client, users["bob"]))  # tenant two
+    since = await latest_event()
+    await resync(admin, since=since)
+    await resync(bob, since=since)
+
+    def ask_for_a_group():
+        # Tenant one's gpu pool comes in groups of 2 on one rail group: no GPU host says its rail group yet.
+        NodePool.objects.filter(tenant__name="one", name="gpu").update(quantity=2, group={"size": 2})
+        pools_reconcile(pool_ids=[pool("one", "gpu").pk])
+        return ClaimGroup.objects.get()
+
+    group = await sync_to_async(ask_for_a_group)()
+    await receive_until(admin, f'data-group="{group.name}" data-state="Waiting"')
+    # Then why it waits, in its row: the allocator's reason (no Event says it: the members' ids are published).
+    await receive_until(admin, f'data-group="{group.name}" data-state="Waiting">((?!</tr>)[\\s\\S])*'
+                               "needs 2 on one rail group; no free host of type gpu-server has a rail group label")
+
+    def rails_labelled():
+        for host in BareMetalHost.objects.filter(labels__role="gpu"):
+            BareMetalHost.objects.filter(pk=host.pk).update(labels={**host.labels, RAIL_GROUP_LABEL: "r1"})
+        pools_reconcile(pool_ids=[group.pool_id])
+
+    await sync_to_async(rails_labelled)()
+    await receive_until(admin, f'data-group="{group.name}" data-state="Provisioning">((?!</tr>)[\\s\\S])*rail r1')
+    # Tenant two's member heard nothing of it, live or from the Event log.
+    frame = await resync(bob, since=since)
+    assert group.name not in frame and "claim-groups-section" not in frame
+    await admin.disconnect()
+    await bob.disconnect()

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from claims.models import NodeClaim
-from hosts.dhcp import host_entry
+from hosts.dhcp import DHCPConfigError, host_entry, ipxe_chain_script, render_config
 from hosts.models import BareMetalHost
 
 from .test_allocation import make_hosts, make_pool
@@ -111,3 +111,16 @@ def test_host_entry_names_the_mac_and_the_claims_address_and_none_for_a_retired_
     BareMetalHost.objects.filter(pk=idle.pk).update(state="retired")
     idle.refresh_from_db()
     assert host_entry(idle) is None
+
+
+def test_the_chain_script_for_a_one_boot_file_dhcp_server_chains_to_the_same_per_host_script(settings):
+    """QEMU's DHCP (the lab's VMs) gives each server one boot file: an iPXE script chaining where dnsmasq's rule
+    for iPXE points."""
+    settings.AGENT_BOOT_URL = "http://172.22.0.2:8001"
+    dnsmasq_rule = next(line for line in render_config([]).splitlines() if line.startswith("dhcp-boot=tag:ipxe,"))
+    script = ipxe_chain_script()
+    assert script.startswith("#!ipxe\n")
+    assert script.splitlines()[-1] == "chain " + dnsmasq_rule.split(",", 1)[1]
+    assert ipxe_chain_script("http://10.0.2.2:9/").splitlines()[-1] == "chain http://10.0.2.2:9/boot/${mac:hexhyp}.ipxe"
+    with pytest.raises(DHCPConfigError, match="must be an http:// URL"):
+        ipxe_chain_script("tftp://10.0.2.2/")

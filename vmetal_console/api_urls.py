@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from autonodes.api.views import DecisionViewSet, PoolStatusView
-from claims.api.views import NodeClaimViewSet
+from claims.api.views import ClaimGroupViewSet, NodeClaimViewSet
 from events.api.views import EventViewSet
 from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet
 from manifests.api import ApplyView
@@ -18,6 +18,7 @@ router = DefaultRouter(trailing_slash="/?")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("pools", NodePoolViewSet, basename="pool")
 router.register("claims", NodeClaimViewSet, basename="claim")
+router.register("claim-groups", ClaimGroupViewSet, basename="claim-group")
 router.register("hosts", HostViewSet, basename="host")
 router.register("erase-certificates", EraseCertificateViewSet, basename="erase-certificate")
 router.register("health-runs", HealthRunViewSet, basename="health-run")

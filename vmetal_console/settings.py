@@ -297,6 +297,10 @@ IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images t
 AGENT_URLCONF = "vmetal_console.agent_urls"
 AGENT_LISTEN = os.environ.get("AGENT_LISTEN", "127.0.0.1:8001")
 AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
+# The same listener as the console itself reaches it, where the servers' address of it is not routable from here
+# (a NAT; the lab's QEMU VMs, which reach this host as 10.0.2.2): preflight checks the boot path there. Empty:
+# AGENT_BOOT_URL.
+AGENT_BOOT_CHECK_URL = os.environ.get("AGENT_BOOT_CHECK_URL", "")
 AGENT_KERNEL_URL = os.environ.get("AGENT_KERNEL_URL", f"{AGENT_BOOT_URL}/images/agent/vmlinuz")
 AGENT_INITRD_URL = os.environ.get("AGENT_INITRD_URL", f"{AGENT_BOOT_URL}/images/agent/initrd")
 # The provisioning network's DHCP/boot server (dnsmasq; hosts/dhcp.py, `manage.py dhcp-config`). DHCP_RANGE:

@@ -18,11 +18,12 @@ class DecisionSerializer(serializers.ModelSerializer):
     pods = serializers.SerializerMethodField()
     claims = serializers.SerializerMethodField()
     node_type = serializers.SerializerMethodField()
+    group = serializers.SerializerMethodField(help_text="the all-or-nothing group it asked for or released, if any")
 
     class Meta:
         model = Event
         fields = ["id", "created_at", "tenant", "pool", "reason", "reason_display", "message", "pods", "claims",
-                  "node_type", "actor"]
+                  "node_type", "group", "actor"]
         read_only_fields = fields
 
     def _decorated(self, obj: Event) -> Event:
@@ -48,6 +49,10 @@ class DecisionSerializer(serializers.ModelSerializer):
     def get_node_type(self, obj) -> str:
         data = obj.data if isinstance(obj.data, dict) else {}
         return str(data.get("node_type") or "")
+
+    def get_group(self, obj) -> str | None:
+        data = obj.data if isinstance(obj.data, dict) else {}
+        return str(data["group"]) if data.get("group") else None
 
 
 class WatchSerializer(serializers.ModelSerializer):

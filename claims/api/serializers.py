@@ -1,7 +1,9 @@
 """Claims as JSON: what a tenant asked for, which node it got, and where it is in its life."""
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from claims.models import NodeClaim
+from claims.models import ClaimGroup, NodeClaim
+from claims.presenters import claim_groups_rows
 from core.api import StrictSerializer
 
 
@@ -11,6 +13,18 @@ class ConditionSerializer(serializers.Serializer):
     lastTransitionTime = serializers.DateTimeField(allow_null=True)
 
 
+class GroupSummarySerializer(serializers.Serializer):
+    """The all-or-nothing group a claim belongs to, as one unit (claims.presenters.claim_groups_rows)."""
+
+    name = serializers.CharField()
+    size = serializers.IntegerField()
+    state = serializers.CharField(help_text="Waiting, Provisioning, Available, Replacing, Failed, Releasing, Released")
+    rack = serializers.CharField()
+    rail_group = serializers.CharField()
+    reason = serializers.CharField()
+    message = serializers.CharField(help_text="why it waits, or what its last member failure did")
+
+
 class NodeClaimSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="name", read_only=True)
     pool = serializers.CharField(source="pool_name", read_only=True)
@@ -18,13 +32,50 @@ class NodeClaimSerializer(serializers.ModelSerializer):
     node_type = serializers.SlugRelatedField(slug_field="name", read_only=True)
     host = serializers.CharField(source="host_name", read_only=True)
     conditions = ConditionSerializer(many=True, read_only=True)
+    group = serializers.SerializerMethodField(help_text="its all-or-nothing group; null when placed on its own")
 
     class Meta:
         model = NodeClaim
-        fields = ["id", "name", "namespace", "tenant", "pool", "provider", "node_type", "host", "node_name",
+        fields = ["id", "name", "namespace", "tenant", "pool", "group", "provider", "node_type", "host", "node_name",
                   "ip_address", "phase", "phase_changed_at", "reason", "message", "attempts", "requirements",
                   "properties", "node_labels", "taints", "conditions", "created_at", "scheduled_at", "provisioned_at",
                   "joined_at", "available_at", "released_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(GroupSummarySerializer(allow_null=True))
+    def get_group(self, obj) -> dict | None:
+        if not obj.group_id:
+            return None
+        groups = self.context.get("groups")  # {id: group with its state}: the view reads a page's in one go
+        if groups is None or obj.group_id not in groups:
+            groups = {g.pk: g for g in claim_groups_rows(ClaimGroup.objects.filter(pk=obj.group_id))}
+        group = groups.get(obj.group_id)
+        return GroupSummarySerializer(group).data if group is not None else None
+
+
+class GroupMemberSerializer(serializers.ModelSerializer):
+    host = serializers.CharField(source="host_name", read_only=True)
+
+    class Meta:
+        model = NodeClaim
+        fields = ["id", "name", "phase", "host", "node_name", "reason", "message"]
+        read_only_fields = fields
+
+
+class ClaimGroupSerializer(serializers.ModelSerializer):
+    """An all-or-nothing group: N claims placed together on one rail group (or rack), or none of them."""
+
+    tenant = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    pool = serializers.CharField(source="pool_name", read_only=True)
+    state = serializers.CharField(read_only=True,
+                                  help_text="Waiting, Provisioning, Available, Replacing, Failed, Releasing, Released")
+    members = GroupMemberSerializer(source="shown_members", many=True, read_only=True,
+                                    help_text="its current members (those being released once replaced are left out)")
+
+    class Meta:
+        model = ClaimGroup
+        fields = ["id", "name", "tenant", "pool", "size", "state", "on_member_failure", "shares", "rack",
+                  "rail_group", "placed_at", "placements", "reason", "message", "members", "created_at"]
         read_only_fields = fields
 
 

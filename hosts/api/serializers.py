@@ -10,6 +10,8 @@ from rest_framework import serializers
 from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
 from hosts.cleaning import effective_cleaning
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
+from hosts.selectors import host_sku_deviations
+from pools.models import NodeType
 
 CLAIM_FIELDS = ["claim", "tenant"]
 
@@ -148,14 +150,17 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
     warm = serializers.BooleanField(source="is_warm", read_only=True,
                                     help_text="available and on in the agent's ramdisk: a claim skips power-on, "
                                               "network boot and lookup (its NodeType's warm.hosts)")
+    sku_deviations = serializers.SerializerMethodField(
+        help_text="how the host's last inventory differs from the SKU of each NodeType that selects it: "
+                  "{NodeType: [\"GPUs: 7 of 8 NVIDIA H200\", ...]}; empty: it conforms (or was never inspected)")
 
     class Meta:
         model = BareMetalHost
         fields = ["id", "name", "namespace", "bmc_address", "bmc_credentials_name", "bmc_username", "bmc_password",
                   "has_bmc_credentials", "bmc_disable_certificate_verification", "boot_mac", "online",
                   "root_device_hints", "labels", "automated_cleaning_mode", "cleaning_policy", "effective_cleaning",
-                  "inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
-                  "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs",
+                  "inventory", "sku_deviations", "power_state", "state", "state_changed_at", "deadline_at",
+                  "error_type", "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs",
                   "preflight_ok", "preflight_checked_at", "preflight_reason", "preflight_tls", "preflight_checks",
                   "warm", "warm_since", "warm_until", "created_at", "updated_at"]
         read_only_fields = ["inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
@@ -188,6 +193,13 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
         return {"bmc": {"ok": bmc.get("ok"), "reason": bmc.get("reason", "")},
                 "boot": {"ok": boot.get("ok"), "reason": boot.get("reason", "")},
                 "quirks": bmc.get("quirks") or {}}
+
+    @extend_schema_field(serializers.DictField(child=serializers.ListField(child=serializers.CharField())))
+    def get_sku_deviations(self, obj) -> dict:
+        types = self.context.get("sku_node_types")
+        if types is None:  # read once per response, however many hosts it lists
+            types = self.context["sku_node_types"] = list(NodeType.objects.all())
+        return host_sku_deviations(obj, types)
 
     def get_has_bmc_credentials(self, obj) -> bool:
         return bool(obj.bmc_username and obj.bmc_password)

@@ -1,5 +1,6 @@
-"""python manage.py lab --hosts N [--tenants one,two] [--fault HOST=KIND ...] [--print-manifests]"""
+"""python manage.py lab --hosts N [--vms N] [--tenants one,two] [--fault HOST=KIND ...] [--print-manifests]"""
 import logging
+import shutil
 import signal
 import threading
 
@@ -14,11 +15,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--hosts", type=int, default=8)
+        parser.add_argument("--vms", type=int, default=0,
+                            help="QEMU VM servers (vm-01…, node type vm-server) beside the simulated ones; they reach "
+                                 "the console as 10.0.2.2: run it with AGENT_BOOT_URL=http://10.0.2.2:PORT")
         parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: all but two, half below 4)")
         parser.add_argument("--tenants", default="one", help="comma-separated tenants that get an API of their own")
         parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
-                            help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*) or a "
-                                 "GPU index (gpu-*), e.g. gpu-01=gpu-xid:3")
+                            help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*, "
+                                 "disk-small) or a GPU index (gpu-*, nvlink-slow, xid-intermittent, burnin-fail), "
+                                 "e.g. gpu-01=gpu-xid:3. gpu-missing (7 of 8 GPUs) and disk-small (the first NVMe "
+                                 "half the size) deviate from the gpu-server SKU; nvlink-slow: NCCL under the "
+                                 "threshold; xid-intermittent: an Xid that fails the first DCGM run only; "
+                                 "burnin-fail: fails only dcgmi diag -r 3/4 (see lab/site.py)")
         parser.add_argument("--boot-url", "--console-url", dest="console_url", default=settings.AGENT_BOOT_URL,
                             help="the console's agent listener, where the servers fetch their boot configuration "
                                  "and the agents call home (default AGENT_BOOT_URL, %(default)s)")
@@ -34,8 +42,12 @@ class Command(BaseCommand):
                 raise CommandError(f"--fault {item!r}: expected HOST=KIND")
             faults[host] = ",".join(filter(None, [faults.get(host), kind]))  # several faults on one host
         lo, _, hi = options["power_delay"].partition("-")
+        if options["vms"] < 0 or options["hosts"] < 0:
+            raise CommandError("--hosts and --vms must be 0 or more")
+        if options["vms"] and not shutil.which("qemu-system-x86_64"):
+            raise CommandError("--vms needs qemu-system-x86_64 (Debian: qemu-system-x86, ipxe-qemu)")
         try:
-            site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"],
+            site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"], vms=options["vms"],
                            tenants=[t for t in options["tenants"].split(",") if t], faults=faults,
                            console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)))
         except ValueError as exc:
@@ -50,6 +62,11 @@ class Command(BaseCommand):
                 self.stdout.write(line)
             for name, server in site.tenants.items():
                 self.stdout.write(f"tenant {name}: Kubernetes API at {server.url}")
+            if options["vms"]:
+                self.stdout.write(f"VM servers boot from the console at {site.vm_console_url} (QEMU's address of this "
+                                  f"host): run the console with AGENT_BOOT_URL={site.vm_console_url} "
+                                  f"AGENT_BOOT_CHECK_URL={site.console_url}; serial consoles in "
+                                  f"{site.var_dir}/vm-*/console.log")
             self.stdout.write(f"lab running: {len(site.hosts)} servers; Ctrl-C stops it")
             stop = threading.Event()
             signal.signal(signal.SIGTERM, lambda *a: stop.set())

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pools', '0007_pool_topology_and_group'),
+        ('pools', '0008_node_type_sku'),
     ]
 
     operations = [
