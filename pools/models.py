@@ -11,6 +11,7 @@ from core.crypto import EncryptedTextField
 from core.labels import field_error, validate_labels, validate_taints
 
 from .choices import (
+    DEFAULT_LADDERS,
     ChecksumType,
     CleaningPolicy,
     ConsolidationPolicy,
@@ -30,6 +31,7 @@ from .validators import (
     check_host_selector,
     check_node_type_selector,
     check_quantities,
+    check_repair,
     check_taints,
     collect,
     fabric_value_text,
@@ -107,6 +109,9 @@ class NodeType(models.Model):
     # What each server of this type must have (pools/sku.py): GPU model and count, memory, NVMe, NICs, firmware.
     # Inspection results are compared with it; a host that deviates goes to repair, never to the pool as this type.
     sku = models.JSONField(default=dict, blank=True)
+    # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
+    # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
+    repair = models.JSONField(default=dict, blank=True)
     # Warm hosts (hosts/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
     # passing release gate, ready to write an image at once, and for how long an idle one stays on.
     warm_hosts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(WARM_MAX_HOSTS)],
@@ -139,6 +144,7 @@ class NodeType(models.Model):
             errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
         collect(errors, "sku", lambda: check_sku(self.sku))
+        collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
@@ -153,6 +159,14 @@ class NodeType(models.Model):
         if self.zone:
             props["topology.kubernetes.io/zone"] = self.zone
         return {**props, **self.properties}
+
+    def repair_ladder(self, kind: str) -> list[str]:
+        """The remedies a host of this type climbs for a failure of `kind`, in order; [] when none is automatic."""
+        config = self.repair or {}
+        if config.get("automatic") is False:
+            return []
+        ladders = config.get("ladders") or {}
+        return list(ladders[kind] if kind in ladders else DEFAULT_LADDERS.get(kind, DEFAULT_LADDERS["unknown"]))
 
     def effective_cost(self) -> int:
         """vCluster's default when unset: 10 per CPU, 2 per GB of memory, 10000 per other resource."""

@@ -13,6 +13,9 @@ FAST = {
     "NODE_READY_POLL_S": "2", "NODE_READY_DEADLINE_S": "60", "DRAIN_DEADLINE_S": "20", "DRAIN_GRACE_S": "1",
     "DRAIN_POLL_S": "1",
     "DRIVE_STALE_EVERY_S": "2", "RECONCILE_EVERY_S": "5",
+    # Hosts the gate sets aside stay in repair, where these tests look for them; tests/test_repair_ladder.py turns
+    # the ladder on (ladder_lab).
+    "REPAIR_LADDER": "0", "REPAIR_COLD_OFF_S": "1",
 }
 
 # Tenant pool `gpu` over the lab's gpu-servers, as a tenant's vcluster.yaml declares it.

@@ -194,6 +194,8 @@ CELERY_BEAT_SCHEDULE = {
     # Warm hosts (hosts/warm.py): one idle past its NodeType's idleMinutes, or whose agent is silent, is powered off.
     "sweep-warm-hosts": {"task": "hosts.tasks.sweep_warm_hosts",
                          "schedule": float(os.environ.get("WARM_SWEEP_EVERY_S", "30"))},
+    # The repair ladder's catch-up: hosts in repair whose next rung was asked for and never started (hosts/repair.py).
+    "repair-due": {"task": "hosts.tasks.repair_due", "schedule": float(os.environ.get("REPAIR_DUE_EVERY_S", "60"))},
     # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
     "free-leaked-addresses": {"task": "claims.tasks.free_leaked_addresses",
                               "schedule": float(os.environ.get("IPAM_LEAK_CHECK_EVERY_S", "300"))},
@@ -227,6 +229,10 @@ CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
 # A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
 HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))
 HOST_FAILURE_WINDOW_S = int(os.environ.get("HOST_FAILURE_WINDOW_S", "3600"))
+# The repair ladder (hosts/repair.py): a host set aside in repair climbs its NodeType's remedies by itself (off:
+# it waits for a person, as before the ladder). A power-cycle remedy keeps the host off this long (a cold cycle).
+REPAIR_LADDER = env_bool("REPAIR_LADDER", True)
+REPAIR_COLD_OFF_S = float(os.environ.get("REPAIR_COLD_OFF_S", "30"))
 # An OS image whose write fails on this many distinct hosts (same url and checksum, within the window) is the
 # claim's fault: the claim fails with the reason, the hosts are cleaned and return to the pool.
 IMAGE_FAILURE_HOSTS = int(os.environ.get("IMAGE_FAILURE_HOSTS", "2"))

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('hosts', '0007_host_network_data'),
+        ('hosts', '0008_repair_ladder'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pools', '0008_node_type_sku'),
+        ('pools', '0009_nodetype_repair'),
     ]
 
     operations = [
