@@ -596,7 +596,7 @@ def _free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tupl
     allocator takes them (as _allocate_group: hosts held back, then hosts that failed these claims, last).
     A host that does not say where it sits (no such label) is in no domain."""
     free = free_hosts(node_type, excluded=excluded)
-    order = [Case(When(name__in=list(tried_last), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
+    order = _host_order(list(tried_last))
     by_domain = defaultdict(list)
     for pk, labels in free.order_by(*order).values_list("pk", "labels"):
         topology = host_topology(labels)
@@ -731,7 +731,12 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
 
 
 def _host_order(tried: list[str]) -> list:
-    return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
+    """The order the allocator takes free hosts in: hosts that already failed these claims last (when they are
+    all that is left), before them hosts held back (a BMC that does not answer: hosts.capacity), which the
+    flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/warm.py: on in the
+    ramdisk, they skip power-on, boot and lookup), the longest warm first."""
+    return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
+            F("warm_since").asc(nulls_last=True), "pk"]
 
 
 def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeType, actor: str,
@@ -849,12 +854,9 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                     free = free.filter(name=pinned)
                 if only is not None:
                     free = free.filter(pk__in=only)
-                # Hosts that already failed one of these claims come last (when they are all that is left), and
-                # before them hosts held back (a BMC that does not answer: hosts.capacity), which the flow's BMC
-                # step would only confirm or clear.
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
-                order = [Case(When(name__in=tried, then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
-                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
+                hosts = list(free.select_for_update(skip_locked=True, of=("self",))
+                             .order_by(*_host_order(tried))[: len(claims)])
                 if not hosts:
                     return 0
                 # Each claim's address in this same transaction; one that cannot get one takes no host.

@@ -64,6 +64,11 @@ class BareMetalHost(models.Model):
     # steps done with their times, and the step under way. Resumable: a new worker carries on from here.
     flow = models.JSONField(default=dict, blank=True)
     drive_lease_until = models.DateTimeField(null=True, blank=True)  # one driver at a time
+    # Warm (hosts/warm.py): available, powered on in the agent's ramdisk after a passing release gate, its agent
+    # idle and heartbeating, so that a claim skips power-on, network boot and lookup. Set by the gate's keep_warm
+    # step; emptied by any move out of available and when the host is powered off (idle or its agent silent).
+    warm_since = models.DateTimeField(null=True, blank=True, db_index=True)
+    warm_until = models.DateTimeField(null=True, blank=True)  # powered off after this, if still idle
     driven_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -78,6 +83,11 @@ class BareMetalHost(models.Model):
     @property
     def state_colour(self) -> str:
         return HostState.colour(self.state)
+
+    @property
+    def is_warm(self) -> bool:
+        """Available and on in the agent's ramdisk, ready for a claim to write its image at once (hosts/warm.py)."""
+        return self.state == HostState.AVAILABLE and self.warm_since is not None
 
     def clean(self):
         errors = {}

@@ -1,7 +1,7 @@
 """Celery tasks for hosts: thin, idempotent."""
 from celery import shared_task
 
-from . import engine, preflight, repair, services
+from . import engine, preflight, repair, services, warm
 from .models import BareMetalHost
 
 
@@ -63,3 +63,9 @@ def repair_advance(host_id: int) -> str:
 @shared_task(name="hosts.tasks.repair_due")
 def repair_due() -> int:
     return len(repair.hosts_repair_due())
+
+
+# Warm hosts idle too long, or whose agent went silent: no longer warm, powered off (hosts/warm.py).
+@shared_task(name="hosts.tasks.sweep_warm_hosts")
+def sweep_warm_hosts() -> list[str]:
+    return warm.hosts_warm_sweep()

@@ -28,6 +28,8 @@ from pools.choices import (
 from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
+    WARM_MAX_HOSTS,
+    WARM_MAX_IDLE_MINUTES,
     NodeEnvironment,
     NodeProvider,
     NodeType,
@@ -299,7 +301,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku", "repair"}
+                    "cleaning", "healthCheck", "sku", "repair", "warm"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -353,6 +355,25 @@ def _repair_ladders(spec: Reader) -> dict:
     return value
 
 
+# spec.warm: {hosts: N, idleMinutes: M}: N hosts of the type kept warm after a passing gate, each powered off after
+# M minutes idle (hosts/warm.py). Left out: none kept warm.
+WARM = {"hosts": "warm_hosts", "idleMinutes": "warm_idle_minutes"}
+
+
+def _warm(spec: Reader) -> tuple[dict, dict]:
+    """spec.warm → (NodeType values, the path of each)."""
+    warm = spec.child("warm", {}).mapping(set(WARM))
+    default_idle = NodeType._meta.get_field("warm_idle_minutes").get_default()
+    hosts = warm.int("hosts", 0)
+    idle = warm.int("idleMinutes", default_idle)
+    if not 0 <= hosts <= WARM_MAX_HOSTS:
+        raise Invalid(warm.path + ("hosts",), f"must be between 0 and {WARM_MAX_HOSTS} (0: no host kept warm), not {hosts}")
+    if not 1 <= idle <= WARM_MAX_IDLE_MINUTES:
+        raise Invalid(warm.path + ("idleMinutes",),
+                      f"must be between 1 and {WARM_MAX_IDLE_MINUTES} minutes, not {idle}")
+    return {"warm_hosts": hosts, "warm_idle_minutes": idle}, {field: warm.path + (key,) for key, field in WARM.items()}
+
+
 def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
     selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
     node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
@@ -362,6 +383,8 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     if cost is not None and cost < 0:
         raise Invalid(spec.path + ("cost",), "must be 0 or more")
     gate, gate_paths = _release_gate(spec)
+    warm, warm_paths = _warm(spec)
+    gate, gate_paths = {**gate, **warm}, {**gate_paths, **warm_paths}
     repair = _repair_ladders(spec)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),

@@ -3,6 +3,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -77,6 +78,10 @@ class NodeProvider(models.Model):
             raise ValidationError(errors)
 
 
+WARM_MAX_HOSTS = 100_000  # hosts/warm.py: how many hosts of a type may be kept warm, and for how long idle
+WARM_MAX_IDLE_MINUTES = 366 * 24 * 60
+
+
 class NodeType(models.Model):
     name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
     provider = models.ForeignKey(NodeProvider, on_delete=models.PROTECT, related_name="node_types")
@@ -107,6 +112,13 @@ class NodeType(models.Model):
     # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
     # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
     repair = models.JSONField(default=dict, blank=True)
+    # Warm hosts (hosts/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
+    # passing release gate, ready to write an image at once, and for how long an idle one stays on.
+    warm_hosts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(WARM_MAX_HOSTS)],
+                                             help_text="hosts kept warm; 0: none")
+    warm_idle_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1),
+                                                                            MaxValueValidator(WARM_MAX_IDLE_MINUTES)],
+                                                    help_text="a warm host idle this long is powered off")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
