@@ -356,12 +356,15 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
 
 
 @transaction.atomic
-def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: str = "") -> NodeClaim:
+def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: str = "",
+                    counted: bool = True) -> NodeClaim:
     """The claim's host failed (error, deadline): free the claim and try another host, until CLAIM_MAX_ATTEMPTS
     distinct hosts failed it. `claim_reason`: the claim itself caused the failure (its image): it fails with
     that reason, and the host is not counted against it. Its join token, if any, is deleted by a task."""
     cap = settings.CLAIM_MAX_ATTEMPTS
-    blamed = claim.host_name and not claim_reason
+    # Not counted: the host failed its handover health check before anything was written (it is in repair); the
+    # claim takes another host at once, without spending one of its CLAIM_MAX_ATTEMPTS.
+    blamed = claim.host_name and not claim_reason and counted
     failed = [*claim.failed_hosts, claim.host_name] if blamed else claim.failed_hosts
     fields = {"host": None, "ip_address": None, "node_name": "", "failed_hosts": failed, "bootstrap_token_id": ""}
     if claim.phase == P.RELEASING:
@@ -376,6 +379,10 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
     elif claim_reason:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason=claim_reason, message=reason,
                           fields=fields)
+    elif not counted:
+        claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason="HostUnhealthy",
+                          message=f"{reason}; trying another host", fields=fields)
+        pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
     elif len(set(failed)) >= cap:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason="RetriesExhausted",
                           message=f"gave up after {claim.attempts} attempt(s); last: {reason}", fields=fields)
@@ -596,7 +603,7 @@ def _free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tupl
     allocator takes them (as _allocate_group: hosts held back, then hosts that failed these claims, last).
     A host that does not say where it sits (no such label) is in no domain."""
     free = free_hosts(node_type, excluded=excluded)
-    order = [Case(When(name__in=list(tried_last), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
+    order = _host_order(list(tried_last))
     by_domain = defaultdict(list)
     for pk, labels in free.order_by(*order).values_list("pk", "labels"):
         topology = host_topology(labels)
@@ -702,7 +709,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
             for _, domain in fitting:
                 try:
                     with transaction.atomic():
-                        hosts = list(BareMetalHost.objects.filter(pk__in=by_domain[domain], state=HostState.AVAILABLE)
+                        hosts = list(BareMetalHost.objects.filter(pk__in=by_domain[domain], state__in=FREE_STATES)
                                      .select_for_update(skip_locked=True, of=("self",))
                                      .order_by(*_host_order(tried))[:need])
                         if len(hosts) < need:
@@ -731,15 +738,15 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
 
 
 def _host_order(tried: list[str]) -> list:
-    return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
+    return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
+            Case(When(state=HostState.CHECKING, then=1), default=0), "pk"]
 
 
 def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeType, actor: str,
           message: str) -> None:
     """Hosts to provisioning and each claim to its host, in the caller's transaction (hosts locked by it)."""
     tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, claims)}
-    hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
-                           reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
+    _hosts_to_provisioning(hosts, actor=actor, reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
     for host, claim in zip(hosts, claims):
         claim.host, claim.host_name, claim.node_type = host, host.name, node_type
         claim.attempts += 1
@@ -827,10 +834,25 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
     return (others.filter(name=pinned) if pinned else others).exists()
 
 
+# A host under its idle health check is free: a claim pre-empts the check (the host is taken after the available
+# ones: _host_order).
+FREE_STATES = (HostState.AVAILABLE, HostState.CHECKING)
+
+
+def _hosts_to_provisioning(hosts: list[BareMetalHost], *, actor: str, reason: str, tenant_ids: dict) -> None:
+    """The allocated hosts to provisioning, a batch per state they are in (an idle check is abandoned)."""
+    for state in FREE_STATES:
+        batch = [h for h in hosts if h.state == state]
+        if batch:
+            hosts_transition_batch(hosts=batch, to_state=HostState.PROVISIONING, actor=actor, tenant_ids=tenant_ids,
+                                   reason=reason + ("; its idle health check is abandoned"
+                                                    if state == HostState.CHECKING else ""))
+
+
 def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
     """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
     never be allocated is left out here, once."""
-    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state=HostState.AVAILABLE)
+    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state__in=FREE_STATES)
             .exclude(name__in=excluded)
             .exclude(NEVER_ALLOCATED))  # a red preflight: never (hosts/preflight.py)
 
@@ -853,8 +875,8 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 # before them hosts held back (a BMC that does not answer: hosts.capacity), which the flow's BMC
                 # step would only confirm or clear.
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
-                order = [Case(When(name__in=tried, then=2), When(not_allocatable_q(), then=1), default=0), "pk"]
-                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*order)[: len(claims)])
+                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*_host_order(tried))
+                             [: len(claims)])
                 if not hosts:
                     return 0
                 # Each claim's address in this same transaction; one that cannot get one takes no host.
@@ -864,8 +886,8 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 if not chosen:
                     return 0
                 tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
-                hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
-                                 reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
+                _hosts_to_provisioning(hosts, actor=actor, reason=f"allocated to a {node_type.name} claim",
+                                       tenant_ids=tenant_of)
                 for host, claim in zip(hosts, chosen):
                     claim.host, claim.host_name, claim.node_type = host, host.name, node_type
                     claim.attempts += 1

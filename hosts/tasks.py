@@ -51,3 +51,8 @@ def preflight_due() -> int:
 def preflight_hosts(host_ids: list[int], actor: str = "system:preflight") -> int:
     hosts = list(BareMetalHost.objects.filter(pk__in=host_ids).order_by("pk"))
     return len(preflight.hosts_preflight(hosts=hosts, actor=actor))
+
+
+@shared_task(name="hosts.tasks.idle_checks_start")
+def idle_checks_start() -> list[str]:
+    return services.hosts_idle_check_start()

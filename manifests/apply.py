@@ -292,7 +292,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku"}
+                    "cleaning", "healthCheck", "sku", "health"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -333,9 +333,10 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
-                "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value, **gate},
+                "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
+                "health": spec.child("health", {}).mapping().value, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
-                "sku": spec.path + ("sku",),
+                "sku": spec.path + ("sku",), "health": spec.path + ("health",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)
 
