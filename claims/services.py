@@ -27,7 +27,7 @@ from hosts.capacity import (
     preflight_held_back,
 )
 from hosts.choices import HostState
-from hosts.lifecycle import ConcurrentTransition
+from hosts.lifecycle import FREE, ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from hosts.topology import host_topology
@@ -836,7 +836,7 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
 
 # A host under its idle health check is free: a claim pre-empts the check (the host is taken after the available
 # ones: _host_order).
-FREE_STATES = (HostState.AVAILABLE, HostState.CHECKING)
+FREE_STATES = tuple(sorted(FREE))
 
 
 def _hosts_to_provisioning(hosts: list[BareMetalHost], *, actor: str, reason: str, tenant_ids: dict) -> None:

@@ -47,6 +47,9 @@ STATE_FAILURE: dict[str, str] = {
     S.CHECKING: S.ERROR,
 }
 IN_PROGRESS = frozenset(STATE_FAILURE)
+# States in which a host is free for the next claim: available, or under its idle health check (which a claim
+# pre-empts): the allocator and every count of free hosts use it.
+FREE = frozenset({S.AVAILABLE, S.CHECKING})
 # States in which a host serves (or is being made ready for) a tenant's claim.
 CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 # States in which a host may run the agent (booted into the ramdisk by one of its flows).
