@@ -120,6 +120,10 @@ class ConsoleClient:
             "progress": progress,
             "message": message,
         }, token=session.token)
+        # The console may change how often to ask while idle (a warm host waits longer between two asks).
+        wait = answer.get("heartbeat_s")
+        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0.1 <= wait <= 300:
+            session.heartbeat_s = float(wait)
         command = answer.get("command")
         return command if isinstance(command, dict) else None
 

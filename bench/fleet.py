@@ -2,6 +2,15 @@
 
   .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
                                   [--web-pool 10] [--profile DIR]
+  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-heartbeats 1,5] [--power-delay 2] [--idle 30]
+
+--warm (hosts/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
+per --warm-heartbeats value: how often a warm host's idle agent asks for work, WARM_HEARTBEAT_S), each with
+a fresh database and lab, N gpu-servers registered and inspected, then a quiet window of --idle seconds with
+nothing to do (the warm hosts' agents heartbeating), then one pool of N. Prints claim → Ready (claim created →
+Available) p50/p95 warm and cold side by side with their ratio, the console's CPU per provision, and the
+console's CPU per warm host-hour: the CPU of the quiet window, warm minus cold, per host and hour (the agent
+listener's CPU per heartbeat beside it), against the console CPU that a warm provision saves.
 
 For each N (and N = 1 as the reference) a fresh database and a fresh lab: N gpu-servers registered and
 inspected, then one tenant's pool set to N, and the time from that commit until every claim is
@@ -24,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -221,6 +231,181 @@ def run_once(n: int, args) -> dict:
     return result
 
 
+class _Counter:
+    def __init__(self):
+        self.value, self._lock = 0, threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+HEARTBEATS = _Counter()  # heartbeats the lab's agents sent (this process's agent threads), for --warm
+
+
+def count_heartbeats() -> None:
+    """Count every heartbeat the lab's thread-mode agents send (they run in this process)."""
+    from agent.client import ConsoleClient
+
+    sent = ConsoleClient.heartbeat
+    if getattr(sent, "counted", False):
+        return
+
+    def heartbeat(self, *args, **kwargs):
+        HEARTBEATS.add()
+        return sent(self, *args, **kwargs)
+
+    heartbeat.counted = True
+    ConsoleClient.heartbeat = heartbeat
+
+
+def heartbeats() -> int:
+    return HEARTBEATS.value
+
+
+def run_warm(n: int, warm: bool, args, heartbeat_s: float = 1) -> dict:
+    """One N, cold or warm: register N gpu-servers (all kept warm, or none), measure a quiet window, then
+    provision N at once. Claim → Ready per claim: its creation to its Available transition. `heartbeat_s`: how
+    often a warm host's idle agent asks for work (WARM_HEARTBEAT_S)."""
+    os.environ["WARM_HEARTBEAT_S"] = str(heartbeat_s)  # the console's processes read it
+    fresh_database()
+    from django.core.management import call_command
+    from django.db.models import Count
+
+    from claims.models import NodeClaim
+    from events.models import Event
+    from hosts.models import BareMetalHost
+    from lab.site import IMAGE_NAME, LabSite
+    from manifests.apply import apply_files
+    from pools.models import NodeType
+
+    count_heartbeats()
+    console = Console(args.workers, args.threads, args.web_pool)
+    site = LabSite(hosts=n, gpu_hosts=n, tenants=["bench"], console_url=console.url, agent_mode="thread",
+                   power_delay=(args.power_delay, args.power_delay),
+                   var_dir=Path(tempfile.mkdtemp(prefix="vmetal-fleet-lab-"))).start()
+    try:
+        call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
+        apply_files([("network", NETWORK)], actor="bench")
+        NodeType.objects.filter(name="gpu-server").update(warm_hosts=n if warm else 0, warm_idle_minutes=60)
+        site.register()
+        t0 = time.monotonic()
+        ready = BareMetalHost.objects.filter(state="available")
+        if warm:
+            ready = ready.filter(warm_since__isnull=False)
+        while ready.count() < n:
+            if time.monotonic() - t0 > args.timeout:
+                raise RuntimeError(f"registration: {dict(BareMetalHost.objects.values_list('state').annotate(Count('pk')))}")
+            time.sleep(0.5)
+        registered = time.monotonic() - t0
+        time.sleep(3)  # the last power-offs land, the last drives end
+        # The quiet window: nothing to do but the beat's periodic tasks and, warm, the agents' heartbeats.
+        cpu0, web0, beats0 = console.cpu(), console.web_cpu(), heartbeats()
+        w0 = time.monotonic()
+        time.sleep(args.idle)
+        window = time.monotonic() - w0
+        idle = {"console": console.cpu() - cpu0, "web": console.web_cpu() - web0,
+                "heartbeats": heartbeats() - beats0, "seconds": window}
+        if warm and BareMetalHost.objects.filter(warm_since__isnull=False).count() < n:
+            raise RuntimeError("warm hosts lost their warmth in the quiet window")
+
+        pool = (f"privateNodes:\n  autoNodes:\n    - provider: metal3\n      properties:\n"
+                f"        vcluster.com/os-image: {IMAGE_NAME}\n      static:\n        - name: gpu\n"
+                f"          quantity: {n}\n          nodeTypeSelector:\n            - property: vcluster.com/node-type\n"
+                f"              value: gpu-server\n")
+        cpu_before, web_before = console.cpu(), console.web_cpu()
+        start = time.monotonic()
+        apply_files([("pool", pool)], actor="bench", tenant="bench")
+        while NodeClaim.objects.filter(phase="Available").count() < n:
+            if time.monotonic() - start > args.timeout:
+                phases = dict(NodeClaim.objects.values_list("phase").annotate(Count("pk")))
+                raise RuntimeError(f"provisioning did not finish: {phases}")
+            time.sleep(0.2)
+        makespan = time.monotonic() - start
+        cpu, web = console.cpu() - cpu_before, console.web_cpu() - web_before
+        available = dict(Event.objects.filter(kind="transition", to_state="Available", claim__isnull=False)
+                         .values_list("claim_id", "created_at"))
+        latencies = [(available[c.pk] - c.created_at).total_seconds() for c in NodeClaim.objects.all()]
+        steps: dict[str, list[float]] = {}
+        for step, duration in Event.objects.filter(kind="step", message="done", data__flow="provision") \
+                .values_list("step", "duration_s"):
+            steps.setdefault(step, []).append(duration)
+        return {"n": n, "warm": warm, "registered_s": registered, "makespan_s": makespan, "latencies": latencies,
+                "cpu_per_host": cpu / n, "web_per_host": web / n, "idle": idle, "steps": steps}
+    finally:
+        site.stop()
+        console.stop()
+        shutil.rmtree(site.var_dir, ignore_errors=True)
+
+
+def main_warm(args) -> None:
+    sizes = [int(x) for x in args.warm_sizes.split(",") if x]
+    beats = [float(x) for x in args.warm_heartbeats.split(",") if x]
+    modes = [("cold", False, 1.0)] + [(f"warm@{b:g}s", True, b) for b in beats]
+    results: dict[tuple[int, str], dict] = {}
+    for n in sizes:
+        for mode, warm, beat in modes:
+            try:
+                results[n, mode] = r = run_warm(n, warm, args, heartbeat_s=beat)
+            except RuntimeError as exc:
+                print(f"N={n:>3} {mode}: did not finish: {exc}", flush=True)
+                continue
+            i = r["idle"]
+            print(f"N={n:>3} {mode}: registered in {r['registered_s']:.1f}s; claim → Ready p50 "
+                  f"{percentile(r['latencies'], 50):.2f}s p95 {percentile(r['latencies'], 95):.2f}s (makespan "
+                  f"{r['makespan_s']:.1f}s); console {r['cpu_per_host']:.3f} CPU-s per provision; quiet "
+                  f"{i['seconds']:.0f}s: console {i['console']:.2f} CPU-s (web {i['web']:.2f}), "
+                  f"{i['heartbeats']} heartbeats", flush=True)
+    print(f"\npower changes land after {args.power_delay:g}s; console: agent listener (pool {args.web_pool}) + "
+          f"{args.workers} worker(s) × {args.threads} threads; lab agents in threads (no process start); "
+          f"warm@Xs: a warm host's idle agent asks for work every X s (WARM_HEARTBEAT_S)")
+    print("\nclaim → Ready (claim created → Available), seconds; console CPU-s per provision")
+    print(f"  {'N':>4} {'mode':<10} {'p50':>7} {'p95':>7} {'p50/cold':>9} {'p95/cold':>9} {'CPU-s':>7}")
+    for n in sizes:
+        cold = results.get((n, "cold"))
+        for mode, _, _ in modes:
+            r = results.get((n, mode))
+            if r is None:
+                print(f"  {n:>4} {mode:<10} (did not run)")
+                continue
+            p50, p95 = percentile(r["latencies"], 50), percentile(r["latencies"], 95)
+            ratio = (f"{p50 / percentile(cold['latencies'], 50):>9.2f} {p95 / percentile(cold['latencies'], 95):>9.2f}"
+                     if cold else f"{'-':>9} {'-':>9}")
+            print(f"  {n:>4} {mode:<10} {p50:>7.2f} {p95:>7.2f} {ratio} {r['cpu_per_host']:>7.3f}")
+    print("\nwhat warm hosts cost the console (quiet window, warm minus cold), against what a warm provision saves")
+    for n in sizes:
+        cold = results.get((n, "cold"))
+        for mode, warm, _ in modes:
+            r = results.get((n, mode))
+            if not warm or r is None or cold is None:
+                continue
+            ci, wi = cold["idle"], r["idle"]
+            extra = wi["console"] / wi["seconds"] - ci["console"] / ci["seconds"]  # CPU-s per second, N warm hosts
+            per_host_hour = extra / n * 3600
+            sent = wi["heartbeats"] - ci["heartbeats"] * wi["seconds"] / ci["seconds"]
+            web = wi["web"] - ci["web"] * wi["seconds"] / ci["seconds"]
+            per_beat = web / sent if sent > 0 else float("nan")
+            saved = cold["cpu_per_host"] - r["cpu_per_host"]
+            line = (f"  N={n:>3} {mode:<10}: {per_host_hour:6.1f} CPU-s per warm host-hour ({sent / wi['seconds'] / n:.2f} "
+                    f"heartbeats/s per host at {1000 * per_beat:.1f} ms of the agent listener's CPU each); a warm "
+                    f"provision saves {saved:.3f} console CPU-s")
+            if saved > 0:
+                line += f": even at {per_host_hour / saved:.0f} claims per warm host-hour"
+            print(line)
+    ns = [n for n in sizes if all((n, m) in results for m, _, _ in modes)]
+    if ns:
+        from hosts.engine import FLOWS
+
+        print("\nper-step p50 (seconds): " + " / ".join(m for m, _, _ in modes))
+        print("  " + " " * 18 + "".join(f"{'N=' + str(n):>24}" for n in ns))
+        for step in [s.name for s in FLOWS["provision"].steps]:
+            cells = []
+            for n in ns:
+                values = [results[n, m]["steps"].get(step) for m, _, _ in modes]
+                cells.append(" / ".join(f"{percentile(v, 50):5.2f}" if v else "    -" for v in values))
+            print(f"  {step:<18}" + "".join(f"{c:>24}" for c in cells))
+
+
 def backends() -> dict[int, float]:
     """CPU seconds so far of each PostgreSQL backend serving the bench database (the console's pools)."""
     from django.db import connection
@@ -259,7 +444,15 @@ def main():
     parser.add_argument("--max-connections", type=int, default=40, help="refuse to start a console needing more")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--profile", default="", help="a folder: py-spy samples of the console at the largest N")
+    parser.add_argument("--warm", action="store_true", help="claim → Ready of warm hosts against cold ones")
+    parser.add_argument("--warm-sizes", default="1,20,50", help="with --warm: the N to run, comma separated")
+    parser.add_argument("--idle", type=float, default=30, help="with --warm: the quiet window, seconds")
+    parser.add_argument("--warm-heartbeats", default="1,5",
+                        help="with --warm: WARM_HEARTBEAT_S values to run warm with, comma separated")
     args = parser.parse_args()
+    if args.warm:
+        main_warm(args)
+        return
     sizes = [1, args.hosts] + [int(x) for x in args.sweep.split(",") if x]
     args.sizes = sizes
     results = {}

@@ -48,7 +48,9 @@ def fleet_status() -> dict:
     return {
         "version": STATUS_VERSION,
         "generated_at": timezone.now().isoformat(),
-        "hosts": {"total": sum(by_state.values()), "by_state": by_state},
+        # Warm: available hosts on in the agent's ramdisk, ready to write an image at once (hosts/warm.py).
+        "hosts": {"total": sum(by_state.values()), "by_state": by_state,
+                  "warm": BareMetalHost.objects.filter(state=HostState.AVAILABLE, warm_since__isnull=False).count()},
         "tenants": tenants,
         "node_types": [{"name": t.name, "provider": t.provider.name, "cost": t.effective_cost(),
                         "capacity": capacity[t.pk]} for t in node_types],

@@ -738,8 +738,13 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
 
 
 def _host_order(tried: list[str]) -> list:
+    """The order the allocator takes free hosts in: hosts that already failed these claims last (when they are
+    all that is left), before them hosts held back (a BMC that does not answer: hosts.capacity), which the
+    flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/warm.py: on in the
+    ramdisk, they skip power-on, boot and lookup), the longest warm first."""
     return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
-            Case(When(state=HostState.CHECKING, then=1), default=0), "pk"]
+            Case(When(state=HostState.CHECKING, then=1), default=0),  # an idle check is pre-empted last
+            F("warm_since").asc(nulls_last=True), "pk"]
 
 
 def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeType, actor: str,
@@ -871,12 +876,9 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                     free = free.filter(name=pinned)
                 if only is not None:
                     free = free.filter(pk__in=only)
-                # Hosts that already failed one of these claims come last (when they are all that is left), and
-                # before them hosts held back (a BMC that does not answer: hosts.capacity), which the flow's BMC
-                # step would only confirm or clear.
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
-                hosts = list(free.select_for_update(skip_locked=True, of=("self",)).order_by(*_host_order(tried))
-                             [: len(claims)])
+                hosts = list(free.select_for_update(skip_locked=True, of=("self",))
+                             .order_by(*_host_order(tried))[: len(claims)])
                 if not hosts:
                     return 0
                 # Each claim's address in this same transaction; one that cannot get one takes no host.

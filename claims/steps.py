@@ -24,13 +24,17 @@ from hosts.flows import (
     CLEANING_STEPS,
     HANDOVER_STEPS,
     INSPECT_UNLESS_KNOWN,
+    KEEP_WARM,
     RAMDISK_STEPS,
     host_flow,
+    power_off_unless_warm,
     step_boot_from_disk,
     step_power_off,
     step_reboot_to_disk,
 )
+from hosts.models import CommandStatus, HostCommand
 from hosts.selectors import image_write_failures
+from hosts.warm import warm_session
 from pools.choices import FabricKind
 from pools.fabric import FabricRangeFull, fabric_partitions_assign
 from pools.validators import parse_duration
@@ -82,6 +86,8 @@ def step_check_tenant_api(run: Run) -> dict:
     try:
         result = agent_command(run, "check_endpoint", args)
     except StepFailed as failure:
+        if run.data.get("warm") and failure.message.startswith("the agent stopped answering"):
+            raise _warm_lost(run, failure.message) from None
         if not failure.evidence.get("kind"):
             raise  # the agent itself failed (silent, crashed): the host's business, as for any command
         raise StepFailed(unreachable_message(target["endpoint"], failure.evidence["reason"]),
@@ -303,11 +309,34 @@ def claim_joining(run: Run) -> None:
                           message=f"{run.host.name} boots the installed OS and joins")
 
 
+# --- warm hosts (hosts/warm.py): a claim on a host that waits, on, in the agent's ramdisk --------------------
+
+def provision_begin(run: Run) -> None:
+    """A host whose agent session is open and was heard from lately is warm: its provision has no power-on,
+    network boot, lookup or inspection (those steps do not apply) and starts with the agent it has. A host
+    whose agent is silent (it died while warm) is provisioned cold, as any other."""
+    session = warm_session(run.host.pk)
+    if session is not None:
+        run.data["warm"] = {"boot_id": session.boot_id, "agent_seen_at": session.last_seen_at.isoformat()}
+
+
+def cold(run: Run) -> bool:
+    return not run.data.get("warm")
+
+
+def _warm_lost(run: Run, message: str) -> Waiting:
+    """The warm host's agent stopped answering before anything was written: the provision goes on by the cold
+    path on the same host (power-on into the ramdisk, lookup), its unanswered command queued afresh then."""
+    run.data["warm"] = False
+    run.data["warm_lost"] = message
+    HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"]).exclude(status=CommandStatus.DONE).delete()
+    return step_retry(run, f"the warm host's agent is gone ({message}): provisioning it cold", recheck_s=0.1)
+
+
 # --- the flows that serve a claim, on the step engine (hosts.engine) ----------------------------------------
 
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
-    *RAMDISK_STEPS[:2],
-    INSPECT_UNLESS_KNOWN,
+    *(Step(s.name, s.run, s.deadline_s, when=cold) for s in (*RAMDISK_STEPS[:2], INSPECT_UNLESS_KNOWN)),
     *HANDOVER_STEPS,  # the handover tier, before anything is written: a failure sends the host to repair and
     # gives the claim another host
     Step(CHECK_STEP, step_check_tenant_api, setting("AGENT_COMMAND_DEADLINE_S")),
@@ -319,7 +348,8 @@ PROVISION = host_flow("provision", HostState.PROVISIONING, [
     Step("node_labels", step_node_labels, setting("AGENT_COMMAND_DEADLINE_S")),
 ], done_state=HostState.PROVISIONED,
     clean_state=HostState.DEPROVISIONING,  # a failure that may leave half an image or a seed: cleaned, not parked
-    after_step={"boot_from_disk": claim_joining}, related=("claim__tenant", "claim__node_type"))
+    after_step={"boot_from_disk": claim_joining}, related=("claim__tenant", "claim__node_type"),
+    begin=provision_begin)
 
 # The tenant's side of a release (drain, delete) is skipped with its reason when it fails: a tenant API that is
 # away must not keep the host from being erased.
@@ -329,5 +359,6 @@ DEPROVISION = host_flow("deprovision", HostState.DEPROVISIONING, [
     Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
     *RAMDISK_STEPS[:2],
     *CLEANING_STEPS,
-    Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+    KEEP_WARM,
+    power_off_unless_warm("power_off_after_clean"),
 ], done_state=HostState.AVAILABLE, gate=True, related=("claim__tenant", "claim__node_type"))

@@ -99,8 +99,11 @@ class NodeTypeForm(RecordedForm):
                   "host_selector",
                   # The release gate: a manifest's spec.cleaning and spec.healthCheck.
                   "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
-                  "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps"]
-        labels = {"cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
+                  "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps",
+                  # Warm hosts (hosts/warm.py): a manifest's spec.warm.
+                  "warm_hosts", "warm_idle_minutes"]
+        labels = {"warm_hosts": "Warm hosts", "warm_idle_minutes": "Warm host idle minutes",
+                  "cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
                   "erase_concurrency": "Disks erased at once", "erase_verify_share": "Share read back",
                   "erase_verify_full": "Read every byte back", "health_dcgm_level": "dcgmi diag level",
                   "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least"}
@@ -108,6 +111,21 @@ class NodeTypeForm(RecordedForm):
                                          "a host may override it",
                       "cleaning_fallback": "used, and recorded on the certificate, when the method cannot run; "
                                            "empty: none (the host goes to repair)"}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("warm_hosts", "warm_idle_minutes"):  # left empty: as it is (a new type: the default)
+            self.fields[name].required = False
+
+    def _kept(self, name: str):
+        value = self.cleaned_data.get(name)
+        return getattr(self.instance, name) if value is None else value
+
+    def clean_warm_hosts(self):
+        return self._kept("warm_hosts")
+
+    def clean_warm_idle_minutes(self):
+        return self._kept("warm_idle_minutes")
 
     def clean_resources(self):
         resources = self.cleaned_data["resources"]

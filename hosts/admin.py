@@ -18,7 +18,13 @@ from events.choices import ObjectType
 from pools.matching import label_selector_q
 
 from .lifecycle import ConcurrentTransition, IllegalTransition
-from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from .models import (
+    BareMetalHost,
+    EraseCertificate,
+    HealthCheckRun,
+    RepairAttempt,
+    RepairCase,
+)
 from .services import (
     host_create,
     host_delete,
@@ -196,3 +202,18 @@ class HealthCheckRunAdmin(ReadOnlyAdmin):
     list_display = ("host_name", "suite", "verdict", "node_type", "exit_code", "created_at")
     list_filter = ("verdict", "suite")
     search_fields = ("host_name", "flow_id", "node_type")
+
+
+@admin.register(RepairCase)
+class RepairCaseAdmin(ReadOnlyAdmin):
+    """The repair ladder's cases (hosts/repair.py): written only by host moves, so read only here."""
+    list_display = ("host_name", "node_type", "kind", "detail", "position", "outcome", "opened_at", "closed_at")
+    list_filter = ("outcome", "kind", "node_type")
+    search_fields = ("host_name", "summary", "failure")
+
+
+@admin.register(RepairAttempt)
+class RepairAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("host_name", "kind", "position", "step", "outcome", "started_at", "finished_at", "failed_step")
+    list_filter = ("outcome", "step", "kind")
+    search_fields = ("host_name", "flow_id", "message")

@@ -26,6 +26,7 @@ from core.client_address import client_ip
 
 from . import boot as boot_path
 from . import engine
+from .choices import HostState
 from .lifecycle import AGENT_STATES
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 
@@ -70,11 +71,16 @@ def _session(request, body: dict) -> AgentSession:
     # The hash is unique: no .first(), whose ORDER BY costs more to compile than the query costs to run.
     session = next(iter(AgentSession.objects.select_related("host").filter(token_hash=hash_token(header[7:]))
                         .order_by()), None)
-    if session is None or not session.active or session.host.state not in AGENT_STATES:
+    if session is None or not session.active or not _in_ramdisk(session.host):
         raise Refused(403, "token is not valid for this boot")
     if body.get("host_id") != session.host_id:
         raise Refused(403, "token belongs to another host")
     return session
+
+
+def _in_ramdisk(host: BareMetalHost) -> bool:
+    """A host whose flow runs the agent, or a warm one (hosts/warm.py): available, its agent idle in the ramdisk."""
+    return host.state in AGENT_STATES or (host.state == HostState.AVAILABLE and host.warm_since is not None)
 
 
 def _endpoint(view):
@@ -204,16 +210,19 @@ def heartbeat(request, body):
         engine.publish_progress(session.host_id)
     if body.get("status") == "busy":
         return {"command": None}
+    if session.host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
+        # At most a quarter of AGENT_SILENCE_S, so that a warm agent is never taken for a silent one.
+        return {"command": None, "heartbeat_s": min(settings.WARM_HEARTBEAT_S, settings.AGENT_SILENCE_S / 4)}
     flow_id = (session.host.flow or {}).get("id")
     command = HostCommand.objects.filter(host_id=session.host_id, flow_id=flow_id,
                                          status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()
     if command is None:
-        return {"command": None}
+        return {"command": None, "heartbeat_s": HEARTBEAT_S}
     HostCommand.objects.filter(pk=command.pk).update(status=CommandStatus.SENT, sent_at=now, session=session)
     args = dict(command.args)
     if command.secret_args:
         args.update(json.loads(command.secret_args))
-    return {"command": {"id": command.public_id, "name": command.name, "args": args}}
+    return {"command": {"id": command.public_id, "name": command.name, "args": args}, "heartbeat_s": HEARTBEAT_S}
 
 
 @rate_limited("call")

@@ -10,9 +10,12 @@ class HostsConfig(AppConfig):
         from . import (
             consumers,  # noqa: F401 (registers who may join a host's live group)
             flows,  # noqa: F401 (registers the host's own flows with the step engine)
+            repair,  # registers the repair flow
         )
         from .capacity import node_type_capacity
+        from .lifecycle import on_host_transition
         from .preflight import connect_receivers
 
         capacity_source(node_type_capacity)
+        on_host_transition(repair.host_moved)  # a move into or out of repair opens or closes its repair case
         connect_receivers()  # a host's BMC or MAC changed: preflight it again on commit

@@ -38,7 +38,7 @@ NOT_ALLOCATABLE: dict[str, Q] = {
 # broken: a claim would only fail on it). A red BMC alone is taken last instead (the flow's BMC step retries it).
 NEVER_ALLOCATED = Q(preflight_ok=False)
 # Hosts that need someone before they serve: in error, in repair, or being retested in repair.
-BROKEN = (HostState.ERROR, HostState.REPAIR, HostState.RETESTING)
+BROKEN = (HostState.ERROR, HostState.REPAIR, HostState.RETESTING, HostState.REPAIRING)
 CAPACITY_COLUMNS = ("total", "free", "allocatable", "serving", "broken", *NOT_ALLOCATABLE)
 NO_RACK = ""
 

@@ -17,6 +17,8 @@ class HostState(ColouredChoices):
     REPAIR = "repair", "Repair", "purple"  # not an in-progress amber: it waits for a person
     # In repair: cleaned and checked again (hosts.services.host_retest).
     RETESTING = "retesting", "Retesting", "warning"
+    # In repair: one automatic remedy of the repair ladder under way, then the checks (hosts/repair.py).
+    REPAIRING = "repairing", "Repairing", "warning"
     RETIRED = "retired", "Retired", "dark"  # taken out of the fleet for good
     ERROR = "error", "Error", "danger"
     MAINTENANCE = "maintenance", "Maintenance", "dark"
@@ -36,3 +38,16 @@ class CleaningMode(models.TextChoices):
 class Verdict(models.TextChoices):
     PASS = "pass", "Pass"
     FAIL = "fail", "Fail"
+
+
+class RepairOutcome(models.TextChoices):
+    """How a repair case (hosts.models.RepairCase) or one rung of its ladder (RepairAttempt) ended."""
+    RUNNING = "running", "Running"
+    PASSED = "passed", "Passed"  # an attempt whose checks passed
+    FAILED = "failed", "Failed"  # an attempt whose checks failed again
+    ABORTED = "aborted", "Aborted"  # an attempt the host left otherwise (maintenance, an error of its flow)
+    REPAIRED = "repaired", "Repaired automatically"  # a case closed by a passing remedy
+    RETURNED = "returned", "Returned to service by a person"  # closed by an admin (retest + return, override)
+    WAITING = "waiting", "Waiting for a person"  # the ladder is exhausted (or none is automatic)
+    RETIRED = "retired", "Retired"
+    WITHDRAWN = "withdrawn", "Taken out"  # maintenance, or back through a release

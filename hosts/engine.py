@@ -64,19 +64,26 @@ FAIL, SKIP = "fail", "skip"
 class Step:
     """`on_deadline`: what the flow does with a step that has not finished within `deadline_s` (or failed):
     FAIL the flow (the flow's `fail` sends the host to its failure state), or SKIP it with the reason recorded
-    and go on (a release's drain and delete: the tenant's API must not keep a host from its erase)."""
+    and go on (a release's drain and delete: the tenant's API must not keep a host from its erase).
+    `when`: the step runs only where when(run) is true; elsewhere it is passed over without a trace (no Event,
+    nothing on the timeline): a warm host's provision has no power-on, network boot or lookup at all."""
 
     name: str
     run: Callable[["Run"], dict | None]
     deadline_s: Callable[[], float]
     on_deadline: str = FAIL
+    when: Callable[["Run"], bool] | None = None
+
+    def applies(self, run: "Run") -> bool:
+        return self.when is None or bool(self.when(run))
 
 
 @dataclass
 class Flow:
     """A host's flow in one state. `finish(run)` and `fail(run, step, failure)` move the host on (hosts.flows
     gives them); `done_state`, `clean_state` and `gate` are theirs to read; `after_step` runs a function once a
-    step is done; `related`: the host's relations a step reads (loaded with the host, one query)."""
+    step is done; `related`: the host's relations a step reads (loaded with the host, one query); `begin(run)`
+    runs once when a run of the flow starts, before its first step (what it writes in run.data is kept)."""
 
     name: str
     state: str
@@ -88,6 +95,7 @@ class Flow:
     gate: bool = False
     after_step: dict[str, Callable[["Run"], None]] = field(default_factory=dict)
     related: tuple[str, ...] = ()
+    begin: Callable[["Run"], None] | None = None
 
 
 FLOWS: dict[str, Flow] = {}  # by name
@@ -265,8 +273,10 @@ def _advance(host_id: int) -> bool:
     if run.flow.get("state_since") != host.state_changed_at.isoformat() or run.flow.get("name") != flow_name:
         run.flow = {"name": flow_name, "id": str(uuid.uuid4()), "state_since": host.state_changed_at.isoformat(),
                     "done": {}, "data": {}}
+        if flow.begin is not None:
+            flow.begin(run)
         run.save_flow()
-    step = next((s for s in flow.steps if s.name not in run.flow["done"]), None)
+    step = next((s for s in flow.steps if s.name not in run.flow["done"] and s.applies(run)), None)
     if step is None:
         flow.finish(run)
         return True

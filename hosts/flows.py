@@ -29,6 +29,7 @@ from .engine import (
 from .lifecycle import ConcurrentTransition
 from .models import AgentSession, BareMetalHost
 from .selectors import host_recent_failures, host_sku_deviations, sku_deviations_text
+from .warm import not_kept_warm, step_keep_warm, warm_wanted
 
 log = logging.getLogger(__name__)
 
@@ -614,13 +615,22 @@ RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
     Step("sku_check", step_sku_check, lambda: 60.0),  # reads the database only: one drive
 ]
 INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT_COMMAND_DEADLINE_S"))
+# After a passing gate, where the host's NodeType keeps warm hosts (hosts/warm.py): it may stay on in the
+# ramdisk, warm, instead of being powered off. Its timeline then shows keep_warm and no power-off.
+KEEP_WARM = Step("keep_warm", step_keep_warm, lambda: 60.0, when=warm_wanted)  # a few queries: a minute is plenty
+
+
+def power_off_unless_warm(name: str) -> Step:
+    return Step(name, step_power_off, setting("POWER_STEP_DEADLINE_S"), when=not_kept_warm)
 
 
 def host_flow(name: str, state: str, steps: list[Step], *, done_state: str, clean_state: str = "",
-              gate: bool = False, after_step: dict | None = None, related: tuple[str, ...] = ()) -> Flow:
+              gate: bool = False, after_step: dict | None = None, related: tuple[str, ...] = (),
+              begin=None) -> Flow:
     """Register a flow that ends, and fails, as every host flow does (finish, fail above)."""
     return register_flow(Flow(name=name, state=state, steps=steps, finish=finish, fail=fail, done_state=done_state,
-                              clean_state=clean_state, gate=gate, after_step=after_step or {}, related=related))
+                              clean_state=clean_state, gate=gate, after_step=after_step or {}, related=related,
+                              begin=begin))
 
 
 host_flow("register", HostState.REGISTERING, [Step("bmc_check", step_bmc_check, setting("POWER_DEADLINE_S"))],
@@ -629,7 +639,8 @@ host_flow("inspect", HostState.INSPECTING, [
     *RAMDISK_STEPS,
     *CLEANING_STEPS,  # the initial clean and health check, as on every release
     *INTAKE_STEPS,  # and the intake tier (burn-in), when the NodeType declares it
-    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+    KEEP_WARM,
+    power_off_unless_warm("power_off"),
 ], done_state=HostState.AVAILABLE, gate=True)
 # A host in repair, cleaned and checked again; it stays in repair (with the verdict) until an admin returns it
 # to service (hosts.services.host_return_to_service).

@@ -25,8 +25,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.DEPROVISIONING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR}),
     # Repair: retest (clean and check again), back to service (after a passing retest or an admin override,
     # hosts.services.host_return_to_service), retire.
-    S.REPAIR: frozenset({S.RETESTING, S.DEPROVISIONING, S.AVAILABLE, S.RETIRED, S.MAINTENANCE}),
+    # The repair ladder (hosts/repair.py): one automatic remedy at a time (repairing), back to repair when it did
+    # not help, to the pool when the checks after it passed.
+    S.REPAIR: frozenset({S.RETESTING, S.REPAIRING, S.DEPROVISIONING, S.AVAILABLE, S.RETIRED, S.MAINTENANCE}),
     S.RETESTING: frozenset({S.REPAIR, S.ERROR, S.MAINTENANCE}),
+    S.REPAIRING: frozenset({S.REPAIR, S.AVAILABLE, S.ERROR, S.MAINTENANCE}),
     S.RETIRED: frozenset(),
     S.ERROR: frozenset({S.REGISTERING, S.DEPROVISIONING, S.REPAIR, S.RETIRED, S.MAINTENANCE}),
     S.MAINTENANCE: frozenset({S.REGISTERING, S.RETIRED}),
@@ -45,6 +48,7 @@ STATE_FAILURE: dict[str, str] = {
     S.DEPROVISIONING: S.ERROR,
     S.RETESTING: S.REPAIR,
     S.CHECKING: S.ERROR,
+    S.REPAIRING: S.REPAIR,  # a remedy that never ends failed: the ladder goes on from repair
 }
 IN_PROGRESS = frozenset(STATE_FAILURE)
 # States in which a host is free for the next claim: available, or under its idle health check (which a claim
@@ -53,7 +57,7 @@ FREE = frozenset({S.AVAILABLE, S.CHECKING})
 # States in which a host serves (or is being made ready for) a tenant's claim.
 CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 # States in which a host may run the agent (booted into the ramdisk by one of its flows).
-AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING, S.CHECKING)
+AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING, S.REPAIRING, S.CHECKING)
 
 
 def check_transition(from_state: str, to_state: str, name: str = "host") -> None:

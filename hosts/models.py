@@ -14,7 +14,7 @@ from pools.validators import (
 )
 
 from .bmc import BMCError, parse_address
-from .choices import CleaningMode, HostState, PowerState, Verdict
+from .choices import CleaningMode, HostState, PowerState, RepairOutcome, Verdict
 
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
 
@@ -64,6 +64,11 @@ class BareMetalHost(models.Model):
     # steps done with their times, and the step under way. Resumable: a new worker carries on from here.
     flow = models.JSONField(default=dict, blank=True)
     drive_lease_until = models.DateTimeField(null=True, blank=True)  # one driver at a time
+    # Warm (hosts/warm.py): available, powered on in the agent's ramdisk after a passing release gate, its agent
+    # idle and heartbeating, so that a claim skips power-on, network boot and lookup. Set by the gate's keep_warm
+    # step; emptied by any move out of available and when the host is powered off (idle or its agent silent).
+    warm_since = models.DateTimeField(null=True, blank=True, db_index=True)
+    warm_until = models.DateTimeField(null=True, blank=True)  # powered off after this, if still idle
     driven_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -78,6 +83,11 @@ class BareMetalHost(models.Model):
     @property
     def state_colour(self) -> str:
         return HostState.colour(self.state)
+
+    @property
+    def is_warm(self) -> bool:
+        """Available and on in the agent's ramdisk, ready for a claim to write its image at once (hosts/warm.py)."""
+        return self.state == HostState.AVAILABLE and self.warm_since is not None
 
     def clean(self):
         errors = {}
@@ -260,3 +270,64 @@ class HealthCheckRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.suite}: {self.verdict}" + (f" ({self.reasons[0]})" if self.reasons and self.verdict == "fail" else "")
+
+
+class RepairCase(models.Model):
+    """One stay of a host in repair, from the failure that sent it there to its return to service (or its
+    retirement): the failure's kind and evidence, the ladder it climbs (hosts/repair.py), where it stands on it,
+    and how it ended. Mean time to repair and the repair rate are read from these rows (hosts.selectors)."""
+
+    host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="repair_cases")
+    host_name = models.CharField(max_length=253)
+    node_type = models.CharField(max_length=253, blank=True)  # its NodeType when it failed ("" if none matched)
+    kind = models.CharField(max_length=16)  # pools.choices.FailureKind
+    detail = models.CharField(max_length=200, blank=True)  # "GPU 3", "nvme0n1"
+    failure_step = models.CharField(max_length=64, blank=True)
+    failure = models.TextField(blank=True)  # the reason of the move into repair
+    evidence = models.JSONField(default=dict, blank=True)  # the failed run's: health run, certificates
+    ladder = models.JSONField(default=list, blank=True)  # the remedies, in order, as read when it opened
+    position = models.PositiveSmallIntegerField(default=0)  # rungs started so far
+    outcome = models.CharField(max_length=16, choices=RepairOutcome.choices, default=RepairOutcome.RUNNING)
+    summary = models.TextField(blank=True)  # "gpu-xid on GPU 3: tried gpu-reset (failed), ..."
+    opened_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        indexes = [models.Index(fields=["host", "closed_at"]), models.Index(fields=["closed_at", "node_type", "kind"])]
+        constraints = [models.UniqueConstraint(fields=["host"], condition=models.Q(closed_at__isnull=True),
+                                               name="one_open_repair_case_per_host")]
+
+    def __str__(self) -> str:
+        return f"{self.host_name}: {self.kind} ({self.outcome})"
+
+    @property
+    def what(self) -> str:
+        return f"{self.kind} on {self.detail}" if self.detail else self.kind
+
+
+class RepairAttempt(models.Model):
+    """One rung of a repair case's ladder: the remedy, when it ran, how it ended, and its evidence (the health
+    runs and certificates of its checks, the step that failed and the tool's words)."""
+
+    case = models.ForeignKey(RepairCase, on_delete=models.CASCADE, related_name="attempts")
+    host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="repair_attempts")
+    host_name = models.CharField(max_length=253)
+    kind = models.CharField(max_length=16)
+    position = models.PositiveSmallIntegerField()  # 1 for the first rung
+    step = models.CharField(max_length=16)  # the remedy: pools.choices.RepairRemedy
+    flow_id = models.CharField(max_length=36, blank=True)  # the repair flow run that carried it out
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=RepairOutcome.choices, default=RepairOutcome.RUNNING)
+    message = models.TextField(blank=True)
+    failed_step = models.CharField(max_length=64, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["case", "position"]
+        constraints = [models.UniqueConstraint(fields=["case", "position"], name="one_attempt_per_rung")]
+
+    def __str__(self) -> str:
+        return f"{self.host_name} #{self.position} {self.step}: {self.outcome}"

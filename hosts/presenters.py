@@ -315,3 +315,17 @@ def render_host_live(user, host: BareMetalHost) -> list[str]:
         render_to_string("events/partials/timeline.html",
                          {"events": host_events(user, host), "timeline_id": "host-timeline", "oob": True}),
     ]
+
+
+def repair_figures_shown(figures: dict) -> dict:
+    """hosts.selectors.repair_stats' figures of one group, with the MTTR in words ("1h05m", "42s")."""
+    seconds = figures.get("mttr_s")
+    if seconds is None:
+        mttr = None
+    elif seconds < 120:
+        mttr = f"{seconds:.0f}s"
+    elif seconds < 7200:
+        mttr = f"{seconds / 60:.0f}m"
+    else:
+        mttr = f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    return {**figures, "mttr": mttr}

@@ -1,9 +1,23 @@
 """Reads of hosts: the failure record from the Event log (who failed, how often, with which image), the hosts
 that need attention, and what each user may see."""
+import json
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import BooleanField, Case, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    IntegerField,
+    JSONField,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import JSONObject
 from django.utils import timezone
 
 from core import scoping
@@ -12,9 +26,15 @@ from events.models import Event
 from pools.models import Tenant
 from pools.selectors import sku_deviations_of
 
-from .choices import HostState
+from .choices import HostState, RepairOutcome
 from .lifecycle import STATE_FAILURE
-from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from .models import (
+    BareMetalHost,
+    EraseCertificate,
+    HealthCheckRun,
+    RepairAttempt,
+    RepairCase,
+)
 
 
 def _failures(since=None):
@@ -68,6 +88,8 @@ def host_recent_failures(*, host: BareMetalHost) -> list[Event]:
 FIX_ERROR = ("retry", "Retry", "register, inspect and clean it again")
 FIX_REPAIR = ("retest", "Retest", "clean and check it again; only a passing retest returns it to service")
 FIX_REPAIR_PASSED = ("return-to-service", "Return to service", "it passed its retest")
+FIX_LADDER = ("", "", ("the repair ladder is on it: it returns the host to service when the checks pass after a "
+                       "remedy, or says what it tried and waits for a person"))
 FIX_OVERDUE = ("", "", "nothing drove it past its deadline: check that the workers and the scheduler (beat) run; "
                        "the sweeper then moves it to {failure} with the reason")
 
@@ -76,16 +98,16 @@ def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet
     """One list for the fleet board and the repair page: hosts in error, in repair, and any host past its state's
     deadline (a flow nobody drives). Each row carries `overdue` and `reason_event_id`, the Event of its move into
     its state; `attention_explain` reads those Events (one query) and adds the reason and the action that fixes
-    it. Errors first, then overdue hosts, then repair; newest first within each."""
+    it. Errors first, then overdue hosts, then repair (and the repair ladder's hosts); newest first within each."""
     qs = BareMetalHost.objects.all() if qs is None else qs
     now = now or timezone.now()
     overdue = Q(deadline_at__lt=now)
     last = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
-    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR]) | overdue)
+    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR, HostState.REPAIRING]) | overdue)
             .annotate(overdue=Case(When(overdue, then=Value(True)), default=Value(False), output_field=BooleanField()),
                       attention_rank=Case(When(state=HostState.ERROR, then=Value(0)), When(overdue, then=Value(1)),
                                           default=Value(2), output_field=IntegerField()),
-                      reason_event_id=Subquery(last.values("pk")[:1]))
+                      reason_event_id=Subquery(last.values("pk")[:1]), repair_case=_open_case_json())
             .order_by("attention_rank", "-state_changed_at", "pk"))
 
 
@@ -96,6 +118,15 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
     ids = [h.reason_event_id for h in hosts if h.reason_event_id]
     moves = {e.pk: e for e in Event.objects.filter(pk__in=ids).only("message", "actor", "step", "data")} if ids else {}
     for host in hosts:
+        case = getattr(host, "repair_case", None)
+        case = json.loads(case) if isinstance(case, str) else case  # SQLite hands the JSON over as text
+        host.repair_case = case if isinstance(case, dict) and case.get("kind") else None
+        if host.repair_case is not None:
+            case = host.repair_case
+            case["what"] = f"{case['kind']} on {case['detail']}" if case.get("detail") else case["kind"]
+            host.repair_position = repair_position(ladder=case.get("ladder") or [],
+                                                   position=case.get("position") or 0,
+                                                   outcome=case.get("outcome") or "", state=host.state)
         move = moves.get(host.reason_event_id)
         host.reason = move.message if move else None
         host.reason_actor = move.actor if move else None
@@ -110,7 +141,14 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
             host.why = host.reason or "retest passed"
         elif host.state == HostState.REPAIR:
             action, label, hint = FIX_REPAIR
-            host.why = host.reason or "in repair (no reason recorded)"
+            # The repair ladder's summary (what failed, what it tried) once it has nothing left to try. Between two
+            # rungs the retest is offered too: a person's retest takes the host from the ladder.
+            case = host.repair_case or {}
+            summary = case.get("summary") if case.get("outcome") == RepairOutcome.WAITING else ""
+            host.why = summary or host.reason or "in repair (no reason recorded)"
+        elif host.state == HostState.REPAIRING and not host.overdue:
+            action, label, hint = FIX_LADDER
+            host.why = host.reason or "repair ladder under way"
         else:
             action, label, hint = FIX_OVERDUE
             hint = hint.format(failure=STATE_FAILURE.get(host.state, HostState.ERROR))
@@ -149,6 +187,92 @@ def health_runs_visible(user, qs: QuerySet | None = None) -> QuerySet:
     if ids is None:
         return qs
     return qs.filter(flow_id__in=EraseCertificate.objects.filter(_erases_of(ids)).values("flow_id"))
+
+
+# --- the repair ladder: where each host stands, its history, and the fleet's figures -------------------------
+
+def repair_cases_open(host_ids: list[int]) -> dict[int, RepairCase]:
+    """The open repair case of each of these hosts, with the host (one query, and one for their attempts)."""
+    if not host_ids:
+        return {}
+    cases = (RepairCase.objects.filter(host_id__in=host_ids, closed_at__isnull=True).select_related("host")
+             .prefetch_related(Prefetch("attempts", queryset=RepairAttempt.objects.order_by("position"))))
+    return {c.host_id: c for c in cases}
+
+
+def repair_position(*, ladder: list, position: int, outcome: str, state: str) -> str:
+    """Where a case stands on its ladder, in words, from the case and its host's state alone (no query):
+    "2/3 power-cycle (running)", "1/3 gpu-reset (failed); next power-cycle", "3/3 tried: waiting for a person"."""
+    ladder = ladder if isinstance(ladder, list) else []
+    if outcome == RepairOutcome.WAITING:
+        return f"{position}/{len(ladder)} tried: waiting for a person" if position else "no automatic remedy tried"
+    if not ladder:
+        return "no automatic remedy"
+    if position == 0:
+        return f"0/{len(ladder)}: next {ladder[0]}"
+    current = ladder[min(position, len(ladder)) - 1]
+    if state == HostState.REPAIRING:
+        return f"{position}/{len(ladder)} {current} (running)"
+    return f"{position}/{len(ladder)} {current} (failed)" + (f"; next {ladder[position]}" if position < len(ladder)
+                                                             else "")
+
+
+def _open_case_json() -> Subquery:
+    """The host's open repair case as one JSON value, for a list of hosts (a subquery per row shown, no join)."""
+    return Subquery(RepairCase.objects.filter(host_id=OuterRef("pk"), closed_at__isnull=True).values(
+        json=JSONObject(kind="kind", detail="detail", outcome="outcome", summary="summary", position="position",
+                        ladder="ladder"))[:1], output_field=JSONField())
+
+
+def repair_history(host: BareMetalHost, *, limit: int = 10) -> list[RepairCase]:
+    """The host's latest repair cases, newest first, each with its attempts in order (two queries)."""
+    return list(RepairCase.objects.filter(host=host).order_by("-opened_at", "-id")
+                .prefetch_related(Prefetch("attempts", queryset=RepairAttempt.objects.order_by("position")))[:limit])
+
+
+FINISHED = (RepairOutcome.REPAIRED, RepairOutcome.RETURNED, RepairOutcome.WAITING, RepairOutcome.RETIRED)
+BACK_IN_SERVICE = (RepairOutcome.REPAIRED, RepairOutcome.RETURNED)
+
+
+def _figures(name: str, rows: list[tuple]) -> dict:
+    """rows: (outcome, opened_at, closed_at) of one group's cases."""
+    count = {o: 0 for o in RepairOutcome.values}
+    durations = []
+    for outcome, opened_at, closed_at in rows:
+        count[outcome] = count.get(outcome, 0) + 1
+        if outcome in BACK_IN_SERVICE and closed_at is not None:
+            durations.append((closed_at - opened_at).total_seconds())
+    finished = sum(count[o] for o in FINISHED)
+    return {"name": name, "cases": len(rows), "running": count[RepairOutcome.RUNNING],
+            "repaired": count[RepairOutcome.REPAIRED], "returned": count[RepairOutcome.RETURNED],
+            "waiting": count[RepairOutcome.WAITING], "retired": count[RepairOutcome.RETIRED],
+            "finished": finished,
+            # The share of the cases whose ladder is over that it repaired without a person.
+            "repair_rate": round(count[RepairOutcome.REPAIRED] / finished, 4) if finished else None,
+            # Mean time from the failure to the return to service (automatic or by a person).
+            "mttr_s": round(sum(durations) / len(durations), 1) if durations else None}
+
+
+def repair_stats(*, days: float = 30, node_type: str = "", kind: str = "", now=None) -> dict:
+    """Mean time to repair and repair rate over the repair cases opened within the last `days` days, for the
+    fleet, per NodeType and per failure kind (optionally only one NodeType or kind). Computed from the
+    RepairCase rows (one query)."""
+    now = now or timezone.now()
+    qs = RepairCase.objects.filter(opened_at__gte=now - timedelta(days=days))
+    if node_type:
+        qs = qs.filter(node_type=node_type)
+    if kind:
+        qs = qs.filter(kind=kind)
+    rows = list(qs.values_list("node_type", "kind", "outcome", "opened_at", "closed_at"))
+    by_type: dict[str, list] = {}
+    by_kind: dict[str, list] = {}
+    for type_name, kind_name, *rest in rows:
+        by_type.setdefault(type_name or "(none)", []).append(rest)
+        by_kind.setdefault(kind_name, []).append(rest)
+    return {"window_days": days, "node_type": node_type, "kind": kind,
+            "fleet": _figures("fleet", [r[2:] for r in rows]),
+            "by_node_type": [_figures(n, r) for n, r in sorted(by_type.items())],
+            "by_kind": [_figures(n, r) for n, r in sorted(by_kind.items())]}
 
 
 def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[str]]:

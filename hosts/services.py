@@ -76,11 +76,20 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
         fields.update(error_type="", error_message="")
         if to_state in (HostState.AVAILABLE, HostState.PROVISIONED):
             fields.update(error_count=0)
+    if to_state != HostState.AVAILABLE:
+        # A warm host (hosts/warm.py) is warm only while available; one that is allocated keeps its agent session
+        # (provisioning is a ramdisk state), and its provision starts with that agent (claims.steps).
+        fields.update(warm_since=None, warm_until=None)
     ids = [h.pk for h in hosts]
     swap(BareMetalHost, ids=ids, field="state", expected=from_state, values=fields, what="host")
     if to_state not in AGENT_STATES:
-        # No host outside a ramdisk flow keeps an agent session (a provisioned host runs its tenant's OS).
-        agent_sessions_end(host_ids=ids)
+        # No host outside a ramdisk flow keeps an agent session (a provisioned host runs its tenant's OS), but
+        # for a warm one: available, on in the ramdisk, its agent idle and heartbeating.
+        ended = ids
+        if to_state == HostState.AVAILABLE:
+            warm = set(BareMetalHost.objects.filter(pk__in=ids, warm_since__isnull=False).values_list("pk", flat=True))
+            ended = [pk for pk in ids if pk not in warm]
+        agent_sessions_end(host_ids=ended)
     tenant_ids = tenant_ids or {}
     # Published on commit to the fleet, each host's group and its tenant's: {"object": "host", "ids": [...],
     # "from_state": ..., "to_state": ...}.
@@ -576,7 +585,8 @@ def hosts_idle_check_start(*, actor: str = "system:idle-check") -> list[str]:
         if room <= 0:
             continue
         last = HealthCheckRun.objects.filter(host=OuterRef("pk")).order_by("-created_at").values("created_at")[:1]
-        due = (selected.filter(state=HostState.AVAILABLE).annotate(checked=Subquery(last))
+        # Not a warm host (hosts/warm.py): it is on in the ramdisk and heartbeating, ready for the next claim.
+        due = (selected.filter(state=HostState.AVAILABLE, warm_since__isnull=True).annotate(checked=Subquery(last))
                .filter(Q(checked__isnull=True) | Q(checked__lt=now - timedelta(seconds=tier["interval_s"])))
                .order_by(F("checked").asc(nulls_first=True), "pk"))
         with transaction.atomic():

@@ -1,7 +1,7 @@
 """Celery tasks for hosts: thin, idempotent."""
 from celery import shared_task
 
-from . import engine, preflight, services
+from . import engine, preflight, repair, services, warm
 from .models import BareMetalHost
 
 
@@ -51,6 +51,24 @@ def preflight_due() -> int:
 def preflight_hosts(host_ids: list[int], actor: str = "system:preflight") -> int:
     hosts = list(BareMetalHost.objects.filter(pk__in=host_ids).order_by("pk"))
     return len(preflight.hosts_preflight(hosts=hosts, actor=actor))
+
+
+# The repair ladder's next rung (hosts/repair.py), asked for on commit of a move into repair. Idempotent: a second
+# delivery finds the rung started (or the host gone on) and does nothing.
+@shared_task(name="hosts.tasks.repair_advance", acks_late=True)
+def repair_advance(host_id: int) -> str:
+    return repair.host_repair_advance(host_id=host_id)
+
+
+@shared_task(name="hosts.tasks.repair_due")
+def repair_due() -> int:
+    return len(repair.hosts_repair_due())
+
+
+# Warm hosts idle too long, or whose agent went silent: no longer warm, powered off (hosts/warm.py).
+@shared_task(name="hosts.tasks.sweep_warm_hosts")
+def sweep_warm_hosts() -> list[str]:
+    return warm.hosts_warm_sweep()
 
 
 @shared_task(name="hosts.tasks.idle_checks_start")

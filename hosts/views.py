@@ -22,8 +22,11 @@ from hosts.selectors import (
     health_runs_visible,
     hosts_needing_attention,
     hosts_visible,
+    repair_history,
+    repair_stats,
 )
-from pools.models import Tenant
+from pools.choices import FailureKind
+from pools.models import NodeType, Tenant
 
 from . import presenters, services
 from .capacity import fleet_capacity
@@ -97,6 +100,8 @@ def host_detail(request, name: str):
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
         "preflight": presenters.preflight_shown(host), "sku": presenters.sku_shown(host),
+        # Its stays in repair: what failed, each remedy the ladder tried and how it ended (staff only).
+        "repair_history": repair_history(host) if scoping.sees_everything(request.user) else None,
     })
     if scoping.may_see_bmc(request.user):  # the BMC's web interface and the agent's log: staff only
         context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address), flow_log=presenters.flow_log(host))
@@ -259,8 +264,14 @@ def repair(request):
     if scoping.is_admin(request.user):
         for h in rows:
             h.actions = presenters.host_actions(h)
-    return page(request, "hosts/repair.html", {"cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair",
-                                               "paging_query": paging_query(request)})
+    stats = repair_stats(node_type=request.GET.get("node_type", "")[:253], kind=request.GET.get("kind", "")[:16])
+    return page(request, "hosts/repair.html", {
+        "cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair", "paging_query": paging_query(request),
+        "stats": stats, "stats_tables": [("Fleet", [presenters.repair_figures_shown(stats["fleet"])]),
+                                         ("NodeType", map(presenters.repair_figures_shown, stats["by_node_type"])),
+                                         ("Failure kind", map(presenters.repair_figures_shown, stats["by_kind"]))],
+        "stats_node_types": list(NodeType.objects.order_by("name").values_list("name", flat=True)),
+        "failure_kinds": FailureKind.choices})
 
 
 def _pks(value) -> list[int]:

@@ -628,6 +628,11 @@ class LabSite:
             f.seek(offset)
             return f.read(length)
 
+    def kill_agent(self, host: str) -> None:
+        """The server's agent dies (the ramdisk hangs); its power stays as it is."""
+        with self._lock:
+            self._stop_agent(self.hosts[host])
+
     def set_fault(self, host: str, fault: str) -> None:
         """Break (or mend, with "") a server while the lab runs: the fake tools and the next agent boot see it."""
         for kind, _ in parse_faults(fault):

@@ -17,10 +17,19 @@ from events.choices import ObjectType
 from events.services import object_update
 from hosts.models import BareMetalHost
 from hosts.services import host_create
-from pools.choices import CleaningPolicy, PoolKind, ProviderKind
+from pools.choices import (
+    REPAIR_LADDER_MAX,
+    CleaningPolicy,
+    FailureKind,
+    PoolKind,
+    ProviderKind,
+    RepairRemedy,
+)
 from pools.fabric import fabric_partitions_restore, parse_fabric_partitions
 from pools.models import (
     CHECKSUM_LENGTHS,
+    WARM_MAX_HOSTS,
+    WARM_MAX_IDLE_MINUTES,
     NodeEnvironment,
     NodeProvider,
     NodeType,
@@ -292,7 +301,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku", "health"}
+                    "cleaning", "healthCheck", "sku", "health", "repair", "warm"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -320,6 +329,51 @@ def _release_gate(spec: Reader) -> tuple[dict, dict]:
     return values, paths
 
 
+def _repair_ladders(spec: Reader) -> dict:
+    """spec.repair: {automatic, ladders: {KIND: [REMEDY, ...]}} (hosts/repair.py climbs it), checked here with the
+    path of each mistake; NodeType.clean() checks the same rules for the admin and the API."""
+    block = spec.child("repair", {}).mapping({"automatic", "ladders"})
+    value: dict = {}
+    if block.has("automatic"):
+        value["automatic"] = block.bool("automatic", True)
+    if block.has("ladders"):
+        ladders = block.child("ladders").mapping(set(FailureKind.values))
+        value["ladders"] = {}
+        for kind in ladders.value:
+            remedies = ladders.child(kind, [])
+            items = remedies.items()
+            for item in items:
+                if item.value not in RepairRemedy.values:
+                    raise Invalid(item.path, f"{item.value!r} is not a remedy; expected one of "
+                                             f"{', '.join(RepairRemedy.values)}")
+            names = [item.value for item in items]
+            if len(set(names)) != len(names):
+                raise Invalid(remedies.path, "a remedy is listed twice")
+            if len(names) > REPAIR_LADDER_MAX:
+                raise Invalid(remedies.path, f"at most {REPAIR_LADDER_MAX} remedies")
+            value["ladders"][str(kind)] = names
+    return value
+
+
+# spec.warm: {hosts: N, idleMinutes: M}: N hosts of the type kept warm after a passing gate, each powered off after
+# M minutes idle (hosts/warm.py). Left out: none kept warm.
+WARM = {"hosts": "warm_hosts", "idleMinutes": "warm_idle_minutes"}
+
+
+def _warm(spec: Reader) -> tuple[dict, dict]:
+    """spec.warm → (NodeType values, the path of each)."""
+    warm = spec.child("warm", {}).mapping(set(WARM))
+    default_idle = NodeType._meta.get_field("warm_idle_minutes").get_default()
+    hosts = warm.int("hosts", 0)
+    idle = warm.int("idleMinutes", default_idle)
+    if not 0 <= hosts <= WARM_MAX_HOSTS:
+        raise Invalid(warm.path + ("hosts",), f"must be between 0 and {WARM_MAX_HOSTS} (0: no host kept warm), not {hosts}")
+    if not 1 <= idle <= WARM_MAX_IDLE_MINUTES:
+        raise Invalid(warm.path + ("idleMinutes",),
+                      f"must be between 1 and {WARM_MAX_IDLE_MINUTES} minutes, not {idle}")
+    return {"warm_hosts": hosts, "warm_idle_minutes": idle}, {field: warm.path + (key,) for key, field in WARM.items()}
+
+
 def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
     selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
     node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
@@ -329,14 +383,17 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     if cost is not None and cost < 0:
         raise Invalid(spec.path + ("cost",), "must be 0 or more")
     gate, gate_paths = _release_gate(spec)
+    warm, warm_paths = _warm(spec)
+    gate, gate_paths = {**gate, **warm}, {**gate_paths, **warm_paths}
+    repair = _repair_ladders(spec)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
                 "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
-                "health": spec.child("health", {}).mapping().value, **gate},
+                "health": spec.child("health", {}).mapping().value, "repair": repair, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
-                "sku": spec.path + ("sku",), "health": spec.path + ("health",),
+                "sku": spec.path + ("sku",), "health": spec.path + ("health",), "repair": spec.path + ("repair",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)
 

@@ -21,6 +21,7 @@ from .apply import (
     LOFT,
     METAL3,
     REDACTED,
+    WARM,
 )
 
 
@@ -63,6 +64,9 @@ def _node_type_body(t: NodeType) -> dict:
                         if getattr(t, field) not in (None, "")}
     body["healthCheck"] = {key: _number(getattr(t, field)) for key, field in HEALTH_CHECK.items()
                            if getattr(t, field) is not None}
+    _put(body, "repair", t.repair)  # only what was written: kinds left out climb the default ladder
+    if t.warm_hosts:
+        body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
     return body
 
 

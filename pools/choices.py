@@ -59,3 +59,37 @@ class FabricKind(models.TextChoices):
     """What a tenant's fabric partition is (pools.fabric): an Ethernet VLAN id or an InfiniBand partition key."""
     VLAN = "vlan", "VLAN"
     IB_PKEY = "ib-pkey", "InfiniBand partition key"
+
+
+# --- the repair ladder (hosts/repair.py): failure kinds, remedies, and the ladder of each kind by default ---------
+
+class FailureKind(models.TextChoices):
+    """Why a host went to repair, as the ladder classifies the failed run (hosts.repair.classify)."""
+    GPU_XID = "gpu-xid", "GPU Xid error"
+    GPU_HEALTH = "gpu-health", "GPU health (DCGM, GPU reset)"
+    NCCL_SLOW = "nccl-slow", "NCCL bandwidth below the threshold"
+    ERASE = "erase", "erase not verified"
+    DISK = "disk", "disk (the drive refused its erase)"
+    SKU = "sku", "SKU deviation"
+    UNKNOWN = "unknown", "unknown"
+
+
+class RepairRemedy(models.TextChoices):
+    """An automatic remedy: each boots the host into the agent's ramdisk and runs the checks again (the GPU
+    health suite; the erase and its verification too where the failed run's erase is not verified)."""
+    GPU_RESET = "gpu-reset", "GPU reset (nvidia-smi --gpu-reset), then the checks"
+    POWER_CYCLE = "power-cycle", "cold power cycle through the BMC (held off), then the checks"
+    RETEST = "retest", "the whole release gate again (erase, verify, GPU reset, health suite)"
+    REIMAGE = "reimage", "a full erase of every disk (whatever the policy), verified in full, then the checks"
+
+
+DEFAULT_LADDERS: dict[str, list[str]] = {
+    FailureKind.GPU_XID: ["gpu-reset", "power-cycle", "retest"],
+    FailureKind.GPU_HEALTH: ["gpu-reset", "power-cycle", "retest"],
+    FailureKind.NCCL_SLOW: ["gpu-reset", "power-cycle", "retest"],
+    FailureKind.ERASE: ["retest", "reimage"],
+    FailureKind.DISK: ["power-cycle", "reimage"],
+    FailureKind.SKU: ["power-cycle"],  # a server that lost a GPU or a disk at boot may find it again cold
+    FailureKind.UNKNOWN: ["retest"],
+}
+REPAIR_LADDER_MAX = 6  # rungs per kind: a longer ladder only keeps a broken host from a person

@@ -3,6 +3,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -10,6 +11,7 @@ from core.crypto import EncryptedTextField
 from core.labels import field_error, validate_labels, validate_taints
 
 from .choices import (
+    DEFAULT_LADDERS,
     ChecksumType,
     CleaningPolicy,
     ConsolidationPolicy,
@@ -30,6 +32,7 @@ from .validators import (
     check_host_selector,
     check_node_type_selector,
     check_quantities,
+    check_repair,
     check_taints,
     collect,
     fabric_value_text,
@@ -76,6 +79,10 @@ class NodeProvider(models.Model):
             raise ValidationError(errors)
 
 
+WARM_MAX_HOSTS = 100_000  # hosts/warm.py: how many hosts of a type may be kept warm, and for how long idle
+WARM_MAX_IDLE_MINUTES = 366 * 24 * 60
+
+
 class NodeType(models.Model):
     name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
     provider = models.ForeignKey(NodeProvider, on_delete=models.PROTECT, related_name="node_types")
@@ -106,6 +113,16 @@ class NodeType(models.Model):
     # The health tiers (pools/health_tiers.py): handover, release, intake and idle checks, each with its suite,
     # thresholds and time budget. Release defaults to the health_* fields above; the others run when declared.
     health = models.JSONField(default=dict, blank=True)
+    # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
+    # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
+    repair = models.JSONField(default=dict, blank=True)
+    # Warm hosts (hosts/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
+    # passing release gate, ready to write an image at once, and for how long an idle one stays on.
+    warm_hosts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(WARM_MAX_HOSTS)],
+                                             help_text="hosts kept warm; 0: none")
+    warm_idle_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1),
+                                                                            MaxValueValidator(WARM_MAX_IDLE_MINUTES)],
+                                                    help_text="a warm host idle this long is powered off")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -132,6 +149,7 @@ class NodeType(models.Model):
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
         collect(errors, "sku", lambda: check_sku(self.sku))
         collect(errors, "health", lambda: check_health(self.health))
+        collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
@@ -146,6 +164,14 @@ class NodeType(models.Model):
         if self.zone:
             props["topology.kubernetes.io/zone"] = self.zone
         return {**props, **self.properties}
+
+    def repair_ladder(self, kind: str) -> list[str]:
+        """The remedies a host of this type climbs for a failure of `kind`, in order; [] when none is automatic."""
+        config = self.repair or {}
+        if config.get("automatic") is False:
+            return []
+        ladders = config.get("ladders") or {}
+        return list(ladders[kind] if kind in ladders else DEFAULT_LADDERS.get(kind, DEFAULT_LADDERS["unknown"]))
 
     def effective_cost(self) -> int:
         """vCluster's default when unset: 10 per CPU, 2 per GB of memory, 10000 per other resource."""

@@ -6,6 +6,8 @@ from datetime import timedelta
 import durationpy
 from django.core.exceptions import ValidationError
 
+from .choices import REPAIR_LADDER_MAX, FailureKind, RepairRemedy
+
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^Never$")
@@ -260,3 +262,33 @@ def check_fabric_ranges(properties: dict) -> None:
     for kind, key in FABRIC_RANGE_PROPERTIES.items():
         if key in properties:
             parse_fabric_range(kind, properties[key])
+
+
+def check_repair(value) -> None:
+    """A NodeType's repair ladder (hosts/repair.py): {"automatic": true|false, "ladders": {KIND: [REMEDY, ...]}}.
+    Kinds left out climb the default ladder (pools.choices.DEFAULT_LADDERS); an empty list hands that kind to a
+    person at once."""
+    if not isinstance(value, dict):
+        raise ValidationError("must be a mapping such as {automatic: true, ladders: {gpu-xid: [gpu-reset, retest]}}")
+    unknown = sorted(set(map(str, value)) - {"automatic", "ladders"})
+    if unknown:
+        raise ValidationError(f"{unknown[0]}: unknown field; expected automatic or ladders")
+    if "automatic" in value and not isinstance(value["automatic"], bool):
+        raise ValidationError("automatic: must be true or false")
+    ladders = value.get("ladders", {})
+    if not isinstance(ladders, dict):
+        raise ValidationError("ladders: must map a failure kind to a list of remedies")
+    for kind, remedies in ladders.items():
+        if kind not in FailureKind.values:
+            raise ValidationError(f"ladders.{kind}: unknown failure kind; expected one of "
+                                  f"{', '.join(FailureKind.values)}")
+        if not isinstance(remedies, list) or not all(isinstance(r, str) for r in remedies):
+            raise ValidationError(f"ladders.{kind}: must be a list of remedies such as [gpu-reset, power-cycle]")
+        for i, remedy in enumerate(remedies):
+            if remedy not in RepairRemedy.values:
+                raise ValidationError(f"ladders.{kind}[{i}]: {remedy!r} is not a remedy; expected one of "
+                                      f"{', '.join(RepairRemedy.values)}")
+        if len(set(remedies)) != len(remedies):
+            raise ValidationError(f"ladders.{kind}: a remedy is listed twice")
+        if len(remedies) > REPAIR_LADDER_MAX:
+            raise ValidationError(f"ladders.{kind}: at most {REPAIR_LADDER_MAX} remedies")

@@ -13,6 +13,9 @@ FAST = {
     "NODE_READY_POLL_S": "2", "NODE_READY_DEADLINE_S": "60", "DRAIN_DEADLINE_S": "20", "DRAIN_GRACE_S": "1",
     "DRAIN_POLL_S": "1",
     "DRIVE_STALE_EVERY_S": "2", "RECONCILE_EVERY_S": "5",
+    # Hosts the gate sets aside stay in repair, where these tests look for them; tests/test_repair_ladder.py turns
+    # the ladder on (ladder_lab).
+    "REPAIR_LADDER": "0", "REPAIR_COLD_OFF_S": "1",
 }
 
 # Tenant pool `gpu` over the lab's gpu-servers, as a tenant's vcluster.yaml declares it.
@@ -39,18 +42,22 @@ def gpu_pool(quantity: int) -> str:
 
 @pytest.fixture
 def lab_factory(agent_server, tmp_path, worker_settings, settings):
-    """lab_factory(hosts=2, gpu_hosts=1, tenants=[...], faults={...}) → a started, registered LabSite."""
+    """lab_factory(hosts=2, gpu_hosts=1, tenants=[...], faults={...}) → a started, registered LabSite. `warm`: how
+    many gpu-servers are kept warm after their gate (the demo keeps one; tests keep none unless they ask)."""
     worker_settings.update(FAST)
     for key, value in FAST.items():
         if hasattr(settings, key):
             setattr(settings, key, type(getattr(settings, key))(float(value)))
     sites = []
 
-    def make(**kwargs):
+    def make(warm: int = 0, warm_idle_minutes: int = 30, **kwargs):
+        from pools.models import NodeType
+
         kwargs.setdefault("power_delay", (0.2, 0.5))
         site = LabSite(console_url=agent_server.url, var_dir=tmp_path / "lab", **kwargs).start()
         sites.append(site)
         call_command("apply", "-f", str(DEMO / "site.yaml"), verbosity=0)
+        NodeType.objects.filter(name="gpu-server").update(warm_hosts=warm, warm_idle_minutes=warm_idle_minutes)
         site.register()
         return site
 

@@ -77,7 +77,8 @@ def test_a_heartbeat_hands_out_the_queued_command_once_and_a_result_closes_it(ag
     assert post(agent_client, "/agent/result", {"host_id": host.pk, "command_id": command_id, "ok": False,
                                           "error": "late"}, token)[0] == 200
     assert HostCommand.objects.get(host=host).status == CommandStatus.DONE
-    assert post(agent_client, "/agent/heartbeat", {"host_id": host.pk, "status": "idle"}, token)[1] == {"command": None}
+    assert post(agent_client, "/agent/heartbeat", {"host_id": host.pk, "status": "idle"}, token)[1] == {
+        "command": None, "heartbeat_s": 1}
 
 
 @pytest.mark.parametrize("who", ["forged", "stale", "foreign", "missing"])

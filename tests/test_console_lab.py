@@ -10,6 +10,7 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import DEMO, wait_for
 from lab.site import LabSite
+from pools.models import NodeType
 
 from .console_conftest import PASSWORD, log_in, pool, wait_live  # noqa: F401
 from .lab_conftest import FAST, gpu_pool, wait_hosts
@@ -27,6 +28,7 @@ def lab(console_server, agent_server, worker_settings, settings, tmp_path, apply
             setattr(settings, key, float(value))
     request.getfixturevalue("celery_worker_process")  # started with those settings, before anything is enqueued
     apply((DEMO / "site.yaml").read_text())
+    NodeType.objects.update(warm_hosts=0)  # the demo keeps a warm gpu-server: here the whole cold provision shows
     apply(gpu_pool(0), tenant="one")
     django_user_model.objects.create_user("root-admin", "a@example.invalid", PASSWORD, is_staff=True,
                                           is_superuser=True)

@@ -194,6 +194,11 @@ CELERY_BEAT_SCHEDULE = {
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
     # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
     "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
+    # Warm hosts (hosts/warm.py): one idle past its NodeType's idleMinutes, or whose agent is silent, is powered off.
+    "sweep-warm-hosts": {"task": "hosts.tasks.sweep_warm_hosts",
+                         "schedule": float(os.environ.get("WARM_SWEEP_EVERY_S", "30"))},
+    # The repair ladder's catch-up: hosts in repair whose next rung was asked for and never started (hosts/repair.py).
+    "repair-due": {"task": "hosts.tasks.repair_due", "schedule": float(os.environ.get("REPAIR_DUE_EVERY_S", "60"))},
     # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
     "free-leaked-addresses": {"task": "claims.tasks.free_leaked_addresses",
                               "schedule": float(os.environ.get("IPAM_LEAK_CHECK_EVERY_S", "300"))},
@@ -227,6 +232,10 @@ CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
 # A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
 HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))
 HOST_FAILURE_WINDOW_S = int(os.environ.get("HOST_FAILURE_WINDOW_S", "3600"))
+# The repair ladder (hosts/repair.py): a host set aside in repair climbs its NodeType's remedies by itself (off:
+# it waits for a person, as before the ladder). A power-cycle remedy keeps the host off this long (a cold cycle).
+REPAIR_LADDER = env_bool("REPAIR_LADDER", True)
+REPAIR_COLD_OFF_S = float(os.environ.get("REPAIR_COLD_OFF_S", "30"))
 # An OS image whose write fails on this many distinct hosts (same url and checksum, within the window) is the
 # claim's fault: the claim fails with the reason, the hosts are cleaned and return to the pool.
 IMAGE_FAILURE_HOSTS = int(os.environ.get("IMAGE_FAILURE_HOSTS", "2"))
@@ -261,6 +270,10 @@ POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole ste
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
+# A warm host's idle agent (hosts/warm.py) asks for work this often (an agent at work: every second). Each ask
+# costs the agent listener a request; a longer wait is that much later a start for the claim that takes the host.
+# Never more than a quarter of AGENT_SILENCE_S (hosts/agent_api.py), so that a warm agent is not taken for a silent one.
+WARM_HEARTBEAT_S = env_float("WARM_HEARTBEAT_S", 1)
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
 NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
 NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 1)  # how often a joining node is looked at (one GET)

@@ -147,6 +147,9 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
                   "or none (plain HTTP)")
     preflight_checks = serializers.SerializerMethodField(
         help_text="the last preflight per check: bmc and boot, each {ok, reason}, and the BMC's quirks")
+    warm = serializers.BooleanField(source="is_warm", read_only=True,
+                                    help_text="available and on in the agent's ramdisk: a claim skips power-on, "
+                                              "network boot and lookup (its NodeType's warm.hosts)")
     sku_deviations = serializers.SerializerMethodField(
         help_text="how the host's last inventory differs from the SKU of each NodeType that selects it: "
                   "{NodeType: [\"GPUs: 7 of 8 NVIDIA H200\", ...]}; empty: it conforms (or was never inspected)")
@@ -159,10 +162,10 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
                   "inventory", "sku_deviations", "power_state", "state", "state_changed_at", "deadline_at",
                   "error_type", "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs",
                   "preflight_ok", "preflight_checked_at", "preflight_reason", "preflight_tls", "preflight_checks",
-                  "created_at", "updated_at"]
+                  "warm", "warm_since", "warm_until", "created_at", "updated_at"]
         read_only_fields = ["inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
                             "error_message", "error_count", "preflight_ok", "preflight_checked_at",
-                            "preflight_reason", "created_at", "updated_at"]
+                            "preflight_reason", "warm_since", "warm_until", "created_at", "updated_at"]
         extra_kwargs = {"cleaning_policy": {"help_text": "overrides its NodeType's cleaning method; empty: the "
                                                          "NodeType's"},
                         # No generic uniqueness check: full_clean() says which host has the MAC.

@@ -4,7 +4,12 @@ a tenant member sees only the hosts serving its claims, without BMC details. The
 (erase certificates, health runs) is read only, scoped by core.scoping."""
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import exceptions, mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -16,6 +21,7 @@ from events.choices import ObjectType
 from events.services import object_update
 from hosts.capacity import fleet_capacity
 from hosts.certificate_views import signed_file
+from hosts.choices import HostState
 from hosts.filtersets import (
     BareMetalHostFilterSet,
     EraseCertificateFilterSet,
@@ -26,8 +32,12 @@ from hosts.selectors import (
     erase_certificates_visible,
     health_runs_visible,
     hosts_visible,
+    repair_cases_open,
+    repair_position,
+    repair_stats,
 )
 from hosts.services import host_create, host_delete, host_retry, host_set_maintenance
+from pools.choices import FailureKind
 
 from .serializers import (
     EraseCertificateSerializer,
@@ -148,3 +158,54 @@ class CapacityView(APIView):
         if not scoping.sees_everything(request.user):
             raise exceptions.PermissionDenied("the fleet's capacity is for admins and auditors")
         return Response(fleet_capacity())
+
+
+REPAIR_STATES = (HostState.REPAIR, HostState.REPAIRING, HostState.RETESTING)
+
+
+class RepairView(APIView):
+    """GET /api/v1/repair/: the repair ladder as the repair page shows it, for admins and auditors: each host in
+    repair with its case (failure kind, where, the ladder, the rung reached, the attempts) and the fleet's mean
+    time to repair and repair rate, per NodeType and per failure kind (hosts.selectors.repair_stats)."""
+
+    permission_classes = [ScopedPermission]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("days", float, description="the window: cases opened within it (default 30)"),
+                    OpenApiParameter("node_type", str, description="only this NodeType's cases"),
+                    OpenApiParameter("kind", str, enum=FailureKind.values, description="only this failure kind")],
+        responses={200: OpenApiTypes.OBJECT, 400: OpenApiResponse(description="a parameter that is not valid")},
+        description="`hosts`: the open repair cases (host, state, kind, detail, ladder, position, outcome, summary, "
+                    "attempts with remedy, outcome, times, failed step). `stats`: `fleet`, `by_node_type` and "
+                    "`by_kind`, each with cases, running, repaired (by the ladder), returned (by a person), "
+                    "waiting, retired, repair_rate (repaired / cases whose ladder is over) and mttr_s (mean "
+                    "seconds from the failure to the return to service).")
+    def get(self, request):
+        if not scoping.sees_everything(request.user):
+            raise exceptions.PermissionDenied("the repair pool is for admins and auditors")
+        try:
+            days = float(request.query_params.get("days", 30))
+        except ValueError:
+            raise exceptions.ValidationError({"days": ["must be a number of days, e.g. 30"]}) from None
+        if not 0 < days <= 3660:
+            raise exceptions.ValidationError({"days": ["must be more than 0 and at most 3660"]})
+        kind = request.query_params.get("kind", "")
+        if kind and kind not in FailureKind.values:
+            raise exceptions.ValidationError({"kind": [f"must be one of {', '.join(FailureKind.values)}"]})
+        node_type = request.query_params.get("node_type", "")[:253]
+        hosts = []
+        for case in repair_cases_open(list(BareMetalHost.objects.filter(state__in=REPAIR_STATES)
+                                           .order_by("name").values_list("pk", flat=True))).values():
+            state = case.host.state
+            hosts.append({
+                "host": case.host_name, "state": state, "node_type": case.node_type, "kind": case.kind,
+                "detail": case.detail, "failure_step": case.failure_step, "failure": case.failure,
+                "ladder": case.ladder, "position": case.position, "outcome": case.outcome, "summary": case.summary,
+                "ladder_position": repair_position(ladder=case.ladder, position=case.position, outcome=case.outcome,
+                                                   state=state),
+                "opened_at": case.opened_at,
+                "attempts": [{"position": a.position, "remedy": a.step, "outcome": a.outcome,
+                              "started_at": a.started_at, "finished_at": a.finished_at, "failed_step": a.failed_step,
+                              "message": a.message} for a in case.attempts.all()]})
+        hosts.sort(key=lambda h: h["host"])
+        return Response({"hosts": hosts, "stats": repair_stats(days=days, node_type=node_type, kind=kind)})

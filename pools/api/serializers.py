@@ -134,15 +134,17 @@ RELEASE_GATE_FIELDS = ["cleaning_policy", "cleaning_fallback", "erase_concurrenc
 
 class NodeTypeSerializer(StrictModelSerializer):
     provider = serializers.SlugRelatedField(slug_field="name", queryset=NodeProvider.objects.all())
+    repair = serializers.JSONField(required=False, help_text=(
+        "the repair ladder of its hosts, as a manifest's spec.repair: {automatic: bool, ladders: {KIND: [REMEDY, "
+        "...]}}; {}: every kind on its default ladder (hosts/repair.py)"))
     effective_cost = serializers.SerializerMethodField()
     capacity = serializers.SerializerMethodField()
 
     class Meta:
         model = NodeType
         fields = ["id", "name", "provider", "display_name", "zone", "region", "properties", "resources", "cost",
-                  "effective_cost", "host_selector", "sku", "health", "declared_in_provider",
-                  *RELEASE_GATE_FIELDS, "capacity",
-                  "created_at", "updated_at"]
+                  "effective_cost", "host_selector", "sku", "health", "declared_in_provider", *RELEASE_GATE_FIELDS,
+                  "repair", "warm_hosts", "warm_idle_minutes", "capacity", "created_at", "updated_at"]
         read_only_fields = ["declared_in_provider", "created_at", "updated_at"]
 
     def get_effective_cost(self, obj) -> int | None:

@@ -22,6 +22,9 @@ class Command(BaseCommand):
         for state, n in hosts["by_state"].items():
             if n:
                 self.stdout.write(f"  {state:<15} {n}")
+        if hosts["warm"]:
+            self.stdout.write(f"  of which warm   {hosts['warm']} (available, on in the agent's ramdisk: a claim "
+                              "writes its image at once)")
         self.stdout.write("\nNodeTypes:                  total  available  provisioned   cost")
         for t in status["node_types"]:
             c = t["capacity"]
