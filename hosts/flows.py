@@ -448,9 +448,8 @@ def step_health_nccl(run: Run) -> dict:
 # Each tier is a few steps of the flow it belongs to (provision, inspect and retest, idle_check); a tier the
 # host's NodeType does not declare is skipped. Every check leaves a HealthCheckRun tagged with its tier.
 
-def _tier(run: Run, tier: str) -> dict | None:
-    """The tier's settings for this flow run, decided at its first step and kept (None: not declared); a tier
-    that ran past its budget fails the step."""
+def _tier_values(run: Run, tier: str) -> dict | None:
+    """The tier's settings for this flow run, decided when first asked and kept (None: not declared)."""
     from pools.health_tiers import node_type_tiers
 
     from . import cleaning
@@ -461,11 +460,19 @@ def _tier(run: Run, tier: str) -> dict | None:
         values = node_type_tiers(node_type).get(tier) if node_type is not None else None
         if values is not None:
             gpus = cleaning.gate_for(run.host, run.claim)["health"]["expected_gpus"]
-            values = {**values, "node_type": node_type.name, "started_at": timezone.now().isoformat(),
-                      "expected_gpus": gpus, "sku_gpu": (node_type.sku or {}).get("gpu")}
+            values = {**values, "node_type": node_type.name, "started_at": None, "expected_gpus": gpus,
+                      "sku_gpu": (node_type.sku or {}).get("gpu")}
         kept[tier] = values
         run.save_flow()
-    values = kept[tier]
+    return kept[tier]
+
+
+def _tier(run: Run, tier: str) -> dict | None:
+    """The tier's settings (_tier_values); a tier that ran past its budget fails the step."""
+    values = _tier_values(run, tier)
+    if values is not None and values.get("started_at") is None:
+        values["started_at"] = timezone.now().isoformat()
+        run.save_flow()
     if values is not None and values.get("budget_s"):
         spent = (timezone.now() - parse_datetime(values["started_at"])).total_seconds()
         if spent > values["budget_s"]:
@@ -579,8 +586,13 @@ def tier_steps(tier: str, parts: tuple[str, ...]) -> list[Step]:
     for part in parts:
         def run_part(run: Run, fn=functions[part], tier=tier) -> dict:
             return fn(run, tier)
+        def declared(run: Run, part=part, tier=tier) -> bool:
+            # A tier (or a check of it) the NodeType does not declare leaves no step behind (no Event).
+            values = _tier_values(run, tier)
+            return values is not None and (part not in ("gpus", "links") or bool(values.get(part)))
+
         run_part.__name__ = f"step_{tier}_{part}"
-        steps.append(Step(f"{tier}_{part}", run_part, deadline))
+        steps.append(Step(f"{tier}_{part}", run_part, deadline, when=declared))
     return steps
 
 
