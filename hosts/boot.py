@@ -86,9 +86,14 @@ def kernel_arguments(host: BareMetalHost, secret: str) -> str:
 
 def ipxe_script(host: BareMetalHost, arguments: str) -> str:
     return (f"#!ipxe\n# vMetal Console: ramdisk boot of {host.name}. Served once per boot.\n"
-            f"kernel {settings.AGENT_KERNEL_URL} initrd=initrd {arguments}\n"
+            f"kernel {settings.AGENT_KERNEL_URL} initrd=initrd {_extra_args()}{arguments}\n"
             f"initrd --name initrd {settings.AGENT_INITRD_URL}\n"
             f"boot\n")
+
+
+def _extra_args() -> str:
+    extra = " ".join(settings.AGENT_KERNEL_ARGS.split())
+    return f"{extra} " if extra else ""
 
 
 def boot_iso(arguments: str) -> bytes:

@@ -13,18 +13,20 @@ from pools.models import OSImage
 CHUNK = 1 << 20
 
 
-def _path(filename: str) -> Path:
+def _path(filename: str, folder: str = "") -> Path:
     if "/" in filename or filename.startswith(".") or not filename:
         raise Http404("no such image")
-    path = Path(settings.IMAGE_DIR) / filename
+    path = Path(settings.IMAGE_DIR) / folder / filename
     if not path.is_file():
         raise Http404("no such image")
     return path
 
 
 @require_GET
-def image(request, filename: str):
-    path = _path(filename)
+def image(request, filename: str, folder: str = ""):
+    """IMAGE_DIR/<filename>, or IMAGE_DIR/agent/<filename>: the agent ramdisk's kernel and initrd (AGENT_KERNEL_URL
+    and AGENT_INITRD_URL by default), as `python -m lab.vmimage ramdisk --out IMAGE_DIR` lays them out."""
+    path = _path(filename, folder)
     size = path.stat().st_size
     ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", ""))
     if not ranged:

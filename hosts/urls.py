@@ -17,6 +17,7 @@ image_urlpatterns = [
     path("images/SHA512SUMS", images.checksums, {"kind": "SHA512SUMS"}),
     path("images/MD5SUMS", images.checksums, {"kind": "MD5SUMS"}),
     path("images/<str:filename>", images.image, name="image"),
+    path("images/agent/<str:filename>", images.image, {"folder": "agent"}, name="agent-image"),
 ]
 
 urlpatterns = [

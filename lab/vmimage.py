@@ -525,6 +525,7 @@ def build_ramdisk(result: Build, sysroot: Path, work: Path) -> None:
     for program in AGENT_PROGRAMS:
         tree.copy(program)
     copy_sources(tree, AGENT_FILES)
+    tree.put("opt/vmetal/writebench.py", (GUEST / "writebench.py").read_bytes())  # bench/vm.py's write benchmark
     tree.resolve_libraries()
     precompile(tree)
     check_imports(tree, [*agent_modules(), "pycdlib", "ssl", "hashlib"])

@@ -69,6 +69,7 @@ def test_the_ipxe_script_carries_the_boot_secret_once_and_a_second_request_is_re
     text = script.content.decode()
     assert script.status_code == 200 and text.startswith("#!ipxe") and "vmetal.console=" in text
     assert "vmetal.boot_secret=" in text
+    assert " console=ttyS0,115200n8 quiet vmetal.console=" in text  # AGENT_KERNEL_ARGS: the ramdisk's output on the SOL
     again = agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe")
     assert again.status_code == 404 and b"boot_secret" not in again.content
     assert any("asked for again" in m for m in security_events(booting))

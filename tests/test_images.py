@@ -35,3 +35,14 @@ def test_checksums_list_the_images_the_console_serves(client, image_dir):
 @pytest.mark.parametrize("name", ["missing.raw", "..", ".hidden"])
 def test_no_path_outside_the_image_directory(client, image_dir, name):
     assert client.get(f"/images/{name}").status_code == 404
+
+
+def test_the_agent_ramdisk_is_served_from_its_folder_where_the_default_kernel_and_initrd_urls_point(
+        client, image_dir, tmp_path, settings):
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "vmlinuz").write_bytes(b"kernel")
+    assert settings.AGENT_KERNEL_URL.endswith("/images/agent/vmlinuz")
+    response = client.get("/images/agent/vmlinuz")
+    assert response.status_code == 200 and b"".join(response.streaming_content) == b"kernel"
+    assert client.get("/images/agent/initrd").status_code == 404
+    assert client.get("/images/agent/..").status_code == 404

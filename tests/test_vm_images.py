@@ -34,6 +34,7 @@ from hosts.boot import boot_iso
 from lab import vmimage
 from lab.kube import TenantAPIServer
 
+pytest_plugins = ["tests.vm_conftest"]
 pytestmark = pytest.mark.vm
 
 MiB = 1024 * 1024
@@ -41,16 +42,6 @@ DISK_BYTES = 256 * MiB
 NVME_SERIAL = "VMETAL-NVME-0042"
 MAC = "52:54:00:5e:00:42"
 BOOT_TIMEOUT_S = 240  # TCG: 25-45 s on 2 idle cores, up to ~125 s measured at a load average of 27
-
-
-@pytest.fixture(scope="session")
-def images() -> vmimage.Build:
-    if shutil.which("qemu-system-x86_64") is None:
-        pytest.fail("qemu-system-x86_64 is not installed: .ci/run installs qemu-system-x86 (and ipxe-qemu)")
-    result = vmimage.build(list(vmimage.TARGETS))
-    print(f"vm images: built {result.built or 'nothing'}, reused {result.reused or 'nothing'} in "
-          f"{result.seconds:.1f} s ({result.directory})")
-    return result
 
 
 class VM:

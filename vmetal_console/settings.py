@@ -312,6 +312,9 @@ AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
 AGENT_BOOT_CHECK_URL = os.environ.get("AGENT_BOOT_CHECK_URL", "")
 AGENT_KERNEL_URL = os.environ.get("AGENT_KERNEL_URL", f"{AGENT_BOOT_URL}/images/agent/vmlinuz")
 AGENT_INITRD_URL = os.environ.get("AGENT_INITRD_URL", f"{AGENT_BOOT_URL}/images/agent/initrd")
+# Kernel arguments the iPXE script adds to the agent's: the ramdisk's output on the serial console (a VM's
+# console.log, a server's SOL), where a boot that goes wrong can be read.
+AGENT_KERNEL_ARGS = os.environ.get("AGENT_KERNEL_ARGS", "console=ttyS0,115200n8 quiet")
 # The provisioning network's DHCP/boot server (dnsmasq; hosts/dhcp.py, `manage.py dhcp-config`). DHCP_RANGE:
 # dnsmasq's dhcp-range value (start,end[,netmask][,lease time]); with DHCP_RELAY on, the relayed subnet instead
 # (network,static,netmask: requests arrive from a relay, dnsmasq binds to no interface of that subnet).
