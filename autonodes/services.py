@@ -27,7 +27,7 @@ from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import events_record
-from hosts.choices import HostState
+from hosts.lifecycle import FREE
 from hosts.models import BareMetalHost
 from pools.choices import PoolKind
 from pools.matching import label_selector_q, requirements_match
@@ -371,7 +371,7 @@ def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
     queries whatever the number of types."""
     if not node_types:
         return {}
-    available = BareMetalHost.objects.filter(state=HostState.AVAILABLE).aggregate(
+    available = BareMetalHost.objects.filter(state__in=list(FREE)).aggregate(
         **{f"t{t.pk}": Count("pk", filter=label_selector_q(t.host_selector)) for t in node_types})
     promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=node_types)
                     .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))

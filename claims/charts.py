@@ -9,6 +9,7 @@ from events.choices import EventKind, ObjectType
 from events.models import Event
 from hosts.choices import HostState
 from hosts.engine import FLOWS
+from hosts.flows import GATE_STEPS, TIER_STEPS
 from hosts.models import BareMetalHost
 
 from .choices import ClaimPhase
@@ -28,7 +29,7 @@ def percentile(values: list[float], p: float) -> float:
 
 # Flows in the order a host lives them: registered, inspected, serving a claim (the claim's wait, provision),
 # released, retested. A flow not named here comes after them, by name.
-FLOW_ORDER = ("register", "inspect", "claim", "provision", "deprovision", "retest")
+FLOW_ORDER = ("register", "inspect", "claim", "provision", "deprovision", "retest", "idle_check")
 CLAIM_STEPS = (ALLOCATE, "pending → available")  # the claim's own rows: the wait for a host, then the whole way
 
 
@@ -69,6 +70,28 @@ def step_timings(recent: int = 5000) -> list[dict]:
               for (flow, step), values in by_step.items()]
     result.sort(key=lambda r: step_sort_key(r["flow"], r["step"]))
     return result
+
+
+TIER_ORDER = ("handover", "release", "intake", "idle")
+
+
+def tier_timings(recent: int = 5000) -> list[dict]:
+    """p50 / p95 of each health tier's whole duration (pools/health_tiers.py): its steps in one flow run added
+    up (release: the gate, erase to NCCL), over the last `recent` finished tier steps; skipped steps left out."""
+    tier_of = {**dict.fromkeys(GATE_STEPS, "release"), **TIER_STEPS}
+    rows = list(Event.objects.filter(kind=EventKind.STEP, message="done", duration_s__isnull=False,
+                                     step__in=list(tier_of), data__skipped__isnull=True)
+                .order_by("-pk").values_list("step", "data__flow_id", "duration_s")[:recent])
+    runs: dict[tuple, float] = {}
+    for step, flow_id, duration in rows:
+        key = (tier_of[step], flow_id)
+        runs[key] = runs.get(key, 0.0) + duration
+    by_tier: dict[str, list[float]] = {}
+    for (tier, _), total in runs.items():
+        by_tier.setdefault(tier, []).append(total)
+    return [{"tier": tier, "n": len(by_tier[tier]), "p50": percentile(by_tier[tier], 50),
+             "p95": percentile(by_tier[tier], 95), "max": max(by_tier[tier])}
+            for tier in TIER_ORDER if tier in by_tier]
 
 
 CHAR_W = 7  # px per character of the charts' 11 px labels, on the generous side: a label is never clipped
@@ -162,7 +185,7 @@ def state_history(hours: int = 24, buckets: int = 48, cap: int = 100_000) -> dic
 
 # Each state's line in its badge's colour family (hosts.choices.HostState): available green, provisioned blue,
 # repair violet, the in-progress states amber.
-STATE_STROKES = {"registering": "#8a94a6", "inspecting": "#6b7280", "available": "#16a34a",
+STATE_STROKES = {"registering": "#8a94a6", "inspecting": "#6b7280", "available": "#16a34a", "checking": "#86efac",
                  "provisioning": "#f59e0b", "provisioned": "#1c7ed6", "deprovisioning": "#d97706",
                  "repair": "#7048e8", "error": "#dc2626", "maintenance": "#334155"}
 

@@ -35,6 +35,14 @@ def claim_lost_its_host(moved: HostsMoved) -> None:
                         claim_reason=moved.data.get("claim_reason") or "")
 
 
+def claim_host_unhealthy(moved: HostsMoved) -> None:
+    """The host failed its handover health check (hosts.flows: to repair with the run as evidence): the claim
+    takes another host at once; the failure is the host's, not counted against the claim's tries."""
+    for claim in _claims(moved):
+        claim_host_lost(claim=claim, reason=f"host {moved.names[claim.host_id]}: {moved.reason}", actor=moved.actor,
+                        counted=False)
+
+
 def claim_released(moved: HostsMoved) -> None:
     """The release is over: the host was erased (and is back in the pool, or in repair with the evidence), or
     it failed on the way (error). The claim is Released; a join token its release could not delete is left to
@@ -65,6 +73,7 @@ REACTIONS: dict[tuple[str, str], list] = {
     # Lost while provisioning: to error, or to be cleaned first (the disk may hold half an image).
     (S.PROVISIONING, S.ERROR): [claim_lost_its_host],
     (S.PROVISIONING, S.DEPROVISIONING): [claim_lost_its_host],  # a release moves its claim to Releasing first
+    (S.PROVISIONING, S.REPAIR): [claim_host_unhealthy],
     (S.PROVISIONED, S.ERROR): [claim_lost_its_host],
     (S.DEPROVISIONING, S.AVAILABLE): [claim_released],
     (S.DEPROVISIONING, S.REPAIR): [claim_released],

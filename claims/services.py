@@ -27,7 +27,7 @@ from hosts.capacity import (
     preflight_held_back,
 )
 from hosts.choices import HostState
-from hosts.lifecycle import ConcurrentTransition
+from hosts.lifecycle import FREE, ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from hosts.topology import host_topology
@@ -356,12 +356,15 @@ def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
 
 
 @transaction.atomic
-def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: str = "") -> NodeClaim:
+def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: str = "",
+                    counted: bool = True) -> NodeClaim:
     """The claim's host failed (error, deadline): free the claim and try another host, until CLAIM_MAX_ATTEMPTS
     distinct hosts failed it. `claim_reason`: the claim itself caused the failure (its image): it fails with
     that reason, and the host is not counted against it. Its join token, if any, is deleted by a task."""
     cap = settings.CLAIM_MAX_ATTEMPTS
-    blamed = claim.host_name and not claim_reason
+    # Not counted: the host failed its handover health check before anything was written (it is in repair); the
+    # claim takes another host at once, without spending one of its CLAIM_MAX_ATTEMPTS.
+    blamed = claim.host_name and not claim_reason and counted
     failed = [*claim.failed_hosts, claim.host_name] if blamed else claim.failed_hosts
     fields = {"host": None, "ip_address": None, "node_name": "", "failed_hosts": failed, "bootstrap_token_id": ""}
     if claim.phase == P.RELEASING:
@@ -376,6 +379,10 @@ def claim_host_lost(*, claim: NodeClaim, reason: str, actor: str, claim_reason: 
     elif claim_reason:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason=claim_reason, message=reason,
                           fields=fields)
+    elif not counted:
+        claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason="HostUnhealthy",
+                          message=f"{reason}; trying another host", fields=fields)
+        pools_changed(pool_ids=[claim.pool_id] if claim.pool_id else [])
     elif len(set(failed)) >= cap:
         claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason="RetriesExhausted",
                           message=f"gave up after {claim.attempts} attempt(s); last: {reason}", fields=fields)
@@ -702,7 +709,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
             for _, domain in fitting:
                 try:
                     with transaction.atomic():
-                        hosts = list(BareMetalHost.objects.filter(pk__in=by_domain[domain], state=HostState.AVAILABLE)
+                        hosts = list(BareMetalHost.objects.filter(pk__in=by_domain[domain], state__in=FREE_STATES)
                                      .select_for_update(skip_locked=True, of=("self",))
                                      .order_by(*_host_order(tried))[:need])
                         if len(hosts) < need:
@@ -736,6 +743,7 @@ def _host_order(tried: list[str]) -> list:
     flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/warm.py: on in the
     ramdisk, they skip power-on, boot and lookup), the longest warm first."""
     return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
+            Case(When(state=HostState.CHECKING, then=1), default=0),  # an idle check is pre-empted last
             F("warm_since").asc(nulls_last=True), "pk"]
 
 
@@ -743,8 +751,7 @@ def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeTy
           message: str) -> None:
     """Hosts to provisioning and each claim to its host, in the caller's transaction (hosts locked by it)."""
     tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, claims)}
-    hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
-                           reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
+    _hosts_to_provisioning(hosts, actor=actor, reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
     for host, claim in zip(hosts, claims):
         claim.host, claim.host_name, claim.node_type = host, host.name, node_type
         claim.attempts += 1
@@ -832,10 +839,25 @@ def _another_host_may_free_up(candidates: list[NodeType], pinned: str, tried: tu
     return (others.filter(name=pinned) if pinned else others).exists()
 
 
+# A host under its idle health check is free: a claim pre-empts the check (the host is taken after the available
+# ones: _host_order).
+FREE_STATES = tuple(sorted(FREE))
+
+
+def _hosts_to_provisioning(hosts: list[BareMetalHost], *, actor: str, reason: str, tenant_ids: dict) -> None:
+    """The allocated hosts to provisioning, a batch per state they are in (an idle check is abandoned)."""
+    for state in FREE_STATES:
+        batch = [h for h in hosts if h.state == state]
+        if batch:
+            hosts_transition_batch(hosts=batch, to_state=HostState.PROVISIONING, actor=actor, tenant_ids=tenant_ids,
+                                   reason=reason + ("; its idle health check is abandoned"
+                                                    if state == HostState.CHECKING else ""))
+
+
 def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
     """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
     never be allocated is left out here, once."""
-    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state=HostState.AVAILABLE)
+    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state__in=FREE_STATES)
             .exclude(name__in=excluded)
             .exclude(NEVER_ALLOCATED))  # a red preflight: never (hosts/preflight.py)
 
@@ -866,8 +888,8 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
                 if not chosen:
                     return 0
                 tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, chosen)}
-                hosts_transition_batch(hosts=hosts, to_state=HostState.PROVISIONING, actor=actor,
-                                 reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
+                _hosts_to_provisioning(hosts, actor=actor, reason=f"allocated to a {node_type.name} claim",
+                                       tenant_ids=tenant_of)
                 for host, claim in zip(hosts, chosen):
                     claim.host, claim.host_name, claim.node_type = host, host.name, node_type
                     claim.attempts += 1

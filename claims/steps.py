@@ -22,6 +22,7 @@ from hosts.engine import (
 )
 from hosts.flows import (
     CLEANING_STEPS,
+    HANDOVER_STEPS,
     INSPECT_UNLESS_KNOWN,
     KEEP_WARM,
     RAMDISK_STEPS,
@@ -336,6 +337,8 @@ def _warm_lost(run: Run, message: str) -> Waiting:
 
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
     *(Step(s.name, s.run, s.deadline_s, when=cold) for s in (*RAMDISK_STEPS[:2], INSPECT_UNLESS_KNOWN)),
+    *HANDOVER_STEPS,  # the handover tier, before anything is written: a failure sends the host to repair and
+    # gives the claim another host
     Step(CHECK_STEP, step_check_tenant_api, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("write_image", step_write_image, setting("IMAGE_WRITE_DEADLINE_S")),
     Step("write_seed", step_write_seed, setting("AGENT_COMMAND_DEADLINE_S")),

@@ -75,4 +75,5 @@ def timing(request):
     history = charts.state_history(hours=hours)
     return page(request, "claims/timing.html", {
         "timings": timings, "chart": charts.timing_chart(timings), "recent": recent, "hours": hours,
+        "tiers": charts.tier_timings(recent),
         "history": charts.history_chart(history), "nav": "timing"})

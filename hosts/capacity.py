@@ -7,7 +7,7 @@ from pools.matching import label_selector_q
 from pools.models import NodeType
 
 from .choices import HostState
-from .lifecycle import CLAIMED
+from .lifecycle import CLAIMED, FREE
 from .models import BareMetalHost
 
 
@@ -19,7 +19,7 @@ def node_type_capacity(node_types: list[NodeType]) -> dict[int, dict[str, int]]:
     for t in node_types:
         q = label_selector_q(t.host_selector)
         aggregates[f"t{t.pk}_total"] = Count("pk", filter=q)
-        aggregates[f"t{t.pk}_available"] = Count("pk", filter=q & Q(state=HostState.AVAILABLE))
+        aggregates[f"t{t.pk}_available"] = Count("pk", filter=q & Q(state__in=list(FREE)))
         aggregates[f"t{t.pk}_provisioned"] = Count("pk", filter=q & Q(state__in=list(CLAIMED)))
     counts = BareMetalHost.objects.aggregate(**aggregates)
     return {t.pk: {k: counts[f"t{t.pk}_{k}"] for k in ("total", "available", "provisioned")} for t in node_types}
@@ -56,7 +56,7 @@ def preflight_held_back(node_types: list[NodeType], limit: int = 3) -> list[str]
     match = Q(pk__in=[])
     for t in node_types:
         match |= label_selector_q(t.host_selector)
-    rows = (BareMetalHost.objects.filter(match, NEVER_ALLOCATED, state=HostState.AVAILABLE)
+    rows = (BareMetalHost.objects.filter(match, NEVER_ALLOCATED, state__in=list(FREE))
             .order_by("name").values_list("name", "preflight_reason")[:limit + 1])
     shown = [f"{name} ({reason})" if reason else name for name, reason in rows[:limit]]
     return shown + (["…"] if len(rows) > limit else [])
@@ -64,14 +64,14 @@ def preflight_held_back(node_types: list[NodeType], limit: int = 3) -> list[str]
 
 def allocatable_q() -> Q:
     """Available hosts that nothing stops from serving the next claim."""
-    return Q(state=HostState.AVAILABLE) & ~not_allocatable_q()
+    return Q(state__in=list(FREE)) & ~not_allocatable_q()
 
 
 def _columns(prefix: str, where: Q | None) -> dict:
     def scoped(q: Q) -> Q:
         return q if where is None else where & q
 
-    free = Q(state=HostState.AVAILABLE)
+    free = Q(state__in=list(FREE))
     columns = {
         "total": Count("pk", filter=where) if where is not None else Count("pk"),
         "free": Count("pk", filter=scoped(free)),

@@ -8,6 +8,9 @@ class HostState(ColouredChoices):
     INSPECTING = "inspecting", "Inspecting", "secondary"
     # Available is green as a claim's Available is; provisioned (serving a claim) is blue.
     AVAILABLE = "available", "Available", "success"
+    # An available host under its NodeType's idle health check (pools/health_tiers.py): still allocatable,
+    # a claim pre-empts the check.
+    CHECKING = "checking", "Idle check", "secondary"
     PROVISIONING = "provisioning", "Provisioning", "warning"
     PROVISIONED = "provisioned", "Provisioned", "primary"
     DEPROVISIONING = "deprovisioning", "Deprovisioning", "warning"

@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 
 from events.choices import ObjectType
 from pools.choices import CleaningPolicy
+from pools.health_tiers import node_type_tiers
 
 from . import certificates
 from .models import BareMetalHost, EraseCertificate, HealthCheckRun
@@ -73,6 +74,7 @@ def gate_for(host: BareMetalHost, claim=None) -> dict:
     cleaning = effective_cleaning(host, node_type=node_type)
     method = cleaning["method"]
     gpus_inventory = gpu_count(host.inventory)
+    tiers = node_type_tiers(node_type)
     expected = 0
     if node_type is not None:
         try:
@@ -86,8 +88,8 @@ def gate_for(host: BareMetalHost, claim=None) -> dict:
                    "verify_share": node_type.erase_verify_share if node_type else 0.01,
                    "verify_mode": "full" if node_type and node_type.erase_verify_full else "sampled"},
         "health": {"expected_gpus": max(expected, gpus_inventory),
-                   "dcgm_level": node_type.health_dcgm_level if node_type else 2,
-                   "nccl_min_busbw_gbps": node_type.health_nccl_min_busbw_gbps if node_type else None},
+                   "dcgm_level": tiers["release"]["dcgmLevel"],
+                   "nccl_min_busbw_gbps": tiers["release"]["ncclMinBusbwGBps"]},
     }
     if host.automated_cleaning_mode == "disabled":
         gate["policy"]["note"] = ("automatedCleaningMode: disabled is not honoured: no host returns to the pool "
@@ -290,5 +292,6 @@ def record_health(*, host: BareMetalHost, flow_id: str, suite: str, gate: dict, 
               "raw_json": (raw.get("json") or "")[-1_000_000:], "verdict": parsed["verdict"],
               "reasons": parsed.get("reasons", []), "gpus": parsed.get("gpus") or {}, "parsed": parsed,
               "thresholds": thresholds, "duration_s": raw.get("duration_s")}
-    run, _ = HealthCheckRun.objects.update_or_create(flow_id=flow_id, suite=suite, defaults=fields)
+    run, _ = HealthCheckRun.objects.update_or_create(flow_id=flow_id, suite=suite, tier=gate.get("tier", "release"),
+                                                     defaults=fields)
     return run

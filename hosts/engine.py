@@ -137,7 +137,11 @@ class Run:
         return host_bmc(self.host, kept=True)
 
     def save_flow(self) -> None:
-        BareMetalHost.objects.filter(pk=self.host.pk).update(flow=self.flow)
+        # Only while the host is still in the state this flow serves: a drive of a flow that was pre-empted (an
+        # idle check a claim took over) must not overwrite the new flow's record.
+        since = self.flow.get("state_since")
+        match = {"state_changed_at": parse_datetime(since)} if since else {}
+        BareMetalHost.objects.filter(pk=self.host.pk, **match).update(flow=self.flow)
 
 
 # --- driving --------------------------------------------------------------------------------------
@@ -361,7 +365,8 @@ def _step_event(run: Run, step: str, message: str, duration_s: float | None = No
     claim = run.claim
     event_record(kind=EventKind.STEP, object_type=ObjectType.HOST, object_name=run.host.name, host=run.host,
                  claim=claim, tenant_id=claim.tenant_id if claim else None, step=step, message=message,
-                 duration_s=duration_s, actor="system:flow", data={"flow": run.flow.get("name"), **(data or {})})
+                 duration_s=duration_s, actor="system:flow",
+                 data={"flow": run.flow.get("name"), "flow_id": run.flow.get("id"), **(data or {})})
 
 
 def publish_progress(host_id: int) -> None:

@@ -86,10 +86,12 @@ def fail(run: Run, step: Step, failure: StepFailed) -> None:
             if (failure.clean or failure.claim_reason) and flow.clean_state:
                 host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
                                 step=step.name, data=blame)
-            elif flow.gate and (failure.repair or step.name in GATE_STEPS):
-                # The release gate failed: never back to the pool; to repair, with the evidence.
+            elif (flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS:
+                # The release gate or a health tier failed: never back to the pool; to repair, with the evidence.
+                # (A handover failure happens before anything is written: the claim takes another host.)
                 evidence = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name,
                             "message": failure.message, **({"retest": "failed"} if flow.name == "retest" else {}),
+                            **({"tier": TIER_STEPS[step.name]} if step.name in TIER_STEPS else {}),
                             "evidence": _trim(failure.evidence)}
                 host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
                                 step=step.name, data=evidence)
@@ -442,6 +444,164 @@ def step_health_nccl(run: Run) -> dict:
     return {"health_run": row.pk, "busbw_gbps": parsed["busbw_gbps"], "message_bytes": parsed["message_bytes"]}
 
 
+# --- the health tiers (pools/health_tiers.py): handover, intake, idle ---------------------------------------
+# Each tier is a few steps of the flow it belongs to (provision, inspect and retest, idle_check); a tier the
+# host's NodeType does not declare is skipped. Every check leaves a HealthCheckRun tagged with its tier.
+
+def _tier_values(run: Run, tier: str) -> dict | None:
+    """The tier's settings for this flow run, decided when first asked and kept (None: not declared)."""
+    from pools.health_tiers import node_type_tiers
+
+    from . import cleaning
+
+    kept = run.data.setdefault("tiers", {})
+    if tier not in kept:
+        node_type = cleaning.node_type_for(run.host, run.claim)
+        values = node_type_tiers(node_type).get(tier) if node_type is not None else None
+        if values is not None:
+            gpus = cleaning.gate_for(run.host, run.claim)["health"]["expected_gpus"]
+            values = {**values, "node_type": node_type.name, "started_at": None, "expected_gpus": gpus,
+                      "sku_gpu": (node_type.sku or {}).get("gpu")}
+        kept[tier] = values
+        run.save_flow()
+    return kept[tier]
+
+
+def _tier(run: Run, tier: str) -> dict | None:
+    """The tier's settings (_tier_values); a tier that ran past its budget fails the step."""
+    values = _tier_values(run, tier)
+    if values is not None and values.get("started_at") is None:
+        values["started_at"] = timezone.now().isoformat()
+        run.save_flow()
+    if values is not None and values.get("budget_s"):
+        spent = (timezone.now() - parse_datetime(values["started_at"])).total_seconds()
+        if spent > values["budget_s"]:
+            raise StepFailed(f"the {tier} health check ran past its budget of {values['budget']} "
+                             f"({int(spent)}s)", repair=True, evidence={"tier": tier, "spent_s": round(spent, 1)})
+    return values
+
+
+def _tier_record(run: Run, tier: str, values: dict, suite: str, parsed: dict, raw: dict, thresholds: dict):
+    from . import cleaning
+
+    return cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite=suite,
+                                  gate={"node_type": values["node_type"], "tier": tier}, parsed=parsed, raw=raw,
+                                  thresholds=thresholds)
+
+
+def _tier_dcgm(run: Run, tier: str) -> dict:
+    """`dcgmi diag -r N` at the tier's level."""
+    from . import health
+
+    values = _tier(run, tier)
+    if values is None:
+        return {"skipped": f"the NodeType declares no {tier} check"}
+    level = values.get("dcgmLevel") or 0
+    if not values["expected_gpus"] or not level:
+        return {"skipped": "no GPU" if not values["expected_gpus"] else f"the {tier} check runs no DCGM diagnostic"}
+    raw = agent_command(run, "health_check", {"suite": "dcgm", "level": level})
+    text = raw.get("stdout") or ""
+    parsed = health.parse_dcgmi(text if "{" in text else text + "\n" + (raw.get("stderr") or ""), raw.get("exit_code"))
+    row = _tier_record(run, tier, values, "dcgmi", parsed, raw, {"dcgm_level": level})
+    if parsed["verdict"] != "pass":
+        raise StepFailed(f"{tier}: dcgmi diag -r {level}: " + "; ".join(parsed["reasons"][:3]), repair=True,
+                         evidence={"tier": tier, "health_run": row.pk, "reasons": parsed["reasons"],
+                                   "gpus": parsed["gpus"]})
+    return {"tier": tier, "health_run": row.pk, "verdict": "pass", "level": level}
+
+
+def _tier_gpus(run: Run, tier: str) -> dict:
+    """The GPUs the agent sees now, against the SKU's model and count (else the NodeType's GPU count)."""
+    from pools.sku import sku_deviations
+
+    values = _tier(run, tier)
+    if values is None or not values.get("gpus"):
+        return {"skipped": f"the NodeType declares no {tier} GPU inventory check"}
+    want = values["sku_gpu"] or ({"count": values["expected_gpus"]} if values["expected_gpus"] else None)
+    if not want:
+        return {"skipped": "the NodeType states no GPU"}
+    inventory = agent_command(run, "inspect")
+    BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
+    if values["sku_gpu"]:
+        reasons = sku_deviations({"gpu": values["sku_gpu"]}, inventory)
+    else:
+        found = len(inventory.get("gpus") or [])
+        reasons = [] if found == want["count"] else [f"GPUs: {found} of {want['count']}"]
+    gpus = {str(g.get("index", i)): {"status": "pass", "name": g.get("name")}
+            for i, g in enumerate(inventory.get("gpus") or [])}
+    parsed = {"verdict": "fail" if reasons else "pass", "reasons": reasons, "gpus": gpus}
+    row = _tier_record(run, tier, values, "gpus", parsed, {"command": "inspect", "exit_code": 0}, {"gpu": want})
+    if reasons:
+        raise StepFailed(f"{tier}: " + "; ".join(reasons), repair=True,
+                         evidence={"tier": tier, "health_run": row.pk, "reasons": reasons})
+    return {"tier": tier, "health_run": row.pk, "gpus": len(gpus)}
+
+
+def _tier_links(run: Run, tier: str) -> dict:
+    """`nvidia-smi nvlink --status`: every NVLink of every GPU active."""
+    from . import health
+
+    values = _tier(run, tier)
+    if values is None or not values.get("links"):
+        return {"skipped": f"the NodeType declares no {tier} link check"}
+    if not values["expected_gpus"]:
+        return {"skipped": "no GPU"}
+    raw = agent_command(run, "health_check", {"suite": "links"})
+    parsed = health.parse_nvlink(raw.get("stdout") or "", raw.get("exit_code"), values["expected_gpus"])
+    row = _tier_record(run, tier, values, "nvlink", parsed, raw, {"all_links_active": True})
+    if parsed["verdict"] != "pass":
+        raise StepFailed(f"{tier}: " + "; ".join(parsed["reasons"][:3]), repair=True,
+                         evidence={"tier": tier, "health_run": row.pk, "reasons": parsed["reasons"]})
+    return {"tier": tier, "health_run": row.pk, "gpus": len(parsed["gpus"])}
+
+
+def _tier_burnin(run: Run, tier: str) -> dict:
+    """The intake: `dcgmi diag -r 3` (or 4) again and again for the burn-in duration (once when it is 0s)."""
+    from . import health
+
+    values = _tier(run, tier)
+    if values is None:
+        return {"skipped": f"the NodeType declares no {tier} check"}
+    if not values["expected_gpus"]:
+        return {"skipped": "no GPU"}
+    level = values.get("dcgmLevel") or 3
+    raw = agent_command(run, "health_check", {"suite": "burnin", "level": level, "seconds": values["burnIn_s"]})
+    text = raw.get("stdout") or ""
+    parsed = health.parse_dcgmi(text if "{" in text else text + "\n" + (raw.get("stderr") or ""), raw.get("exit_code"))
+    parsed["passes"] = raw.get("passes")
+    row = _tier_record(run, tier, values, "burn-in", parsed, {**raw, "duration_s": raw.get("seconds")},
+                       {"dcgm_level": level, "burn_in_s": values["burnIn_s"]})
+    if parsed["verdict"] != "pass":
+        raise StepFailed(f"{tier}: burn-in (dcgmi diag -r {level}, pass {raw.get('passes')}): "
+                         + "; ".join(parsed["reasons"][:3]), repair=True,
+                         evidence={"tier": tier, "health_run": row.pk, "reasons": parsed["reasons"]})
+    return {"tier": tier, "health_run": row.pk, "passes": raw.get("passes"), "seconds": raw.get("seconds")}
+
+
+def tier_steps(tier: str, parts: tuple[str, ...]) -> list[Step]:
+    """The tier's checks as steps named `<tier>_<part>` (handover_dcgm, intake_burnin, ...)."""
+    functions = {"gpus": _tier_gpus, "links": _tier_links, "dcgm": _tier_dcgm, "burnin": _tier_burnin}
+    deadline = setting("BURNIN_DEADLINE_S") if tier == "intake" else setting("HEALTH_DEADLINE_S")
+    steps = []
+    for part in parts:
+        def run_part(run: Run, fn=functions[part], tier=tier) -> dict:
+            return fn(run, tier)
+        def declared(run: Run, part=part, tier=tier) -> bool:
+            # A tier (or a check of it) the NodeType does not declare leaves no step behind (no Event).
+            values = _tier_values(run, tier)
+            return values is not None and (part not in ("gpus", "links") or bool(values.get(part)))
+
+        run_part.__name__ = f"step_{tier}_{part}"
+        steps.append(Step(f"{tier}_{part}", run_part, deadline, when=declared))
+    return steps
+
+
+HANDOVER_STEPS = tier_steps("handover", ("gpus", "links", "dcgm"))  # quick ones first
+INTAKE_STEPS = tier_steps("intake", ("burnin",))
+IDLE_STEPS = tier_steps("idle", ("gpus", "links", "dcgm"))
+TIER_STEPS = {step.name: step.name.split("_", 1)[0] for step in (*HANDOVER_STEPS, *INTAKE_STEPS, *IDLE_STEPS)}
+
+
 def step_reboot_to_disk(run: Run) -> dict:
     agent_command(run, "reboot_to_disk")
     boot_path.agent_sessions_end(host_ids=[run.host.pk])  # that boot is over
@@ -490,6 +650,7 @@ host_flow("register", HostState.REGISTERING, [Step("bmc_check", step_bmc_check, 
 host_flow("inspect", HostState.INSPECTING, [
     *RAMDISK_STEPS,
     *CLEANING_STEPS,  # the initial clean and health check, as on every release
+    *INTAKE_STEPS,  # and the intake tier (burn-in), when the NodeType declares it
     KEEP_WARM,
     power_off_unless_warm("power_off"),
 ], done_state=HostState.AVAILABLE, gate=True)
@@ -499,5 +660,13 @@ host_flow("retest", HostState.RETESTING, [
     Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
     *RAMDISK_STEPS,
     *CLEANING_STEPS,
+    *INTAKE_STEPS,  # after repair, the intake tier again
     Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
 ], done_state=HostState.REPAIR, gate=True)
+# The idle tier: an available host checked now and then (hosts.services.hosts_idle_check_start); a claim
+# pre-empts it (the allocator takes a host in this state; the provision flow powers it off and boots it anew).
+host_flow("idle_check", HostState.CHECKING, [
+    *RAMDISK_STEPS[:2],
+    *IDLE_STEPS,
+    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+], done_state=HostState.AVAILABLE, gate=True)

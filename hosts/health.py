@@ -310,3 +310,40 @@ def parse_nccl(text: str, *, json_text: str | None = None, exit_code: int | None
                            f"{min_busbw:g} GB/s (out-of-place {largest['oop_busbw']}, in-place {largest['ip_busbw']})")
     out["verdict"] = _verdict(reasons)
     return out
+
+
+_NVLINK_GPU = re.compile(r"^GPU (\d+):")
+_NVLINK_LINK = re.compile(r"^\s*Link (\d+):\s*(.*)$")
+
+
+def parse_nvlink(text: str, exit_code: int | None = None, expected_gpus: int = 0) -> dict:
+    """`nvidia-smi nvlink --status`: every link of every GPU must be up (a speed such as `26.562 GB/s`); an
+    `<inactive>` link, a GPU without links where others have them, or fewer GPUs than expected fail."""
+    gpus: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        found = _NVLINK_GPU.match(line)
+        if found:
+            current = gpus.setdefault(found.group(1), {"status": "pass", "links": 0, "inactive": []})
+            continue
+        link = _NVLINK_LINK.match(line)
+        if link and current is not None:
+            current["links"] += 1
+            if "GB/s" not in link.group(2):
+                current["inactive"].append(int(link.group(1)))
+                current["status"] = "fail"
+    reasons = []
+    if exit_code not in (0, None):
+        reasons.append(f"nvidia-smi nvlink exited {exit_code}")
+    if not gpus:
+        reasons.append("no GPU listed by nvidia-smi nvlink --status")
+    elif expected_gpus and len(gpus) < expected_gpus:
+        reasons.append(f"{len(gpus)} of {expected_gpus} GPUs listed")
+    most = max((g["links"] for g in gpus.values()), default=0)
+    for index, gpu in gpus.items():
+        if gpu["inactive"]:
+            reasons.append(f"GPU {index}: {len(gpu['inactive'])} of {gpu['links']} NVLinks inactive")
+        elif gpu["links"] < most:
+            gpu["status"] = "fail"
+            reasons.append(f"GPU {index}: {gpu['links']} NVLinks, others have {most}")
+    return {"verdict": _verdict(reasons), "reasons": reasons, "gpus": gpus}

@@ -16,8 +16,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # After inspection a host is cleaned and checked once (deprovisioning) before it joins the pool.
     # Registration's initial clean and health check fail into repair, as a release's do.
     S.INSPECTING: frozenset({S.AVAILABLE, S.DEPROVISIONING, S.REPAIR, S.ERROR, S.MAINTENANCE}),
-    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE}),
-    S.PROVISIONING: frozenset({S.PROVISIONED, S.DEPROVISIONING, S.ERROR}),
+    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE, S.CHECKING}),
+    # The idle check: back to the pool, to repair when it fails, or pre-empted by a claim (provisioning).
+    S.CHECKING: frozenset({S.AVAILABLE, S.PROVISIONING, S.REPAIR, S.ERROR, S.MAINTENANCE}),
+    # A failed handover check sends the host to repair before anything was written on it.
+    S.PROVISIONING: frozenset({S.PROVISIONED, S.DEPROVISIONING, S.REPAIR, S.ERROR}),
     S.PROVISIONED: frozenset({S.DEPROVISIONING, S.ERROR}),
     S.DEPROVISIONING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR}),
     # Repair: retest (clean and check again), back to service (after a passing retest or an admin override,
@@ -44,13 +47,17 @@ STATE_FAILURE: dict[str, str] = {
     S.PROVISIONING: S.ERROR,
     S.DEPROVISIONING: S.ERROR,
     S.RETESTING: S.REPAIR,
+    S.CHECKING: S.ERROR,
     S.REPAIRING: S.REPAIR,  # a remedy that never ends failed: the ladder goes on from repair
 }
 IN_PROGRESS = frozenset(STATE_FAILURE)
+# States in which a host is free for the next claim: available, or under its idle health check (which a claim
+# pre-empts): the allocator and every count of free hosts use it.
+FREE = frozenset({S.AVAILABLE, S.CHECKING})
 # States in which a host serves (or is being made ready for) a tenant's claim.
 CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 # States in which a host may run the agent (booted into the ramdisk by one of its flows).
-AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING, S.REPAIRING)
+AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING, S.REPAIRING, S.CHECKING)
 
 
 def check_transition(from_state: str, to_state: str, name: str = "host") -> None:

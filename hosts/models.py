@@ -247,7 +247,9 @@ class HealthCheckRun(models.Model):
     host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="health_runs")
     host_name = models.CharField(max_length=253)
     flow_id = models.CharField(max_length=36)
-    suite = models.CharField(max_length=16)  # gpu-reset, dcgmi, nccl
+    suite = models.CharField(max_length=16)  # gpu-reset, dcgmi, nccl, gpus, nvlink, burn-in
+    # The health tier that ran it (pools/health_tiers.py): handover, release, intake, idle.
+    tier = models.CharField(max_length=16, default="release")
     node_type = models.CharField(max_length=253, blank=True)
     command = models.TextField(blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -263,7 +265,8 @@ class HealthCheckRun(models.Model):
 
     class Meta:
         ordering = ["-created_at", "suite"]
-        constraints = [models.UniqueConstraint(fields=["flow_id", "suite"], name="uniq_health_run_per_suite_and_run")]
+        constraints = [models.UniqueConstraint(fields=["flow_id", "tier", "suite"],
+                                               name="uniq_health_run_per_tier_suite_and_run")]
 
     def __str__(self) -> str:
         return f"{self.suite}: {self.verdict}" + (f" ({self.reasons[0]})" if self.reasons and self.verdict == "fail" else "")

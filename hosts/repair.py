@@ -28,6 +28,8 @@ from . import cleaning
 from .choices import HostState, RepairOutcome
 from .engine import Flow, Run, Step, StepFailed, Waiting, register_flow, setting
 from .flows import (
+    INTAKE_STEPS,
+    TIER_STEPS,
     _gate,
     _trim,
     step_agent_lookup,
@@ -75,6 +77,9 @@ def classify(*, step: str, message: str, data: dict | None) -> tuple[str, str]:
     data = data if isinstance(data, dict) else {}
     evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
     step = step or data.get("step") or ""
+    if step in TIER_STEPS:  # a health tier's check (hosts.flows.tier_steps): judged as the gate's own
+        step = {"dcgm": "health_dcgm", "burnin": "health_dcgm", "links": "health_nccl",
+                "gpus": "sku_gpus"}[step.split("_", 1)[1]]
     text = f"{message} {data.get('message') or ''}".lower()
     if "deviations" in data or "deviations" in evidence or step.startswith("sku"):
         # hosts.flows.step_sku_check: {NodeType: ["GPUs: 7 of 8 NVIDIA H200", ...]}; the first difference names it.
@@ -366,5 +371,6 @@ register_flow(Flow(name="repair", state=HostState.REPAIRING, finish=finish, fail
     Step("gpu_reset", step_gpu_reset, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("health_dcgm", step_health_dcgm, setting("HEALTH_DEADLINE_S")),
     Step("health_nccl", step_health_nccl, setting("HEALTH_DEADLINE_S")),
+    *INTAKE_STEPS,  # after repair, the intake tier again (when the NodeType declares it)
     Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
 ]))

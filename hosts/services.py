@@ -559,3 +559,41 @@ def hosts_bmc_check_due(*, limit: int = 200) -> list[str]:
         host.bmc_checked_at = None  # a periodic check always refreshes the time
         flipped.append(host_bmc_contact(host=host, ok=power is not None, error=error, actor="system:bmc-check"))
     return [h.name for h, changed in zip(hosts, flipped) if changed]
+
+
+def hosts_idle_check_start(*, actor: str = "system:idle-check") -> list[str]:
+    """The idle health tier (pools/health_tiers.py): for each NodeType that declares it, the available hosts it
+    selects whose last health run is older than the tier's interval (never checked first, then the longest
+    unchecked), at most hostsAtOnce of them under a check at a time, go to `checking` (the idle_check flow).
+    Low priority: a claim takes such a host all the same (claims.services.free_hosts)."""
+    from django.db.models import OuterRef, Subquery
+
+    from pools.health_tiers import node_type_tiers
+    from pools.matching import label_selector_q
+    from pools.models import NodeType
+
+    from .models import HealthCheckRun
+
+    started = []
+    now = timezone.now()
+    for node_type in NodeType.objects.exclude(health={}).order_by("name"):
+        tier = node_type_tiers(node_type).get("idle")
+        if tier is None or not node_type.host_selector:
+            continue
+        selected = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector))
+        room = tier["hostsAtOnce"] - selected.filter(state=HostState.CHECKING).count()
+        if room <= 0:
+            continue
+        last = HealthCheckRun.objects.filter(host=OuterRef("pk")).order_by("-created_at").values("created_at")[:1]
+        # Not a warm host (hosts/warm.py): it is on in the ramdisk and heartbeating, ready for the next claim.
+        due = (selected.filter(state=HostState.AVAILABLE, warm_since__isnull=True).annotate(checked=Subquery(last))
+               .filter(Q(checked__isnull=True) | Q(checked__lt=now - timedelta(seconds=tier["interval_s"])))
+               .order_by(F("checked").asc(nulls_first=True), "pk"))
+        with transaction.atomic():
+            hosts = list(due.select_for_update(skip_locked=True, of=("self",))[:room])
+            if not hosts:
+                continue
+            hosts_transition_batch(hosts=hosts, to_state=HostState.CHECKING, actor=actor,
+                                   reason=f"idle health check of {node_type.name} (every {tier['interval']})")
+        started += [h.name for h in hosts]
+    return started

@@ -69,3 +69,8 @@ def repair_due() -> int:
 @shared_task(name="hosts.tasks.sweep_warm_hosts")
 def sweep_warm_hosts() -> list[str]:
     return warm.hosts_warm_sweep()
+
+
+@shared_task(name="hosts.tasks.idle_checks_start")
+def idle_checks_start() -> list[str]:
+    return services.hosts_idle_check_start()

@@ -191,10 +191,12 @@ class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
-                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0):
+                 agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
+                 health: dict | None = None):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
+        self.health = health or {}  # gpu-server's health tiers (pools/health_tiers.py), when a test sets them
         # The console's agent listener as the lab's host-side parts reach it, and as its VMs do (10.0.2.2).
         self.console_url = _host_view(console_url.rstrip("/"))
         self.vm_console_url = _guest_view(self.console_url)
@@ -358,6 +360,8 @@ class LabSite:
         # hosts then go to repair instead of the pool.
         for role in ("gpu", "cpu"):
             NodeType.objects.filter(name=f"{role}-server", sku={}).update(sku=lab_sku(role, self.disk_bytes))
+        if self.health:
+            NodeType.objects.filter(name="gpu-server").update(health=self.health)
         if self.agent_mode == "thread":
             NodeType.objects.update(cleaning_policy="metadata", cleaning_fallback="")
 

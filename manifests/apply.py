@@ -301,7 +301,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku", "repair", "warm"}
+                    "cleaning", "healthCheck", "sku", "health", "repair", "warm"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -391,9 +391,9 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
                 "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
-                "repair": repair, **gate},
+                "health": spec.child("health", {}).mapping().value, "repair": repair, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
-                "sku": spec.path + ("sku",), "repair": spec.path + ("repair",),
+                "sku": spec.path + ("sku",), "health": spec.path + ("health",), "repair": spec.path + ("repair",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)
 

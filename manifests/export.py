@@ -57,6 +57,7 @@ def _node_type_body(t: NodeType) -> dict:
     if t.host_selector:
         body["bareMetalHosts"] = {"selector": t.host_selector}
     _put(body, "sku", t.sku)
+    _put(body, "health", t.health)
     # Written even when they are the defaults: a backup that does not depend on the defaults of the version
     # that restores it.
     body["cleaning"] = {key: _number(getattr(t, field)) for key, field in CLEANING.items()

@@ -22,6 +22,7 @@ from .choices import (
     PoolKind,
     ProviderKind,
 )
+from .health_tiers import check_health
 from .matching import validate_label_selector, validate_requirements
 from .sku import check_sku
 from .validators import (
@@ -109,6 +110,9 @@ class NodeType(models.Model):
     # What each server of this type must have (pools/sku.py): GPU model and count, memory, NVMe, NICs, firmware.
     # Inspection results are compared with it; a host that deviates goes to repair, never to the pool as this type.
     sku = models.JSONField(default=dict, blank=True)
+    # The health tiers (pools/health_tiers.py): handover, release, intake and idle checks, each with its suite,
+    # thresholds and time budget. Release defaults to the health_* fields above; the others run when declared.
+    health = models.JSONField(default=dict, blank=True)
     # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
     # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
     repair = models.JSONField(default=dict, blank=True)
@@ -144,6 +148,7 @@ class NodeType(models.Model):
             errors["health_nccl_min_busbw_gbps"] = ["a bus bandwidth in GB/s above 0, e.g. 400; empty: NCCL not run"]
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
         collect(errors, "sku", lambda: check_sku(self.sku))
+        collect(errors, "health", lambda: check_health(self.health))
         collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))

@@ -188,6 +188,9 @@ CELERY_BEAT_SCHEDULE = {
     "drive-stale-hosts": {"task": "hosts.tasks.drive_stale_hosts",
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
+    # The idle health tier (pools/health_tiers.py): the longest-unchecked available hosts, a few at a time.
+    "idle-health-checks": {"task": "hosts.tasks.idle_checks_start",
+                           "schedule": float(os.environ.get("IDLE_CHECK_EVERY_S", "60"))},
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
     # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
     "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
@@ -370,6 +373,8 @@ CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # f
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)
 HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)
+# The intake tier's steps (its burn-in runs for the NodeType's burnIn; its budget fails it sooner).
+BURNIN_DEADLINE_S = env_float("BURNIN_DEADLINE_S", 12 * 3600)
 
 # Auto Nodes decisions (autonodes.services): what daemonset pods take on every node of a dynamic pool, counted
 # before the tenant's pods (one setting for all pools: the console does not watch the tenants' DaemonSets), as

@@ -104,7 +104,8 @@ def gpu_reset(args: dict, ctx: Context) -> dict:
 
 
 def health_check(args: dict, ctx: Context) -> dict:
-    """One suite: `dcgm` (`dcgmi diag -r LEVEL -j`) or `nccl` (`all_reduce_perf` over every GPU, -J JSON)."""
+    """One suite: `dcgm` (`dcgmi diag -r LEVEL -j`), `nccl` (`all_reduce_perf` over every GPU, -J JSON) or
+    `links` (`nvidia-smi nvlink --status`) or `burnin` (`dcgmi diag -r LEVEL` repeated for `seconds`)."""
     suite = args.get("suite")
     env = ctx.hardware.tool_env()
     if suite == "dcgm":
@@ -134,4 +135,20 @@ def health_check(args: dict, ctx: Context) -> dict:
         except OSError:
             pass
         return {"suite": "nccl", "gpus": gpus, "json": json_text, **run}
-    raise CommandError(f"health_check: unknown suite {suite!r} (dcgm or nccl)")
+    if suite == "burnin":
+        # `dcgmi diag -r LEVEL` again and again for `seconds` (at least once), stopping at the first failure; the
+        # console judges the last run's output.
+        level = int(args.get("level", 3))
+        seconds = float(args.get("seconds") or 0)
+        started, passes, run = time.monotonic(), 0, None
+        while run is None or (run["exit_code"] == 0 and time.monotonic() - started < seconds):
+            ctx.progress(None, f"burn-in: dcgmi diag -r {level}, pass {passes + 1}")
+            run = _run(["dcgmi", "diag", "-r", str(level), "-j"], DCGM_TIMEOUT_S.get(level, 3600), env)
+            passes += 1
+        return {"suite": "burnin", "level": level, "passes": passes,
+                "seconds": round(time.monotonic() - started, 3), **run}
+    if suite == "links":
+        ctx.progress(None, "nvidia-smi nvlink --status")
+        run = _run(["nvidia-smi", "nvlink", "--status"], float(args.get("timeout_s") or 60), env)
+        return {"suite": "links", **run}
+    raise CommandError(f"health_check: unknown suite {suite!r} (dcgm, nccl or links)")
