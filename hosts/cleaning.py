@@ -89,7 +89,8 @@ def gate_for(host: BareMetalHost, claim=None) -> dict:
                    "verify_mode": "full" if node_type and node_type.erase_verify_full else "sampled"},
         "health": {"expected_gpus": max(expected, gpus_inventory),
                    "dcgm_level": tiers["release"]["dcgmLevel"],
-                   "nccl_min_busbw_gbps": tiers["release"]["ncclMinBusbwGBps"]},
+                   "nccl_min_busbw_gbps": tiers["release"]["ncclMinBusbwGBps"],
+                   "budget": tiers["release"].get("budget"), "budget_s": tiers["release"].get("budget_s")},
     }
     if host.automated_cleaning_mode == "disabled":
         gate["policy"]["note"] = ("automatedCleaningMode: disabled is not honoured: no host returns to the pool "

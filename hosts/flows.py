@@ -356,6 +356,22 @@ def _gpus(run: Run) -> int:
     return _gate(run)["health"]["expected_gpus"]
 
 
+def _release_budget(run: Run) -> None:
+    """The release tier's budget (NodeType `health.release.budget`, 15m by default) covers its GPU checks
+    together (reset, DCGM, NCCL; the erase before them is bounded by its own deadline): timed from the first of
+    them, and a gate past it fails at its next check, to repair, as the other tiers do."""
+    health = _gate(run)["health"]
+    if not health.get("budget_s"):
+        return
+    if not health.get("started_at"):
+        health["started_at"] = timezone.now().isoformat()
+        run.save_flow()
+    spent = (timezone.now() - parse_datetime(health["started_at"])).total_seconds()
+    if spent > health["budget_s"]:
+        raise StepFailed(f"the release health check ran past its budget of {health['budget']} ({int(spent)}s)",
+                         repair=True, evidence={"tier": "release", "spent_s": round(spent, 1)})
+
+
 def step_gpu_reset(run: Run) -> dict:
     """`nvidia-smi --gpu-reset -i N` for each GPU; refused (and failed) while a process holds one."""
     from . import cleaning
@@ -364,6 +380,7 @@ def step_gpu_reset(run: Run) -> dict:
     expected = _gpus(run)
     if not expected:
         return {"skipped": "no GPU on this host or its NodeType"}
+    _release_budget(run)
     try:
         result = agent_command(run, "gpu_reset", {"expected_gpus": expected})
     except StepFailed as failure:
@@ -405,6 +422,7 @@ def step_health_dcgm(run: Run) -> dict:
     level = gate["health"]["dcgm_level"]
     if not _gpus(run) or not level:
         return {"skipped": "no GPU" if not _gpus(run) else "the NodeType runs no DCGM diagnostic"}
+    _release_budget(run)
     try:
         raw = agent_command(run, "health_check", {"suite": "dcgm", "level": level})
     except StepFailed as failure:
@@ -429,6 +447,7 @@ def step_health_nccl(run: Run) -> dict:
     gpus = _gpus(run)
     if not gpus or threshold is None:
         return {"skipped": "no GPU" if not gpus else "the NodeType sets no NCCL threshold"}
+    _release_budget(run)
     try:
         raw = agent_command(run, "health_check", {"suite": "nccl", "gpus": gpus, "min_bytes": "1G", "max_bytes": "8G"})
     except StepFailed as failure:
@@ -441,6 +460,7 @@ def step_health_nccl(run: Run) -> dict:
     if parsed["verdict"] != "pass":
         raise StepFailed("all_reduce_perf: " + "; ".join(parsed["reasons"][:3]), repair=True,
                          evidence={"health_run": row.pk, "reasons": parsed["reasons"], "busbw_gbps": parsed["busbw_gbps"]})
+    _release_budget(run)  # the last check: the tier as a whole within its budget
     return {"health_run": row.pk, "busbw_gbps": parsed["busbw_gbps"], "message_bytes": parsed["message_bytes"]}
 
 

@@ -3,11 +3,13 @@ gives the claim another host at once), `release` between tenants, `intake` after
 repair (a burn-in), `idle` on a beat tick (pre-empted by a claim within seconds); each HealthCheckRun tagged
 with its tier; the timing page shows each tier's duration; the manifest's `health:` block validated."""
 import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management.base import CommandError
 from django.test import Client
+from django.utils import timezone
 
 from claims.charts import tier_timings
 from claims.choices import ClaimPhase
@@ -70,6 +72,31 @@ def test_the_tiers_are_applied_exported_as_written_and_filled_with_their_default
         420, 7200, 43200)
     assert "burnIn: 2h" in export_text()
     assert "nodetype/gpu-server unchanged" in apply(site_with(GOOD))
+
+
+@pytest.mark.django_db
+def test_the_release_tier_fails_its_next_check_once_past_its_budget(apply, demo_site):
+    """health.release.budget (15m by default) covers the gate's GPU checks together, timed from the first: a gate
+    whose checks started 16 minutes ago fails at its next check, to repair, before asking the agent anything."""
+    from hosts import cleaning
+    from hosts.engine import Run
+    from hosts.flows import StepFailed, step_gpu_reset, step_health_dcgm, step_health_nccl
+
+    host = BareMetalHost.objects.get(name="gpu-01")
+    gate = cleaning.gate_for(host)
+    assert (gate["health"]["budget"], gate["health"]["budget_s"]) == ("15m", 900)
+    gate["previous"] = None
+    gate["health"]["nccl_min_busbw_gbps"] = 400.0  # the demo's gpu-server sets none: NCCL would be skipped
+    for step in (step_gpu_reset, step_health_dcgm, step_health_nccl):
+        started = (timezone.now() - timedelta(minutes=16)).isoformat()
+        host.flow = {"name": "release", "step": step.__name__, "data": {"gate": {
+            **gate, "health": {**gate["health"], "started_at": started}}}}
+        host.save(update_fields=["flow"])
+        with pytest.raises(StepFailed) as failed:
+            step(Run(host))
+        assert failed.value.repair and failed.value.message.startswith(
+            "the release health check ran past its budget of 15m (9"), failed.value.message
+        assert failed.value.evidence["tier"] == "release"
 
 
 @pytest.mark.django_db
