@@ -181,8 +181,8 @@ async def test_the_claims_lists_group_table_follows_its_groups_live_and_a_member
         return ClaimGroup.objects.get()
 
     group = await sync_to_async(ask_for_a_group)()
-    await receive_until(admin, f'data-group="{group.name}" data-state="Waiting"')
-    # Then why it waits, in its row: the allocator's reason (no Event says it: the members' ids are published).
+    # Waiting, and why, in its row: the allocator's reason (no Event says it: the members' ids are published). One
+    # wait for both: the row and its reason may come in one frame or two.
     await receive_until(admin, f'data-group="{group.name}" data-state="Waiting">((?!</tr>)[\\s\\S])*'
                                "needs 2 on one rail group; no free host of type gpu-server has a rail group label")
 
