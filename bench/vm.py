@@ -34,10 +34,11 @@ from pathlib import Path
 
 from _setup import ROOT, fresh_database, percentile
 
+from lab.vm import GUEST_HOST, site_manifests
+
 os.environ["DATABASE_URL"] = os.environ.get("VM_DATABASE_URL", "postgres://root@127.0.0.1:5432/vmetal_bench_vm")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/2")
 MiB = 1024 * 1024
-GUEST_HOST = "10.0.2.2"  # the host's loopback as a QEMU guest on user-mode networking reaches it
 # TCG on shared cores: bounded, generous deadlines (tests/test_vm_e2e.py uses the same).
 DEADLINES = {"AGENT_LOOKUP_DEADLINE_S": "300", "AGENT_COMMAND_DEADLINE_S": "300", "AGENT_SILENCE_S": "60",
              "NODE_READY_DEADLINE_S": "300", "IMAGE_WRITE_DEADLINE_S": "600", "ERASE_DEADLINE_S": "600",
@@ -46,31 +47,6 @@ DEADLINES = {"AGENT_LOOKUP_DEADLINE_S": "300", "AGENT_COMMAND_DEADLINE_S": "300"
              "DRAIN_GRACE_S": "1", "DRAIN_POLL_S": "1"}
 STEPS = ("power_on_pxe", "agent_lookup", "check_tenant_api", "write_image", "write_seed", "reboot_to_disk",
          "boot_from_disk", "node_ready", "node_labels")
-SITE = """\
-apiVersion: management.loft.sh/v1
-kind: OSImage
-metadata:
-  name: vmetal-os
-spec:
-  displayName: vMetal OS (lab VM image)
-  format: raw
-  properties:
-    metal3.vcluster.com/image-url: {url}
-    metal3.vcluster.com/image-checksum: {checksum}
-    metal3.vcluster.com/image-checksum-type: sha256
----
-apiVersion: management.loft.sh/v1
-kind: NodeEnvironment
-metadata:
-  name: servers
-  namespace: p-default
-spec:
-  providerRef: metal3
-  properties:
-    metal3.vcluster.com/network-cidr: 10.0.2.2/24
-    metal3.vcluster.com/network-ip-range: 10.0.2.50-10.0.2.99
-    metal3.vcluster.com/dns-servers: 10.0.2.3
-"""
 POOL = """\
 privateNodes:
   autoNodes:
@@ -185,8 +161,7 @@ def provision(n: int, build, timeout: float) -> dict:
 
     try:
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
-        apply_files([("vm-site", SITE.format(url=f"{console.guest_url}/images/{vmimage.OS_IMAGE}",
-                                             checksum=checksum))], actor="bench")
+        apply_files([("vm-site", site_manifests(f"{console.guest_url}/images/{vmimage.OS_IMAGE}", checksum))], actor="bench")
         site.register()
         NodeType.objects.filter(name="vm-server").update(cleaning_policy="secure", cleaning_fallback="full")
         server = site.tenants["bench"]

@@ -28,9 +28,10 @@ import threading
 import time
 from pathlib import Path
 
+from .redfish import GUEST_HOST  # the host's loopback as a guest sees it
+
 log = logging.getLogger("lab.vm")
 QEMU = "qemu-system-x86_64"
-GUEST_HOST = "10.0.2.2"  # QEMU user-mode network: the host's loopback as the guest sees it
 BOOT_FILE = "vmetal.ipxe"  # the VM's DHCP boot file, in its TFTP directory
 BOOT_ORDER = {"Pxe": "n", "Hdd": "c", "Cd": "d"}  # Redfish BootSourceOverrideTarget → QEMU's -boot letter
 SERCON_PORT = b"\xf8\x03"  # 0x3f8, little-endian: SeaBIOS's text console on COM1
@@ -240,3 +241,34 @@ class VMServer:
             proc.stdin.close()
         log.info("%s: VM powered off by itself (QEMU exit %s)", self.name, proc.returncode)
         return True
+
+
+def site_manifests(image_url: str, checksum: str, *, image: str = "vmetal-os",
+                   addresses: str = "10.0.2.50-10.0.2.99") -> str:
+    """The OSImage a lab VM installs (the OS image lab/vmimage.py builds, served by the console) and the servers'
+    NodeEnvironment on QEMU's user-mode net (10.0.2.0/24, the host at 10.0.2.2, its DNS at 10.0.2.3)."""
+    return f"""\
+apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata:
+  name: {image}
+spec:
+  displayName: vMetal OS (lab VM image)
+  format: raw
+  properties:
+    metal3.vcluster.com/image-url: {image_url}
+    metal3.vcluster.com/image-checksum: {checksum}
+    metal3.vcluster.com/image-checksum-type: sha256
+---
+apiVersion: management.loft.sh/v1
+kind: NodeEnvironment
+metadata:
+  name: servers
+  namespace: p-default
+spec:
+  providerRef: metal3
+  properties:
+    metal3.vcluster.com/network-cidr: {GUEST_HOST}/24
+    metal3.vcluster.com/network-ip-range: {addresses}
+    metal3.vcluster.com/dns-servers: 10.0.2.3
+"""

@@ -21,6 +21,7 @@ from hosts.models import BareMetalHost, EraseCertificate
 from lab import vmimage
 from lab.redfish import GUEST_HOST
 from lab.site import SEED_REGION, LabSite
+from lab.vm import site_manifests
 from manifests.apply import apply_files
 from pools.models import NodePool, NodeType, Tenant
 from pools.services import pool_set_quantity, tenant_set_api
@@ -63,33 +64,7 @@ privateNodes:
 
 
 def vm_site(url: str, checksum: str) -> str:
-    """The OS image the VM installs, served by the console's agent listener from IMAGE_DIR; the servers' network
-    is QEMU's user-mode net (10.0.2.0/24, the host at 10.0.2.2, its DNS at 10.0.2.3)."""
-    return f"""\
-apiVersion: management.loft.sh/v1
-kind: OSImage
-metadata:
-  name: {IMAGE}
-spec:
-  displayName: vMetal OS (lab VM image)
-  format: raw
-  properties:
-    metal3.vcluster.com/image-url: {url}
-    metal3.vcluster.com/image-checksum: {checksum}
-    metal3.vcluster.com/image-checksum-type: sha256
----
-apiVersion: management.loft.sh/v1
-kind: NodeEnvironment
-metadata:
-  name: servers
-  namespace: p-default
-spec:
-  providerRef: metal3
-  properties:
-    metal3.vcluster.com/network-cidr: 10.0.2.2/24
-    metal3.vcluster.com/network-ip-range: 10.0.2.50-10.0.2.59
-    metal3.vcluster.com/dns-servers: 10.0.2.3
-"""
+    return site_manifests(url, checksum, image=IMAGE, addresses="10.0.2.50-10.0.2.59")
 
 
 @pytest.fixture
