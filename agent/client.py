@@ -47,10 +47,11 @@ class Session:
     heartbeat_s: float  # how often to ask for work while idle
     progress_s: float  # how often to report progress while a command runs (the console's silence check is
     # tens of seconds; progress is for people watching a bar)
+    wait_s: float = 0  # how long the console may hold our next idle ask open (a warm host's long poll); 0: not at all
 
     def __repr__(self) -> str:  # never print the token, even by accident
         return (f"Session(host_id={self.host_id!r}, host={self.host!r}, heartbeat_s={self.heartbeat_s!r}, "
-                f"progress_s={self.progress_s!r})")
+                f"progress_s={self.progress_s!r}, wait_s={self.wait_s!r})")
 
 
 def direct_opener() -> urllib.request.OpenerDirector:
@@ -64,7 +65,8 @@ class ConsoleClient:
         self.timeout = timeout
         self._opener = direct_opener()
 
-    def post(self, path: str, body: dict, token: str | None = None) -> dict:
+    def post(self, path: str, body: dict, token: str | None = None, wait_s: float = 0) -> dict:
+        """`wait_s`: the console may hold this request open that long before it answers (a long poll)."""
         request = urllib.request.Request(
             f"{self.base_url}{path}",
             data=json.dumps(body).encode(),
@@ -74,7 +76,7 @@ class ConsoleClient:
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         try:
-            with self._opener.open(request, timeout=self.timeout) as resp:
+            with self._opener.open(request, timeout=self.timeout + wait_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = _snippet(exc)
@@ -112,18 +114,20 @@ class ConsoleClient:
 
     def heartbeat(self, session: Session, *, status: str, command_id: str | None = None,
                   progress: int | None = None, message: str = "") -> dict | None:
-        """The next command for us, or None."""
-        answer = self.post("/agent/heartbeat", {
-            "host_id": session.host_id,
-            "status": status,
-            "command_id": command_id,
-            "progress": progress,
-            "message": message,
-        }, token=session.token)
-        # The console may change how often to ask while idle (a warm host waits longer between two asks).
-        wait = answer.get("heartbeat_s")
-        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0.1 <= wait <= 300:
-            session.heartbeat_s = float(wait)
+        """The next command for us, or None. Idle, we offer the console the long poll it asked for last time
+        (`wait_s`): it answers at once when there is work, else when the wait is over."""
+        wait_s = session.wait_s if status == "idle" else 0
+        body = {"host_id": session.host_id, "status": status, "command_id": command_id, "progress": progress,
+                "message": message}
+        if wait_s:
+            body["wait_s"] = wait_s
+        answer = self.post("/agent/heartbeat", body, token=session.token, wait_s=wait_s)
+        # The console may change how often to ask while idle, and how long it may hold the next idle ask.
+        every = answer.get("heartbeat_s")
+        if _number(every) and 0.1 <= every <= 300:
+            session.heartbeat_s = float(every)
+        hold = answer.get("wait_s", 0)
+        session.wait_s = float(hold) if _number(hold) and 0 <= hold <= MAX_WAIT_S else 0.0
         command = answer.get("command")
         return command if isinstance(command, dict) else None
 
@@ -152,6 +156,13 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+MAX_WAIT_S = 900  # the longest long poll the agent accepts
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _reason(exc: BaseException) -> str:

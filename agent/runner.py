@@ -57,7 +57,7 @@ class Agent:
         log.info("agent starting: boot id %s, console %s, MACs %s", self.boot_id, self.client.base_url, ", ".join(self.macs))
         while not self._stop.is_set():
             command = self._request("heartbeat", lambda s: self.client.heartbeat(s, status="idle", message="idle"))
-            if command is _STOPPED:
+            if command is _STOPPED or self._stop.is_set():  # stopped while a long poll was held: not ours to run
                 break
             if command is None or command is _GAVE_UP:
                 self._stop.wait(self.session.heartbeat_s if self.session else self.backoff_cap)

@@ -2,12 +2,13 @@
 
   .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
                                   [--web-pool 10] [--profile DIR]
-  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-heartbeats 1,5] [--power-delay 2] [--idle 30]
+  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-polls 5,240,240db] [--power-delay 2] [--idle 60]
 
 --warm (hosts/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
-per --warm-heartbeats value: how often a warm host's idle agent asks for work, WARM_HEARTBEAT_S), each with
-a fresh database and lab, N gpu-servers registered and inspected, then a quiet window of --idle seconds with
-nothing to do (the warm hosts' agents heartbeating), then one pool of N. Prints claim → Ready (claim created →
+per --warm-polls value: how long the agent listener holds a warm agent's idle ask, WARM_POLL_S; `db`: without
+Redis, as the embedded mode, the held ask looks at the database every WARM_POLL_TICK_S), each with a fresh
+database and lab, N gpu-servers registered and inspected, then a quiet window of --idle seconds with nothing to
+do (the warm hosts' agents waiting in their long polls), then one pool of N. Prints claim → Ready (claim created →
 Available) p50/p95 warm and cold side by side with their ratio, the console's CPU per provision, and the
 console's CPU per warm host-hour: the CPU of the quiet window, warm minus cold, per host and hour (the agent
 listener's CPU per heartbeat beside it), against the console CPU that a warm provision saves.
@@ -41,6 +42,7 @@ from _setup import ROOT, fresh_database, percentile
 
 os.environ["DATABASE_URL"] = os.environ.get("FLEET_DATABASE_URL", "postgres://root@127.0.0.1:5432/vmetal_bench_fleet")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/4")  # the channel layer and the warm agents' wake
 os.environ.setdefault("DRIVE_STALE_EVERY_S", "5")
 os.environ.setdefault("AGENT_SILENCE_S", "30")
 # Every agent of the lab calls from 127.0.0.1: --hosts agents heartbeating each second, plus results.
@@ -263,11 +265,23 @@ def heartbeats() -> int:
     return HEARTBEATS.value
 
 
-def run_warm(n: int, warm: bool, args, heartbeat_s: float = 1) -> dict:
+def run_warm(n: int, warm: bool, args, poll_s: float = 240, redis: bool = True) -> dict:
     """One N, cold or warm: register N gpu-servers (all kept warm, or none), measure a quiet window, then
-    provision N at once. Claim → Ready per claim: its creation to its Available transition. `heartbeat_s`: how
-    often a warm host's idle agent asks for work (WARM_HEARTBEAT_S)."""
-    os.environ["WARM_HEARTBEAT_S"] = str(heartbeat_s)  # the console's processes read it
+    provision N at once. Claim → Ready per claim: its creation to its Available transition. `poll_s`: how long
+    the agent listener holds a warm agent's idle ask (WARM_POLL_S); `redis`: False runs the console without
+    REDIS_URL (the embedded mode: nothing wakes a held ask, which looks at the database every second)."""
+    os.environ["WARM_POLL_S"] = str(poll_s)  # the console's processes read it
+    redis_url = os.environ.pop("REDIS_URL", None)
+    if redis and redis_url:
+        os.environ["REDIS_URL"] = redis_url
+    try:
+        return _run_warm(n, warm, args)
+    finally:
+        if redis_url:
+            os.environ["REDIS_URL"] = redis_url
+
+
+def _run_warm(n: int, warm: bool, args) -> dict:
     fresh_database()
     from django.core.management import call_command
     from django.db.models import Count
@@ -299,7 +313,7 @@ def run_warm(n: int, warm: bool, args, heartbeat_s: float = 1) -> dict:
             time.sleep(0.5)
         registered = time.monotonic() - t0
         time.sleep(3)  # the last power-offs land, the last drives end
-        # The quiet window: nothing to do but the beat's periodic tasks and, warm, the agents' heartbeats.
+        # The quiet window: nothing to do but the beat's periodic tasks and, warm, the agents' long polls.
         cpu0, web0, beats0 = console.cpu(), console.web_cpu(), heartbeats()
         w0 = time.monotonic()
         time.sleep(args.idle)
@@ -340,13 +354,14 @@ def run_warm(n: int, warm: bool, args, heartbeat_s: float = 1) -> dict:
 
 def main_warm(args) -> None:
     sizes = [int(x) for x in args.warm_sizes.split(",") if x]
-    beats = [float(x) for x in args.warm_heartbeats.split(",") if x]
-    modes = [("cold", False, 1.0)] + [(f"warm@{b:g}s", True, b) for b in beats]
+    polls = [x for x in args.warm_polls.split(",") if x]
+    modes = [("cold", False, "240")] + [(f"warm@{p}", True, p) for p in polls]
     results: dict[tuple[int, str], dict] = {}
     for n in sizes:
-        for mode, warm, beat in modes:
+        for mode, warm, poll in modes:
             try:
-                results[n, mode] = r = run_warm(n, warm, args, heartbeat_s=beat)
+                results[n, mode] = r = run_warm(n, warm, args, poll_s=float(poll.removesuffix("db")),
+                                                redis=not poll.endswith("db"))
             except RuntimeError as exc:
                 print(f"N={n:>3} {mode}: did not finish: {exc}", flush=True)
                 continue
@@ -355,10 +370,12 @@ def main_warm(args) -> None:
                   f"{percentile(r['latencies'], 50):.2f}s p95 {percentile(r['latencies'], 95):.2f}s (makespan "
                   f"{r['makespan_s']:.1f}s); console {r['cpu_per_host']:.3f} CPU-s per provision; quiet "
                   f"{i['seconds']:.0f}s: console {i['console']:.2f} CPU-s (web {i['web']:.2f}), "
-                  f"{i['heartbeats']} heartbeats", flush=True)
+                  f"{i['heartbeats']} asks", flush=True)
     print(f"\npower changes land after {args.power_delay:g}s; console: agent listener (pool {args.web_pool}) + "
           f"{args.workers} worker(s) × {args.threads} threads; lab agents in threads (no process start); "
-          f"warm@Xs: a warm host's idle agent asks for work every X s (WARM_HEARTBEAT_S)")
+          f"warm@X: the agent listener holds a warm host's idle ask up to X s (WARM_POLL_S), woken through Redis "
+          f"when its host gets work; Xdb: without Redis (the embedded mode), the held ask looks at the database "
+          f"every second")
     print("\nclaim → Ready (claim created → Available), seconds; console CPU-s per provision")
     print(f"  {'N':>4} {'mode':<10} {'p50':>7} {'p95':>7} {'p50/cold':>9} {'p95/cold':>9} {'CPU-s':>7}")
     for n in sizes:
@@ -386,11 +403,11 @@ def main_warm(args) -> None:
             web = wi["web"] - ci["web"] * wi["seconds"] / ci["seconds"]
             per_beat = web / sent if sent > 0 else float("nan")
             saved = cold["cpu_per_host"] - r["cpu_per_host"]
-            line = (f"  N={n:>3} {mode:<10}: {per_host_hour:6.1f} CPU-s per warm host-hour ({sent / wi['seconds'] / n:.2f} "
-                    f"heartbeats/s per host at {1000 * per_beat:.1f} ms of the agent listener's CPU each); a warm "
+            line = (f"  N={n:>3} {mode:<10}: {per_host_hour:6.2f} CPU-s per warm host-hour ({sent / wi['seconds'] / n:.3f} "
+                    f"asks/s per host at {1000 * per_beat:.1f} ms of the agent listener's CPU each); a warm "
                     f"provision saves {saved:.3f} console CPU-s")
             if saved > 0:
-                line += f": even at {per_host_hour / saved:.0f} claims per warm host-hour"
+                line += f": it pays for itself at {per_host_hour / saved:.2f} claims per warm host-hour"
             print(line)
     ns = [n for n in sizes if all((n, m) in results for m, _, _ in modes)]
     if ns:
@@ -446,9 +463,10 @@ def main():
     parser.add_argument("--profile", default="", help="a folder: py-spy samples of the console at the largest N")
     parser.add_argument("--warm", action="store_true", help="claim → Ready of warm hosts against cold ones")
     parser.add_argument("--warm-sizes", default="1,20,50", help="with --warm: the N to run, comma separated")
-    parser.add_argument("--idle", type=float, default=30, help="with --warm: the quiet window, seconds")
-    parser.add_argument("--warm-heartbeats", default="1,5",
-                        help="with --warm: WARM_HEARTBEAT_S values to run warm with, comma separated")
+    parser.add_argument("--idle", type=float, default=60, help="with --warm: the quiet window, seconds")
+    parser.add_argument("--warm-polls", default="5,240,240db",
+                        help="with --warm: WARM_POLL_S values to run warm with, comma separated (suffix db: "
+                             "without Redis)")
     args = parser.parse_args()
     if args.warm:
         main_warm(args)

@@ -26,6 +26,7 @@ from core.client_address import client_ip
 
 from . import boot as boot_path
 from . import engine
+from .agent_poll import agent_wait
 from .choices import HostState
 from .lifecycle import AGENT_STATES
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
@@ -210,10 +211,12 @@ def heartbeat(request, body):
         engine.publish_progress(session.host_id)
     if body.get("status") == "busy":
         return {"command": None}
-    if session.host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
-        # At most a quarter of AGENT_SILENCE_S, so that a warm agent is never taken for a silent one.
-        return {"command": None, "heartbeat_s": min(settings.WARM_HEARTBEAT_S, settings.AGENT_SILENCE_S / 4)}
-    flow_id = (session.host.flow or {}).get("id")
+    host = session.host
+    if host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
+        host = _warm_poll(session, body)
+        if host.state not in AGENT_STATES:
+            return {"command": None, "heartbeat_s": HEARTBEAT_S, "wait_s": settings.WARM_POLL_S}
+    flow_id = (host.flow or {}).get("id")
     command = HostCommand.objects.filter(host_id=session.host_id, flow_id=flow_id,
                                          status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()
     if command is None:
@@ -223,6 +226,28 @@ def heartbeat(request, body):
     if command.secret_args:
         args.update(json.loads(command.secret_args))
     return {"command": {"id": command.public_id, "name": command.name, "args": args}, "heartbeat_s": HEARTBEAT_S}
+
+
+def _warm_poll(session: AgentSession, body: dict) -> BareMetalHost:
+    """A warm host's idle agent that offers a long poll (`wait_s`, which our last answer asked for) is held
+    until its host has work or WARM_POLL_S pass (hosts/agent_poll.py). Its liveness is its asks: the warm sweep
+    allows WARM_POLL_S between two (hosts/warm.py). Woken, the session counts as heard from now (the command
+    goes back on this very answer). Returns the host as it is after the wait; a session ended meanwhile (the
+    host powered off) is refused, as its next ask would be."""
+    wait = body.get("wait_s")
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
+        return session.host
+    host_id = session.host_id
+
+    def idle() -> bool:
+        return BareMetalHost.objects.filter(pk=host_id, state=HostState.AVAILABLE, warm_since__isnull=False).exists()
+
+    woken = agent_wait(host_id, min(float(wait), settings.WARM_POLL_S), idle)
+    if not AgentSession.objects.filter(pk=session.pk, active=True).exists():
+        raise Refused(403, "token is not valid for this boot")
+    if woken:
+        AgentSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now())
+    return BareMetalHost.objects.get(pk=host_id)
 
 
 @rate_limited("call")

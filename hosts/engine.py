@@ -29,6 +29,7 @@ from core import live
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
+from .agent_poll import agent_wake
 from .bmc import BMC
 from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 
@@ -401,6 +402,7 @@ def agent_command(run: Run, name: str, args: dict | None = None, secret_args: di
         HostCommand.objects.get_or_create(
             host=run.host, flow_id=run.flow["id"], step=step,
             defaults={"name": name, "args": args or {}, "secret_args": json.dumps(secret_args) if secret_args else ""})
+        agent_wake(run.host.pk)  # a warm host's agent waits in a long poll (hosts/agent_poll.py)
         # Look again even if nothing calls back: an agent that dies with the command is noticed by its silence.
         raise Waiting(f"{name} queued for the agent", recheck_s=settings.AGENT_SILENCE_S / 2)
     if command.status == CommandStatus.DONE:

@@ -1,13 +1,14 @@
 """Warm hosts: after a passing release gate a host may stay powered on in the agent's ramdisk, its agent idle
 and heartbeating, so that the next claim on it skips power-on, network boot and agent lookup and writes its
-image at once (claims.steps, the provision's `begin`). Per NodeType: how many hosts to keep warm
+image at once (claims.steps, the provision's `begin`). Its idle agent asks for work in a long poll that the agent
+listener holds for minutes (hosts/agent_poll.py), so a warm host costs the console little. Per NodeType: how many hosts to keep warm
 (`warm_hosts`) and how long one may stay idle before it is powered off (`warm_idle_minutes`).
 
 - `step_keep_warm`, the release gate's last step before its power-off (inspect and deprovision): the host stays
   on when fewer than its NodeType's `warm_hosts` are warm. The count is taken under a lock on the NodeType's
   row, so two hosts that pass their gates together never make one warm host too many.
 - `hosts_warm_sweep` (a beat task): a warm host idle past `warm_until`, or whose agent has not been heard from
-  for AGENT_SILENCE_S, stops being warm and is powered off: from then on it takes the normal (cold) path.
+  for warm_silence_s() (a long poll and AGENT_SILENCE_S), stops being warm and is powered off: from then on it takes the normal (cold) path.
 - `warm_session`: a host's agent session when it is open and was heard from lately; what a provision asks
   before it skips the boot (a warm host whose agent died meanwhile is provisioned cold)."""
 import logging
@@ -23,6 +24,7 @@ from events.services import event_record
 from pools.matching import label_selector_q
 from pools.models import NodeType
 
+from .agent_poll import agent_wake
 from .bmc import BMCError
 from .boot import agent_sessions_end
 from .choices import HostState
@@ -39,10 +41,16 @@ def warm_q() -> Q:
     return Q(state=HostState.AVAILABLE, warm_since__isnull=False)
 
 
+def warm_silence_s() -> float:
+    """How long a warm host's agent may go unheard: a whole long poll (hosts/agent_poll.py: its ask is held up
+    to WARM_POLL_S, and recorded when it comes in) and AGENT_SILENCE_S on top."""
+    return settings.AGENT_SILENCE_S + settings.WARM_POLL_S
+
+
 def warm_session(host_id: int) -> AgentSession | None:
-    """The host's open agent session, if its agent was heard from within AGENT_SILENCE_S (a heartbeat writes
+    """The host's open agent session, if its agent was heard from within warm_silence_s() (a heartbeat writes
     last_seen_at at most every few seconds: hosts.agent_api.LAST_SEEN_EVERY_S)."""
-    heard = timezone.now() - timedelta(seconds=settings.AGENT_SILENCE_S)
+    heard = timezone.now() - timedelta(seconds=warm_silence_s())
     return next(iter(AgentSession.objects.filter(host_id=host_id, active=True, last_seen_at__gte=heard)
                      .order_by("-created_at")[:1]), None)
 
@@ -76,7 +84,7 @@ def step_keep_warm(run: Run) -> dict:
     if len(host_recent_failures(host=run.host)) >= settings.HOST_FAILURE_LIMIT:
         return {"warm": False, "reason": "it failed too often lately: it goes to repair"}
     if warm_session(run.host.pk) is None:
-        return {"warm": False, "reason": f"its agent was not heard from within {int(settings.AGENT_SILENCE_S)}s"}
+        return {"warm": False, "reason": f"its agent was not heard from within {warm_silence_s():g}s"}
     with transaction.atomic():
         # The lock order (core/transactions.py): pools before hosts. One keep-warm decision per type at a time.
         NodeType.objects.select_for_update(no_key=True).filter(pk=node_type.pk).exists()
@@ -98,13 +106,14 @@ def hosts_warm_sweep(*, actor: str = "system:warm") -> list[str]:
     """Every warm host idle past its warm_until, or whose agent is silent, stops being warm and is powered off.
     Returns the names of the hosts it ended."""
     now = timezone.now()
-    heard = now - timedelta(seconds=settings.AGENT_SILENCE_S)
+    silence = warm_silence_s()
+    heard = now - timedelta(seconds=silence)
     ended = []
     fresh = set(AgentSession.objects.filter(host__in=BareMetalHost.objects.filter(warm_q()), active=True,
                                             last_seen_at__gte=heard).values_list("host_id", flat=True))
     for host in BareMetalHost.objects.filter(warm_q()).order_by("pk"):
         if host.pk not in fresh:
-            reason = f"its agent was not heard from for more than {int(settings.AGENT_SILENCE_S)}s"
+            reason = f"its agent was not heard from for more than {silence:g}s"
         elif host.warm_until is not None and host.warm_until <= now:
             reason = f"idle since {host.warm_since:%Y-%m-%d %H:%M:%S} UTC"
         else:
@@ -128,6 +137,7 @@ def host_warm_end(*, host: BareMetalHost, reason: str, actor: str) -> bool:
         if not taken:
             return False
         agent_sessions_end(host_ids=[host.pk])
+        agent_wake(host.pk)  # its held ask (hosts/agent_poll.py) ends with a refusal, not minutes later
         event_record(kind=EventKind.STEP, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
                      step=WARM_END_STEP, actor=actor, message=f"no longer warm: {reason}; powering off",
                      data={"warm_since": host.warm_since.isoformat() if host.warm_since else None,

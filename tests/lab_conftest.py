@@ -9,7 +9,7 @@ from lab.site import IMAGE_NAME, LabSite
 # Short deadlines so that faults show within seconds (the worker reads them from its environment).
 FAST = {
     "BMC_TIMEOUT_S": "2", "BMC_RETRY_S": "0.5", "POWER_DEADLINE_S": "6", "POWER_POLL_S": "0.2", "POWER_STEP_DEADLINE_S": "10",
-    "AGENT_LOOKUP_DEADLINE_S": "30", "AGENT_COMMAND_DEADLINE_S": "60", "AGENT_SILENCE_S": "4",
+    "AGENT_LOOKUP_DEADLINE_S": "30", "AGENT_COMMAND_DEADLINE_S": "60", "AGENT_SILENCE_S": "4", "WARM_POLL_S": "3",
     "NODE_READY_POLL_S": "2", "NODE_READY_DEADLINE_S": "60", "DRAIN_DEADLINE_S": "20", "DRAIN_GRACE_S": "1",
     "DRAIN_POLL_S": "1",
     "DRIVE_STALE_EVERY_S": "2", "RECONCILE_EVERY_S": "5",

@@ -130,13 +130,13 @@ def test_a_warm_host_shows_as_warm_on_its_page_the_fleet_board_and_the_api(apply
 # --- the agent protocol ------------------------------------------------------------------------------------------
 
 @pytest.mark.django_db
-def test_a_warm_hosts_agent_keeps_its_session_and_is_told_how_often_to_ask_and_a_cold_ones_is_refused(
+def test_a_warm_hosts_agent_keeps_its_session_and_is_told_to_ask_in_a_long_poll_and_a_cold_ones_is_refused(
         agent_client, demo_site, settings):
     from hosts.services import host_transition
 
     from .test_agent_protocol import boot, lookup, post
 
-    settings.WARM_HEARTBEAT_S = 3
+    settings.WARM_POLL_S = 3
     warm, cold = BareMetalHost.objects.get(name="gpu-01"), BareMetalHost.objects.get(name="gpu-02")
     tokens = {}
     for host in (warm, cold):
@@ -148,7 +148,7 @@ def test_a_warm_hosts_agent_keeps_its_session_and_is_told_how_often_to_ask_and_a
         host_transition(host=BareMetalHost.objects.get(pk=host.pk), to_state="available", actor="test")
     assert AgentSession.objects.get(host=warm).active and not AgentSession.objects.get(host=cold).active
     status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
-    assert (status, answer) == (200, {"command": None, "heartbeat_s": 3})
+    assert (status, answer) == (200, {"command": None, "heartbeat_s": 1, "wait_s": 3})  # ask in a long poll next
     assert post(agent_client, "/agent/heartbeat", {"host_id": cold.pk, "status": "idle"}, tokens["gpu-02"])[0] == 403
     # Allocated: the same agent is asked every second again and gets the provision's first command.
     host_transition(host=BareMetalHost.objects.get(pk=warm.pk), to_state="provisioning", actor="test")
@@ -156,6 +156,111 @@ def test_a_warm_hosts_agent_keeps_its_session_and_is_told_how_often_to_ask_and_a
     assert AgentSession.objects.get(host=warm).active
     status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
     assert (status, answer) == (200, {"command": None, "heartbeat_s": 1})
+
+
+def warm_agent(url: str, name: str = "gpu-01"):
+    """gpu-01 booted into the ramdisk, its agent's session open (the real agent client), then available and warm,
+    as the gate's keep_warm step leaves it. Returns the host and the agent's client and session."""
+    from agent.client import ConsoleClient
+    from hosts.services import host_transition
+
+    from .test_agent_protocol import boot
+
+    host = BareMetalHost.objects.get(name=name)
+    host_transition(host=host, to_state="inspecting", actor="test")
+    client = ConsoleClient(url, timeout=5)
+    session = client.lookup([host.boot_mac], "boot-1", boot(host))
+    BareMetalHost.objects.filter(pk=host.pk).update(warm_since=timezone.now(),
+                                                    warm_until=timezone.now() + timedelta(minutes=30))
+    host_transition(host=BareMetalHost.objects.get(pk=host.pk), to_state="available", actor="test")
+    return BareMetalHost.objects.get(pk=host.pk), client, session
+
+
+def ask_in_thread(client, session) -> dict:
+    """The agent's idle ask, in a thread: {"answer": ..., "error": ...} once it is answered."""
+    import threading
+
+    box = {}
+
+    def ask():
+        try:
+            box["answer"] = client.heartbeat(session, status="idle")
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            box["error"] = exc
+
+    box["thread"] = threading.Thread(target=ask, daemon=True)
+    box["thread"].start()
+    return box
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("wake", ["redis", "database"])
+def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets_a_command(
+        agent_server, demo_site, settings, wake):
+    """The listener holds a warm agent's idle ask (WARM_POLL_S, 60 s here) and answers it with the command as
+    soon as one is queued: woken through Redis, or (the embedded mode, no Redis) by its look at the database."""
+    import time
+
+    from hosts.engine import Run, Waiting, agent_command
+    from hosts.services import host_transition
+
+    settings.WARM_POLL_S = 60
+    settings.WARM_POLL_TICK_S = 0.2
+    if wake == "database":
+        settings.REDIS_URL = ""
+    host, client, session = warm_agent(agent_server.url)
+    assert client.heartbeat(session, status="idle") is None and session.wait_s == 60  # told to long-poll
+    box = ask_in_thread(client, session)
+    box["thread"].join(1.5)
+    assert box["thread"].is_alive(), box  # held: no work yet
+    seen = AgentSession.objects.get(host=host, active=True).last_seen_at
+
+    # A claim takes it: the provision's first step queues a command for its agent (hosts.engine.agent_command).
+    host_transition(host=host, to_state="provisioning", actor="test")
+    BareMetalHost.objects.filter(pk=host.pk).update(flow={"id": "f-1", "name": "provision", "step": "check_tenant_api"})
+    started = time.monotonic()
+    with pytest.raises(Waiting, match="queued for the agent"):
+        agent_command(Run(BareMetalHost.objects.get(pk=host.pk)), "check_endpoint", {"host": "127.0.0.1", "port": 6443})
+    box["thread"].join(10)
+    assert not box["thread"].is_alive() and "error" not in box, box
+    assert box["answer"]["name"] == "check_endpoint", box
+    assert time.monotonic() - started < 10  # long before the 60 s hold was over
+    assert session.wait_s == 0  # provisioning: back to asking every second
+    assert AgentSession.objects.get(host=host, active=True).last_seen_at > seen  # heard from when woken
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_warm_agents_held_ask_is_refused_when_its_host_stops_being_warm(agent_server, demo_site, settings):
+    from agent.client import TokenRejected
+    from hosts.warm import host_warm_end
+
+    settings.WARM_POLL_S = 60
+    host, client, session = warm_agent(agent_server.url)
+    client.heartbeat(session, status="idle")
+    box = ask_in_thread(client, session)
+    box["thread"].join(1.5)
+    assert box["thread"].is_alive()
+    assert host_warm_end(host=host, reason="test", actor="test")  # no BMC password here: no power call
+    box["thread"].join(10)
+    assert not box["thread"].is_alive() and isinstance(box.get("error"), TokenRejected), box
+
+
+@pytest.mark.django_db
+def test_a_warm_hosts_agent_counts_as_silent_only_after_a_whole_long_poll_and_the_silence(demo_site, settings):
+    """Between two asks of a warm agent lie up to WARM_POLL_S: the sweep allows that and AGENT_SILENCE_S on top."""
+    from hosts.warm import hosts_warm_sweep, warm_session
+
+    settings.WARM_POLL_S, settings.AGENT_SILENCE_S = 100, 20
+    host = BareMetalHost.objects.get(name="gpu-01")
+    BareMetalHost.objects.filter(pk=host.pk).update(warm_since=timezone.now(),
+                                                    warm_until=timezone.now() + timedelta(minutes=30))
+    session = AgentSession.objects.create(host=host, boot_id="b", token_hash="h" * 64)
+    AgentSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now() - timedelta(seconds=110))
+    assert warm_session(host.pk) is not None and hosts_warm_sweep() == []  # 110 s: within a poll and the silence
+    AgentSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now() - timedelta(seconds=125))
+    assert warm_session(host.pk) is None
+    assert hosts_warm_sweep() == ["gpu-01"]
+    assert "not heard from for more than 120s" in Event.objects.get(host=host, step="warm_end").message
 
 
 # --- in the lab ----------------------------------------------------------------------------------------------
@@ -166,6 +271,15 @@ def warm_worker(worker_settings):
     twice a second (so that the order in which two claims are Ready is the order of their work, not of a poll)."""
     worker_settings.update(WITH_BEAT="1", WARM_SWEEP_EVERY_S="1", NODE_READY_POLL_S="0.5")
     return worker_settings
+
+
+@pytest.fixture
+def long_poll(lab_factory, warm_worker, settings):
+    """After lab_factory's FAST settings (WARM_POLL_S 3 s): a warm agent's ask is held for a minute, as in
+    production, so a claim reaches it only through the wake (hosts/agent_poll.py)."""
+    warm_worker["WARM_POLL_S"] = "60"
+    settings.WARM_POLL_S = 60.0
+    return warm_worker
 
 
 def claim_of(host: str) -> NodeClaim:
@@ -188,7 +302,7 @@ def powered(site, host: str) -> str:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_of_a_warm_and_a_cold_host_the_warm_one_is_ready_first_without_power_on_boot_or_lookup(
-        lab_factory, warm_worker, celery_worker_process, apply):
+        lab_factory, long_poll, celery_worker_process, apply):
     site = lab_factory(hosts=2, gpu_hosts=2, tenants=["one"], warm=1, power_delay=(1.5, 1.5))
     wait_hosts("available", 2)
     # Warm count respected: of two hosts that passed their gate, one stays on in the ramdisk, the other is off.
@@ -203,9 +317,9 @@ def test_of_a_warm_and_a_cold_host_the_warm_one_is_ready_first_without_power_on_
     assert keep.data["warm"] is True and keep.data["warm_hosts"] == "1 of 1"
     assert Event.objects.filter(host=cold, step="keep_warm", message="done").get().data["warm"] is False
     assert not Event.objects.filter(host=warm, step="power_off", data__flow="inspect").exists()
-    heartbeats_seen = AgentSession.objects.get(host=warm, active=True).last_seen_at
-    wait_for(lambda: AgentSession.objects.get(host=warm, active=True).last_seen_at > heartbeats_seen, timeout=10)
 
+    # Its agent's ask is held for a minute (long_poll): the claim's first command reaches it through the wake, or
+    # the provision would find it silent (AGENT_SILENCE_S 4 s) and go the cold way, with boot steps.
     apply(gpu_pool(2), tenant="one")
     wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).count() == 2, timeout=120)
     on_warm, on_cold = claim_of(warm.name), claim_of(cold.name)

@@ -270,10 +270,13 @@ POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole ste
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
-# A warm host's idle agent (hosts/warm.py) asks for work this often (an agent at work: every second). Each ask
-# costs the agent listener a request; a longer wait is that much later a start for the claim that takes the host.
-# Never more than a quarter of AGENT_SILENCE_S (hosts/agent_api.py), so that a warm agent is not taken for a silent one.
-WARM_HEARTBEAT_S = env_float("WARM_HEARTBEAT_S", 1)
+# A warm host's idle agent (hosts/warm.py) asks for work in a long poll (hosts/agent_poll.py): the agent listener
+# holds the ask until there is work (a claim reaches the agent at once) or this long, so a warm host costs one
+# request per WARM_POLL_S. Its agent counts as silent only after WARM_POLL_S + AGENT_SILENCE_S without an ask.
+# Keep it under the idle timeout of any proxy between the servers and the agent listener.
+WARM_POLL_S = env_float("WARM_POLL_S", 240)
+# Without Redis (the embedded mode) nothing wakes a held poll: it looks at the database this often instead.
+WARM_POLL_TICK_S = env_float("WARM_POLL_TICK_S", 1)
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
 NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
 NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 1)  # how often a joining node is looked at (one GET)

@@ -1,0 +1,89 @@
+"""The long poll of a warm host's idle agent (hosts/warm.py): its ask for work is held open by the agent listener
+until there is work for it or WARM_POLL_S pass, so a warm fleet costs the console one request per host every few
+minutes instead of one a second, and a claim still reaches the agent at once.
+
+- `agent_wake(host_id)`: there is work for the host's agent (a command was queued: hosts.engine.agent_command).
+  Published on Redis (REDIS_URL) after the commit; without Redis (the embedded mode) nothing is sent and the
+  waiting side looks at the database every WARM_POLL_TICK_S instead.
+- `agent_wait(host_id, timeout_s, idle)`: hold until woken, `idle()` turns false, or the timeout. It subscribes
+  before it asks `idle()`, so a wake sent between the caller's look at the host and the wait is never missed,
+  and it gives its database connection back before it blocks (a held poll holds no connection of the pool).
+
+A lost wake (Redis down, restarted) costs no claim: the command waits for the agent's next ask, and the provision
+step's silence check sends a warm host whose agent does not answer down the cold path (claims.steps)."""
+import logging
+import threading
+import time
+from typing import Callable
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+log = logging.getLogger(__name__)
+CHANNEL = "vmetal:agent-wake:{}"
+_clients: dict[str, redis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def _redis() -> redis.Redis | None:
+    url = settings.REDIS_URL
+    if not url:
+        return None
+    with _clients_lock:
+        if url not in _clients:
+            _clients[url] = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10,
+                                                 health_check_interval=30)
+        return _clients[url]
+
+
+def agent_wake(host_id: int) -> None:
+    """Wake the host's held poll, if any, once the current transaction commits (what it is woken for must be
+    visible to the listener's next query)."""
+    transaction.on_commit(lambda: _publish(host_id))
+
+
+def _publish(host_id: int) -> None:
+    client = _redis()
+    if client is None:
+        return
+    try:
+        client.publish(CHANNEL.format(host_id), b"1")
+    except redis.RedisError as exc:
+        log.warning("host %s: agent wake not sent (%s): its agent finds the work at its next ask", host_id, exc)
+
+
+def agent_wait(host_id: int, timeout_s: float, idle: Callable[[], bool]) -> bool:
+    """Hold until the host's agent has work (woken, or `idle()` false) or `timeout_s` pass. True when woken."""
+    deadline = time.monotonic() + timeout_s
+    client = _redis()
+    if client is not None:
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(CHANNEL.format(host_id))
+            if not idle():
+                return True
+            _release_connection()
+            while (left := deadline - time.monotonic()) > 0:
+                if pubsub.get_message(timeout=left) is not None:
+                    return True
+            return False
+        except redis.RedisError as exc:
+            log.warning("host %s: agent long poll without Redis (%s): looking at the database instead", host_id, exc)
+        finally:
+            try:
+                pubsub.close()
+            except redis.RedisError:
+                pass
+    while (left := deadline - time.monotonic()) > 0:
+        if not idle():
+            return True
+        time.sleep(min(settings.WARM_POLL_TICK_S, left))
+    return False
+
+
+def _release_connection() -> None:
+    """Give the request's database connection back while it waits (outside a transaction only; the pool's, or
+    a fresh one, serves the queries after the wait)."""
+    if not connection.in_atomic_block:
+        connection.close()
