@@ -7,6 +7,7 @@ class ClaimsConfig(AppConfig):
     def ready(self):
         from hosts.dhcp import address_source
         from hosts.lifecycle import on_host_transition
+        from hosts.services import idle_check_hold_source
         from pools.api_check import tenant_api_check_source
         from pools.capacity import address_usage_source
         from pools.services import on_pool_delete, on_tenant_finalize
@@ -17,6 +18,7 @@ class ClaimsConfig(AppConfig):
         )
         from .ipam import environments_usage, host_addresses
         from .reactions import react
+        from .selectors import node_types_waited_for
         from .services import pool_claims_release, tenants_finalize
         from .tenant_check import tenant_api_status
 
@@ -26,3 +28,4 @@ class ClaimsConfig(AppConfig):
         on_pool_delete(pool_claims_release)
         on_tenant_finalize(tenants_finalize)
         tenant_api_check_source(tenant_api_status)  # the tenant's API answer shows both sides' checks
+        idle_check_hold_source(node_types_waited_for)  # no idle health check while claims wait for a host

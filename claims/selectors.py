@@ -1,5 +1,6 @@
 """Reads across the fleet: the status summary that `manage.py status --json` prints; what a claim needs; how
 long a NodeType's claims take to launch."""
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -13,11 +14,14 @@ from hosts.capacity import node_type_capacity
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.selectors import image_write_failures
+from pools.matching import requirements_match
 from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
 from .charts import percentile
 from .choices import ClaimPhase
+from .ipam import NO_ADDRESS
 from .models import ClaimGroup, NodeClaim
+from .tenant_check import WAIT_REASON
 
 STATUS_VERSION = 1
 
@@ -79,6 +83,38 @@ def os_image(name: str) -> tuple[OSImage | None, tuple[str, str] | None]:
         return image, ("ImageFailed", f"OS image {name} failed to write on {len(failed)} hosts within {hours:g}h "
                                       f"({', '.join(sorted(failed))}): {last}; fix its url or checksum")
     return image, None
+
+
+# --- what holds the idle health checks back (hosts.services.hosts_idle_check_start) ---------------------------
+
+# Reasons a Pending claim waits for something no host gives: an OS image that can be written, its tenant's API,
+# an address, a fabric partition, its group's release, a NodeType at all. Such a claim holds no idle check back
+# (it would hold them for as long as a person takes to fix it); a claim waiting for any other reason does.
+NOT_WAITING_FOR_A_HOST = frozenset({"NoOSImage", "OSImageNotFound", "OSImageInvalid", "ImageFailed", WAIT_REASON,
+                                    NO_ADDRESS, "NoFabricPartition", "GroupReleasing", "NoNodeType"})
+
+
+def node_types_waited_for(node_types: Iterable[NodeType]) -> dict[int, str]:
+    """Of these NodeTypes, those that could serve a claim waiting to be allocated (Pending, no host yet, for a
+    host: NOT_WAITING_FOR_A_HOST), matched as the allocator matches them (its provider, its requirements against
+    the type's properties); {type id: "2 claim(s) wait for a host: one-abc, one-def"}."""
+    node_types = list(node_types)
+    waiting = (NodeClaim.objects.filter(phase=ClaimPhase.PENDING, host__isnull=True)
+               .exclude(reason__in=NOT_WAITING_FOR_A_HOST).order_by("created_at", "pk")
+               .values_list("name", "provider_id", "requirements"))
+    needs: dict[tuple[int, str], tuple[list, list[str]]] = {}  # one match per distinct need, not per claim
+    for name, provider_id, requirements in waiting:
+        needs.setdefault((provider_id, json.dumps(requirements, sort_keys=True)), (requirements, []))[1].append(name)
+    held = {}
+    for node_type in node_types:
+        properties = node_type.effective_properties()
+        names = [name for (provider_id, _), (requirements, claim_names) in needs.items()
+                 if provider_id == node_type.provider_id and requirements_match(requirements, properties)
+                 for name in claim_names]
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            held[node_type.pk] = f"{len(names)} claim(s) wait for a host: {', '.join(names[:3])}{more}"
+    return held
 
 
 # --- launch deadlines (issue 12, 7a) ---------------------------------------------------------------------------

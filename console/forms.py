@@ -92,6 +92,18 @@ class NodeTypeForm(RecordedForm):
     properties = YAMLField(help_text="string map; vcluster.com/node-type and the provider are added")
     resources = YAMLField(help_text='e.g. cpu: "192", memory: 2Ti, nvidia.com/gpu: "8"')
     host_selector = YAMLField(help_text="Kubernetes label selector over host labels, e.g. matchLabels: {role: gpu}")
+    # A manifest's spec.sku, spec.health and spec.repair, as written there; NodeType.clean() checks them (pools/sku.py,
+    # pools/health_tiers.py, pools.validators.check_repair) as it does for the API and the admin.
+    sku = YAMLField(label="SKU",
+                    help_text='what each server must have, e.g. gpu: {model: "NVIDIA H200", count: 8}, '
+                              "nvme: {count: 8, minSize: 3.84T}; a host that deviates goes to repair")
+    health = YAMLField(label="Health tiers",
+                       help_text="handover, release, intake, idle, e.g. idle: {interval: 24h, hostsAtOnce: 2}; "
+                                 "{} runs a tier with its defaults")
+    repair = YAMLField(label="Repair ladder",
+                       help_text="remedies per failure kind, e.g. ladders: {gpu-xid: [gpu-reset, power-cycle, "
+                                 "retest]}; automatic: false hands every failure to a person; empty: the default "
+                                 "ladders")
 
     class Meta:
         model = NodeType
@@ -101,7 +113,9 @@ class NodeTypeForm(RecordedForm):
                   "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
                   "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps",
                   # Warm hosts (hosts/warm.py): a manifest's spec.warm.
-                  "warm_hosts", "warm_idle_minutes"]
+                  "warm_hosts", "warm_idle_minutes",
+                  # The SKU, the health tiers, the repair ladder: declared above.
+                  "sku", "health", "repair"]
         labels = {"warm_hosts": "Warm hosts", "warm_idle_minutes": "Warm host idle minutes",
                   "cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
                   "erase_concurrency": "Disks erased at once", "erase_verify_share": "Share read back",

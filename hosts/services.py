@@ -1,6 +1,7 @@
 """Every write to a host. `hosts_transition_batch` is the only code that changes a host's state."""
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -561,11 +562,37 @@ def hosts_bmc_check_due(*, limit: int = 200) -> list[str]:
     return [h.name for h, changed in zip(hosts, flipped) if changed]
 
 
-def hosts_idle_check_start(*, actor: str = "system:idle-check") -> list[str]:
+# What holds the idle tier back on a NodeType: claims waiting for a host it could give. Hosts know nothing of
+# claims: claims registers the source at app start (claims.selectors.node_types_waited_for); none registered
+# (hosts alone), nothing holds it back.
+_idle_check_holds: Callable[[list], dict[int, str]] | None = None
+
+
+def idle_check_hold_source(fn: Callable[[list], dict[int, str]]) -> None:
+    """fn(node_types) → {node type id: why its idle checks wait}."""
+    global _idle_check_holds
+    _idle_check_holds = fn
+
+
+@dataclass
+class IdleCheckTick:
+    """One tick of the idle tier: the hosts it sent to `checking`, and why it started none, or fewer than
+    hostsAtOnce allows, on a NodeType ({type name: why}). The beat task returns it (Celery logs it)."""
+    started: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def hosts_idle_check_start(*, actor: str = "system:idle-check") -> IdleCheckTick:
     """The idle health tier (pools/health_tiers.py): for each NodeType that declares it, the available hosts it
-    selects whose last health run is older than the tier's interval (never checked first, then the longest
-    unchecked), at most hostsAtOnce of them under a check at a time, go to `checking` (the idle_check flow).
-    Low priority: a claim takes such a host all the same (claims.services.free_hosts)."""
+    selects that are due (never checked first, then the longest unchecked), at most hostsAtOnce of them under a
+    check at a time, go to `checking` (the idle_check flow).
+
+    Low priority, so it backs off: a claim takes a host under its check all the same (claims.services.free_hosts);
+    no check starts on a NodeType while claims it could serve wait for a host (_idle_check_holds); and a host is
+    due only when its last health run AND the start of its last idle check are both older than the tier's
+    interval: a check that was started counts, whatever became of it, so a check pre-empted by a claim or ended
+    without a result is not tried again before an interval has passed. Skips are logged (INFO) and returned,
+    never an Event: the tick runs every IDLE_CHECK_EVERY_S."""
     from django.db.models import OuterRef, Subquery
 
     from pools.health_tiers import node_type_tiers
@@ -574,26 +601,38 @@ def hosts_idle_check_start(*, actor: str = "system:idle-check") -> list[str]:
 
     from .models import HealthCheckRun
 
-    started = []
+    tick = IdleCheckTick()
     now = timezone.now()
-    for node_type in NodeType.objects.exclude(health={}).order_by("name"):
-        tier = node_type_tiers(node_type).get("idle")
-        if tier is None or not node_type.host_selector:
+    tiers = {t: tier for t in NodeType.objects.exclude(health={}).select_related("provider").order_by("name")
+             if (tier := node_type_tiers(t).get("idle")) is not None and t.host_selector}
+    holds = _idle_check_holds(list(tiers)) if _idle_check_holds and tiers else {}
+    last_run = HealthCheckRun.objects.filter(host=OuterRef("pk")).order_by("-created_at").values("created_at")[:1]
+    last_try = (Event.objects.filter(host=OuterRef("pk"), kind=EventKind.TRANSITION, to_state=HostState.CHECKING)
+                .order_by("-created_at").values("created_at")[:1])
+    for node_type, tier in tiers.items():
+        if node_type.pk in holds:
+            tick.skipped[node_type.name] = f"held back: {holds[node_type.pk]}"
             continue
         selected = BareMetalHost.objects.filter(label_selector_q(node_type.host_selector))
         room = tier["hostsAtOnce"] - selected.filter(state=HostState.CHECKING).count()
         if room <= 0:
             continue
-        last = HealthCheckRun.objects.filter(host=OuterRef("pk")).order_by("-created_at").values("created_at")[:1]
+        since = now - timedelta(seconds=tier["interval_s"])
         # Not a warm host (hosts/warm.py): it is on in the ramdisk and heartbeating, ready for the next claim.
-        due = (selected.filter(state=HostState.AVAILABLE, warm_since__isnull=True).annotate(checked=Subquery(last))
-               .filter(Q(checked__isnull=True) | Q(checked__lt=now - timedelta(seconds=tier["interval_s"])))
+        unchecked = (selected.filter(state=HostState.AVAILABLE, warm_since__isnull=True)
+                     .annotate(checked=Subquery(last_run), tried=Subquery(last_try))
+                     .filter(Q(checked__isnull=True) | Q(checked__lt=since)))
+        due = (unchecked.filter(Q(tried__isnull=True) | Q(tried__lt=since))
                .order_by(F("checked").asc(nulls_first=True), "pk"))
         with transaction.atomic():
             hosts = list(due.select_for_update(skip_locked=True, of=("self",))[:room])
-            if not hosts:
-                continue
-            hosts_transition_batch(hosts=hosts, to_state=HostState.CHECKING, actor=actor,
-                                   reason=f"idle health check of {node_type.name} (every {tier['interval']})")
-        started += [h.name for h in hosts]
-    return started
+            if hosts:
+                hosts_transition_batch(hosts=hosts, to_state=HostState.CHECKING, actor=actor,
+                                       reason=f"idle health check of {node_type.name} (every {tier['interval']})")
+        tick.started += [h.name for h in hosts]
+        if len(hosts) < room and (backing_off := unchecked.filter(tried__gte=since).count()):
+            tick.skipped[node_type.name] = (f"{backing_off} host(s) not tried again within {tier['interval']} of an "
+                                            "idle check that was pre-empted or ended without a result")
+    for name, why in tick.skipped.items():
+        log.info("idle health checks of %s: %s", name, why)
+    return tick

@@ -1,4 +1,6 @@
 """Celery tasks for hosts: thin, idempotent."""
+from dataclasses import asdict
+
 from celery import shared_task
 
 from . import engine, preflight, repair, services, warm
@@ -71,6 +73,7 @@ def sweep_warm_hosts() -> list[str]:
     return warm.hosts_warm_sweep()
 
 
+# The hosts it started a check on, and why it skipped a NodeType (claims wait for its hosts; hosts back off).
 @shared_task(name="hosts.tasks.idle_checks_start")
-def idle_checks_start() -> list[str]:
-    return services.hosts_idle_check_start()
+def idle_checks_start() -> dict:
+    return asdict(services.hosts_idle_check_start())

@@ -247,3 +247,24 @@ def test_the_watchers_row_of_a_pod_carries_its_gang():
            "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}]}}
     fields = pod_fields(pod)
     assert (fields["gang"], fields["gang_min_member"]) == ("ml/w", 2)
+
+
+@pytest.mark.django_db
+def test_a_group_is_decided_and_placed_on_hosts_under_their_idle_check_which_is_abandoned(two):
+    from hosts.services import hosts_transition_batch
+
+    # Rail r1's three hosts are under their idle health check (pools/health_tiers.py): free all the same.
+    r1 = list(BareMetalHost.objects.filter(labels__contains={RAIL_GROUP_LABEL: "r1"}).order_by("name"))
+    hosts_transition_batch(hosts=r1, to_state="checking", actor="system:idle-check", reason="idle health check")
+    tenant = two(nodes=8, group="{size: 3}")
+    for i in range(3):
+        pending(tenant, f"train-7-{i}")
+    tenant_decide(tenant_id=tenant.pk)
+    [launched] = decisions(tenant, reason=DecisionReason.LAUNCHED)
+    assert launched.data["domain"] == "rail r1"  # the only rail group with 3 free hosts counts the checking ones
+    pools_reconcile(pool_ids=[NodePool.objects.get(name="burst").pk])
+    [group] = ClaimGroup.objects.all()
+    assert group.placed_at is not None and group.rail_group == "r1"
+    assert sorted(c.host_name for c in group.members.all()) == [h.name for h in r1]
+    moves = Event.objects.filter(host__in=r1, from_state="checking", to_state="provisioning")
+    assert moves.count() == 3 and all("its idle health check is abandoned" in e.message for e in moves)

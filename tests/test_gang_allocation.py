@@ -14,6 +14,7 @@ from claims import tasks
 from claims.choices import ClaimPhase
 from claims.models import ClaimGroup, NodeClaim
 from claims.services import claims_allocate, pools_reconcile
+from events.models import Event
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from hosts.topology import RACK_LABEL, RAIL_GROUP_LABEL, host_topology
@@ -105,6 +106,25 @@ def test_hosts_without_a_rail_group_label_are_never_taken_for_a_group_and_the_re
     assert set(NodeClaim.objects.values_list("message", flat=True)) == {
         "needs 2 on one rail group; no free host of type gpu-server has a rail group label"}
 
+
+
+@pytest.mark.django_db
+def test_a_group_takes_hosts_under_their_idle_check_with_available_ones_and_the_checks_are_abandoned(site):
+    make_rails({"r1": 4, "r2": 3})
+    # Three of r1's hosts are under their idle health check: r1 has 4 free hosts, 1 of them available.
+    checking = list(BareMetalHost.objects.filter(labels__contains={RAIL_GROUP_LABEL: "r1"}).order_by("pk")[:3])
+    hosts_transition_batch(hosts=checking, to_state="checking", actor="system:idle-check", reason="idle check")
+    make_pool(4, group={"size": 4})
+    call_command("reconcile")
+    group = ClaimGroup.objects.get()
+    members = list(group.members.select_related("host"))
+    assert group.placed_at is not None and rails_of(members) == {"r1"}
+    assert all(c.phase == ClaimPhase.PROVISIONING for c in members)
+    assert {c.host.state for c in members} == {"provisioning"}
+    moved = Event.objects.filter(host__in=checking, from_state="checking", to_state="provisioning")
+    assert moved.count() == 3 and all(e.message.endswith("its idle health check is abandoned") for e in moved)
+    assert set(BareMetalHost.objects.filter(state="available").values_list("labels__" + RAIL_GROUP_LABEL,
+                                                                            flat=True)) == {"r2"}
 
 @pytest.mark.django_db
 def test_a_group_may_share_a_rack_instead_and_the_smallest_rack_that_fits_wins(site):

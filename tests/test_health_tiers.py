@@ -209,7 +209,7 @@ def test_idle_checks_run_on_a_beat_tick_and_a_claim_pre_empts_one_within_seconds
     idle_checks_start.delay()  # what the beat's tick sends
     wait_for(lambda: Event.objects.filter(host=host, from_state="available", to_state="checking").exists(),
              timeout=20)
-    assert services.hosts_idle_check_start() == []  # one at a time (hostsAtOnce), and not checked again yet
+    assert services.hosts_idle_check_start().started == []  # one at a time (hostsAtOnce), and not checked again yet
     wait_for(lambda: Event.objects.filter(host=host, from_state="checking", to_state="available").exists(),
              timeout=60)
     idle = Event.objects.filter(host=host, step="idle_dcgm", message="done").latest("id").data["flow_id"]
@@ -217,7 +217,7 @@ def test_idle_checks_run_on_a_beat_tick_and_a_claim_pre_empts_one_within_seconds
 
     # The next tick checks it again (its interval passed); a claim arrives in the middle and takes the host.
     time.sleep(1)
-    assert services.hosts_idle_check_start() == ["gpu-01"]
+    assert services.hosts_idle_check_start().started == ["gpu-01"]
     wait_for(lambda: BareMetalHost.objects.get().flow.get("step") in ("power_on_pxe", "agent_lookup"), timeout=20)
     asked = time.monotonic()
     apply(gpu_pool(1), tenant="one")
