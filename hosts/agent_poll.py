@@ -21,9 +21,14 @@ from django.conf import settings
 from django.db import connection, transaction
 
 log = logging.getLogger(__name__)
-CHANNEL = "vmetal:agent-wake:{}"
 _clients: dict[str, redis.Redis] = {}
 _clients_lock = threading.Lock()
+
+
+def _channel(host_id: int) -> str:
+    """Redis' channels span its databases: the console's own database name keeps two consoles (or two test
+    runs) on one Redis from waking each other's agents."""
+    return f"vmetal:{settings.DATABASES['default']['NAME']}:agent-wake:{host_id}"
 
 
 def _redis() -> redis.Redis | None:
@@ -48,7 +53,7 @@ def _publish(host_id: int) -> None:
     if client is None:
         return
     try:
-        client.publish(CHANNEL.format(host_id), b"1")
+        client.publish(_channel(host_id), b"1")
     except redis.RedisError as exc:
         log.warning("host %s: agent wake not sent (%s): its agent finds the work at its next ask", host_id, exc)
 
@@ -60,7 +65,7 @@ def agent_wait(host_id: int, timeout_s: float, idle: Callable[[], bool]) -> bool
     if client is not None:
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(CHANNEL.format(host_id))
+            pubsub.subscribe(_channel(host_id))
             if not idle():
                 return True
             _release_connection()
@@ -78,6 +83,7 @@ def agent_wait(host_id: int, timeout_s: float, idle: Callable[[], bool]) -> bool
     while (left := deadline - time.monotonic()) > 0:
         if not idle():
             return True
+        _release_connection()  # a held poll holds no connection of the pool between two looks
         time.sleep(min(settings.WARM_POLL_TICK_S, left))
     return False
 
