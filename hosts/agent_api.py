@@ -233,7 +233,8 @@ def _warm_poll(session: AgentSession, body: dict) -> BareMetalHost:
     until its host has work or WARM_POLL_S pass (hosts/agent_poll.py). Its liveness is its asks: the warm sweep
     allows WARM_POLL_S between two (hosts/warm.py). Woken, the session counts as heard from now (the command
     goes back on this very answer). Returns the host as it is after the wait; a session ended meanwhile (the
-    host powered off) is refused, as its next ask would be."""
+    host powered off) is refused, as its next ask would be. A second ask of the same session while one is held
+    is answered at once."""
     wait = body.get("wait_s")
     if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
         return session.host
@@ -242,7 +243,23 @@ def _warm_poll(session: AgentSession, body: dict) -> BareMetalHost:
     def idle() -> bool:
         return BareMetalHost.objects.filter(pk=host_id, state=HostState.AVAILABLE, warm_since__isnull=False).exists()
 
-    woken = agent_wait(host_id, min(float(wait), settings.WARM_POLL_S), idle)
+    hold = min(float(wait), settings.WARM_POLL_S)
+    # One held ask per session: an agent (or whoever holds its token) cannot tie up the listener's threads.
+    held_key = f"agent-poll:{session.pk}"
+    try:
+        first = cache.add(held_key, 1, timeout=int(hold) + 30)
+    except Exception:  # no cache: hold it all the same
+        log.warning("agent long poll not counted: cache unavailable", exc_info=True)
+        first = True
+    if not first:
+        return session.host
+    try:
+        woken = agent_wait(host_id, hold, idle)
+    finally:
+        try:
+            cache.delete(held_key)
+        except Exception:
+            log.warning("agent long poll not uncounted: cache unavailable", exc_info=True)
     if not AgentSession.objects.filter(pk=session.pk, active=True).exists():
         raise Refused(403, "token is not valid for this boot")
     if woken:

@@ -245,6 +245,27 @@ def test_a_warm_agents_held_ask_is_refused_when_its_host_stops_being_warm(agent_
     assert not box["thread"].is_alive() and isinstance(box.get("error"), TokenRejected), box
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_warm_agent_gets_one_held_ask_at_a_time(agent_server, demo_site, settings):
+    """Whoever holds a warm agent's token cannot tie up the listener's threads: while one ask is held, the
+    session's next one is answered at once."""
+    settings.WARM_POLL_S = 60
+    host, client, session = warm_agent(agent_server.url)
+    client.heartbeat(session, status="idle")
+    first = ask_in_thread(client, session)
+    first["thread"].join(1.5)
+    assert first["thread"].is_alive()
+    second = ask_in_thread(client, session)
+    second["thread"].join(5)
+    assert not second["thread"].is_alive() and second.get("answer", "x") is None, second
+    assert first["thread"].is_alive()  # still held
+    from hosts.warm import host_warm_end
+
+    host_warm_end(host=host, reason="test", actor="test")  # ends the held ask (no thread outlives the test)
+    first["thread"].join(10)
+    assert not first["thread"].is_alive()
+
+
 @pytest.mark.django_db
 def test_a_warm_hosts_agent_counts_as_silent_only_after_a_whole_long_poll_and_the_silence(demo_site, settings):
     """Between two asks of a warm agent lie up to WARM_POLL_S: the sweep allows that and AGENT_SILENCE_S on top."""
