@@ -11,11 +11,11 @@ from django.utils import timezone
 
 from hosts.choices import HostState
 from hosts.engine import (
+    DISK_WRITTEN,
     SKIP,
     Run,
     Step,
     StepFailed,
-    DISK_WRITTEN,
     Waiting,
     agent_command,
     setting,
@@ -76,9 +76,9 @@ def _tenant_api(claim: NodeClaim) -> TenantAPI:
 def step_check_tenant_api(run: Run) -> dict:
     """Before anything is written: can this server reach the tenant API's VIP (TCP, and TLS with the tenant's
     CA)? The agent checks from the server's network. A failure is the tenant's, not the host's (claim_reason):
-    the host is back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries; the
-    claim waits with the reason (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed. Nothing was
-    written, so the host goes back without an erase (hosts.flows.untouched_begin)."""
+    the host is back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries, and without an erase
+    (nothing was written: hosts.flows.untouched_begin); the claim waits with the reason
+    (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed."""
     claim = _claim(run)
     if not claim.tenant.kubeconfig:  # the claim fails as write_seed would fail it, before a disk is touched
         _tenant_api(claim)

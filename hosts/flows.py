@@ -9,6 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from events.choices import EventKind
+from events.models import Event
 from pools.selectors import node_types_selecting
 
 from . import boot as boot_path
@@ -277,9 +279,6 @@ NOTHING_WRITTEN = "nothing was written: no erase needed"
 def untouched_begin(run: Run) -> None:
     """A cleaning flow's start: the move that began this state (its Event) says whether the flow run before it
     wrote nothing (fail()). Decided once, kept in run.data for the steps' conditions."""
-    from events.choices import EventKind
-    from events.models import Event
-
     moved = (Event.objects.filter(host_id=run.host.pk, kind=EventKind.TRANSITION, to_state=run.host.state,
                                   created_at__gte=run.host.state_changed_at)
              .order_by("-pk").values_list("data", flat=True).first())
@@ -312,9 +311,9 @@ def step_no_erase_needed(run: Run) -> dict:
     spared = run.data[UNTOUCHED]
     commands = list(HostCommand.objects.filter(host=run.host, flow_id=spared["flow_id"]).order_by("pk")
                     .values_list("name", flat=True))
-    last = EraseCertificate.objects.filter(host=run.host, result="pass").order_by("-created_at", "-pk").first()
-    standing = [c.certificate_id for c in EraseCertificate.objects.filter(host=run.host, flow_id=last.flow_id).order_by("disk")
-                ] if last else []
+    certificates = EraseCertificate.objects.filter(host=run.host)
+    last = certificates.filter(result="pass").order_by("-created_at", "-pk").first()
+    standing = [c.certificate_id for c in certificates.filter(flow_id=last.flow_id).order_by("disk")] if last else []
     return {"reason": NOTHING_WRITTEN, "flow": spared["flow"], "flow_id": spared["flow_id"],
             "failed_at": spared["step"], "claim": spared.get("claim"), "agent_commands": commands,
             "certificates": standing}
