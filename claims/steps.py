@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from hosts.choices import HostState
 from hosts.engine import (
+    DISK_WRITTEN,
     SKIP,
     Run,
     Step,
@@ -25,12 +26,15 @@ from hosts.flows import (
     HANDOVER_STEPS,
     INSPECT_UNLESS_KNOWN,
     KEEP_WARM,
+    NO_ERASE_NEEDED,
     RAMDISK_STEPS,
     host_flow,
     power_off_unless_warm,
     step_boot_from_disk,
     step_power_off,
     step_reboot_to_disk,
+    unless_untouched,
+    untouched_begin,
 )
 from hosts.models import CommandStatus, HostCommand
 from hosts.selectors import image_write_failures
@@ -72,8 +76,9 @@ def _tenant_api(claim: NodeClaim) -> TenantAPI:
 def step_check_tenant_api(run: Run) -> dict:
     """Before anything is written: can this server reach the tenant API's VIP (TCP, and TLS with the tenant's
     CA)? The agent checks from the server's network. A failure is the tenant's, not the host's (claim_reason):
-    the host is cleaned and back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries; the
-    claim waits with the reason (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed."""
+    the host is back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries, and without an erase
+    (nothing was written: hosts.flows.untouched_begin); the claim waits with the reason
+    (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed."""
     claim = _claim(run)
     if not claim.tenant.kubeconfig:  # the claim fails as write_seed would fail it, before a disk is touched
         _tenant_api(claim)
@@ -312,9 +317,14 @@ def claim_joining(run: Run) -> None:
 # --- warm hosts (hosts/warm.py): a claim on a host that waits, on, in the agent's ramdisk --------------------
 
 def provision_begin(run: Run) -> None:
-    """A host whose agent session is open and was heard from lately is warm: its provision has no power-on,
+    """Nothing is written on the host yet: it passed its last gate (available, or under its idle check), and the
+    run records its first disk write (hosts.engine.DISK_WRITTEN; a claim's failure before it is not followed by
+    an erase: hosts.flows.fail).
+
+    A host whose agent session is open and was heard from lately is warm: its provision has no power-on,
     network boot, lookup or inspection (those steps do not apply) and starts with the agent it has. A host
     whose agent is silent (it died while warm) is provisioned cold, as any other."""
+    run.data[DISK_WRITTEN] = False
     session = warm_session(run.host.pk)
     if session is not None:
         run.data["warm"] = {"boot_id": session.boot_id, "agent_seen_at": session.last_seen_at.isoformat()}
@@ -352,13 +362,18 @@ PROVISION = host_flow("provision", HostState.PROVISIONING, [
     begin=provision_begin)
 
 # The tenant's side of a release (drain, delete) is skipped with its reason when it fails: a tenant API that is
-# away must not keep the host from being erased.
+# away must not keep the host from being erased. A provision that failed by its claim's fault before anything was
+# written (hosts.flows.untouched_begin) skips the ramdisk boot and the release gate: no_erase_needed says so, and
+# the host is powered off (or kept warm: it is on in the ramdisk, its agent live) and back in the pool.
 DEPROVISION = host_flow("deprovision", HostState.DEPROVISIONING, [
     Step("drain_node", step_drain_node, setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
     Step("delete_node", step_delete_node, setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
-    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
-    *RAMDISK_STEPS[:2],
-    *CLEANING_STEPS,
+    *unless_untouched([
+        Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+        *RAMDISK_STEPS[:2],
+        *CLEANING_STEPS,
+    ]),
+    NO_ERASE_NEEDED,
     KEEP_WARM,
     power_off_unless_warm("power_off_after_clean"),
-], done_state=HostState.AVAILABLE, gate=True, related=("claim__tenant", "claim__node_type"))
+], done_state=HostState.AVAILABLE, gate=True, related=("claim__tenant", "claim__node_type"), begin=untouched_begin)

@@ -389,16 +389,33 @@ def drive_stale(*, older_than_s: float = 20) -> list[int]:
 
 # --- the agent: a command per step ----------------------------------------------------------------
 
+# run.data's record of whether the flow run queued a command that writes the disk: False where the flow says at its
+# start that nothing is written yet (the provision's begin: its host passed its last gate); the first disk-writing
+# command (agent_command's dirties_disk) replaces it with {"step", "command", "at"}.
+DISK_WRITTEN = "disk_written"
+
+
+def disk_written(run: Run) -> bool:
+    """Whether this flow run may have written the disk. A run that never said it started with nothing written
+    (no DISK_WRITTEN: any flow but the provision, or a run begun by an older console) counts as written."""
+    return run.data.get(DISK_WRITTEN, True) is not False
+
+
 def agent_command(run: Run, name: str, args: dict | None = None, secret_args: dict | None = None,
                   make_args: Callable[[], tuple[dict, dict]] | None = None, dirties_disk: bool = False) -> dict:
     """Queue `name` for the agent once per flow step; finish with its result, fail with its error.
-    `dirties_disk`: a failed command may have left part of its work on the disk (an image, a seed): the
-    failure asks for the host to be cleaned (StepFailed.clean)."""
+    `dirties_disk`: the command writes the disk (an image, a seed). The flow run records that before the command
+    is queued (disk_written), and a failed one asks for the host to be cleaned (StepFailed.clean): it may have
+    left part of its work on the disk."""
     step = run.flow["step"]
     command = HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step=step).first()
     if command is None:
         if make_args is not None:
             args, secret_args = make_args()
+        if dirties_disk and not run.data.get(DISK_WRITTEN):
+            # Saved before the command exists: no agent can write the disk in a run that says it wrote nothing.
+            run.data[DISK_WRITTEN] = {"step": step, "command": name, "at": timezone.now().isoformat()}
+            run.save_flow()
         HostCommand.objects.get_or_create(
             host=run.host, flow_id=run.flow["id"], step=step,
             defaults={"name": name, "args": args or {}, "secret_args": json.dumps(secret_args) if secret_args else ""})

@@ -9,6 +9,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from events.choices import EventKind
+from events.models import Event
 from pools.selectors import node_types_selecting
 
 from . import boot as boot_path
@@ -22,6 +24,7 @@ from .engine import (
     StepFailed,
     Waiting,
     agent_command,
+    disk_written,
     register_flow,
     setting,
     step_retry,
@@ -44,6 +47,11 @@ def finish(run: Run) -> None:
 
     flow = FLOWS[run.flow["name"]]
     target, reason, data = flow.done_state, f"{flow.name} done", {}
+    if untouched(run):
+        spared = run.data[UNTOUCHED]
+        reason = (f"{flow.name} done: {NOTHING_WRITTEN} ({spared['flow']} failed at {spared['step']} before "
+                  f"anything was written; the last erase certificate stands)")
+        data = {"untouched": spared}
     if flow.name == "retest":  # back in the repair pool, now with a passing retest: it may return to service
         reason = "retest passed: erase verified, GPU reset and health suite passed"
         data = {"retest": "passed", "flow_id": run.flow["id"]}
@@ -73,7 +81,11 @@ def fail(run: Run, step: Step, failure: StepFailed) -> None:
     """A step failed: disks that may hold a tenant's data or half an image are cleaned (the flow's
     clean_state); a failed release gate goes to repair with the evidence; anything else to error. Who failed
     (the host or the claim it serves) is written on the transition, for HOST_FAILURE_LIMIT,
-    IMAGE_FAILURE_HOSTS (hosts.selectors) and the claim's reaction."""
+    IMAGE_FAILURE_HOSTS (hosts.selectors) and the claim's reaction.
+
+    The claim's failure in a run that wrote nothing (no disk-writing command queued: engine.disk_written) is
+    marked `untouched` on the move to clean_state: that flow returns the host without the ramdisk boot and
+    the release gate (untouched_begin). A host's own failure, or one after a write was queued, cleans in full."""
     from .services import host_transition
 
     flow = FLOWS[run.flow["name"]]
@@ -81,6 +93,8 @@ def fail(run: Run, step: Step, failure: StepFailed) -> None:
     blame = {"fault": "claim" if failure.claim_reason else "host", "claim_reason": failure.claim_reason,
              "step": step.name, "message": failure.message, "claim": run.claim.name if run.claim else None,
              "evidence": _trim(failure.evidence)}
+    if failure.claim_reason and not failure.clean and not disk_written(run):
+        blame[UNTOUCHED] = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name}
     try:
         with transaction.atomic():
             if (failure.clean or failure.claim_reason) and flow.clean_state:
@@ -250,6 +264,59 @@ def step_inspect_unless_known(run: Run) -> dict:
     if run.host.inventory:
         return {"skipped": "inventory known"}
     return step_inspect(run)
+
+
+# --- a flow that wrote nothing: no erase -------------------------------------------------------------
+# A provision that failed by its claim's fault before any disk-writing command was queued (fail() marks the move
+# `untouched`) left the host as its last gate did: the clean that follows powers it off (or keeps it warm) and
+# returns it, without booting the ramdisk anew, erasing or running the health suite. No certificate is made: the
+# host's last one stands.
+
+UNTOUCHED = "untouched"
+NOTHING_WRITTEN = "nothing was written: no erase needed"
+
+
+def untouched_begin(run: Run) -> None:
+    """A cleaning flow's start: the move that began this state (its Event) says whether the flow run before it
+    wrote nothing (fail()). Decided once, kept in run.data for the steps' conditions."""
+    moved = (Event.objects.filter(host_id=run.host.pk, kind=EventKind.TRANSITION, to_state=run.host.state,
+                                  created_at__gte=run.host.state_changed_at)
+             .order_by("-pk").values_list("data", flat=True).first())
+    spared = (moved or {}).get(UNTOUCHED)
+    if spared:
+        run.data[UNTOUCHED] = {**spared, "claim": moved.get("claim"), "claim_reason": moved.get("claim_reason")}
+
+
+def untouched(run: Run) -> bool:
+    return bool(run.data.get(UNTOUCHED))
+
+
+def written(run: Run) -> bool:
+    return not untouched(run)
+
+
+def unless_untouched(steps: list[Step]) -> list[Step]:
+    """The steps, passed over (no trace) in a flow run whose host nothing was written on."""
+    def applies(run: Run, step: Step) -> bool:
+        return written(run) and step.applies(run)
+
+    return [Step(s.name, s.run, s.deadline_s, s.on_deadline, when=lambda run, s=s: applies(run, s)) for s in steps]
+
+
+def step_no_erase_needed(run: Run) -> dict:
+    """In place of the ramdisk boot and the release gate: what the failed flow run did on the host (its agent
+    commands: none wrote the disk) and the certificate that still stands."""
+    from .models import EraseCertificate, HostCommand
+
+    spared = run.data[UNTOUCHED]
+    commands = list(HostCommand.objects.filter(host=run.host, flow_id=spared["flow_id"]).order_by("pk")
+                    .values_list("name", flat=True))
+    certificates = EraseCertificate.objects.filter(host=run.host)
+    last = certificates.filter(result="pass").order_by("-created_at", "-pk").first()
+    standing = [c.certificate_id for c in certificates.filter(flow_id=last.flow_id).order_by("disk")] if last else []
+    return {"reason": NOTHING_WRITTEN, "flow": spared["flow"], "flow_id": spared["flow_id"],
+            "failed_at": spared["step"], "claim": spared.get("claim"), "agent_commands": commands,
+            "certificates": standing}
 
 
 def step_erase_metadata(run: Run) -> dict:
@@ -650,6 +717,9 @@ INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT
 # After a passing gate, where the host's NodeType keeps warm hosts (hosts/warm.py): it may stay on in the
 # ramdisk, warm, instead of being powered off. Its timeline then shows keep_warm and no power-off.
 KEEP_WARM = Step("keep_warm", step_keep_warm, lambda: 60.0, when=warm_wanted)  # a few queries: a minute is plenty
+
+
+NO_ERASE_NEEDED = Step("no_erase_needed", step_no_erase_needed, lambda: 60.0, when=untouched)  # reads the database
 
 
 def power_off_unless_warm(name: str) -> Step:

@@ -1,8 +1,8 @@
 """The tenant API's VIP, checked from the server's side before the image is written (issue 14, point 1 c): the
 agent's `check_endpoint` really connects (TCP, then TLS with the tenant's CA); in the lab a wrong VIP or a wrong
-CA stops the provision flow at `check_tenant_api` with the reason, the host goes back to the pool cleaned and
-unblamed, the claim waits with the message, and fixing the VIP lets it become Available. The tenant page and the
-API show both sides' checks, never a credential."""
+CA stops the provision flow at `check_tenant_api` with the reason, the host goes back to the pool unblamed (and
+unerased: nothing was written, tests/test_untouched_release.py), the claim waits with the message, and fixing the
+VIP lets it become Available. The tenant page and the API show both sides' checks, never a credential."""
 import base64
 import datetime
 import socket
@@ -231,7 +231,7 @@ def test_a_wrong_vip_stops_the_claim_at_the_check_and_fixing_it_lets_the_claim_b
     assert time.monotonic() - started < 30, lab_report()
     expected = f"tenant API 127.0.0.1:{port} not reachable from the server network (connection refused)"
     assert failed.message == f"failed: {expected}"
-    wait_hosts("available", 1, timeout=120)  # cleaned through the failure path, back in the pool
+    wait_hosts("available", 1, timeout=120)  # through the failure path, back in the pool
     claim = NodeClaim.objects.get()
     assert (claim.phase, claim.reason, claim.host_id, claim.failed_hosts) == (
         ClaimPhase.PENDING, "TenantAPIUnreachable", None, []), lab_report()
