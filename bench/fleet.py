@@ -2,7 +2,7 @@
 
   .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
                                   [--web-pool 10] [--profile DIR]
-  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-polls 5,240,240db] [--power-delay 2] [--idle 60]
+  .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-polls 5,600,600db] [--power-delay 2] [--idle 60]
 
 --warm (hosts/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
 per --warm-polls value: how long the agent listener holds a warm agent's idle ask, WARM_POLL_S; `db`: without
@@ -265,7 +265,7 @@ def heartbeats() -> int:
     return HEARTBEATS.value
 
 
-def run_warm(n: int, warm: bool, args, poll_s: float = 240, redis: bool = True) -> dict:
+def run_warm(n: int, warm: bool, args, poll_s: float = 600, redis: bool = True) -> dict:
     """One N, cold or warm: register N gpu-servers (all kept warm, or none), measure a quiet window, then
     provision N at once. Claim → Ready per claim: its creation to its Available transition. `poll_s`: how long
     the agent listener holds a warm agent's idle ask (WARM_POLL_S); `redis`: False runs the console without
@@ -344,7 +344,7 @@ def _run_warm(n: int, warm: bool, args) -> dict:
         for step, duration in Event.objects.filter(kind="step", message="done", data__flow="provision") \
                 .values_list("step", "duration_s"):
             steps.setdefault(step, []).append(duration)
-        return {"n": n, "warm": warm, "registered_s": registered, "makespan_s": makespan, "latencies": latencies,
+        return {"n": n, "warm": warm, "poll_s": float(os.environ["WARM_POLL_S"]), "registered_s": registered, "makespan_s": makespan, "latencies": latencies,
                 "cpu_per_host": cpu / n, "web_per_host": web / n, "idle": idle, "steps": steps}
     finally:
         site.stop()
@@ -355,7 +355,7 @@ def _run_warm(n: int, warm: bool, args) -> dict:
 def main_warm(args) -> None:
     sizes = [int(x) for x in args.warm_sizes.split(",") if x]
     polls = [x for x in args.warm_polls.split(",") if x]
-    modes = [("cold", False, "240")] + [(f"warm@{p}", True, p) for p in polls]
+    modes = [("cold", False, "600")] + [(f"warm@{p}", True, p) for p in polls]
     results: dict[tuple[int, str], dict] = {}
     for n in sizes:
         for mode, warm, poll in modes:
@@ -403,6 +403,14 @@ def main_warm(args) -> None:
             web = wi["web"] - ci["web"] * wi["seconds"] / ci["seconds"]
             per_beat = web / sent if sent > 0 else float("nan")
             saved = cold["cpu_per_host"] - r["cpu_per_host"]
+            if sent < n:  # long polls: the window holds hardly an ask; add the asks of an hour at the CPU per ask
+                # of the mode of this N with the most asks (the whole poll, as the listener serves it)
+                asks = [(results[n, m]["idle"], results[n, m]["poll_s"]) for m, w, _ in modes
+                        if w and (n, m) in results]
+                busiest = max(asks, key=lambda a: a[0]["heartbeats"])[0]
+                per_beat = busiest["web"] / busiest["heartbeats"] if busiest["heartbeats"] else float("nan")
+                per_host_hour += 3600 / (r["poll_s"] + 1) * per_beat  # an ask per poll and the 1 s between
+                sent = n * wi["seconds"] / (r["poll_s"] + 1)
             line = (f"  N={n:>3} {mode:<10}: {per_host_hour:6.2f} CPU-s per warm host-hour ({sent / wi['seconds'] / n:.3f} "
                     f"asks/s per host at {1000 * per_beat:.1f} ms of the agent listener's CPU each); a warm "
                     f"provision saves {saved:.3f} console CPU-s")
@@ -464,7 +472,7 @@ def main():
     parser.add_argument("--warm", action="store_true", help="claim → Ready of warm hosts against cold ones")
     parser.add_argument("--warm-sizes", default="1,20,50", help="with --warm: the N to run, comma separated")
     parser.add_argument("--idle", type=float, default=60, help="with --warm: the quiet window, seconds")
-    parser.add_argument("--warm-polls", default="5,240,240db",
+    parser.add_argument("--warm-polls", default="5,600,600db",
                         help="with --warm: WARM_POLL_S values to run warm with, comma separated (suffix db: "
                              "without Redis)")
     args = parser.parse_args()

@@ -273,8 +273,9 @@ AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long
 # A warm host's idle agent (hosts/warm.py) asks for work in a long poll (hosts/agent_poll.py): the agent listener
 # holds the ask until there is work (a claim reaches the agent at once) or this long, so a warm host costs one
 # request per WARM_POLL_S. Its agent counts as silent only after WARM_POLL_S + AGENT_SILENCE_S without an ask.
-# Keep it under the idle timeout of any proxy between the servers and the agent listener.
-WARM_POLL_S = env_float("WARM_POLL_S", 240)
+# Keep it under the idle timeout of any proxy between the servers and the agent listener (the agent accepts 900 s
+# at most; a Kubernetes watch is held 30-60 minutes).
+WARM_POLL_S = env_float("WARM_POLL_S", 600)
 # Without Redis (the embedded mode) nothing wakes a held poll: it looks at the database this often instead.
 WARM_POLL_TICK_S = env_float("WARM_POLL_TICK_S", 1)
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
