@@ -221,10 +221,10 @@ def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets
     started = time.monotonic()
     with pytest.raises(Waiting, match="queued for the agent"):
         agent_command(Run(BareMetalHost.objects.get(pk=host.pk)), "check_endpoint", {"host": "127.0.0.1", "port": 6443})
-    box["thread"].join(10)
+    box["thread"].join(30)
     assert not box["thread"].is_alive() and "error" not in box, box
     assert box["answer"]["name"] == "check_endpoint", box
-    assert time.monotonic() - started < 10  # long before the 60 s hold was over
+    assert time.monotonic() - started < 30  # long before the 60 s hold was over
     assert session.wait_s == 0  # provisioning: back to asking every second
     assert AgentSession.objects.get(host=host, active=True).last_seen_at > seen  # heard from when woken
 
@@ -241,7 +241,7 @@ def test_a_warm_agents_held_ask_is_refused_when_its_host_stops_being_warm(agent_
     box["thread"].join(1.5)
     assert box["thread"].is_alive()
     assert host_warm_end(host=host, reason="test", actor="test")  # no BMC password here: no power call
-    box["thread"].join(10)
+    box["thread"].join(30)
     assert not box["thread"].is_alive() and isinstance(box.get("error"), TokenRejected), box
 
 
@@ -256,13 +256,13 @@ def test_a_warm_agent_gets_one_held_ask_at_a_time(agent_server, demo_site, setti
     first["thread"].join(1.5)
     assert first["thread"].is_alive()
     second = ask_in_thread(client, session)
-    second["thread"].join(5)
+    second["thread"].join(30)
     assert not second["thread"].is_alive() and second.get("answer", "x") is None, second
     assert first["thread"].is_alive()  # still held
     from hosts.warm import host_warm_end
 
     host_warm_end(host=host, reason="test", actor="test")  # ends the held ask (no thread outlives the test)
-    first["thread"].join(10)
+    first["thread"].join(30)
     assert not first["thread"].is_alive()
 
 
