@@ -7,7 +7,11 @@ skipped and says so on its nodes), then, under the tenant's lock, each node's No
 ask, since when it is empty, what happens next and when) and the pools' actions. Released nodes go the path
 every release goes (claims.services.claims_release: drain, delete the Node, erase, gate, available); an
 expired or drifted node with pods is replaced first (a new claim of the same pool and type) and released only
-once its replacement is Available, so its pods have somewhere to go. Each action, and each block that starts
+once its replacement is Available, so its pods have somewhere to go, when the replacement fits the pool's
+limits and the tenant's quota (counted as the provisioning decision counts them: autonodes.services and
+simulation.over_limit). When it does not: an expired node is released without a replacement (its pods go
+Pending and the provisioning decision adds a node once there is room, as Karpenter v1's forceful expiry); a
+drifted node is kept, saying why, and looked at again at the next pass. Each action, and each block that starts
 or changes, is one decision Event (events EventKind.DECISION, object_type pool).
 
 Where we differ from Karpenter, and why:
@@ -20,7 +24,9 @@ Where we differ from Karpenter, and why:
 - disruption.minNodeLifetime (ours, default 30m from the node's Ready): a node is never consolidated (Empty,
   Underutilized) younger than that; a server that took half an hour to install serves at least that long.
 - expiry honours do-not-disrupt and budgets (Karpenter v1 expires forcefully): ours replaces before it
-  releases, so it is a voluntary disruption like drift; budgets may name Expired among their reasons.
+  releases, so it is a voluntary disruption like drift; budgets may name Expired among their reasons. Only
+  when a replacement would pass a limit or the quota is an expired node released first (forceful, within
+  the budget and do-not-disrupt still), as a pool at its limit could otherwise keep it forever.
 - budgets: `nodes` a count or a percentage of the pool's nodes (Available or Releasing), a percentage rounded
   UP as Karpenter does (10% of 3 nodes allows 1); nodes already being released or replaced count against it;
   `schedule` (cron, UTC, read by Celery's crontab) + `duration`: in force from each firing for `duration`;
@@ -67,10 +73,13 @@ from .fit import (
     format_quantity,
     is_daemonset_pod,
     pod_requests,
+    quantities,
     total_resources,
 )
 from .live import demand_changed
 from .models import NodeUsage
+from .services import ACTIVE, limits_counted, quota_nodes_left
+from .simulation import over_limit
 
 log = logging.getLogger(__name__)
 
@@ -364,9 +373,11 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
             nodes.append(_node(claim, usage, by_node.get(claim.node_name, [])))
         before = {n.claim.pk: _shown(n.usage) for n in nodes}
         _upkeep(nodes, now)
+        quota = _Quota(tenant=tenant, dynamic_ids=set(locked))
         for pool in pools:
             _Pass(pool=pool, nodes=[n for n in nodes if n.claim.pool_id == pool.pk],
-                  claims=[c for c in claims if c.pool_id == pool.pk], now=now, actor=actor, result=result).run()
+                  claims=[c for c in claims if c.pool_id == pool.pk], now=now, actor=actor, result=result,
+                  quota=quota).run()
         NodeUsage.objects.bulk_create([n.usage for n in nodes if n.usage.pk is None])
         NodeUsage.objects.bulk_update([n.usage for n in nodes if n.usage.pk is not None and n.usage.claim_id in usages],
                                       USAGE_FIELDS)
@@ -412,6 +423,23 @@ def _for(delta: timedelta) -> str:
 
 
 @dataclass
+class _Quota:
+    """The tenant's node quota as replacements use it up in one pass (read once, when a replacement is first
+    asked for: most passes replace nothing)."""
+
+    tenant: Tenant
+    dynamic_ids: set[int]
+    read: bool = False
+    left: int | None = None
+
+    def nodes_left(self) -> int | None:
+        if not self.read and self.tenant.quota_nodes is not None:
+            claims = list(NodeClaim.objects.filter(tenant=self.tenant, phase__in=ACTIVE).only("pk", "pool_id"))
+            self.left, self.read = quota_nodes_left(self.tenant, claims, self.dynamic_ids), True
+        return self.left
+
+
+@dataclass
 class _Pass:
     """One pool's disruption decisions in one pass."""
 
@@ -421,6 +449,7 @@ class _Pass:
     now: datetime
     actor: str
     result: DisruptResult
+    quota: _Quota | None = None
     events: list[Event] = field(default_factory=list)
     blocks: dict[str, list[Node]] = field(default_factory=lambda: defaultdict(list))  # message → nodes
 
@@ -431,6 +460,10 @@ class _Pass:
         self.gone: set[int] = set()  # claims released or being replaced: not candidates, nowhere to move pods
         self.receiving: set[int] = set()  # nodes that take pods of a consolidated node this pass: they stay
         self.kept: set[int] = set()  # nodes something keeps in this pass: one decision per node and pass
+        self.limits = quantities(self.pool.limits)
+        self.resources = {c.node_type_id: quantities(c.node_type.resources) for c in self.claims if c.node_type_id}
+        # What the pool's live claims count against its limits; replacements made in this pass add to it.
+        self.used = limits_counted([c for c in self.claims if c.phase in ACTIVE], self.resources)
         by_id = {c.pk: c for c in self.claims}
         for node in self.nodes:
             node.blocked_before, node.retry_at = node.usage.blocked_by, node.usage.next_action_at
@@ -502,6 +535,7 @@ class _Pass:
         expiry = expire_after(self.pool)
         if expiry is not None and node.claim.created_at + expiry <= self.now:
             reason, why = R.EXPIRED, f"expired: older than expireAfter {self.pool.expire_after}"
+            drifted = None
         elif (drifted := drift(node.claim, self.pool)) is not None:
             reason, why = R.DRIFTED, f"drifted: {drifted}"
         else:
@@ -523,8 +557,22 @@ class _Pass:
         if node_type is not None and not requirements_match(self.pool.node_type_selector,
                                                             node_type.effective_properties()):
             node_type = None  # the pool no longer takes this type: the allocator picks one it takes
+        allocatable = quantities(node_type.resources) if node_type is not None else {}
+        if (no_room := self._no_room(allocatable)) is not None:
+            key, passed = no_room
+            if reason == R.EXPIRED:  # forceful, as Karpenter v1: its pods go Pending, provisioning adds a node
+                self._release([node], reason, f"released {node.claim.name}: {why}; no replacement first: a "
+                                              f"replacement would {passed}")
+            else:  # drift waits for room: looked at again at the next pass (one Event while the reason holds)
+                self._block(node, f"no-room:{key}", f"kept: drifted ({drifted}), but a replacement would {passed}")
+            return
         new = claims_create(pool=self.pool, count=1, node_type=node_type, actor=self.actor,
                             message=f"replaces {node.claim.name} ({why})")[0]
+        self.used["nodes"] = self.used.get("nodes", 0.0) + 1
+        for resource, value in allocatable.items():
+            self.used[resource] = self.used.get(resource, 0.0) + value
+        if self.quota is not None and self.quota.left is not None:
+            self.quota.left -= 1
         node.usage.replacement = new
         self.gone.add(node.claim.pk)
         self.disrupting += 1
@@ -533,6 +581,22 @@ class _Pass:
         self._event(reason, [node], f"replacing {node.claim.name} ({why}): new claim {new.name} first, "
                                     f"{node.claim.name} released once it is Ready ({len(node.pods)} pod(s) to move)",
                     extra={"replacement": new.name})
+
+    def _no_room(self, allocatable: dict[str, float]) -> tuple[str, str] | None:
+        """Why one more node of `allocatable` (a replacement) may not be added now: (a key for the block, "pass
+        limit nodes 4 (4 of 4)"), the tenant's quota first, as the provisioning decision; None: it may. A
+        replacement whose type the allocator picks (the pool no longer takes the old one) counts as a node only,
+        as the decision counts a claim whose type is not chosen yet."""
+        left = self.quota.nodes_left() if self.quota is not None else None
+        if left is not None and left < 1:
+            quota = self.quota.tenant.quota_nodes
+            return "quota", f"pass the tenant's node quota {quota} ({quota - left} of {quota})"
+        over = over_limit(self.limits, self.used, allocatable)
+        if over is None:
+            return None
+        limit, used = self.limits[over], self.used.get(over, 0.0)
+        return (f"limit:{over}", f"pass limit {over} {format_quantity(over, limit)} "
+                                 f"({format_quantity(over, used)} of {format_quantity(over, limit)})")
 
     # -- consolidation
 

@@ -271,13 +271,11 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
                        and requirements_match(p.node_type_selector, properties[t.pk])] for p in pools}
     free_hosts = _free_hosts(list({t.pk: t for types in matching.values() for t in types}.values()))
 
-    used: dict[int, dict[str, float]] = defaultdict(dict)
+    of_pool: dict[int, list[NodeClaim]] = defaultdict(list)
     for claim in claims:
         if claim.pool_id in dynamic_ids:
-            counted = used[claim.pool_id]
-            counted["nodes"] = counted.get("nodes", 0.0) + 1
-            if claim.node_type_id:
-                add_resources(counted, resources[claim.node_type_id])
+            of_pool[claim.pool_id].append(claim)
+    used = {pool_id: limits_counted(members, resources) for pool_id, members in of_pool.items()}
     options = []
     domains: dict[tuple, dict[str, int]] = {}  # (type, shares) → free hosts per rail group: pools of groups only
     for pool in pools:
@@ -299,7 +297,7 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
             for t in matching[pool.pk])
         options.append(PoolOption(name=pool.name, types=types, weight=pool.weight or 0,
                                   labels=dict(pool.node_labels or {}), taints=tuple(pool.taints or ()),
-                                  limits=quantities(pool.limits), used=dict(used[pool.pk]),
+                                  limits=quantities(pool.limits), used=used.get(pool.pk, {}),
                                   group_size=pool.group_size, group_where=group_where(shares) if shares else "",
                                   kept_where=kept_where))
 
@@ -322,15 +320,32 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
                                                                          **properties[claim.node_type_id]},
                           taints=tuple(claim.taints or ()), free=free))
 
-    quota_left = None
-    if tenant.quota_nodes is not None:
-        static = sum(q or 0 for q in NodePool.objects.filter(tenant=tenant, kind=PoolKind.STATIC)
-                     .values_list("quantity", flat=True))
-        dynamic = sum(1 for c in claims if c.pool_id is None or c.pool_id in dynamic_ids)
-        quota_left = tenant.quota_nodes - static - dynamic
+    quota_left = quota_nodes_left(tenant, claims, dynamic_ids)
     pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner, gang=gang,
                            min_member=p.gang_min_member) for p, gang in _gangs(undecided, kept))
     return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
+
+
+def limits_counted(claims: list[NodeClaim], resources: dict[int, dict[str, float]]) -> dict[str, float]:
+    """What a pool's live claims (ACTIVE) count against its limits: a node each, and each its NodeType's
+    resources (`resources`: type id → parsed resources); a claim whose type is not chosen yet counts a node only."""
+    used: dict[str, float] = {}
+    for claim in claims:
+        used["nodes"] = used.get("nodes", 0.0) + 1
+        if claim.node_type_id:
+            add_resources(used, resources[claim.node_type_id])
+    return used
+
+
+def quota_nodes_left(tenant: Tenant, claims: list[NodeClaim], dynamic_ids: set[int]) -> int | None:
+    """Nodes the tenant's quota still allows (None: it has none): the quota less what its static pools ask for,
+    less its live claims (ACTIVE: `claims`) of dynamic pools (`dynamic_ids`) or of no pool."""
+    if tenant.quota_nodes is None:
+        return None
+    static = sum(q or 0 for q in NodePool.objects.filter(tenant=tenant, kind=PoolKind.STATIC)
+                 .values_list("quantity", flat=True))
+    dynamic = sum(1 for c in claims if c.pool_id is None or c.pool_id in dynamic_ids)
+    return tenant.quota_nodes - static - dynamic
 
 
 def _gangs(undecided: list[PendingPod], kept: list[PendingPod]) -> list[tuple[PendingPod, str]]:

@@ -50,6 +50,17 @@ def with_undeclared(resources: dict[str, float]) -> dict[str, float]:
     return {**dict.fromkeys(UNCOUNTED_WHEN_UNDECLARED, float("inf")), **resources}
 
 
+def over_limit(limits: dict[str, float], used: dict[str, float], allocatable: dict[str, float],
+               count: int = 1) -> str | None:
+    """The first of a pool's limits that `count` more nodes, each of `allocatable`, would pass over what is
+    `used` already (nodes first, then the resources by name); None: within every limit. The one copy of the
+    rule: the simulation asks it for new nodes, autonodes.disruption for a replacement."""
+    if "nodes" in limits and limits["nodes"] - used.get("nodes", 0.0) < count - EPSILON:
+        return "nodes"
+    return next((k for k in sorted(limits) if k != "nodes"
+                 and count * allocatable.get(k, 0.0) > limits[k] - used.get(k, 0.0) + EPSILON), None)
+
+
 @dataclass(frozen=True)
 class PodDemand:
     """One Pending pod: what it needs (autonodes.fit.Demand), its key "ns/name" and its owner ("Job/train-7")."""
@@ -289,6 +300,10 @@ class _Simulation:
     def _limit_room(self, pool: _Pool, resource: str) -> float:
         return pool.option.limits[resource] - pool.option.used.get(resource, 0.0) - pool.reserved.get(resource, 0.0)
 
+    def _counted(self, pool: _Pool) -> dict[str, float]:
+        """What the pool's live claims and the nodes this pass opened count against its limits."""
+        return {k: pool.option.used.get(k, 0.0) + pool.reserved.get(k, 0.0) for k in pool.option.limits}
+
     def _launchable(self, pool: _Pool, types: list[_Type]) -> tuple[list[_Type], Verdict | None]:
         """The types of which one more node may be launched in this pool now, or why none."""
         name = pool.option.name
@@ -299,9 +314,9 @@ class _Simulation:
             return [], Verdict(DecisionReason.LIMIT, f"not added: limit nodes {limits['nodes']:g} reached", name)
         within = []
         first_limit = None
+        counted = self._counted(pool)
         for t in types:
-            over = next((k for k in sorted(limits) if k != "nodes"
-                         and t.option.allocatable.get(k, 0.0) > self._limit_room(pool, k) + EPSILON), None)
+            over = over_limit(limits, counted, t.option.allocatable)  # not nodes: checked above
             if over is None:
                 within.append(t)
             elif first_limit is None:
@@ -332,9 +347,9 @@ class _Simulation:
             return None, "", Verdict(DecisionReason.LIMIT, f"not added: a group of {size} would pass limit nodes "
                                                            f"{limits['nodes']:g} ({left:g} left)", name)
         first_limit, short, best = None, None, None
+        counted = self._counted(pool)
         for t in types:
-            over = next((k for k in sorted(limits) if k != "nodes"
-                         and size * t.option.allocatable.get(k, 0.0) > self._limit_room(pool, k) + EPSILON), None)
+            over = over_limit(limits, counted, t.option.allocatable, size)  # not nodes: checked above
             if over is not None:
                 first_limit = first_limit or (over, t)
                 continue

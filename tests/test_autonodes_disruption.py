@@ -475,6 +475,109 @@ def test_a_drifted_node_is_replaced_and_an_empty_expired_one_just_released(site)
     assert phase(busy) == "Releasing"
 
 
+# -- a replacement within the pool's limits and the tenant's quota
+
+
+def live_claims(pool: NodePool) -> int:
+    return NodeClaim.objects.filter(pool=pool).exclude(phase__in=["Released", "Failed"]).count()
+
+
+def test_an_expired_node_at_the_node_limit_is_released_without_a_replacement_first(site):
+    pool = site.pool(site.tenant("one"), expire_after="1h", limits={"nodes": "2"},
+                     disruption={"consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]})
+    old = site.node(pool, age=datetime.timedelta(hours=2))
+    young = site.node(pool, age=datetime.timedelta(minutes=30))
+    site.pod("one", old, "train-0", gpus=8)
+    site.pod("one", young, "train-1", gpus=8)
+
+    result = disruption.pools_disrupt()
+
+    assert result.released == {old.name: "Expired"} and result.replacing == {}
+    assert phase(old) == "Releasing" and NodeClaim.objects.count() == 2  # no replacement: 3 would pass the limit
+    expired = decisions("Expired").get()
+    assert expired.message == (f"released {old.name}: expired: older than expireAfter 1h; no replacement first: "
+                               "a replacement would pass limit nodes 2 (2 of 2)")
+    assert expired.data["pods"] == ["ml/train-0"]
+
+    for _ in range(2):  # the releasing node still counts until it is gone: nothing is added meanwhile
+        disruption.pools_disrupt()
+        assert live_claims(pool) <= 2
+    assert NodeClaim.objects.count() == 2 and phase(young) == "Available"
+
+
+def test_a_drifted_node_at_the_node_limit_is_kept_saying_why_and_replaced_once_there_is_room(site):
+    one = site.tenant("one")
+    pool = site.pool(one, limits={"nodes": "1"}, disruption={"consolidateAfter": "Never"})
+    busy = site.node(pool)
+    site.pod("one", busy, "train-0", gpus=8)
+    one.provider_properties = {"metal3": {IMAGE: "ubuntu-2604"}}
+    one.save()
+
+    result = disruption.pools_disrupt()
+    disruption.pools_disrupt()  # the next pass looks again, and says nothing new
+
+    kept = ("kept: drifted (OS image ubuntu-2404 → ubuntu-2604), but a replacement would pass limit nodes 1 "
+            "(1 of 1)")
+    assert result.blocked == {busy.name: kept} and result.replacing == {}
+    assert NodeClaim.objects.count() == 1 and phase(busy) == "Available"
+    assert usage(busy).next_action == kept and usage(busy).replacement is None
+    assert decisions("Blocked").get().message == f"{busy.name} {kept}"
+    assert not decisions("Drifted").exists()
+
+    pool.limits = {"nodes": "2"}
+    pool.save()
+    result = disruption.pools_disrupt()
+
+    new = NodeClaim.objects.exclude(pk=busy.pk).get()
+    assert result.replacing == {busy.name: new.name} and usage(busy).replacement_id == new.pk
+    assert decisions("Drifted").get().data["replacement"] == new.name
+
+
+def test_a_drifted_node_is_kept_when_a_replacement_would_pass_a_resource_limit(site):
+    one = site.tenant("one")
+    pool = site.pool(one, limits={"nvidia.com/gpu": "8"}, disruption={"consolidateAfter": "Never"})
+    busy = site.node(pool)
+    site.pod("one", busy, "train-0", gpus=8)
+    one.provider_properties = {"metal3": {IMAGE: "ubuntu-2604"}}
+    one.save()
+
+    disruption.pools_disrupt()
+
+    assert NodeClaim.objects.count() == 1
+    assert usage(busy).next_action.endswith("but a replacement would pass limit nvidia.com/gpu 8 (8 of 8)")
+
+
+def test_a_drifted_node_at_the_tenant_quota_is_kept_and_no_claim_is_added(site):
+    one = site.tenant("one")
+    pool = site.pool(one, disruption={"consolidateAfter": "Never"})
+    busy = site.node(pool)
+    site.pod("one", busy, "train-0", gpus=8)
+    Tenant.objects.filter(pk=one.pk).update(quota_nodes=1, provider_properties={"metal3": {IMAGE: "ubuntu-2604"}})
+
+    result = disruption.pools_disrupt()
+
+    assert result.replacing == {} and NodeClaim.objects.count() == 1 and phase(busy) == "Available"
+    assert usage(busy).next_action == ("kept: drifted (OS image ubuntu-2404 → ubuntu-2604), but a replacement would "
+                                       "pass the tenant's node quota 1 (1 of 1)")
+
+
+def test_with_room_an_expired_node_is_still_replaced_first_and_replacements_count_against_the_limit(site):
+    pool = site.pool(site.tenant("one"), expire_after="1h", limits={"nodes": "3"},
+                     disruption={"consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]})
+    first = site.node(pool, age=datetime.timedelta(hours=3))
+    second = site.node(pool, age=datetime.timedelta(hours=2))
+    site.pod("one", first, "train-0", gpus=8)
+    site.pod("one", second, "train-1", gpus=8)
+
+    result = disruption.pools_disrupt()
+
+    new = NodeClaim.objects.exclude(pk__in=[first.pk, second.pk]).get()
+    assert result.replacing == {first.name: new.name} and phase(first) == "Available"  # room for one: replaced
+    assert result.released == {second.name: "Expired"}  # the replacement took the last seat: released
+    assert "would pass limit nodes 3 (3 of 3)" in decisions("Expired").get(claim=second).message
+    assert live_claims(pool) == 3
+
+
 # -- faults
 
 
