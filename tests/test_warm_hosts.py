@@ -193,6 +193,16 @@ def ask_in_thread(client, session) -> dict:
     return box
 
 
+def held_ask(url: str):
+    """A warm agent (warm_agent) told to long-poll, and its next idle ask in a thread, held by the listener."""
+    host, client, session = warm_agent(url)
+    client.heartbeat(session, status="idle")
+    box = ask_in_thread(client, session)
+    box["thread"].join(1.5)
+    assert box["thread"].is_alive(), box  # held: no work yet
+    return host, client, session, box
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("wake", ["redis", "database"])
 def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets_a_command(
@@ -235,11 +245,7 @@ def test_a_warm_agents_held_ask_is_refused_when_its_host_stops_being_warm(agent_
     from hosts.warm import host_warm_end
 
     settings.WARM_POLL_S = 60
-    host, client, session = warm_agent(agent_server.url)
-    client.heartbeat(session, status="idle")
-    box = ask_in_thread(client, session)
-    box["thread"].join(1.5)
-    assert box["thread"].is_alive()
+    host, _, _, box = held_ask(agent_server.url)
     assert host_warm_end(host=host, reason="test", actor="test")  # no BMC password here: no power call
     box["thread"].join(30)
     assert not box["thread"].is_alive() and isinstance(box.get("error"), TokenRejected), box
@@ -250,11 +256,7 @@ def test_a_warm_agent_gets_one_held_ask_at_a_time(agent_server, demo_site, setti
     """Whoever holds a warm agent's token cannot tie up the listener's threads: while one ask is held, the
     session's next one is answered at once."""
     settings.WARM_POLL_S = 60
-    host, client, session = warm_agent(agent_server.url)
-    client.heartbeat(session, status="idle")
-    first = ask_in_thread(client, session)
-    first["thread"].join(1.5)
-    assert first["thread"].is_alive()
+    host, client, session, first = held_ask(agent_server.url)
     second = ask_in_thread(client, session)
     second["thread"].join(30)
     assert not second["thread"].is_alive() and second.get("answer", "x") is None, second
