@@ -428,15 +428,20 @@ def _release_budget(run: Run) -> None:
     together (reset, DCGM, NCCL; the erase before them is bounded by its own deadline): timed from the first of
     them, and a gate past it fails at its next check, to repair, as the other tiers do."""
     health = _gate(run)["health"]
-    if not health.get("budget_s"):
-        return
-    if not health.get("started_at"):
-        health["started_at"] = timezone.now().isoformat()
+    if health.get("budget_s"):
+        _within_budget(run, "release", health)
+
+
+def _within_budget(run: Run, tier: str, values: dict) -> None:
+    """Times the tier from its first check (kept in `values`, saved with the flow); past its budget the step
+    fails, to repair."""
+    if not values.get("started_at"):
+        values["started_at"] = timezone.now().isoformat()
         run.save_flow()
-    spent = (timezone.now() - parse_datetime(health["started_at"])).total_seconds()
-    if spent > health["budget_s"]:
-        raise StepFailed(f"the release health check ran past its budget of {health['budget']} ({int(spent)}s)",
-                         repair=True, evidence={"tier": "release", "spent_s": round(spent, 1)})
+    spent = (timezone.now() - parse_datetime(values["started_at"])).total_seconds()
+    if values.get("budget_s") and spent > values["budget_s"]:
+        raise StepFailed(f"the {tier} health check ran past its budget of {values['budget']} ({int(spent)}s)",
+                         repair=True, evidence={"tier": tier, "spent_s": round(spent, 1)})
 
 
 def step_gpu_reset(run: Run) -> dict:
@@ -557,14 +562,8 @@ def _tier_values(run: Run, tier: str) -> dict | None:
 def _tier(run: Run, tier: str) -> dict | None:
     """The tier's settings (_tier_values); a tier that ran past its budget fails the step."""
     values = _tier_values(run, tier)
-    if values is not None and values.get("started_at") is None:
-        values["started_at"] = timezone.now().isoformat()
-        run.save_flow()
-    if values is not None and values.get("budget_s"):
-        spent = (timezone.now() - parse_datetime(values["started_at"])).total_seconds()
-        if spent > values["budget_s"]:
-            raise StepFailed(f"the {tier} health check ran past its budget of {values['budget']} "
-                             f"({int(spent)}s)", repair=True, evidence={"tier": tier, "spent_s": round(spent, 1)})
+    if values is not None:
+        _within_budget(run, tier, values)
     return values
 
 
