@@ -162,56 +162,70 @@ class ReconcileResult:
     tenants_deleted: list[str] = field(default_factory=list)  # tenants whose deletion finished
 
 
-@retry_on_deadlock(also=(ConcurrentTransition,))  # claims that moved meanwhile: look again
 def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:reconciler") -> ReconcileResult:
     """For each static pool, desired quantity vs live claims: create or release the difference,
-    then allocate hosts to pending claims. Safe to run at any time, from any number of workers."""
+    then allocate hosts to pending claims. Safe to run at any time, from any number of workers.
+
+    A pass does at most RECONCILE_BATCH claims of each pool (whole groups: at least one), each pool in its own
+    short transaction, so what it holds in memory and how long it holds a pool's lock do not grow with the
+    quantity asked for; a pool with more to do is reconciled again as soon as this pass commits."""
     result = ReconcileResult()
-    with transaction.atomic():
-        pools = NodePool.objects.filter(kind=PoolKind.STATIC)
-        if pool_ids is not None:
-            pools = pools.filter(pk__in=pool_ids)
-        # Lock the pools so that two reconciles of one pool cannot both create its missing claims. FOR NO KEY
-        # UPDATE: an allocation moving one of their claims checks the claim's pool key (FOR KEY SHARE) and
-        # must not wait for us while we wait for that claim.
-        locked = list(pools.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
-        pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk")
-                     .annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE)))))
-        grouped = _live_groups([p.pk for p in pools if p.group_size])
-        growing, growing_groups, shrinking = [], [], {}
-        for p in pools:
-            if p.group_size:  # whole groups only: claims from before the pool had groups count one by one
-                ungrouped, groups = grouped.get(p.pk, (0, 0))
-                need = p.quantity - ungrouped - groups * p.group_size
-                if need >= p.group_size:
-                    growing_groups.append((p, need // p.group_size))
-                elif need < 0:
-                    shrinking[p.pk] = -need
-            elif p.quantity > p.live:
-                growing.append((p, p.quantity - p.live))
-            elif p.quantity < p.live:
-                shrinking[p.pk] = p.live - p.quantity
-        if growing:
-            result.created = [c.name for c in _claims_create(growing, actor)]
-        for pool, count in growing_groups:
-            for _ in range(count):
-                result.created += [c.name for c in _group_create(pool=pool, actor=actor)]
-        if shrinking:
-            candidates = defaultdict(list)
-            for claim in NodeClaim.objects.filter(pool_id__in=list(shrinking), phase__in=list(LIVE)):
-                candidates[claim.pool_id].append(claim)
-            doomed = []
-            for pool_id, surplus in shrinking.items():
-                ordered = sorted(candidates[pool_id],
-                                 key=lambda c: (RELEASE_ORDER[c.phase], c.host_id is not None, -c.created_at.timestamp()))
-                doomed += _whole_groups(ordered, surplus)
-            claims_release(claims=doomed, actor=actor, reason="pool shrank")
-            result.released = [c.name for c in doomed]
+    pools = NodePool.objects.filter(kind=PoolKind.STATIC)
+    if pool_ids is not None:
+        pools = pools.filter(pk__in=pool_ids)
+    unfinished = []
+    for pool_id in list(pools.order_by("pk").values_list("pk", flat=True)):
+        created, released, more = _pool_reconcile(pool_id=pool_id, actor=actor)
+        result.created += created
+        result.released += released
+        if more:
+            unfinished.append(pool_id)
+    if unfinished:
+        task_send_on_commit(RECONCILE_TASK, pool_ids=unfinished)
     allocation = claims_allocate(pool_ids=pool_ids, actor=actor)
     result.allocated, result.pending = allocation.allocated, allocation.pending
     if pool_ids is None:  # the periodic full pass also finishes tenant deletions (a release usually does)
         result.tenants_deleted = tenants_finalize(actor=actor)
     return result
+
+
+@retry_on_deadlock(also=(ConcurrentTransition,))  # claims that moved meanwhile: look again
+@transaction.atomic
+def _pool_reconcile(*, pool_id: int, actor: str) -> tuple[list[str], list[str], bool]:
+    """One static pool's pass: (claims created, claims released, whether more is left for the next pass)."""
+    batch = settings.RECONCILE_BATCH
+    # Lock the pool so that two reconciles of it cannot both create its missing claims. FOR NO KEY UPDATE: an
+    # allocation moving one of its claims checks the claim's pool key (FOR KEY SHARE) and must not wait for us
+    # while we wait for that claim.
+    if not NodePool.objects.filter(pk=pool_id, kind=PoolKind.STATIC).select_for_update(no_key=True).exists():
+        return [], [], False  # gone, or made dynamic, meanwhile
+    p = (NodePool.objects.filter(pk=pool_id).select_related("tenant", "provider")
+         .annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE)))).get())
+    quantity = p.quantity or 0
+    if p.group_size:  # whole groups only: claims from before the pool had groups count one by one
+        ungrouped, groups = _live_groups([p.pk]).get(p.pk, (0, 0))
+        need = quantity - ungrouped - groups * p.group_size
+        surplus = -need if need < 0 else 0
+        if need >= p.group_size:
+            wanted = need // p.group_size
+            count = min(wanted, max(1, batch // p.group_size))
+            created = []
+            for _ in range(count):
+                created += [c.name for c in _group_create(pool=p, actor=actor)]
+            return created, [], count < wanted
+    else:
+        need, surplus = quantity - p.live, p.live - quantity
+        if need > 0:
+            created = _claims_create([(p, min(need, batch))], actor)
+            return [c.name for c in created], [], need > batch
+    if surplus <= 0:
+        return [], [], False
+    # The least advanced first: claims that exist, so as many as were made, whatever the quantity asks for.
+    ordered = sorted(NodeClaim.objects.filter(pool_id=p.pk, phase__in=list(LIVE)),
+                     key=lambda c: (RELEASE_ORDER[c.phase], c.host_id is not None, -c.created_at.timestamp()))
+    doomed = _whole_groups(ordered, min(surplus, batch))
+    claims_release(claims=doomed, actor=actor, reason="pool shrank")
+    return [], [c.name for c in doomed], surplus > len(doomed)
 
 
 def _live_groups(pool_ids: list[int]) -> dict[int, tuple[int, int]]:

@@ -5,6 +5,7 @@ import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 
+from core.limits import node_count_error
 from events.choices import ObjectType
 from events.services import object_update
 from manifests.source import ManifestError, load_value
@@ -199,8 +200,14 @@ class TenantForm(RecordedForm):
 
 
 class QuantityForm(forms.Form):
-    quantity = forms.IntegerField(min_value=0, max_value=10000)
+    quantity = forms.IntegerField(min_value=0)
     version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    def clean_quantity(self):
+        quantity = self.cleaned_data["quantity"]
+        if node_count_error(quantity):  # as the API and the admin: the bound by its name
+            raise forms.ValidationError(node_count_error(quantity))
+        return quantity
 
 
 class ApplyForm(forms.Form):

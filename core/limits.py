@@ -1,5 +1,6 @@
-"""How much of a request the console reads: the body's size, refused before a byte of it is read, and the
-nesting of JSON bodies. (YAML's limits are manifests.source's: it reads every manifest and YAML form field.)
+"""How much of a request the console reads, and how much work one number may ask for: the body's size, refused
+before a byte of it is read; the nesting of JSON bodies; and every count of nodes a tenant or an admin sets
+(a pool's quantity, its limits and group size, a NodeType's warm hosts), at most POOL_MAX_NODES. (YAML's limits are manifests.source's: it reads every manifest and YAML form field.)
 
 Django applies DATA_UPLOAD_MAX_MEMORY_SIZE only where it reads `request.body` or a form itself; DRF's parsers
 read the request's stream directly, so without the middleware below a JSON body is read whole, whatever its
@@ -9,6 +10,7 @@ soon as it passes the limit."""
 import json
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.http import JsonResponse
 from rest_framework import exceptions, parsers
 
@@ -145,3 +147,21 @@ class JSONParser(parsers.JSONParser):
         except TooDeep as exc:
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
         return data
+
+
+def node_count_error(value, what: str = "") -> str:
+    """Why `value` nodes are too many ("" when they are not): every count that makes the console work per node
+    (claims to create, hosts to keep warm) stays within POOL_MAX_NODES, so no one number can fill a worker's
+    memory or hold a lock for long. The API, forms, the admin and `apply` all ask here."""
+    limit = settings.POOL_MAX_NODES
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= limit:
+        return ""
+    shown = int(value) if isinstance(value, float) and value.is_integer() else value
+    return f"{what + ': ' if what else ''}at most {limit} nodes (POOL_MAX_NODES), not {shown}"
+
+
+def check_node_count(value, what: str = "") -> None:
+    """ValidationError (node_count_error's message) when `value` nodes pass POOL_MAX_NODES."""
+    message = node_count_error(value, what)
+    if message:
+        raise ValidationError(message)

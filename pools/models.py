@@ -8,6 +8,7 @@ from django.db import models
 from django.utils import timezone
 
 from core.crypto import EncryptedTextField
+from core.limits import check_node_count, node_count_error
 from core.labels import field_error, validate_labels, validate_taints
 
 from .choices import (
@@ -141,6 +142,8 @@ class NodeType(models.Model):
         # Values that are not numbers at all are reported by clean_fields(); here, their range.
         if _number(self.erase_verify_share) and not 0 < self.erase_verify_share <= 1:
             errors["erase_verify_share"] = ["between 0 (excluded) and 1, e.g. 0.01 for 1%"]
+        if node_count_error(self.warm_hosts):
+            errors["warm_hosts"] = [node_count_error(self.warm_hosts)]
         if _number(self.health_dcgm_level) and self.health_dcgm_level > 4:
             errors["health_dcgm_level"] = ["dcgmi diag levels are 1 to 4 (0: not run)"]
         busbw = self.health_nccl_min_busbw_gbps
@@ -467,6 +470,8 @@ class NodePool(models.Model):
                 errors["quantity"] = "a static pool needs a quantity"
             elif self.quantity < 0:
                 errors["quantity"] = "must be 0 or more"
+            elif node_count_error(self.quantity):
+                errors["quantity"] = node_count_error(self.quantity)
         elif self.quantity is not None:
             errors["quantity"] = "a dynamic pool has limits, not a quantity"
         # Shapes first (a number where a list belongs is an error, not a TypeError), then the meaning.
@@ -514,6 +519,8 @@ def validate_limits(limits) -> None:
                 raise ValueError
         except ValueError:
             raise ValidationError(f"limits.{key}: {value!r} is not a quantity ≥ 0") from None
+        if key == "nodes":
+            check_node_count(parse_quantity(value), "limits.nodes")
 
 
 TOPOLOGY_FIELDS = ("sameRack", "sameRailGroup")
@@ -551,6 +558,7 @@ def validate_group(group) -> None:
     if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= GROUP_MAX_SIZE:
         raise ValidationError(f"group.size must be a whole number from 2 to {GROUP_MAX_SIZE}, not {size!r} "
                               "(a group of 1 is a plain pool)")
+    check_node_count(size, "group.size")
     policy = group.get("onMemberFailure", GroupFailurePolicy.REPLACE)
     if policy not in GroupFailurePolicy.values:
         raise ValidationError(f"group.onMemberFailure must be {' or '.join(GroupFailurePolicy.values)}, "

@@ -229,6 +229,12 @@ AUTONODES_LAUNCH_HISTORY = int(os.environ.get("AUTONODES_LAUNCH_HISTORY", "50"))
 STEP_SLACK_S = float(os.environ.get("STEP_SLACK_S", "60"))
 # A claim is Failed once this many distinct hosts failed it (the same host again is bounded by HOST_FAILURE_LIMIT).
 CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
+# The most nodes one number may ask for: a static pool's quantity, a dynamic pool's limits.nodes and group size, a
+# NodeType's warm hosts (core.limits.check_node_count; 400 past it, in the API, apply, forms and the admin alike).
+POOL_MAX_NODES = int(os.environ.get("POOL_MAX_NODES", "10000"))
+# The most claims one reconcile pass creates or releases for a pool (and whole groups of it, at least one), each
+# pool in its own short transaction; a pool with more to do is reconciled again at once (claims.services).
+RECONCILE_BATCH = max(1, int(os.environ.get("RECONCILE_BATCH", "200")))
 # A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
 HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))
 HOST_FAILURE_WINDOW_S = int(os.environ.get("HOST_FAILURE_WINDOW_S", "3600"))

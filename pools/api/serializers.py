@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from core import scoping
 from core.api import StrictModelSerializer
+from core.limits import node_count_error
 from pools.api_check import tenant_api_check
 from pools.capacity import environment_addresses
 from pools.models import (
@@ -83,6 +84,10 @@ class TenantSerializer(StrictModelSerializer):
 class NodePoolSerializer(StrictModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.none())
     provider = serializers.SlugRelatedField(slug_field="name", queryset=NodeProvider.objects.all())
+    # Without the database's own maximum: a quantity past POOL_MAX_NODES is refused with that bound's name.
+    quantity = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0,
+        help_text="a static pool's nodes: at most POOL_MAX_NODES (10000 unless set) and within the tenant's quota")
     version = serializers.IntegerField(
         required=False, min_value=1,
         help_text="optimistic concurrency: the version this change is based on (or send If-Match: W/\"<version>\"); "
@@ -106,6 +111,11 @@ class NodePoolSerializer(StrictModelSerializer):
             for name in ("tenant", "name"):
                 if name in self.fields:
                     self.fields[name].read_only = True
+
+    def validate_quantity(self, value):
+        if node_count_error(value):
+            raise serializers.ValidationError(node_count_error(value))
+        return value
 
     def validate(self, attrs):
         if self.instance is None and "version" in attrs:
