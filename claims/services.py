@@ -170,11 +170,8 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
     short transaction, so what it holds in memory and how long it holds a pool's lock do not grow with the
     quantity asked for; a pool with more to do is reconciled again as soon as this pass commits."""
     result = ReconcileResult()
-    pools = NodePool.objects.filter(kind=PoolKind.STATIC)
-    if pool_ids is not None:
-        pools = pools.filter(pk__in=pool_ids)
     unfinished = []
-    for pool_id in list(pools.order_by("pk").values_list("pk", flat=True)):
+    for pool_id in _pools_off_quantity(pool_ids):  # read without locks; each one is looked at again under its lock
         created, released, more = _pool_reconcile(pool_id=pool_id, actor=actor)
         result.created += created
         result.released += released
@@ -187,6 +184,28 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
     if pool_ids is None:  # the periodic full pass also finishes tenant deletions (a release usually does)
         result.tenants_deleted = tenants_finalize(actor=actor)
     return result
+
+
+def _pools_off_quantity(pool_ids: list[int] | None) -> list[int]:
+    """The static pools (of `pool_ids`, else all) whose live claims differ from their quantity, by id: two
+    queries whatever the number of pools, so a pass with nothing to do stays cheap."""
+    pools = NodePool.objects.filter(kind=PoolKind.STATIC)
+    if pool_ids is not None:
+        pools = pools.filter(pk__in=pool_ids)
+    rows = list(pools.order_by("pk").annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE))))
+                .values_list("pk", "quantity", "group", "live"))
+    grouped = _live_groups([pk for pk, _, group, _ in rows if isinstance(group, dict) and group.get("size")])
+    off = []
+    for pk, quantity, group, live_claims in rows:
+        size = group.get("size") if isinstance(group, dict) else None
+        if isinstance(size, int) and size > 0:
+            ungrouped, groups = grouped.get(pk, (0, 0))
+            need = (quantity or 0) - ungrouped - groups * size
+            if need >= size or need < 0:
+                off.append(pk)
+        elif (quantity or 0) != live_claims:
+            off.append(pk)
+    return off
 
 
 @retry_on_deadlock(also=(ConcurrentTransition,))  # claims that moved meanwhile: look again
