@@ -142,6 +142,19 @@ def test_the_apply_api_refuses_a_member_s_huge_quantity(world, api, dry_run):
     assert state() == before
 
 
+@pytest.mark.parametrize("action", ["preview", "apply"])
+def test_the_console_s_apply_page_refuses_a_huge_quantity_in_preview_and_apply(world, action):
+    before = state()
+    member = Client()
+    member.force_login(world.users["admin"])  # the page is the admins'; members apply through the API
+    text = ("privateNodes:\n  autoNodes:\n    - provider: metal3\n      static:\n        - name: gpu\n"
+            f"          quantity: {2**31}\n")
+    page = member.post("/apply/", {"text": text, "tenant": "alpha", "action": action})
+    assert page.status_code == 400
+    assert "pasted.yaml: document 1" in page.content.decode() and f"{BOUND}, not {2**31}" in page.content.decode()
+    assert state() == before
+
+
 @pytest.mark.parametrize("quantity", HUGE)
 def test_the_console_s_quantity_form_refuses_a_huge_quantity(world, reconciles, quantity):
     before = state()
