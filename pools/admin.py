@@ -15,6 +15,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html_join
 
+from core.limits import check_node_count
 from events.admin import (
     ReadOnlyAdmin,
     RecordedAdmin,
@@ -329,6 +330,12 @@ class NodePoolForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
             self.fields["seen_version"].initial = self.instance.version
+
+    def clean_quantity(self):
+        # The bound by its name, alone: a field that fails here is not checked against the database's range too.
+        quantity = self.cleaned_data.get("quantity")
+        check_node_count(quantity)
+        return quantity
 
     def clean(self):
         cleaned = super().clean()
