@@ -2,6 +2,7 @@
 pool's limits.nodes and group size, a NodeType's warm hosts) stays within POOL_MAX_NODES, refused with 400 naming
 the bound by the API, apply (dry run too), the console and the admin alike; and a reconcile pass makes at most
 RECONCILE_BATCH claims of a pool, each pool in its own short transaction, so no tenant's pool slows another's."""
+import re
 import threading
 
 import pytest
@@ -12,7 +13,7 @@ from django.urls import reverse
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
 from claims.services import pools_reconcile
-from conftest import DEMO, is_postgres
+from conftest import DEMO, is_postgres, wait_for
 from events.models import Event
 from pools.models import NodePool, NodeType
 from pools.services import RECONCILE_TASK, pool_create
@@ -288,3 +289,19 @@ def test_another_tenant_s_write_succeeds_while_a_big_pool_is_reconciled(world, a
     assert NodePool.objects.get(pk=world.pool_b.pk).quantity == 2
     assert live(world.pool_a) == 1 + 50  # its one claim and one batch; the rest on the passes asked for
     assert world.pool_a.pk in passes_asked[0]
+
+
+@pytest.fixture
+def small_batches(worker_settings):
+    worker_settings["RECONCILE_BATCH"] = "5"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_reaches_a_big_quantity_over_passes_of_a_batch_each(world, api, small_batches,
+                                                                     celery_worker_process):
+    """The member's change asks for one reconcile; each pass makes 5 claims and asks for the next itself."""
+    response = api("member_a", "patch", f"/api/v1/pools/{world.pool_a.pk}/", {"quantity": 23})
+    assert response.status_code == 200
+    wait_for(lambda: live(world.pool_a) == 23, timeout=60)
+    made = [int(n) for n in re.findall(r"'created': (\d+)", celery_worker_process.log.read_text())]
+    assert max(made) == 5 and sum(made) == 22, made  # 1 claim was there; never more than a batch in one pass
