@@ -162,6 +162,7 @@ class ReconcileResult:
     tenants_deleted: list[str] = field(default_factory=list)  # tenants whose deletion finished
 
 
+@retry_on_deadlock(also=(ConcurrentTransition,))  # claims that moved meanwhile (the allocation): look again
 def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:reconciler") -> ReconcileResult:
     """For each static pool, desired quantity vs live claims: create or release the difference,
     then allocate hosts to pending claims. Safe to run at any time, from any number of workers.

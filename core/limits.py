@@ -1,6 +1,7 @@
 """How much of a request the console reads, and how much work one number may ask for: the body's size, refused
-before a byte of it is read; the nesting of JSON bodies; and every count of nodes a tenant or an admin sets
-(a pool's quantity, its limits and group size, a NodeType's warm hosts), at most POOL_MAX_NODES. (YAML's limits are manifests.source's: it reads every manifest and YAML form field.)
+before a byte of it is read; the nesting of JSON bodies (YAML's limits are manifests.source's: it reads every
+manifest and YAML form field); and every count of nodes that a tenant or an admin sets (a pool's quantity, its
+limits and group size, a NodeType's warm hosts), at most POOL_MAX_NODES.
 
 Django applies DATA_UPLOAD_MAX_MEMORY_SIZE only where it reads `request.body` or a form itself; DRF's parsers
 read the request's stream directly, so without the middleware below a JSON body is read whole, whatever its

@@ -8,8 +8,8 @@ from django.db import models
 from django.utils import timezone
 
 from core.crypto import EncryptedTextField
-from core.limits import check_node_count, node_count_error
 from core.labels import field_error, validate_labels, validate_taints
+from core.limits import check_node_count, node_count_error
 
 from .choices import (
     DEFAULT_LADDERS,
