@@ -120,6 +120,24 @@ def test_apply_refuses_a_huge_quantity_naming_file_document_and_line(world, appl
     assert state() == before
 
 
+def test_apply_refuses_a_dynamic_pool_s_node_limit_past_the_bound(world, apply):
+    before = state()
+    text = (
+        "privateNodes:\n"
+        "  autoNodes:\n"
+        "    - provider: metal3\n"
+        "      dynamic:\n"
+        "        - name: burst\n"
+        "          limits:\n"
+        "            nodes: '1000000000'\n")
+    with pytest.raises(CommandError) as info:
+        apply(text, tenant="alpha", dry_run=True, names=["alpha.yaml"])
+    message = str(info.value)
+    assert "/alpha.yaml: document 1" in message and "(line 6)" in message, message
+    assert f"limits.nodes: {BOUND}, not 1000000000" in message, message
+    assert state() == before
+
+
 def test_apply_refuses_a_node_type_s_warm_hosts_past_the_bound(world, apply):
     before = state()
     site = (DEMO / "site.yaml").read_text()
