@@ -43,6 +43,22 @@ def listener_hosts() -> list[str]:
     return sorted(names)
 
 
+def bind_mismatch(bind: str, *, boot_url_set: bool) -> str:
+    """Why the listener must not start on `bind`, or ''. The servers reach it at AGENT_BOOT_URL, which every
+    process of the console uses (the workers name it in virtual-media URLs and preflight); unset, it is made from
+    AGENT_LISTEN, so a listener moved by --bind alone would leave every boot pointed at the old address."""
+    boot = urlsplit(settings.AGENT_BOOT_URL)
+    host, _, port = bind.rpartition(":")
+    if not boot_url_set and bind != settings.AGENT_LISTEN:
+        return (f"--bind {bind} is not AGENT_LISTEN ({settings.AGENT_LISTEN}), from which the servers' boot URL "
+                f"({settings.AGENT_BOOT_URL}) is made for every process of the console: set AGENT_LISTEN={bind} for "
+                f"all of them (or AGENT_BOOT_URL to where the servers reach this listener) instead of --bind alone")
+    if boot.hostname == host.strip("[]") and (boot.port or 80) != int(port):
+        return (f"AGENT_BOOT_URL ({settings.AGENT_BOOT_URL}) names this listener's address on port {boot.port or 80}, "
+                f"but it would listen on {port}: the servers' boots would go to the old port")
+    return ""
+
+
 def application() -> AgentListener:
     """The listener's WSGI application, in a process that serves nothing else (manage.py agent-listener,
     vmetal_console/agent_wsgi.py): its own names join ALLOWED_HOSTS there, and its URLs are the process's root

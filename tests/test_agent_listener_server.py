@@ -195,3 +195,30 @@ def test_a_burst_of_100_connections_is_accepted_even_while_the_listener_is_not_a
         os.killpg(server.proc.pid, signal.SIGCONT)
         for s in burst:
             s.close()
+
+
+def start_listener(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", "agent-listener", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_listener_moved_by_bind_alone_does_not_start_and_says_why(subprocess_env):
+    port, moved = free_port(), free_port()
+    env = {**{k: v for k, v in subprocess_env.items() if k != "AGENT_BOOT_URL"}, "AGENT_LISTEN": f"127.0.0.1:{port}"}
+    refused = start_listener(env, "--bind", f"127.0.0.1:{moved}")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert (f"--bind 127.0.0.1:{moved} is not AGENT_LISTEN (127.0.0.1:{port}), from which the servers' boot URL "
+            f"(http://127.0.0.1:{port}) is made") in refused.stderr
+    with socket.socket() as s:  # nothing listens there
+        assert s.connect_ex(("127.0.0.1", moved)) != 0
+
+    pinned = start_listener({**env, "AGENT_BOOT_URL": f"http://127.0.0.1:{port}"}, "--bind", f"127.0.0.1:{moved}")
+    assert pinned.returncode != 0
+    assert f"names this listener's address on port {port}, but it would listen on {moved}" in pinned.stderr
+
+
+def test_a_listener_moved_with_agent_listen_or_behind_another_boot_address_starts(listener):
+    server = listener()  # AGENT_LISTEN is its bind, AGENT_BOOT_URL follows
+    assert server.get("/nope")[0] == 404
+    behind_nat = listener(AGENT_BOOT_URL="http://10.9.8.7:8001")
+    assert behind_nat.get("/nope")[0] == 404

@@ -14,7 +14,11 @@ from core import keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VMETAL_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# var/ holds what only the console may read (the embedded database with its sessions and boot secrets, the keys,
+# the lab's servers' boot configurations): its owner's only, also where an older start made it readable.
+VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+if VAR_DIR.stat().st_uid == os.getuid():
+    VAR_DIR.chmod(0o700)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -23,6 +27,12 @@ def env_bool(name: str, default: bool) -> bool:
 
 _database_url = os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'vmetal.sqlite3'}")  # may hold a password
 EMBEDDED = _database_url.startswith("sqlite")  # one machine, SQLite under var/ (./bin/run; the tests' children)
+if EMBEDDED:
+    os.umask(0o077)  # the SQLite database, its WAL, the broker's messages and logs: readable by their owner only
+    _sqlite = Path(_database_url.split("sqlite:///", 1)[-1])
+    for _file in (_sqlite, _sqlite.with_name(_sqlite.name + "-wal"), _sqlite.with_name(_sqlite.name + "-shm")):
+        if _file.is_file() and _file.stat().st_uid == os.getuid():
+            _file.chmod(0o600)
 DEBUG = env_bool("DEBUG", False)  # Django's debug pages show code and settings to whoever meets an error
 
 try:
