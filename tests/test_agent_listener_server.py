@@ -222,3 +222,28 @@ def test_a_listener_moved_with_agent_listen_or_behind_another_boot_address_start
     assert server.get("/nope")[0] == 404
     behind_nat = listener(AGENT_BOOT_URL="http://10.9.8.7:8001")
     assert behind_nat.get("/nope")[0] == 404
+
+
+def test_a_warm_agents_held_ask_outlives_the_idle_timeout_and_gets_its_command(listener, demo_site):
+    """The server closes silent connections (AGENT_LISTENER_IDLE_S), but never one whose request is running: a warm
+    host's long poll is held past it and answered as soon as a command is queued (woken through Redis)."""
+    from hosts.engine import Run, Waiting, agent_command
+    from hosts.models import BareMetalHost
+    from hosts.services import host_transition
+
+    from .test_warm_hosts import ask_in_thread, warm_agent
+
+    server = listener(AGENT_LISTENER_IDLE_S="1", WARM_POLL_S="60")
+    host, client, session = warm_agent(f"http://127.0.0.1:{server.port}")
+    assert client.heartbeat(session, status="idle") is None and session.wait_s == 60  # told to long-poll
+    box = ask_in_thread(client, session)
+    box["thread"].join(4)  # several idle timeouts and clean-ups of the server
+    assert box["thread"].is_alive(), box
+
+    host_transition(host=host, to_state="provisioning", actor="test")
+    BareMetalHost.objects.filter(pk=host.pk).update(flow={"id": "f-1", "name": "provision", "step": "check_tenant_api"})
+    with pytest.raises(Waiting, match="queued for the agent"):
+        agent_command(Run(BareMetalHost.objects.get(pk=host.pk)), "check_endpoint", {"host": "127.0.0.1", "port": 6443})
+    box["thread"].join(30)
+    assert not box["thread"].is_alive() and "error" not in box, box
+    assert box["answer"]["name"] == "check_endpoint", box
