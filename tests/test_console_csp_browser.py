@@ -27,8 +27,8 @@ MEMBER_PAGES = ["/tenants/one/", "/claims/", "/events/", "/tenants/"]
 
 
 @pytest.fixture
-def watched_page(browser_page):
-    page = browser_page
+def watched_page(csp_page):
+    page = csp_page
     page.add_init_script(WATCH)
     page.csp_console = []
     page.on("console", lambda m: page.csp_console.append(m.text) if "Content Security Policy" in m.text else None)
@@ -87,6 +87,6 @@ def test_an_inline_script_in_a_page_does_not_run(watched_page, users):
     page.goto("/tenants/one/")
     page.evaluate("""() => { const s = document.createElement('script');
                              s.textContent = 'window.injected = true'; document.body.appendChild(s); }""")
-    page.wait_for_function("window.cspViolations.length > 0")
+    page.wait_for_function("() => window.cspViolations.length > 0")
     assert page.evaluate("window.injected") is None
     assert any(v.startswith("script-src") for v in page.evaluate("window.cspViolations"))
