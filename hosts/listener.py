@@ -53,8 +53,10 @@ def bind_mismatch(bind: str, *, boot_url_set: bool) -> str:
         return (f"--bind {bind} is not AGENT_LISTEN ({settings.AGENT_LISTEN}), from which the servers' boot URL "
                 f"({settings.AGENT_BOOT_URL}) is made for every process of the console: set AGENT_LISTEN={bind} for "
                 f"all of them (or AGENT_BOOT_URL to where the servers reach this listener) instead of --bind alone")
-    if boot.hostname == host.strip("[]") and (boot.port or 80) != int(port):
-        return (f"AGENT_BOOT_URL ({settings.AGENT_BOOT_URL}) names this listener's address on port {boot.port or 80}, "
+    # A port of its own in AGENT_BOOT_URL on the bind's very address is this listener's old port (no port: a proxy
+    # on 80 may well forward to it).
+    if boot.hostname == host.strip("[]") and boot.port is not None and boot.port != int(port):
+        return (f"AGENT_BOOT_URL ({settings.AGENT_BOOT_URL}) names this listener's address on port {boot.port}, "
                 f"but it would listen on {port}: the servers' boots would go to the old port")
     return ""
 
