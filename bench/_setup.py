@@ -19,6 +19,7 @@ from core.keys import throwaway_keys  # noqa: E402
 # A production database needs every key (vmetal_console/keys.py): those not given are made for this run, and the
 # console processes a bench starts inherit them.
 os.environ.update(throwaway_keys())
+os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")  # required in production; the benches' servers
 os.environ.setdefault("VMETAL_LAB", "1")  # the lab app (manage.py lab) is installed for tests and benchmarks
 
 

@@ -1,5 +1,6 @@
 """The console's own keys (SECRET_KEY, FIELD_ENCRYPTION_KEY, CERTIFICATE_SIGNING_KEY): where settings read them,
-the files the embedded mode keeps them in, and the refusal to start a production console without them.
+the files the embedded mode keeps them in, and the refusal to start a production console without them (or without
+ALLOWED_HOSTS: `allowed_hosts`).
 
 Read by settings.py, so no Django here. Each key is read from its variable, else from a file named by
 <NAME>_FILE (a Kubernetes secret or systemd credential mounted as a file). Keys are never printed."""
@@ -74,6 +75,24 @@ def load(*, var_dir: Path, embedded: bool, debug: bool, environ=os.environ) -> d
         raise StartupRefused("\n  ".join([*problems, "The README's 'Keys and erase certificates' says how to make "
                                                        "each key."]))
     return found
+
+
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def allowed_hosts(value: str, *, embedded: bool) -> list[str]:
+    """ALLOWED_HOSTS (comma separated). The embedded mode answers to the loopback names unless told otherwise;
+    production must name its hosts, and never `*` (any Host header, and any website's websocket, would pass)."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if embedded:
+        return names or list(LOOPBACK_HOSTS)
+    if not names:
+        raise StartupRefused("DATABASE_URL names a production database, so ALLOWED_HOSTS must name the console's "
+                             "hosts (comma separated, e.g. console.example.com) and is not set.")
+    if "*" in names:
+        raise StartupRefused("ALLOWED_HOSTS=* accepts any Host header and websockets from any website's pages: "
+                             "name the console's hosts instead (e.g. console.example.com).")
+    return names
 
 
 def _embedded(var_dir: Path, name: str) -> str:

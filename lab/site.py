@@ -251,10 +251,14 @@ class LabSite:
     def start(self) -> "LabSite":
         from .fake_tools import install
 
-        self.var_dir.mkdir(parents=True, exist_ok=True)
+        # The servers' boot configurations (their boot secrets), BMC passwords and agents' state live here: readable
+        # by the lab's owner only.
+        self.var_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.var_dir.chmod(0o700)
         self.tools_dir = install(self.var_dir / "tools")
         for host in self.hosts.values():
-            host.directory.mkdir(parents=True, exist_ok=True)
+            host.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            host.directory.chmod(0o700)
             if host.vm is not None:
                 host.vm.prepare()
                 continue

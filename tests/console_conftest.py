@@ -158,12 +158,29 @@ def browser():
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
-@pytest.fixture
-def browser_page(browser, console_server, no_secrets_leak):
-    context = browser.new_context(base_url=console_server.url, viewport={"width": 1360, "height": 900})
+def new_page_context(browser, console_server, no_secrets_leak, *, bypass_csp: bool):
+    context = browser.new_context(base_url=console_server.url, viewport={"width": 1360, "height": 900},
+                                  bypass_csp=bypass_csp)
     no_secrets_leak.watch_browser(context)  # every page and websocket frame the browser gets, checked
     page = context.new_page()
     page.set_default_timeout(15000)
+    return context, page
+
+
+@pytest.fixture
+def browser_page(browser, console_server, no_secrets_leak):
+    """A page of its own context. It bypasses the pages' Content-Security-Policy: Playwright polls a string
+    predicate (wait_for_function) through eval, which the policy forbids. tests/test_console_csp_browser.py
+    uses a page under the policy (csp_page)."""
+    context, page = new_page_context(browser, console_server, no_secrets_leak, bypass_csp=True)
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def csp_page(browser, console_server, no_secrets_leak):
+    """A page under the console's Content-Security-Policy, as a user's browser has it."""
+    context, page = new_page_context(browser, console_server, no_secrets_leak, bypass_csp=False)
     yield page
     context.close()
 

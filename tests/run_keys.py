@@ -6,7 +6,9 @@ os.environ: the xdist workers, and the Celery workers, daphne and manage.py proc
 them, so every process of a run reads and signs with the same keys."""
 import os
 
-from core.keys import throwaway_keys
+from core.keys import LOOPBACK_HOSTS, throwaway_keys
 
 os.environ.update(throwaway_keys())
+# Tests run as production does, where ALLOWED_HOSTS must be set: the loopback names every test server listens on.
+os.environ.setdefault("ALLOWED_HOSTS", ",".join(LOOPBACK_HOSTS))
 os.environ.setdefault("VMETAL_LAB", "1")  # the lab app (manage.py lab) is installed for tests and benchmarks

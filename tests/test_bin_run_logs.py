@@ -4,6 +4,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,64 @@ def test_a_start_rotates_the_logs_and_a_taken_port_ends_the_run_with_the_web_log
         assert [(logs / f"{name}.log.{i}").read_text() for i in range(2, 6)] == [
             f"{name} run -{i}\n" for i in range(1, 5)]  # the oldest, run -5, is gone
         assert not (logs / f"{name}.log.6").exists()
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 180.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = path.read_text() if path.exists() else ""
+        if text in found:
+            return found
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} not in {path.name} (run ended: {proc.poll()}):\n{found[-3000:]}")
+        time.sleep(0.2)
+
+
+def start_bin_run(env: dict) -> subprocess.Popen:
+    return subprocess.Popen([str(ROOT / "bin" / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def stop_bin_run(run: subprocess.Popen) -> str:
+    try:
+        os.killpg(run.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    _, stderr = run.communicate(timeout=60)
+    return stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_a_database_url_bin_run_still_starts_the_lab_and_its_files_are_the_owners_only(subprocess_env, tmp_path):
+    var = tmp_path / "var"
+    env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL", "VMETAL_LAB",
+                                                                   "ALLOWED_HOSTS"}}
+    assert env["DATABASE_URL"].startswith(("postgres", "sqlite"))
+    env.update(VMETAL_VAR_DIR=str(var), PORT=str(free_port()), AGENT_PORT=str(free_port()), LAB_HOSTS="1",
+               PYTHONUNBUFFERED="1")
+    run = start_bin_run(env)
+    try:
+        lab_log = wait_for_text(var / "log" / "lab.log", "lab running: 1 servers", run)
+        assert "Unknown command" not in lab_log
+        assert (var.stat().st_mode & 0o777) == 0o700
+        lab = var / "lab"
+        assert lab.is_dir() and (lab.stat().st_mode & 0o777) == 0o700
+        for path in lab.rglob("*"):  # BMC passwords, boot configurations: behind a directory only the owner enters
+            if path.is_dir() and not path.is_symlink():
+                assert path.stat().st_mode & 0o077 == 0, path
+    finally:
+        stop_bin_run(run)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bin_run_without_the_lab_says_so(subprocess_env, tmp_path):
+    var = tmp_path / "var"
+    env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL"}}
+    env.update(VMETAL_VAR_DIR=str(var), PORT=str(free_port()), AGENT_PORT=str(free_port()), VMETAL_LAB="0")
+    run = start_bin_run(env)
+    try:
+        lab_log = wait_for_text(var / "log" / "lab.log", "the lab is off", run)
+        assert "no simulated servers" in lab_log
+    finally:
+        stderr = stop_bin_run(run)
+    assert "vMetal Console: the lab is off (VMETAL_LAB=0): no simulated servers" in stderr

@@ -130,7 +130,7 @@ def test_field_keys_rotate_new_key_first_then_rotate_field_keys_then_the_old_key
 def test_a_404_with_a_production_configuration_shows_a_tenant_member_no_debug_page(subprocess_env):
     User.objects.create_user("member", password="unused-password-1")
     code = ("import django; django.setup(); from django.contrib.auth.models import User; from django.test import "
-            "Client; c = Client(); c.force_login(User.objects.get(username='member')); r = c.get('/no-such-page/'); "
+            "Client; c = Client(SERVER_NAME='localhost'); c.force_login(User.objects.get(username='member')); r = c.get('/no-such-page/'); "
             "print(r.status_code); print(r.content.decode())")
     answer = run(["-c", code], {k: v for k, v in subprocess_env.items() if k != "DEBUG"})
     assert answer.returncode == 0, answer.stderr

@@ -4,3 +4,9 @@ of the provisioning network; the public listener (vmetal_console/urls.py) has no
 from hosts.urls import agent_urlpatterns, image_urlpatterns
 
 urlpatterns = [*agent_urlpatterns, *image_urlpatterns]
+
+# Its own error answers (JSON), not the console's pages.
+handler400 = "hosts.listener.bad_request"
+handler403 = "hosts.listener.forbidden"
+handler404 = "hosts.listener.not_found"
+handler500 = "hosts.listener.server_error"

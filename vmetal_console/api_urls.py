@@ -1,7 +1,7 @@
 """REST API under /api/v1/ (issue: REST API, tenant isolation), its OpenAPI 3 schema at /api/schema/ and
 browsable docs at /api/docs/ (Swagger UI) and /api/redoc/."""
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from autonodes.api.views import DecisionViewSet, PoolStatusView
@@ -41,7 +41,7 @@ v1 = [
 urlpatterns = [
     path("v1/", include((v1, "api"), namespace="api")),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("auth/", include("rest_framework.urls")),  # the browsable API's login and logout (django-axes guards it)
 ]

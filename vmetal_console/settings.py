@@ -14,7 +14,11 @@ from core import keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VMETAL_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# var/ holds what only the console may read (the embedded database with its sessions and boot secrets, the keys,
+# the lab's servers' boot configurations): its owner's only, also where an older start made it readable.
+VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+if VAR_DIR.stat().st_uid == os.getuid():
+    VAR_DIR.chmod(0o700)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -23,6 +27,12 @@ def env_bool(name: str, default: bool) -> bool:
 
 _database_url = os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'vmetal.sqlite3'}")  # may hold a password
 EMBEDDED = _database_url.startswith("sqlite")  # one machine, SQLite under var/ (./bin/run; the tests' children)
+if EMBEDDED:
+    os.umask(0o077)  # the SQLite database, its WAL, the broker's messages and logs: readable by their owner only
+    _sqlite = Path(_database_url.split("sqlite:///", 1)[-1])
+    for _file in (_sqlite, _sqlite.with_name(_sqlite.name + "-wal"), _sqlite.with_name(_sqlite.name + "-shm")):
+        if _file.is_file() and _file.stat().st_uid == os.getuid():
+            _file.chmod(0o600)
 DEBUG = env_bool("DEBUG", False)  # Django's debug pages show code and settings to whoever meets an error
 
 try:
@@ -30,6 +40,9 @@ try:
     # The public keys (PEM, one or more) of the keys that signed erase certificates before a rotation: published
     # beside the current one (hosts/certificates.py), so older certificates still verify.
     CERTIFICATE_VERIFY_KEYS = keys.from_environment("CERTIFICATE_VERIFY_KEYS")
+    # The names the console answers to (the Host header), and so the websockets' accepted Origins
+    # (vmetal_console/asgi.py): the loopback names in the embedded mode, required in production.
+    ALLOWED_HOSTS = keys.allowed_hosts(os.environ.get("ALLOWED_HOSTS", ""), embedded=EMBEDDED)
 except keys.StartupRefused as _refused:
     sys.exit(f"vMetal Console cannot start:\n  {_refused}")  # a configuration mistake: a message, no traceback
 SECRET_KEY = _keys["SECRET_KEY"]
@@ -38,7 +51,6 @@ SECRET_KEY = _keys["SECRET_KEY"]
 FIELD_ENCRYPTION_KEYS = [k.strip() for k in _keys["FIELD_ENCRYPTION_KEY"].split(",") if k.strip()]
 # The Ed25519 private key (PEM) that signs erase certificates (hosts/certificates.py).
 CERTIFICATE_SIGNING_KEY = _keys["CERTIFICATE_SIGNING_KEY"]
-ALLOWED_HOSTS = os.environ.get("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [
     "daphne",  # an ASGI runserver (websockets); must come before django.contrib.staticfiles
@@ -64,6 +76,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "core.csp.ContentSecurityPolicy",  # scripts from the console's static files only (core/csp.py)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -320,6 +333,14 @@ AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
 # (a NAT; the lab's QEMU VMs, which reach this host as 10.0.2.2): preflight checks the boot path there. Empty:
 # AGENT_BOOT_URL.
 AGENT_BOOT_CHECK_URL = os.environ.get("AGENT_BOOT_CHECK_URL", "")
+# The listener's server (waitress: hosts/listener.py). Threads: requests running at once, each warm host's held ask
+# (up to WARM_POLL_S) among them, so at least the fleet's warm hosts plus room for booting ones. Connections: open
+# at most (a half-sent request holds one, never a thread); past it, new ones wait in the backlog, sized for a fleet
+# booting at once. A connection silent this long is closed, unless its request is running.
+AGENT_LISTENER_THREADS = int(os.environ.get("AGENT_LISTENER_THREADS", "256"))
+AGENT_LISTENER_CONNECTIONS = int(os.environ.get("AGENT_LISTENER_CONNECTIONS", "4096"))
+AGENT_LISTENER_BACKLOG = int(os.environ.get("AGENT_LISTENER_BACKLOG", "1024"))
+AGENT_LISTENER_IDLE_S = int(os.environ.get("AGENT_LISTENER_IDLE_S", "30"))
 AGENT_KERNEL_URL = os.environ.get("AGENT_KERNEL_URL", f"{AGENT_BOOT_URL}/images/agent/vmlinuz")
 AGENT_INITRD_URL = os.environ.get("AGENT_INITRD_URL", f"{AGENT_BOOT_URL}/images/agent/initrd")
 # Kernel arguments the iPXE script adds to the agent's: the ramdisk's output on the serial console (a VM's

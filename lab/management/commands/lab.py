@@ -1,5 +1,6 @@
 """python manage.py lab --hosts N [--vms N] [--tenants one,two] [--fault HOST=KIND ...] [--print-manifests]"""
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -35,6 +36,7 @@ class Command(BaseCommand):
                             help="print the BareMetalHost manifests the lab registers, then stop")
 
     def handle(self, *args, **options):
+        os.umask(0o077)  # what the lab writes (boot configurations with their secrets, BMC passwords): owner only
         faults = {}
         for item in options["fault"]:
             host, _, kind = item.partition("=")
@@ -49,7 +51,8 @@ class Command(BaseCommand):
         try:
             site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"], vms=options["vms"],
                            tenants=[t for t in options["tenants"].split(",") if t], faults=faults,
-                           console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)))
+                           console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)),
+                           var_dir=settings.VAR_DIR / "lab")
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         logging.getLogger("lab").setLevel(logging.INFO)
