@@ -17,6 +17,9 @@ from django.utils import timezone
 from pools.sku import size_text
 
 MiB = 1024 * 1024
+# A BMC's CapacityBytes is often the drive's nominal size, rounded (3.84 TB for 3,840,755,982,336 bytes): the
+# agent's size must be the inventory's exactly, and the BMC's within this share.
+BMC_SIZE_TOLERANCE = 0.005
 
 
 def _disk(d: dict) -> dict:
@@ -86,15 +89,19 @@ def _find(disk: dict, among: list[dict]) -> dict | None:
 
 # --- the census: taken before the erase ------------------------------------------------------------------
 
-def census_take(*, host, bmc_drives: list[dict] | None, bmc_note: str = "") -> dict:
+def census_take(*, host, bmc_drives: list[dict] | None) -> dict:
     """The disks the erase must account for: the inventory of record and the BMC's drives (None: the BMC
     reports no storage), merged by serial. Each disk says where it comes from (inventory, bmc, both) and the
     size each source gives; the census says its source as a whole."""
     recorded, recorded_at = disks_of_record(host)
     disks = [{**d, "source": "inventory", "inventory_size_bytes": d["size_bytes"]} for d in recorded]
+    unidentified = 0
     for drive in bmc_drives or []:
         drive = _disk(drive)
-        match = _find(drive, disks) if drive["serial"] else None
+        if not drive["serial"]:  # nothing to hold an agent's report against (a RAID volume, a BMC that hides it)
+            unidentified += 1
+            continue
+        match = _find(drive, disks)
         if match is not None:
             match.update(source="both", bmc_size_bytes=drive["size_bytes"], model=match["model"] or drive["model"])
         else:
@@ -105,7 +112,9 @@ def census_take(*, host, bmc_drives: list[dict] | None, bmc_note: str = "") -> d
               next(iter(sources)) if sources else "none")
     return {"source": source, "disks": disks, "taken_at": timezone.now().isoformat(),
             "inventory_recorded_at": recorded_at or None,
-            "bmc": (f"{len(bmc_drives)} drive(s) reported" if bmc_drives else bmc_note or "no storage reported")}
+            "bmc": (f"{len(bmc_drives)} drive(s) reported" + (f", {unidentified} without a serial (not counted)"
+                                                               if unidentified else "")
+                    if bmc_drives else "no storage reported")}
 
 
 def _origin(disk: dict) -> str:
@@ -136,9 +145,9 @@ def census_match(census: dict | None, reported: list[dict]) -> tuple[dict[str, d
                 problems.append(f"disk {name} ({disk_text(got)}, as the agent reports it) is not in the census")
         else:
             taken.add(disks.index(match))
-            for source in ("inventory", "bmc"):
+            for source, slack in (("inventory", 0), ("bmc", BMC_SIZE_TOLERANCE)):
                 want = match.get(f"{source}_size_bytes")
-                if want and got["size_bytes"] != want:
+                if want and abs(got["size_bytes"] - want) > want * slack:
                     problems.append(f"disk {disk_text({**match, 'size_bytes': want})} of the "
                                     f"{'BMC' if source == 'bmc' else 'inventory'} "
                                     f"reported with {size_text(got['size_bytes'], binary=got['size_bytes'] % MiB == 0)}")

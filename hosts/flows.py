@@ -378,7 +378,9 @@ def _boot_provenance(run: Run) -> dict | None:
             or RamdiskBoot.objects.filter(host=run.host).first())
     if boot is None:
         return None
-    at = lambda value: value.isoformat() if value else None  # noqa: E731
+    def at(value):
+        return value.isoformat() if value else None
+
     return {"ramdisk_boot": boot.pk, "flow_id": boot.flow_id or None, "started_at": at(boot.created_at),
             "config_delivered_via": boot.delivered_via or None, "config_delivered_at": at(boot.delivered_at),
             "agent_looked_up_at": at(boot.looked_up_at), "agent_boot_id": _boot_id(run) or None}

@@ -119,6 +119,15 @@ def test_the_bmc_s_drives_join_the_census_and_its_size_must_match_too(host):
         "disk S7GPU011 (96 MiB) of the BMC reported with 97 MiB")
 
 
+def test_a_bmc_s_rounded_capacity_and_a_drive_it_lists_without_a_serial_do_not_fail_an_honest_erase(host):
+    bmc = [{"name": "Disk.Bay.0", "serial": "S7GPU010", "size_bytes": SIZE - 100_000},  # nominal, rounded down
+           {"name": "Disk.Bay.1", "serial": "S7GPU011", "size_bytes": SIZE},
+           {"name": "Volume.0", "serial": "", "size_bytes": 2 * SIZE}]  # a RAID volume: nothing to match it by
+    certs, census = gate(host, d(0), d(1), bmc_drives=bmc)
+    assert {n: c.result for n, c in certs.items()} == {"nvme0n1": "pass", "nvme1n1": "pass"}
+    assert census["bmc"] == "3 drive(s) reported, 1 without a serial (not counted)"
+
+
 def test_without_a_census_nothing_passes(host):
     erase, verify = reports(d(0), d(1))
     certs = cleaning.issue_certificates(host=host, flow_id="f-1", gate=GATE, previous={}, erase=erase, verify=verify,
