@@ -74,8 +74,11 @@ def test_a_disk_of_the_inventory_the_agent_does_not_report_fails_with_the_disk_n
     assert missing.document["post_sanitization_classification"].startswith("tenant data may remain")
 
 
-def test_a_forged_serial_fails_and_is_never_presented_as_a_verified_fact(host):
+def test_a_forged_serial_fails_and_is_never_presented_as_a_verified_fact(host, admin_client):
     certs, _ = gate(host, d(0), d(1, serial="FORGED-SERIAL"))
+    page = admin_client.get(f"/certificates/{certs['nvme1n1'].pk}/").content.decode()
+    assert '<td class="mono">—</td>' in page  # the medium's serial: none the console saw
+    assert "nvme1n1 serial FORGED-SERIAL" in page and '<td class="fail">no</td>' in page
     forged = certs["nvme1n1"]
     assert forged.result == "fail" and forged.serial == ""  # the list shows no serial the console did not see
     assert forged.document["media"]["serial"] is None
