@@ -4,9 +4,11 @@ fixed before the erase from the inventory of record (the host's intake) and its 
 sushy), so the gate fails to repair with the disk named, and no passing certificate is signed for a disk that was
 not erased; the honest host is certified for every disk of its census and becomes available. Real worker, real
 agents on file-backed disks, the lab's BMCs reporting their servers' drives."""
+import io
 import secrets
 
 import pytest
+from django.core.management import call_command
 
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
@@ -96,3 +98,23 @@ def test_an_agent_that_omits_forges_or_adds_a_disk_on_an_honest_release_sends_it
     assert doc["observed_by_console"]["boot"]["config_delivered_via"] in ("ipxe", "virtual-media")
     assert doc["reported_by_agent"]["matches_census"] is True
     assert site.scan_disks("gpu-06", data) == []
+
+    # gpu-07's inventory of record came from its lying agent at intake. With an honest agent, its retest finds other
+    # disks than the record: a deviation, to repair, until an admin accepts them; then its retest passes.
+    site.set_fault("gpu-07", "")
+    since = Event.objects.order_by("-id").values_list("id", flat=True).first()
+    call_command("repair", "gpu-07", "retest", stdout=io.StringIO())
+    wait_for(lambda: Event.objects.filter(host__name="gpu-07", id__gt=since, to_state="repair").exists(), timeout=90)
+    deviated = Event.objects.filter(host__name="gpu-07", id__gt=since, to_state="repair").get()
+    assert deviated.step == "sku_check" and (
+        "inventory of record: disk FORGED-SERIAL (96 MiB) of the inventory of record not found" in deviated.message
+    ), deviated.message
+    call_command("repair", "gpu-07", "accept-disks", "--reason", "the intake's agent misreported nvme1n1",
+                 stdout=io.StringIO())
+    since = Event.objects.order_by("-id").values_list("id", flat=True).first()
+    call_command("repair", "gpu-07", "retest", stdout=io.StringIO())
+    wait_for(lambda: Event.objects.filter(host__name="gpu-07", id__gt=since, to_state="repair").exists(), timeout=120)
+    verdict = Event.objects.filter(host__name="gpu-07", id__gt=since, to_state="repair").get()
+    assert verdict.data.get("retest") == "passed", (verdict.message, lab_report())
+    assert set(EraseCertificate.objects.filter(host__name="gpu-07", flow_id=verdict.data["flow_id"], result="pass")
+               .values_list("serial", flat=True)) == {"S7GPU070", "S7GPU071"}
