@@ -3,7 +3,8 @@ judging what the agent read back, and the records it leaves (EraseCertificate, H
 
 The agent erases and reads back (agent/sanitize.py, agent/verify.py); the console decides. It never takes
 the agent's `passed` on trust: it recounts the canaries and samples it reports, and a disk without a
-verification record is a failed disk."""
+verification record is a failed disk. Nor does it take the agent's list of disks: which disks there are is the
+census's (hosts/census.py), fixed before the erase."""
 from __future__ import annotations
 
 import uuid
