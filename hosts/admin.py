@@ -82,8 +82,8 @@ class BareMetalHostAdmin(ServiceDeleteMixin, RecordedAdmin):
     list_select_related = ("claim", "claim__tenant")
     actions = ("maintenance_on", "maintenance_off", "retry", "retest", "return_to_service")
     readonly_fields = ("state", "state_changed_at", "deadline_at", "power_state", "error_type", "error_message",
-                       "error_count", "bmc_credentials", "claim_text", "event_log", "inventory", "created_at",
-                       "updated_at")
+                       "error_count", "bmc_credentials", "claim_text", "event_log", "inventory", "disk_record",
+                       "created_at", "updated_at")
     fieldsets = (
         (None, {"fields": ("name", "namespace", "labels", "online", "boot_mac", "root_device_hints",
                            "automated_cleaning_mode", "cleaning_policy", "network_data")}),
@@ -92,7 +92,8 @@ class BareMetalHostAdmin(ServiceDeleteMixin, RecordedAdmin):
         ("Life cycle (changed only by the services: use the actions)", {
             "fields": ("state", "state_changed_at", "deadline_at", "power_state", "error_type", "error_message",
                        "error_count", "claim_text", "event_log")}),
-        ("Hardware", {"fields": ("inventory", "created_at", "updated_at")}),
+        # The inventory of record changes only by `manage.py repair HOST accept-disks` (an Event says who and why).
+        ("Hardware", {"fields": ("inventory", "disk_record", "created_at", "updated_at")}),
     )
 
     def get_queryset(self, request):

@@ -435,6 +435,26 @@ class BMC:
                     device.eject_media()
         self._call(eject)
 
+    def drives(self) -> list[dict] | None:
+        """The drives the BMC itself reports (Systems/<id>/Storage/*/Drives): [{name, serial, model, size_bytes,
+        manufacturer, media_type}], or None when it reports no storage (no Storage link, none there, or no
+        drive in it). One GET per storage subsystem and per drive."""
+        system = self._recent_system()
+
+        def read():
+            try:
+                subsystems = system.storage.get_members()
+            except (sushy_exc.MissingAttributeError, sushy_exc.ResourceNotFoundError, sushy_exc.BadRequestError):
+                return None  # a BMC without a storage service: the census rests on the inventory alone
+            found = []
+            for storage in subsystems:
+                for drive in storage.drives:
+                    found.append({"name": drive.identity, "serial": (drive.serial_number or "").strip(),
+                                  "model": (drive.model or "").strip(), "size_bytes": drive.capacity_bytes or 0,
+                                  "manufacturer": drive.manufacturer or "", "media_type": drive.media_type or ""})
+            return found or None
+        return self._call(read)
+
     def _cd_drives(self, system) -> list:
         try:
             devices = system.virtual_media.get_members()

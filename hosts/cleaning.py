@@ -3,7 +3,8 @@ judging what the agent read back, and the records it leaves (EraseCertificate, H
 
 The agent erases and reads back (agent/sanitize.py, agent/verify.py); the console decides. It never takes
 the agent's `passed` on trust: it recounts the canaries and samples it reports, and a disk without a
-verification record is a failed disk."""
+verification record is a failed disk. Nor does it take the agent's list of disks: which disks there are is the
+census's (hosts/census.py), fixed before the erase."""
 from __future__ import annotations
 
 import uuid
@@ -179,26 +180,40 @@ def _verification_method(verified: dict | None) -> str:
 
 @transaction.atomic
 def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previous: dict, erase: dict | None,
-                       verify: dict | None, boot_id: str = "") -> list[EraseCertificate]:
-    """One signed certificate per disk (pass or fail). Idempotent per flow run and disk."""
+                       verify: dict | None, census: dict | None, boot: dict | None = None,
+                       boot_id: str = "") -> list[EraseCertificate]:
+    """One signed certificate per disk (pass or fail): each disk the agent reported, held against the census
+    taken before the erase (hosts/census.py), and each disk of the census it did not report (a failed one, the
+    evidence). A disk passes only when its read-back passes and it is a disk of the census with the same serial
+    and size. Idempotent per flow run and disk."""
+    from .census import census_match
+
     erased_disks = {d["name"]: d for d in (erase or {}).get("disks", [])}
     verified_disks = {d["name"]: d for d in (verify or {}).get("disks", [])} if verify else {}
     names = list(dict.fromkeys([*erased_disks, *verified_disks]))
+    reported = [{**(verified_disks.get(n) or {}), **(erased_disks.get(n) or {}), "name": n} for n in names]
+    of, census_findings, missing = census_match(census, reported)
     issued = []
     now = timezone.now()
-    for name in names:
+    items = [(n, erased_disks.get(n), verified_disks.get(n), of[n], census_findings[n]) for n in names]
+    items += [(m["disk"], None, None, m, m["findings"]) for m in missing]
+    for name, erased, verified, observed, problems in items:
         existing = EraseCertificate.objects.filter(flow_id=flow_id, disk=name).first()
-        erased, verified = erased_disks.get(name), verified_disks.get(name)
         if existing is not None and (existing.result == "pass" or verify is None):
             issued.append(existing)
             continue
-        passed, findings = judge_disk(erased, verified)
+        if erased is None and verified is None:  # a disk of the census the agent never reported
+            passed, findings = False, list(problems)
+        else:
+            passed, findings = judge_disk(erased, verified)
+            passed, findings = passed and not problems, problems + findings
         body = certificate_body(host=host, flow_id=flow_id, gate=gate, previous=previous, disk=name,
                                 erased=erased or {}, verified=verified, passed=passed, findings=findings,
+                                census=census, observed=observed, census_findings=problems, boot=boot,
                                 boot_id=boot_id, at=now)
         signature, signed_with = certificates.sign(body)
-        fields = {"host": host, "host_name": host.name, "serial": (erased or verified or {}).get("serial") or "",
-                  "model": (erased or verified or {}).get("model") or "",
+        fields = {"host": host, "host_name": host.name, "serial": (observed or {}).get("serial") or "",
+                  "model": (observed or {}).get("model") or "",
                   "method": (erased or {}).get("method") or (verified or {}).get("method") or "",
                   "method_type": (erased or {}).get("method_type") or "", "result": "pass" if passed else "fail",
                   "previous_tenant": previous.get("tenant", ""), "claim_name": previous.get("claim", ""),
@@ -218,14 +233,19 @@ def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previou
     return issued
 
 
-def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, passed, findings, boot_id, at) -> dict:
-    """The fields of NIST SP 800-88 Rev. 2 Appendix G, plus host, previous tenant and claim."""
+def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, passed, findings, census, observed,
+                     census_findings, boot, boot_id, at) -> dict:
+    """The fields of NIST SP 800-88 Rev. 2 Appendix G, plus host, previous tenant and claim. What identifies the
+    medium (`media`) is what the console observed itself: the census's disk (inventory of record, BMC), never
+    the agent's word; `observed_by_console` and `reported_by_agent` say which facts come from whom."""
     from agent import __version__ as agent_version
 
     location = ", ".join(f"{k}={v}" for k, v in sorted((host.labels or {}).items()) if k in ("rack", "zone", "site"))
     fallback = ({"from": erased.get("fallback_from"), "reason": erased.get("fallback_reason")}
                 if erased.get("fallback_from") else None)
-    media_type = MEDIA.get(erased.get("type") or "", erased.get("type") or "unknown")
+    seen = observed or {}
+    media_type = MEDIA.get(seen.get("type") or "", seen.get("type") or "unknown")
+    told = {**(verified or {}), **erased}
     return {
         "certificate_id": str(uuid.uuid4()),
         "standard": "NIST SP 800-88 Rev. 2, Appendix G: certificate of sanitization",
@@ -235,10 +255,32 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
         "previous_tenant": previous.get("tenant") or None,
         "claim": previous.get("claim") or None,
         "flow_id": flow_id,
-        "media": {"manufacturer": erased.get("vendor") or _manufacturer(erased.get("model")),
-                  "model": erased.get("model"), "serial": erased.get("serial") or (verified or {}).get("serial"),
-                  "media_type": media_type, "size_bytes": erased.get("size_bytes") or (verified or {}).get("size_bytes"),
-                  "source": f"bare-metal host {host.name}, disk {disk}"},
+        "media": {"manufacturer": _manufacturer(seen.get("model")) if observed else None,
+                  "model": seen.get("model") or None, "serial": seen.get("serial") or None,
+                  "media_type": media_type if observed else "unknown",
+                  "size_bytes": seen.get("size_bytes") or seen.get("bmc_size_bytes") or None,
+                  "source": f"bare-metal host {host.name}, disk {disk}",
+                  "identified_by": (f"the console's census ({_census_source(seen.get('source'))})" if observed else
+                                    "nobody: the agent reported a disk that is not in the census")},
+        "observed_by_console": {
+            "census": {"source": (census or {}).get("source") or None, "taken_at": (census or {}).get("taken_at"),
+                       "inventory_recorded_at": (census or {}).get("inventory_recorded_at"),
+                       "bmc": (census or {}).get("bmc"),
+                       "disks": [{k: d.get(k) for k in ("serial", "size_bytes", "source")}
+                                 for d in (census or {}).get("disks") or []],
+                       "this_disk": ({k: seen.get(k) for k in ("name", "serial", "model", "size_bytes", "source",
+                                                               "bmc_size_bytes") if seen.get(k) is not None}
+                                     if observed else None)},
+            "boot": boot or None,
+            "judgement": "the console recounted the agent's read-back (canaries, samples, O_DIRECT) and held the "
+                         "reported disk against the census; it did not read the disk itself",
+        },
+        "reported_by_agent": {
+            "disk": {k: told.get(k) for k in ("name", "serial", "model", "vendor", "type", "size_bytes")
+                     if told.get(k) is not None} or None,
+            "matches_census": bool(observed) and not census_findings,
+            "note": "the sanitization and the verification below are the agent's report of what it did and read",
+        },
         "classification": "tenant data (its confidentiality is the tenant's to set; the operator treats it as "
                           "confidential)",
         "sanitization": {
@@ -264,8 +306,10 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
             "result": "pass" if passed else "fail",
             "findings": findings,
         },
-        "post_sanitization_classification": ("no tenant data remains (verified)" if passed
-                                             else "tenant data may remain: not cleared for reuse"),
+        "post_sanitization_classification": (
+            "no tenant data remains (verified: the agent's read-back of keyed canaries and samples, recounted by "
+            "the console, on a disk of the console's census)" if passed
+            else "tenant data may remain: not cleared for reuse"),
         "destination": ("reuse within the vMetal fleet, once the host's GPU health suite passes" if passed
                         else "the repair pool, with this record as evidence"),
         "sanitized_by": {"name": f"vmetal-agent {agent_version}", "title": "ramdisk agent (automated)",
@@ -275,6 +319,11 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
                          "location": location or None},
         "result": "pass" if passed else "fail",
     }
+
+
+def _census_source(source: str | None) -> str:
+    return {"inventory": "inventory of record", "bmc": "the BMC's storage", "both": "inventory of record and the "
+            "BMC's storage"}.get(source or "", "unknown")
 
 
 def _manufacturer(model: str | None) -> str | None:

@@ -236,11 +236,22 @@ def step_agent_lookup(run: Run) -> dict:
 
 
 def step_inspect(run: Run) -> dict:
-    """The agent's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels)."""
+    """The agent's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels).
+    A host's first inspection also records its disks as the inventory of record (hosts/census.py); later ones
+    leave the record as it is (a difference is a deviation: step_sku_check)."""
+    from .census import record_from
     from .services import host_derive_labels
 
     inventory = agent_command(run, "inspect")
-    BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
+    record = BareMetalHost.objects.filter(pk=run.host.pk).values_list("disk_record", flat=True).first()
+    if not record:
+        # A host inspected before the console kept a record: its earlier inspection, not this boot's, is the record.
+        earlier = run.host.inventory if (run.host.inventory or {}).get("disks") else None
+        record = record_from(earlier or inventory, by="earlier inspection" if earlier else "inspection")
+        BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory, disk_record=record)
+        run.host.disk_record = record
+    else:
+        BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
     run.host.inventory = inventory
     labels = host_derive_labels(host=run.host)
     return {"disks": len(inventory.get("disks", [])), "gpus": len(inventory.get("gpus", [])),
@@ -358,6 +369,42 @@ def _boot_id(run: Run) -> str:
     return session.boot_id if session else ""
 
 
+def _boot_provenance(run: Run) -> dict | None:
+    """The ramdisk boot whose agent erased, as the console recorded it (hosts/boot.py): when it was started, how
+    and when its configuration was delivered, when its agent looked up."""
+    from .models import RamdiskBoot
+
+    boot = (RamdiskBoot.objects.filter(host=run.host, flow_id=run.flow["id"]).first()
+            or RamdiskBoot.objects.filter(host=run.host).first())
+    if boot is None:
+        return None
+    def at(value):
+        return value.isoformat() if value else None
+
+    return {"ramdisk_boot": boot.pk, "flow_id": boot.flow_id or None, "started_at": at(boot.created_at),
+            "config_delivered_via": boot.delivered_via or None, "config_delivered_at": at(boot.delivered_at),
+            "agent_looked_up_at": at(boot.looked_up_at), "agent_boot_id": _boot_id(run) or None}
+
+
+def _census(run: Run) -> dict:
+    """The disks this erase must account for, fixed before the erase command is sent (hosts/census.py): the
+    inventory of record and the BMC's own storage view. Taken once per flow run and kept in its data."""
+    from .census import census_take
+
+    census = run.data.get("census")
+    if census is None:
+        with _bmc_call(run.bmc, run) as bmc:
+            drives = _bmc_call(bmc.drives, run)
+        census = census_take(host=run.host, bmc_drives=drives)
+        if not census["disks"]:
+            raise StepFailed("no disk of the host is known to the console (no inventory of record, and its BMC "
+                             "reports no storage): nothing to hold the agent's erase report against", repair=True,
+                             evidence={"census": census})
+        run.data["census"] = census
+        run.save_flow()
+    return census
+
+
 def _issue_certificates(run: Run, gate: dict, *, erase: dict | None, verify: dict | None) -> list:
     """The signed certificates of this erase; a console that cannot sign fails the gate step with the reason."""
     from . import certificates, cleaning
@@ -365,6 +412,7 @@ def _issue_certificates(run: Run, gate: dict, *, erase: dict | None, verify: dic
     try:
         return cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate,
                                            previous=gate["previous"], erase=erase, verify=verify,
+                                           census=run.data.get("census"), boot=_boot_provenance(run),
                                            boot_id=_boot_id(run))
     except certificates.SigningUnavailable as exc:
         raise StepFailed(str(exc), repair=True, evidence={"verify": verify} if verify else {}) from None
@@ -375,6 +423,7 @@ def step_erase(run: Run) -> dict:
     from . import cleaning
 
     gate = _gate(run)
+    census = _census(run)
     policy = gate["policy"]
     args = {"erase_id": run.flow["id"], "method": policy["method"], "fallback": policy["fallback"],
             "concurrency": policy["concurrency"], "verify": {"share": policy["verify_share"]}}
@@ -391,13 +440,17 @@ def step_erase(run: Run) -> dict:
         raise
     run.data["erase"] = result
     run.save_flow()
-    return {"policy": policy, "disks": [{k: d.get(k) for k in ("name", "method", "method_type", "fallback_from",
-                                                                "bytes_written", "canaries_planted")}
-                                        for d in result.get("disks", [])]}
+    return {"policy": policy, "census": {"source": census["source"], "bmc": census["bmc"],
+                                         "disks": [d["serial"] or d["name"] for d in census["disks"]]},
+            "disks": [{k: d.get(k) for k in ("name", "method", "method_type", "fallback_from",
+                                             "bytes_written", "canaries_planted")}
+                      for d in result.get("disks", [])]}
 
 
 def step_verify_erase(run: Run) -> dict:
-    """Read the canaries and the sample back (agent: `verify_erase`); judge; one certificate per disk."""
+    """Read the canaries and the sample back (agent: `verify_erase`); judge; one certificate per disk. The gate
+    passes only when every disk of the census (taken before the erase: _census) has a passing certificate under
+    the same serial and size, and the agent reported no other disk."""
     from . import cleaning
 
     gate = _gate(run)
@@ -414,7 +467,8 @@ def step_verify_erase(run: Run) -> dict:
     if failed or not certs:
         why = "; ".join(f"{c.disk}: {', '.join(c.document['verification']['findings'][:2])}" for c in failed)
         raise StepFailed(f"erase verification failed: {why or 'no disk was verified'}", repair=True,
-                         evidence={"certificates": [c.pk for c in certs], "verify": result})
+                         evidence={"certificates": [c.pk for c in certs], "verify": result,
+                                   "census": run.data.get("census")})
     return {"certificates": [str(c.certificate_id) for c in certs],
             "bytes_read": sum(d.get("bytes_read") or 0 for d in result.get("disks", []))}
 

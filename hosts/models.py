@@ -36,6 +36,10 @@ class BareMetalHost(models.Model):
     # Overrides its NodeType's cleaning method (hosts/cleaning.py); blank: the NodeType's.
     cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="")
     inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
+    # The inventory of record's disks (hosts/census.py): {"disks": [{name, serial, model, size_bytes, type}],
+    # "recorded_at", "by"}, from the first inspection (or an imported Metal3 status). Later inspections do not
+    # change it; a difference is a deviation until an admin accepts it (hosts.services.host_disk_record_accept).
+    disk_record = models.JSONField(default=dict, blank=True)
     # The `metal3.vcluster.com/network-data` annotation: the node's network configuration as the admin wrote it.
     # Written into its seed as is; the console allocates no address from a NodeEnvironment for this host.
     network_data = models.TextField(blank=True)

@@ -275,12 +275,21 @@ def repair_stats(*, days: float = 30, node_type: str = "", kind: str = "", now=N
             "by_kind": [_figures(n, r) for n, r in sorted(by_kind.items())]}
 
 
+RECORD = "inventory of record"  # the key of the disk record's deviations beside the NodeTypes' own
+
+
 def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[str]]:
     """{NodeType: deviations} of the host's last inventory from the SKU of each NodeType that selects it
-    (pools/sku.py); {} when it conforms or was never inspected. `node_types`: already read, for lists."""
+    (pools/sku.py), and under RECORD its disks that are not the inventory of record's (hosts/census.py: the
+    release gate's census rests on the record until an admin accepts the disks found); {} when it conforms or
+    was never inspected. `node_types`: already read, for lists."""
+    from .census import record_deviations
+
     if not host.inventory:
         return {}
-    return sku_deviations_of(host.inventory, host.labels, node_types)
+    out = sku_deviations_of(host.inventory, host.labels, node_types)
+    disks = record_deviations(host)
+    return {**out, RECORD: disks} if disks else out
 
 
 def sku_deviations_text(deviations: dict[str, list[str]]) -> str:

@@ -295,6 +295,34 @@ def host_return_to_service(*, host: BareMetalHost, actor: str, override_reason: 
     return host
 
 
+def host_disk_record_accept(*, host: BareMetalHost, actor: str, reason: str) -> dict:
+    """An admin accepts the disks the host's last inspection found as its inventory of record (hosts/census.py):
+    a replaced or added disk stops being a deviation, and the release gate's census counts it from now on. Only
+    for a host in repair, with a reason; the old and the new record are in the Event. Returns the new record."""
+    from .census import disk_text, record_from, record_deviations
+
+    reason = (reason or "").strip()
+    if not reason:
+        raise IllegalTransition(f"accepting the disks of {host.name} needs a reason")
+    with transaction.atomic():
+        current = BareMetalHost.objects.select_for_update().get(pk=host.pk)
+        if current.state != HostState.REPAIR:
+            raise IllegalTransition(f"{host.name} is {current.state}; only a host in repair may have its disks "
+                                    "accepted (retest it after)")
+        if not (current.inventory or {}).get("disks"):
+            raise IllegalTransition(f"{host.name} has no inspected disks to accept")
+        changes = record_deviations(current)
+        record = record_from(current.inventory, by=actor)
+        BareMetalHost.objects.filter(pk=host.pk).update(disk_record=record, updated_at=timezone.now())
+        event_record(kind=EventKind.CHANGE, object_type=ObjectType.HOST, object_name=host.name, host=host,
+                     actor=actor, message=(f"disks accepted as the inventory of record ({reason}): "
+                                           + ", ".join(disk_text(d) for d in record["disks"])),
+                     data={"disk_record": {"before": current.disk_record or None, "after": record,
+                                           "deviations": changes, "reason": reason}})
+    host.disk_record = record
+    return record
+
+
 def host_retire(*, host: BareMetalHost, actor: str, reason: str) -> BareMetalHost:
     """Take a host out of the fleet for good (from repair, error or maintenance). The reason is required."""
     if not (reason or "").strip():

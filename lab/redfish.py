@@ -70,6 +70,8 @@ SLOW_POWER_DELAY_S = 60.0
 GUEST_HOST = "10.0.2.2"  # the host as a lab VM sees it (QEMU user-mode network; lab/vm.py)
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/([^/]+)")
+DRIVE_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/Storage/[^/]+/Drives/([^/]+)/?$")
+STORAGE_ID = "1"  # each lab BMC has one storage subsystem holding its server's drives
 BOOT_ENABLED = ("Once", "Continuous", "Disabled")
 LOG = logging.getLogger("lab.redfish")
 
@@ -108,7 +110,9 @@ class RedfishLab:
     systems: [{"name", "mac", "uuid"?, "username"?, "password"?, "power_state"? ("Off"),
                "power_delay"? ((lo, hi) s), "fault"? (kind or {"kind", "seconds", "requests",
                "delay"}), "extra_macs"? [...], "tls"? (serve HTTPS on its own port with a self-signed
-               certificate, as many BMCs ship: `redfish+https://` addresses)}]
+               certificate, as many BMCs ship: `redfish+https://` addresses), "drives"? [{"id", "serial",
+               "model", "size_bytes", "manufacturer"?, "media_type"?}] (its Storage/1/Drives; none: the BMC
+               reports an empty storage collection)}]
     """
 
     def __init__(self, systems: list[dict], username: str = "admin", password: str = "password",
@@ -133,6 +137,7 @@ class RedfishLab:
                 "macs": [mac] + [m.lower() for m in spec.get("extra_macs", ())],
                 "port": int(spec.get("port") or 0),  # 0: a free one
                 "tls": bool(spec.get("tls")),
+                "drives": [dict(d) for d in spec.get("drives") or ()],
             }
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
@@ -211,7 +216,8 @@ class RedfishLab:
                     f.write(_htpasswd(s["username"], s["password"]))
             lab_systems[s["uuid"]] = {"name": s["name"], "auth_file": auth, "port": s["port"],
                                       "power_delay": s["power_delay"], "fault": s["fault"],
-                                      "tls": _self_signed(directory) if s["tls"] else None}
+                                      "tls": _self_signed(directory) if s["tls"] else None,
+                                      "drives": {d["id"]: d for d in s["drives"]}}
         options = {
             "SUSHY_EMULATOR_LISTEN_IP": self.host,
             "SUSHY_EMULATOR_LISTEN_PORT": self.port,
@@ -221,6 +227,16 @@ class RedfishLab:
                  "external_notifier": False,
                  "nics": [{"mac": mac} for mac in s["macs"]]}
                 for s in self._systems.values()],
+            # sushy-tools' static storage: one subsystem per BMC with its server's drives (an empty collection
+            # for a BMC that reports none); the drives' serial, model and maker are the lab's (_LabApp.drive).
+            "SUSHY_EMULATOR_STORAGE": {
+                s["uuid"]: [{"Id": STORAGE_ID, "Name": "Local Storage", "Drives": [d["id"] for d in s["drives"]],
+                             "StorageControllers": [{"MemberId": "0", "Name": "NVMe", "SpeedGbps": 32}]}]
+                if s["drives"] else [] for s in self._systems.values()},
+            "SUSHY_EMULATOR_DRIVES": {
+                (s["uuid"], STORAGE_ID): [{"Id": d["id"], "Name": d["id"], "CapacityBytes": int(d["size_bytes"]),
+                                           "Protocol": "NVMe"} for d in s["drives"]]
+                for s in self._systems.values() if s["drives"]},
             "SUSHY_EMULATOR_STATE_DIR": state,
             "SUSHY_EMULATOR_AUTH_FILE": global_auth,
             "SUSHY_EMULATOR_VMEDIA_VERIFY_SSL": False,
@@ -686,6 +702,10 @@ class _LabApp:
             return self.rewrite(environ, start_response, functools.partial(self.show_enabled, target))
         if self.own and method == "GET" and path.rstrip("/") == "/redfish/v1/Systems":
             return self.rewrite(environ, start_response, self.only_own)
+        drive = DRIVE_PATH.match(path) if target and method == "GET" else None
+        if drive:
+            return self.rewrite(environ, start_response,
+                                functools.partial(self.drive, target, urllib.parse.unquote(drive.group(1))))
         return site.inner(environ, start_response)
 
     def patch_system(self, uuid, environ, start_response):
@@ -712,6 +732,17 @@ class _LabApp:
     def show_enabled(self, uuid, doc):
         if isinstance(doc.get("Boot"), dict):
             doc["Boot"]["BootSourceOverrideEnabled"] = self.site.driver.boot_enabled(uuid)
+        return doc
+
+    def drive(self, uuid, drive_id, doc):
+        """sushy-tools' drive template has one fixed serial and model for every drive: the lab's own."""
+        facts = self.site.systems[uuid].get("drives", {}).get(drive_id)
+        if facts:
+            doc.update(SerialNumber=facts["serial"], Model=facts.get("model") or "",
+                       Manufacturer=facts.get("manufacturer") or "", MediaType=facts.get("media_type") or "SSD",
+                       CapacityBytes=int(facts["size_bytes"]))
+            for key in ("RotationSpeedRPM", "HotspareType", "PartNumber"):
+                doc.pop(key, None)
         return doc
 
     def only_own(self, doc):

@@ -38,6 +38,13 @@ Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab
   cleared when the lab starts or the fault is set again.
 - burnin-fail: passes inspection, GPU reset, DCGM levels 1 and 2 and NCCL, but `dcgmi diag -r 3` or `-r 4`
   (the intake burn-in) fails Targeted Stress on GPU 0 (or `:N`) with DCGM_FR_STRESS_LEVEL.
+
+The release gate's census (hosts/census.py): each lab BMC reports its server's drives (serial, model, size) under
+Systems/<id>/Storage/1/Drives, unless bmc-no-storage (set at the lab's start). A lying agent, whose report of the
+disks is not the hardware (the BMC and the disk files stay true): agent-omits-disk (the last disk, or `:DISK`,
+is neither reported nor erased), agent-forges-serial (reported as FORGED-SERIAL), agent-misreports-size (a decoy
+file 1 MiB larger is erased and reported in its place, the real disk untouched), agent-extra-disk (a decoy
+nvme9n1 with serial EXTRA-SERIAL is reported besides the real ones).
 `manage.py lab --fault HOST=KIND[:TARGET][,KIND...]` sets any of them; `LabSite.set_fault` while it runs.
 
 While a server runs its installed OS, `write_pattern` plays its tenant writing data across its disks, and
@@ -75,9 +82,12 @@ ERASE_FAULTS = ("erase-skips-region", "erase-fails")
 GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
               "burnin-fail")
 SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from the SKU
-FAULTS = ("bmc-500", "bmc-down", "slow-power", "agent-crash", "corrupt-image", "no-tftp", *ERASE_FAULTS, *GPU_FAULTS,
-          *SKU_FAULTS)
-VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "no-tftp")  # the others are played by simulated parts
+# A lying agent: what its ramdisk reports of the disks is not the hardware (the BMC still reports the truth).
+LIE_FAULTS = ("agent-omits-disk", "agent-forges-serial", "agent-misreports-size", "agent-extra-disk")
+FORGED_SERIAL = "FORGED-SERIAL"
+FAULTS = ("bmc-500", "bmc-down", "slow-power", "bmc-no-storage", "agent-crash", "corrupt-image", "no-tftp",
+          *ERASE_FAULTS, *GPU_FAULTS, *SKU_FAULTS, *LIE_FAULTS)
+VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "bmc-no-storage", "no-tftp")  # the others are played by simulated parts
 XID_FIRED = "xid-intermittent.fired"  # beside the host's profile: the intermittent Xid has shown once
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
 SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB
@@ -131,19 +141,12 @@ class LabHost:
     def has_fault(self, kind: str) -> bool:
         return any(k == kind for k, _ in self.faults())
 
-    def profile(self) -> dict:
-        missing = {int(target or 7) for kind, target in self.faults() if kind == "gpu-missing"}
-        gpus = [{"index": i, "name": GPU_MODEL, "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
-                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0",
-                 "vbios_version": "96.00.AF.00.01"}
-                for i in range(8 if self.role == "gpu" else 0)]
-        # A GPU off the bus: the others keep their indexes' order, renumbered as nvidia-smi would.
-        gpus = [{**g, "index": n} for n, g in enumerate(g for g in gpus if g["index"] not in missing)]
+    def disks(self) -> list[dict]:
+        """The server's disks as they are (what its BMC reports, what its tenant writes to)."""
         disks = [{"name": f"nvme{i}n1", "path": str(self.directory / f"nvme{i}n1.img"), "size_bytes": self.disk_bytes,
                   "type": "nvme", "model": "SAMSUNG MZWLO3T8HCLS" if self.role == "gpu" else "SAMSUNG MZQL21T9HCJR",
                   "serial": f"S7{self.name.upper().replace('-', '')}{i}"}
                  for i in range(2 if self.role == "gpu" else 1)]
-        gpu_faults = []
         for kind, target in self.faults():
             if kind in (*ERASE_FAULTS, "disk-small"):
                 disk = next((d for d in disks if d["name"] == (target or disks[0]["name"])), None)
@@ -153,7 +156,44 @@ class LabHost:
                     disk["size_bytes"] = self.disk_bytes // 2
                 else:
                     disk["fault"] = kind
-            elif kind in GPU_FAULTS:
+        return disks
+
+    def _reported_disks(self) -> list[dict]:
+        """The disks as the agent sees them (its profile): the hardware, unless a lie fault plays an agent that
+        omits a disk, forges its serial, erases a decoy of another size in its place, or reports an extra one."""
+        disks = [dict(d) for d in self.disks()]
+        for kind, target in self.faults():
+            if kind not in LIE_FAULTS:
+                continue
+            if kind == "agent-extra-disk":
+                disks.append({"name": "nvme9n1", "path": str(self.directory / "decoy-nvme9n1.img"),
+                              "size_bytes": self.disk_bytes, "type": "nvme", "model": disks[0]["model"],
+                              "serial": "EXTRA-SERIAL"})
+                continue
+            disk = next((d for d in disks if d["name"] == (target or disks[-1]["name"])), None)
+            if disk is None:
+                raise ValueError(f"{self.name}: fault {kind}: no disk {target!r}")
+            if kind == "agent-omits-disk":
+                disks.remove(disk)
+            elif kind == "agent-forges-serial":
+                disk["serial"] = FORGED_SERIAL
+            else:  # agent-misreports-size: a decoy file, the real disk left as it is
+                disk.update(path=str(self.directory / f"decoy-{disk['name']}.img"),
+                            size_bytes=disk["size_bytes"] + 1024 * 1024)
+        return disks
+
+    def profile(self) -> dict:
+        missing = {int(target or 7) for kind, target in self.faults() if kind == "gpu-missing"}
+        gpus = [{"index": i, "name": GPU_MODEL, "uuid": f"GPU-{hashlib.md5(f'{self.name}/{i}'.encode()).hexdigest()}",
+                 "memory_mib": 143771, "pci_bus": f"00000000:{0x18 + i * 0x10:02X}:00.0",
+                 "vbios_version": "96.00.AF.00.01"}
+                for i in range(8 if self.role == "gpu" else 0)]
+        # A GPU off the bus: the others keep their indexes' order, renumbered as nvidia-smi would.
+        gpus = [{**g, "index": n} for n, g in enumerate(g for g in gpus if g["index"] not in missing)]
+        disks = self._reported_disks()
+        gpu_faults = []
+        for kind, target in self.faults():
+            if kind in GPU_FAULTS:
                 gpu_faults.append({"kind": kind, **({"gpu": int(target or 0)} if kind != "nccl-slow" else {})})
         return {
             "system": {"vendor": "Lab", "product": f"{self.role}-server", "serial": f"LAB-{self.name}",
@@ -176,7 +216,14 @@ class LabHost:
         return resources
 
     def disk_paths(self) -> list[Path]:
-        return [Path(d["path"]) for d in self.profile()["disks"]]
+        return [Path(d["path"]) for d in self.disks()]
+
+    def bmc_drives(self) -> list[dict]:
+        """Its BMC's Storage/1/Drives (lab/redfish.py): the real disks; none with the bmc-no-storage fault."""
+        if self.has_fault("bmc-no-storage"):
+            return []
+        return [{"id": f"Disk.Bay.{i}", "serial": d["serial"], "model": d["model"], "size_bytes": d["size_bytes"],
+                 "manufacturer": d["model"].split()[0], "media_type": "SSD"} for i, d in enumerate(self.disks())]
 
 
 @dataclass
@@ -229,7 +276,7 @@ class LabSite:
             directory = self.var_dir / name
             self.hosts[name] = host = LabHost(name=name, role="vm", mac=mac, password=secrets.token_urlsafe(12),
                                               directory=directory, fault=faults.get(name, ""), disk_bytes=disk_bytes)
-            host.vm = VMServer(name, mac, directory, disk_bytes=disk_bytes, disk_serial=host.profile()["disks"][0]["serial"],
+            host.vm = VMServer(name, mac, directory, disk_bytes=disk_bytes, disk_serial=host.disks()[0]["serial"],
                                probe_kernel=_agent_kernel())
             other = [k for k, _ in host.faults() if k not in VM_FAULTS]
             if other:
@@ -269,6 +316,7 @@ class LabSite:
         last = self._ports_last()
         self._start_image_server(last.get("images", 0))
         systems = [{"name": h.name, "mac": h.mac, "password": h.password, "port": last.get("bmc", {}).get(h.name, 0),
+                    "drives": h.bmc_drives(),
                     **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
                             if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]
@@ -652,7 +700,7 @@ class LabSite:
         shrinks one), and the intermittent Xid armed again."""
         profile = host.profile()
         host.profile_path.write_text(json.dumps(profile, indent=1))
-        for disk in profile["disks"]:
+        for disk in {d["path"]: d for d in (*host.disks(), *profile["disks"])}.values():  # decoys too
             with open(disk["path"], "ab") as f:
                 f.truncate(disk["size_bytes"])
         (host.directory / XID_FIRED).unlink(missing_ok=True)

@@ -107,7 +107,7 @@ def sku_deviations(sku: dict | None, inventory: dict | None) -> list[str]:
         want = _bytes(sku["memory"]) or 0
         have = (facts["ram_mib"] or 0) * 2**20
         if have < want:
-            out.append(f"memory: {_size(have, binary=True)} < {_size(want, binary=True)}")
+            out.append(f"memory: {size_text(have, binary=True)} < {size_text(want, binary=True)}")
     if sku.get("nvme"):
         out += _nvme_deviations(sku["nvme"], facts["disks"])
     if sku.get("nics"):
@@ -172,10 +172,10 @@ def _nvme_deviations(nvme: dict, disks: list[dict]) -> list[str]:
     fit = len(drives) - len(small)
     if want and fit >= want:
         return []
-    out = [f"NVMe: {fit} of {want} drives" + (f" of at least {_size(minimum, binary=binary)}" if minimum else "")
+    out = [f"NVMe: {fit} of {want} drives" + (f" of at least {size_text(minimum, binary=binary)}" if minimum else "")
            ] if want else []
-    return out + [f"{d.get('name')}: {_size(d.get('size_bytes') or 0, binary=binary)} < "
-                  f"{_size(minimum, binary=binary)}" for d in small]
+    return out + [f"{d.get('name')}: {size_text(d.get('size_bytes') or 0, binary=binary)} < "
+                  f"{size_text(minimum, binary=binary)}" for d in small]
 
 
 def _nic_deviations(nics: dict, found: list[dict]) -> list[str]:
@@ -193,7 +193,7 @@ def _speed(gbps) -> str:
     return "unknown speed" if not gbps else f"{gbps:g} Gb/s"
 
 
-def _size(n: float, *, binary: bool) -> str:
+def size_text(n: float, *, binary: bool) -> str:
     """1.6e12 → '1.6 TB' (decimal, as drives are sold) or, binary, 2**31 → '2 GiB'."""
     base, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB")) if binary else (1000, ("B", "kB", "MB", "GB", "TB", "PB"))
     value, unit = float(n), units[0]

@@ -469,6 +469,8 @@ def world(demo_site, apply) -> World:
 def gate_evidence(host, *, flow_id: str, tenant: str, verdict: str = "pass"):
     """One disk's erase certificate and a dcgmi health run of one gate run, as hosts.cleaning records them."""
     from hosts import cleaning
+    from hosts.census import census_take
+    from hosts.models import BareMetalHost
 
     gate = {"node_type": "gpu-server", "policy": {"method": "full", "fallback": "", "source": "NodeType gpu-server"}}
     disk = {"name": "nvme0n1", "ok": True, "serial": f"S-{flow_id}", "model": "SAMSUNG MZWLO3T8HCLS", "type": "nvme",
@@ -478,7 +480,9 @@ def gate_evidence(host, *, flow_id: str, tenant: str, verdict: str = "pass"):
                  "samples": {"count": 586, "chunk": 65536, "share": 0.01, "dirty": 0, "unchanged": 0}}
     cert = cleaning.issue_certificates(host=host, flow_id=flow_id, gate=gate,
                                        previous={"tenant": tenant, "claim": f"{tenant}-old" if tenant else ""},
-                                       erase={"disks": [disk]}, verify={"disks": [read_back], "passed": True})[0]
+                                       erase={"disks": [disk]}, verify={"disks": [read_back], "passed": True},
+                                       census=census_take(host=BareMetalHost(), bmc_drives=[
+                                           {"name": "Disk.Bay.0", "serial": disk["serial"]}]))[0]
     reasons = ["GPU Memory (GPU 3): Found 12 faulty memory elements on GPU 3"] if verdict == "fail" else []
     run = cleaning.record_health(host=host, flow_id=flow_id, suite="dcgmi", gate=gate,
                                  parsed={"verdict": verdict, "reasons": reasons, "gpus": {}},

@@ -17,6 +17,7 @@ from conftest import ROOT
 from core import keys
 from events.models import Event
 from hosts import certificates, cleaning
+from hosts.census import census_take
 from hosts.models import BareMetalHost, EraseCertificate
 from pools.models import Tenant, TenantMembership
 
@@ -50,20 +51,30 @@ def verified(**changes) -> dict:
 def host(db):
     return BareMetalHost.objects.create(name="gpu-01", bmc_address="redfish+http://127.0.0.1:1/redfish/v1/Systems/1",
                                         boot_mac="52:54:00:00:00:01", labels={"role": "gpu", "rack": "r1"},
-                                        inventory={"system": {"serial": "LAB-gpu-01"}})
+                                        inventory={"system": {"serial": "LAB-gpu-01"}, "disks": [DISK]})
 
 
-def issue(host, *, erase=None, verify=None, flow_id="f-1") -> EraseCertificate:
+DISK = {"name": "nvme0n1", "serial": "S7GPU011", "model": "SAMSUNG MZWLO3T8HCLS", "size_bytes": 3840755982336,
+        "type": "nvme"}
+
+
+def issue_all(host, *, erase=None, verify=None, flow_id="f-1", bmc_drives=None) -> list[EraseCertificate]:
     return cleaning.issue_certificates(host=host, flow_id=flow_id, gate=GATE,
                                        previous={"tenant": "alpha", "claim": "alpha-gpu-7k2x"},
-                                       erase=erase or erased(), verify=verify or verified(), boot_id="boot-1")[0]
+                                       erase=erase or erased(), verify=verify or verified(),
+                                       census=census_take(host=host, bmc_drives=bmc_drives), boot_id="boot-1")
+
+
+def issue(host, **kwargs) -> EraseCertificate:
+    return issue_all(host, **kwargs)[0]
 
 
 def test_a_certificate_carries_the_appendix_g_fields_and_the_tenancy(host):
     doc = issue(host).document
     assert doc["media"] == {"manufacturer": "SAMSUNG", "model": "SAMSUNG MZWLO3T8HCLS", "serial": "S7GPU011",
                             "media_type": "NVMe SSD", "size_bytes": 3840755982336,
-                            "source": "bare-metal host gpu-01, disk nvme0n1"}
+                            "source": "bare-metal host gpu-01, disk nvme0n1",
+                            "identified_by": "the console's census (inventory of record)"}
     s = doc["sanitization"]
     assert (s["method_type"], s["method"], s["tool"], s["tool_version"]) == ("Purge", "secure", "nvme-cli",
                                                                              "nvme version 2.8")
@@ -225,7 +236,7 @@ def test_a_fallback_and_a_failed_erase_are_on_the_certificate(host):
     assert doc["sanitization"]["requested_policy"] == "secure" and doc["sanitization"]["method_type"] == "Clear"
     failed = cleaning.issue_certificates(host=host, flow_id="f-7", gate=GATE, previous={"tenant": "alpha"},
                                          erase=erased(ok=False, error="writing zeros failed: Input/output error"),
-                                         verify=None)[0]
+                                         verify=None, census=census_take(host=host, bmc_drives=None))[0]
     assert failed.result == "fail" and failed.document["verification"]["findings"] == [
         "erase failed: writing zeros failed: Input/output error", "not verified"]
     assert certificates.verify_text(certificates.render_certificate(failed))[0]  # evidence is signed too

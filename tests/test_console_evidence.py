@@ -50,9 +50,13 @@ def verified(disk: str, serial: str, survived: int = 0) -> dict:
 def certificate(host, *, flow_id: str, tenant: str, claim: str, disk: str = "nvme0n1", serial: str = "S0",
                 survived: int = 0):
     """As the gate's verify_erase step issues it."""
+    from hosts.census import census_take
+
+    census = census_take(host=BareMetalHost(), bmc_drives=[{"name": "Disk.Bay.0", "serial": serial,
+                                                            "size_bytes": 3840755982336}])
     return cleaning.issue_certificates(host=host, flow_id=flow_id, gate=GATE,
                                        previous={"tenant": tenant, "claim": claim}, erase=erased(disk, serial),
-                                       verify=verified(disk, serial, survived))[0]
+                                       verify=verified(disk, serial, survived), census=census)[0]
 
 
 def dcgm_run(host, *, flow_id: str, verdict: str = "fail"):

@@ -1,4 +1,4 @@
-"""python manage.py repair [HOST {retest,return,retire}] [--override-reason R] [--reason R] [--actor A]
+"""python manage.py repair [HOST {retest,return,retire,accept-disks}] [--override-reason R] [--reason R] [--actor A]
 python manage.py repair --stats [--days N] [--node-type T] [--kind K] [--json]"""
 import json
 
@@ -17,15 +17,16 @@ class Command(BaseCommand):
     help = ("The repair pool: without arguments, list the hosts that need attention (in error, in repair, past "
             "their deadline) with why and what fixes it, as /repair/ does; with HOST and an action, "
             "retest it (clean and health suite again), return it to service (after a passing retest, or with "
-            "--override-reason), or retire it (--reason). Every action goes in the Event log. With --stats: the "
+            "--override-reason), retire it (--reason), or accept the disks its last inspection found as its "
+            "inventory of record (accept-disks --reason: a replaced disk). Every action goes in the Event log. With --stats: the "
             "repair ladder's figures (mean time to repair, repair rate) for the fleet, per NodeType and per failure "
             "kind.")
 
     def add_arguments(self, parser):
         parser.add_argument("host", nargs="?")
-        parser.add_argument("action", nargs="?", choices=["retest", "return", "retire"])
+        parser.add_argument("action", nargs="?", choices=["retest", "return", "retire", "accept-disks"])
         parser.add_argument("--override-reason", default="", help="return to service without a passing retest")
-        parser.add_argument("--reason", default="", help="why (required to retire)")
+        parser.add_argument("--reason", default="", help="why (required to retire and to accept disks)")
         parser.add_argument("--actor", default="admin:cli")
         parser.add_argument("--stats", action="store_true", help="mean time to repair and repair rate")
         parser.add_argument("--days", type=float, default=30, help="--stats over the cases of the last N days")
@@ -49,8 +50,11 @@ class Command(BaseCommand):
                 services.host_return_to_service(host=host, actor=actor, override_reason=options["override_reason"])
             elif options["action"] == "retire":
                 services.host_retire(host=host, actor=actor, reason=options["reason"])
+            elif options["action"] == "accept-disks":
+                record = services.host_disk_record_accept(host=host, actor=actor, reason=options["reason"])
+                self.stdout.write(f"{host.name}: inventory of record: {len(record['disks'])} disk(s)")
             else:
-                raise CommandError("give an action: retest, return or retire")
+                raise CommandError("give an action: retest, return, retire or accept-disks")
         except (IllegalTransition, ConcurrentTransition) as exc:
             raise CommandError(str(exc)) from None
         host.refresh_from_db()
