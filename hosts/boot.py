@@ -33,6 +33,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from events.choices import EventKind, ObjectType
@@ -155,10 +156,11 @@ def boot_void(*, host: BareMetalHost, boot: RamdiskBoot) -> dict:
 
     sessions = AgentSession.objects.filter(host=host, created_at__gte=boot.created_at)
     ended = sessions.count()
-    AgentSession.objects.filter(host=host, active=True).update(active=False)
-    commands = HostCommand.objects.filter(host=host, created_at__gte=boot.created_at)
+    # Queued since the boot started, or handed to one of its sessions: what the raced agent may have answered.
+    commands = HostCommand.objects.filter(Q(created_at__gte=boot.created_at) | Q(session__in=sessions), host=host)
     dropped = [f"{c.step}: {c.name} ({c.status})" for c in commands]
     commands.delete()
+    AgentSession.objects.filter(host=host, active=True).update(active=False)
     revoked = certificates_revoke(host=host, boot=boot)
     voided = {"boot": boot.pk, "via": boot.delivered_via or boot.via, "addresses": boot.fetched_from,
               "fetches": boot.fetches, "sessions_ended": ended, "commands_dropped": dropped,
@@ -323,7 +325,7 @@ def lookup_boot(*, host: BareMetalHost, secret: str) -> tuple[RamdiskBoot | None
     if boot is None or not hmac.compare_digest(boot.secret_hash, hash_secret(secret)):
         return None, "with a secret that is not this boot's"
     if boot.raced_at is not None:
-        return None, "for a raced boot (its configuration was fetched twice): it is void"
+        return None, "with the secret of a void boot (its configuration went out twice)"
     claimed = RamdiskBoot.objects.filter(pk=boot.pk, looked_up_at__isnull=True).update(looked_up_at=timezone.now())
     return (boot, "") if claimed else (None, "again for a boot whose agent already has its session")
 
