@@ -146,7 +146,8 @@ def test_an_adversary_that_races_the_boot_and_answers_as_the_agent_never_becomes
     assert not EraseCertificate.objects.filter(revoked_at__isnull=False).exists()  # nothing was signed from it
     # the real agent erased every disk of the host after the race: a passing certificate for each
     release_flow = EraseCertificate.objects.filter(host=host).order_by("-created_at").first().flow_id
-    serials = sorted(EraseCertificate.objects.filter(flow_id=release_flow, result="pass").values_list("serial", flat=True))
+    serials = sorted(EraseCertificate.objects.filter(flow_id=release_flow, result="pass")
+                     .values_list("serial", flat=True))
     assert serials == sorted(d["serial"] for d in site.hosts[host.name].profile()["disks"])
     assert BareMetalHost.objects.get().state == HostState.AVAILABLE
     assert not host_recent_failures(host=host)  # a race is no failure of the host
