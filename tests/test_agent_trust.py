@@ -259,3 +259,19 @@ def test_a_caller_who_knows_the_mac_cannot_take_over_a_provisioning_agent(
     # the release was erased by the real agent: a passing certificate for the release's flow
     assert host.erase_certificates.filter(result="pass").exists()
     assert not AgentSession.objects.filter(active=True).exists()
+
+
+def test_a_warm_hosts_boot_fetched_again_is_void_and_the_host_is_inspected_and_cleaned_anew(agent_client, booting):
+    from django.utils import timezone
+
+    secret = ipxe_secret(agent_client, booting)
+    token = post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})[1]["token"]
+    # kept warm (hosts/warm.py: keep_warm, then the gate's end): its agent idles on in the ramdisk
+    BareMetalHost.objects.filter(pk=booting.pk).update(warm_since=timezone.now())
+    host_transition(host=BareMetalHost.objects.get(pk=booting.pk), to_state="available", actor="test",
+                    reason="gate passed")
+    assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe").status_code == 404
+    host = BareMetalHost.objects.get(pk=booting.pk)
+    assert host.state == "inspecting" and host.warm_since is None
+    assert post(agent_client, "/agent/heartbeat", {"host_id": host.pk, "status": "idle"}, token)[0] == 403
+    assert len([m for m in security_events(host) if "raced" in m]) == 1

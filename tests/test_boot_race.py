@@ -193,3 +193,26 @@ def test_a_host_whose_every_boot_is_raced_goes_to_repair_because_the_network_is_
     assert moved.message == f"boot raced {races} times: the provisioning network is not trusted"
     assert len(raced_events(host)) == races
     assert not host_recent_failures(host=host)
+
+
+def test_a_boot_that_nothing_fetched_is_booted_again_early_with_the_reason_and_no_failure_counted(
+        lab_factory, celery_worker_process, apply, settings):
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
+    wait_hosts("available", 1)
+    host = BareMetalHost.objects.get()
+    site.set_fault(host.name, "no-tftp")  # the server's network boot never reaches the agent listener
+    try:
+        apply(gpu_pool(1), tenant="one")
+        lost = wait_for(lambda: Event.objects.filter(host=host, kind=EventKind.STEP,
+                                                     message__startswith="retrying: the boot is lost").first(),
+                        timeout=60)
+        site.set_fault(host.name, "")
+        claim = wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).first(), timeout=150)
+    except AssertionError:
+        raise AssertionError(lab_report()) from None
+    assert "the server did not fetch its iPXE script within" in lost.message
+    first, second = RamdiskBoot.objects.filter(host=host, fetches=0).order_by("created_at")[:2]
+    assert (second.created_at - first.created_at).total_seconds() < settings.AGENT_LOOKUP_DEADLINE_S / 2
+    assert not host_recent_failures(host=host)
+    claim.refresh_from_db()
+    assert claim.failed_hosts == [] and claim.attempts == 1
