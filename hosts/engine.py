@@ -367,7 +367,7 @@ def _boot_raced(run: Run, flow: Flow) -> bool:
     from . import boot as boot_path
     from .choices import HostState
     from .lifecycle import ConcurrentTransition
-    from .models import RamdiskBoot
+    from .models import EraseCertificate, RamdiskBoot
     from .services import host_transition
 
     raced_id = run.host.raced_boot_id
@@ -382,6 +382,19 @@ def _boot_raced(run: Run, flow: Flow) -> bool:
         reason = f"boot raced {races} times: the provisioning network is not trusted"
         try:
             host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
+                            step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
+                                                                   "message": reason, "boot_raced": voided})
+        except ConcurrentTransition:
+            pass
+        return False
+    signed = boot is not None and EraseCertificate.objects.filter(
+        host=run.host, created_at__gte=boot.created_at, revoked_at__isnull=False).exists()
+    if signed and not flow.gate and flow.clean_state:
+        # The race voided the gate this host passed before its flow (a warm host's boot): cleaned again, by the
+        # flow's cleaning state; no failure of the host or its claim (claims.reactions reads boot_raced).
+        reason = f"boot {raced_id} raced after its release gate: its certificates are revoked; cleaned again"
+        try:
+            host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
                             step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
                                                                    "message": reason, "boot_raced": voided})
         except ConcurrentTransition:

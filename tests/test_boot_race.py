@@ -217,3 +217,49 @@ def test_a_boot_that_nothing_fetched_is_booted_again_early_with_the_reason_and_n
     assert not host_recent_failures(host=host)
     claim.refresh_from_db()
     assert claim.failed_hosts == [] and claim.attempts == 1
+
+
+def test_a_warm_hosts_boot_raced_during_its_provision_revokes_its_gate_and_the_host_is_cleaned_again(
+        lab_factory, celery_worker_process, apply, open_listener):
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"], warm=1)
+    wait_for(lambda: BareMetalHost.objects.filter(state=HostState.AVAILABLE, warm_since__isnull=False).exists(),
+             timeout=120)
+    host = BareMetalHost.objects.get()
+    gate = set(EraseCertificate.objects.filter(host=host).values_list("pk", flat=True))
+    mac = host.boot_mac.replace(":", "-")
+    statuses = []
+
+    def fetch_once_provisioning():  # someone asks for the warm boot's configuration while the host is allocated
+        from django.db import connection
+
+        try:
+            wait_for(lambda: BareMetalHost.objects.filter(pk=host.pk, state=HostState.PROVISIONING).exists(),
+                     timeout=60, interval=0.02)
+        finally:
+            connection.close()  # this thread's own
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                    f"{site.console_url}/boot/{mac}.ipxe", timeout=5) as resp:
+                statuses.append(resp.status)
+        except urllib.error.HTTPError as exc:
+            statuses.append(exc.code)
+
+    thief = threading.Thread(target=fetch_once_provisioning, daemon=True)
+    thief.start()
+    try:
+        apply(gpu_pool(1), tenant="one")
+        thief.join(70)
+        claim = wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).first(), timeout=180)
+    except AssertionError:
+        raise AssertionError(lab_report()) from None
+    assert statuses == [404]  # nothing given, and the boot is void
+    assert len(raced_events(host)) == 1
+    revoked = set(EraseCertificate.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))
+    assert revoked and revoked <= gate  # the gate that boot passed no longer stands
+    cleaned = Event.objects.filter(host=host, kind=EventKind.TRANSITION, from_state=HostState.PROVISIONING,
+                                   to_state=HostState.DEPROVISIONING).first()
+    assert cleaned is not None and "raced after its release gate" in cleaned.message
+    assert EraseCertificate.objects.filter(host=host, result="pass", revoked_at__isnull=True,
+                                           created_at__gt=cleaned.created_at).exists()  # erased again
+    claim.refresh_from_db()
+    assert claim.failed_hosts == [] and not host_recent_failures(host=host)
