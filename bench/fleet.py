@@ -45,6 +45,9 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/3")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/4")  # the channel layer and the warm agents' wake
 os.environ.setdefault("DRIVE_STALE_EVERY_S", "5")
 os.environ.setdefault("AGENT_SILENCE_S", "30")
+# The lab's simulated servers fetch their iPXE script within a second of power-on: a settle window of seconds.
+os.environ.setdefault("BOOT_SETTLE_S", "3")
+os.environ.setdefault("BOOT_SETTLE_MARGIN_S", "2")
 # Every agent of the lab calls from 127.0.0.1: --hosts agents heartbeating each second, plus results.
 os.environ.setdefault("AGENT_CALL_ADDRESS_LIMIT", "1000000")
 os.environ.setdefault("SECRET_KEY", "fleet-bench-" + os.urandom(8).hex())  # the console runs with DEBUG off

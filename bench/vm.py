@@ -40,7 +40,8 @@ os.environ["DATABASE_URL"] = os.environ.get("VM_DATABASE_URL", "postgres://root@
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/2")
 MiB = 1024 * 1024
 # TCG on shared cores: bounded, generous deadlines (tests/test_vm_e2e.py uses the same).
-DEADLINES = {"AGENT_LOOKUP_DEADLINE_S": "300", "AGENT_COMMAND_DEADLINE_S": "300", "AGENT_SILENCE_S": "60",
+DEADLINES = {"BOOT_SETTLE_S": "60",  # tens of seconds from power-on to the iPXE fetch under TCG
+             "AGENT_LOOKUP_DEADLINE_S": "300", "AGENT_COMMAND_DEADLINE_S": "300", "AGENT_SILENCE_S": "60",
              "NODE_READY_DEADLINE_S": "300", "IMAGE_WRITE_DEADLINE_S": "600", "ERASE_DEADLINE_S": "600",
              "VERIFY_DEADLINE_S": "600", "POWER_STEP_DEADLINE_S": "60", "POWER_DEADLINE_S": "20",
              "POWER_POLL_S": "0.5", "NODE_READY_POLL_S": "2", "DRIVE_STALE_EVERY_S": "2", "DRAIN_DEADLINE_S": "20",

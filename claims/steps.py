@@ -2,6 +2,7 @@
 tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
 composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
 the step engine (hosts.engine) when the claims app is ready."""
+import dataclasses
 import logging
 import math
 
@@ -89,7 +90,7 @@ def step_check_tenant_api(run: Run) -> dict:
     args = {"host": target["host"], "port": target["port"], "tls": target["tls"], "ca_data": target["ca_data"],
             "timeout_s": settings.TENANT_API_CHECK_TIMEOUT_S}
     try:
-        result = agent_command(run, "check_endpoint", args)
+        result = agent_command(run, "check_endpoint", args, tenant_secret=True)  # the tenant's CA
     except StepFailed as failure:
         if run.data.get("warm") and failure.message.startswith("the agent stopped answering"):
             raise _warm_lost(run, failure.message) from None
@@ -155,7 +156,7 @@ def step_write_seed(run: Run) -> dict:
         return {"disk": ""}, {"user_data": user_data, "meta_data": meta_data,
                               "network_config": network}
 
-    agent_command(run, "write_seed", make_args=make_args, dirties_disk=True)
+    agent_command(run, "write_seed", make_args=make_args, dirties_disk=True, tenant_secret=True)
     return {"node": run.host.name}
 
 
@@ -346,7 +347,7 @@ def _warm_lost(run: Run, message: str) -> Waiting:
 # --- the flows that serve a claim, on the step engine (hosts.engine) ----------------------------------------
 
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
-    *(Step(s.name, s.run, s.deadline_s, when=cold) for s in (*RAMDISK_STEPS[:2], INSPECT_UNLESS_KNOWN)),
+    *(dataclasses.replace(s, when=cold) for s in (*RAMDISK_STEPS[:2], INSPECT_UNLESS_KNOWN)),
     *HANDOVER_STEPS,  # the handover tier, before anything is written: a failure sends the host to repair and
     # gives the claim another host
     Step(CHECK_STEP, step_check_tenant_api, setting("AGENT_COMMAND_DEADLINE_S")),

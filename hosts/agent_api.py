@@ -175,7 +175,8 @@ def lookup(request, body):
         raise Refused(403, REFUSED)
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
-        AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token))
+        AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token),
+                                    ramdisk_boot=boot)
         engine.request_drive(host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
 
@@ -306,17 +307,27 @@ def boot_script(request, mac: str):
     return HttpResponse(boot_path.ipxe_script(host, arguments), content_type="text/plain")
 
 
+TOKEN_IN_PATH = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
+
+
 @rate_limited("lookup")
 @require_GET
-def boot_media(request, mac: str):
-    """`GET /boot/<mac>.iso`: the virtual-media image of the host's ramdisk boot, fetched by its BMC."""
-    taken = MAC_IN_PATH.match(mac) and boot_path.boot_config_take(mac=mac, via="virtual-media",
-                                                                     address=client_ip(request))
+def boot_media(request, token: str):
+    """`GET /boot/media/<token>.iso`: the virtual-media image of a host's ramdisk boot, fetched by its BMC from the
+    one-time URL the console gave it in InsertMedia (hosts/boot.py). 404 for any other token, and after its use."""
+    taken = TOKEN_IN_PATH.match(token) and boot_path.boot_media_take(token=token, address=client_ip(request))
     if not taken:
-        return HttpResponseNotFound("no ramdisk boot waiting for this MAC address\n", content_type="text/plain")
+        return HttpResponseNotFound("no virtual media waiting at this address\n", content_type="text/plain")
     response = HttpResponse(boot_path.boot_iso(taken[2]), content_type="application/x-iso9660-image")
     response["Content-Disposition"] = 'attachment; filename="vmetal-boot.iso"'
     return response
+
+
+@require_GET
+def boot_media_by_mac(request, mac: str):
+    """`GET /boot/<mac>.iso`: never served. Whoever knows a MAC is not the host's BMC; the BMC has its own URL."""
+    return HttpResponseNotFound("virtual media is served only at the one-time URL given to the host's BMC\n",
+                                content_type="text/plain")
 
 
 def _command_pk(value) -> int | None:

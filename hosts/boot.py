@@ -5,13 +5,21 @@ a hash (and, encrypted, until it is delivered). The secret then reaches the serv
 
 - network boot: the server's iPXE fetches its script, `GET /boot/<mac>.ipxe`, from the agent listener; the
   script's kernel command line carries `vmetal.boot_secret=...` and `vmetal.console=...`;
-- virtual media (`redfish-virtualmedia://`): the BMC downloads `GET /boot/<mac>.iso`, a small ISO 9660
-  image whose `VMETAL.CFG` holds the same line.
+- virtual media (`redfish-virtualmedia://`): the console gives the BMC, in InsertMedia, a one-time URL with
+  an unguessable token, `GET /boot/media/<token>.iso`: a small ISO 9660 image whose `VMETAL.CFG` holds the
+  same line. Nothing is served by MAC for such a host, and no iPXE script either; a PXE host gets no ISO.
 
-Each is served once, and only while the boot is new: a second fetch gets 404 and is recorded as a security
-event (someone else on the provisioning network asked first, or the boot is being replayed). Neither is on
-the console's public listener, and nothing a tenant can read names the secret. The agent presents the
-secret in its lookup (hosts/agent_api.py); the lookup that does opens the boot's one session."""
+Each is served once, and only while the boot is new. Neither is on the console's public listener, and nothing
+a tenant can read names the secret. The agent presents the secret in its lookup (hosts/agent_api.py); the
+lookup that does opens the boot's one session.
+
+Someone on the provisioning network who knows a host's MAC can fetch its iPXE script before the server does.
+The server's own fetch then reveals it: a boot whose configuration was asked for twice is *raced* and void
+(boot_race): its sessions end at once, and the host's flow boots it again with a new secret (hosts/engine.py),
+counting no failure. Since only the server's fetch reveals a race, nothing that a race could steal or forge is
+acted on before the boot has *settled* (boot_unsettled_s): its settle window (boot_settle_s: the NodeType's
+measured p95 from power-on to fetch, with a margin) has passed with one fetch. Virtual media settles on its one
+delivery: its URL went to the BMC only."""
 from __future__ import annotations
 
 import hashlib
@@ -23,13 +31,16 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
 from .bootmedia import BootFiles, bootable_iso
+from .choices import HostState
 from .models import AgentSession, BareMetalHost, RamdiskBoot
 
 log = logging.getLogger(__name__)
@@ -41,42 +52,229 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def ramdisk_boot_start(*, host: BareMetalHost, flow_id: str) -> RamdiskBoot:
+IPXE, VIRTUAL_MEDIA = "ipxe", "virtual-media"
+
+
+def ramdisk_boot_start(*, host: BareMetalHost, flow_id: str, via: str = IPXE) -> RamdiskBoot:
     """A new ramdisk boot of `host`: earlier boots and their agent sessions end, a new secret waits for
-    its one delivery. Called just before the power-on that boots it."""
+    its one delivery. Called just before the power-on that boots it. A virtual-media boot also gets its
+    one-time URL (`boot.media_url`, for the BMC's InsertMedia; only its token's hash is kept)."""
     secret = secrets.token_urlsafe(32)
+    token = secrets.token_urlsafe(32) if via == VIRTUAL_MEDIA else ""
+    settle_s = boot_settle_s(host) if via == IPXE else 0.0
     with transaction.atomic():
         agent_sessions_end(host_ids=[host.pk])
         # An earlier boot's secret not delivered yet is never delivered now.
         RamdiskBoot.objects.filter(host=host, delivered_at__isnull=True).update(secret="")
-        return RamdiskBoot.objects.create(host=host, flow_id=flow_id, secret=secret, secret_hash=hash_secret(secret))
+        boot = RamdiskBoot.objects.create(host=host, flow_id=flow_id, secret=secret, secret_hash=hash_secret(secret),
+                                          via=via, media_token_hash=hash_secret(token) if token else "",
+                                          settle_s=settle_s)
+    boot.media_url = f"{settings.AGENT_BOOT_URL.rstrip('/')}/boot/media/{token}.iso" if token else ""
+    return boot
 
 
 def agent_sessions_end(*, host_ids: list[int]) -> int:
-    """The boot is over (power off, boot from disk, the host left its flow): its agent's token stops working."""
+    """The boot is over (power off, boot from disk, the host left its flow): its agent's token stops working,
+    and a fetch of its configuration no longer races it."""
+    RamdiskBoot.objects.filter(host_id__in=host_ids, ended_at__isnull=True).update(ended_at=timezone.now())
     return AgentSession.objects.filter(host_id__in=host_ids, active=True).update(active=False)
 
 
 def boot_config_take(*, mac: str, via: str, address: str) -> tuple[BareMetalHost, str, str] | None:
-    """The boot path asks for the host's boot configuration: (host, secret, kernel arguments) once per boot,
-    or None. A second request for a boot already delivered is recorded as a security event."""
+    """The boot path asks for the host's boot configuration by MAC (iPXE): (host, secret, kernel arguments) once
+    per boot, or None. A second request for a boot already delivered races it (boot_race)."""
     mac = mac.lower().replace("-", ":")
     host = BareMetalHost.objects.filter(boot_mac=mac).first()
     if host is None:
         return None
     boot = RamdiskBoot.objects.filter(host=host).first()
-    fresh = timezone.now() - timedelta(seconds=settings.AGENT_LOOKUP_DEADLINE_S + settings.POWER_STEP_DEADLINE_S)
-    if boot is None or boot.created_at < fresh:
+    if boot is None or (boot.via and boot.via != via):
+        return None  # a virtual-media host's configuration goes to its BMC only
+    return _take(host, boot, via, address)
+
+
+def boot_media_take(*, token: str, address: str) -> tuple[BareMetalHost, str, str] | None:
+    """The BMC downloads the one-time URL of a virtual-media boot: as boot_config_take, by the URL's token."""
+    boot = RamdiskBoot.objects.select_related("host").filter(media_token_hash=hash_secret(token), via=VIRTUAL_MEDIA
+                                                             ).exclude(media_token_hash="").first()
+    if boot is None:
         return None
+    return _take(boot.host, boot, VIRTUAL_MEDIA, address)
+
+
+def _take(host: BareMetalHost, boot: RamdiskBoot, via: str, address: str) -> tuple[BareMetalHost, str, str] | None:
+    """Count the fetch; deliver the secret to the first one of a fresh boot; race a delivered boot on a later one."""
+    fresh = timezone.now() - timedelta(seconds=settings.AGENT_LOOKUP_DEADLINE_S + settings.POWER_STEP_DEADLINE_S)
     with transaction.atomic():
-        taken = RamdiskBoot.objects.filter(pk=boot.pk, delivered_at__isnull=True).exclude(secret="").update(
-            delivered_at=timezone.now(), delivered_via=via, secret="")
-        if not taken:
-            security_event(host=host, message=f"boot configuration ({via}) asked for again from {address or '?'}: "
-                                              "it is served once per boot; this boot's agent may be refused",
-                           data={"via": via, "address": address, "boot": boot.pk})
-            return None
-    return host, boot.secret, kernel_arguments(host, boot.secret)
+        boot = RamdiskBoot.objects.select_for_update().filter(pk=boot.pk).first()
+        if boot is None or boot.ended_at is not None:
+            return None  # an ended boot is nobody's any more: nothing to give, nothing to race
+        boot.fetches += 1
+        boot.fetched_from = [*boot.fetched_from, address or "?"][-16:]
+        secret = ""
+        if boot.delivered_at is None and boot.secret and boot.created_at >= fresh:
+            secret, boot.secret = boot.secret, ""
+            boot.delivered_at, boot.delivered_via = timezone.now(), via
+        boot.save(update_fields=["fetches", "fetched_from", "secret", "delivered_at", "delivered_via"])
+        if not secret and boot.delivered_at is not None and boot.raced_at is None:
+            boot_race(host=host, boot=boot)
+    return (host, secret, kernel_arguments(host, secret)) if secret else None
+
+
+def boot_race(*, host: BareMetalHost, boot: RamdiskBoot) -> None:
+    """The boot's configuration went out twice: someone else has (or had) its secret. Void at once (boot_void):
+    every session of the boot ends (403 on its next call), what its agent did is dropped, and the host's flow is
+    asked to boot it again (the engine reads raced_boot_id on its next drive)."""
+    now = timezone.now()
+    RamdiskBoot.objects.filter(pk=boot.pk).update(raced_at=now, ended_at=now, secret="")
+    boot.raced_at = boot.ended_at = now
+    voided = boot_void(host=host, boot=boot)
+    if host.state == HostState.AVAILABLE and host.warm_since is not None:
+        # A warm host: no flow runs to boot it again, so it is inspected and cleaned anew.
+        from .services import host_transition
+
+        host_transition(host=host, to_state=HostState.INSPECTING, actor="system:agent-listener",
+                        reason=f"{race_text(boot)}: inspected and cleaned again with a new boot",
+                        data={"boot_raced": voided})
+        return
+    BareMetalHost.objects.filter(pk=host.pk).update(raced_boot_id=boot.pk)
+    from . import engine
+
+    engine.request_drive(host.pk)
+
+
+def race_text(boot: RamdiskBoot) -> str:
+    return (f"boot {boot.pk} raced: its configuration was fetched {boot.fetches} times "
+            f"(from {', '.join(dict.fromkeys(boot.fetched_from)) or '?'})")
+
+
+def boot_void(*, host: BareMetalHost, boot: RamdiskBoot) -> dict:
+    """Nothing the raced boot's agent did is used: its sessions end, its commands (since the boot started) are
+    dropped with their results unread (the flow queues them again for the next boot), the certificates signed
+    since it started are revoked, and one security event names the boot, the addresses and what was voided."""
+    from .models import HostCommand
+
+    sessions = AgentSession.objects.filter(host=host, created_at__gte=boot.created_at)
+    ended = sessions.count()
+    # Queued since the boot started, or handed to one of its sessions: what the raced agent may have answered.
+    commands = HostCommand.objects.filter(Q(created_at__gte=boot.created_at) | Q(session__in=sessions), host=host)
+    dropped = [f"{c.step}: {c.name} ({c.status})" for c in commands]
+    commands.delete()
+    AgentSession.objects.filter(host=host, active=True).update(active=False)
+    revoked = certificates_revoke(host=host, boot=boot)
+    voided = {"boot": boot.pk, "via": boot.delivered_via or boot.via, "addresses": boot.fetched_from,
+              "fetches": boot.fetches, "sessions_ended": ended, "commands_dropped": dropped,
+              "certificates_revoked": revoked}
+    parts = [f"{ended} agent session(s) ended", f"{len(dropped)} agent command(s) dropped unused"]
+    if revoked:
+        parts.append(f"{len(revoked)} erase certificate(s) revoked")
+    security_event(host=host, message=(f"{race_text(boot)}; someone else on the provisioning network has its "
+                                       f"secret. The boot is void: {', '.join(parts)}; the host boots again with "
+                                       "a new secret"), data=voided)
+    return voided
+
+
+def certificates_revoke(*, host: BareMetalHost, boot: RamdiskBoot) -> list[str]:
+    """The host's erase certificates signed since the raced boot started: revoked (verify-certificate says so)."""
+    from .models import EraseCertificate
+
+    certificates = EraseCertificate.objects.filter(host=host, created_at__gte=boot.created_at, revoked_at__isnull=True)
+    revoked = [str(c.certificate_id) for c in certificates]
+    if revoked:
+        certificates.update(revoked_at=timezone.now(), revoked_reason=f"{race_text(boot)}: signed from a void boot")
+    return revoked
+
+
+def boot_races_in_a_row(host_id: int) -> int:
+    """How many of the host's latest ramdisk boots were raced, newest first, up to the first that was not."""
+    count = 0
+    for raced_at in RamdiskBoot.objects.filter(host_id=host_id).values_list("raced_at", flat=True)[:50]:
+        if raced_at is None:
+            break
+        count += 1
+    return count
+
+
+def boot_unsettled_s(host_id: int) -> float:
+    """Seconds until the host's newest ramdisk boot has settled (0: it has, or the host has none): its settle
+    window passed with one fetch at most, or its virtual media delivered once. A raced boot never settles."""
+    boot = (RamdiskBoot.objects.filter(host_id=host_id)
+            .only("created_at", "settle_s", "fetches", "raced_at", "via", "delivered_at").first())
+    if boot is None:
+        return 0.0
+    if boot.raced_at is not None or boot.fetches > 1:
+        # Void: until the host's flow has dealt with it (booted again, or sent the host to repair) nothing waits on.
+        pending = BareMetalHost.objects.filter(pk=host_id, raced_boot_id=boot.pk).exists()
+        return max(1.0, settings.POWER_POLL_S) if pending else 0.0
+    if boot.via == VIRTUAL_MEDIA and boot.delivered_at is not None:
+        return 0.0
+    window = boot.settle_s if boot.settle_s is not None else settings.BOOT_SETTLE_S
+    return max(0.0, (boot.created_at + timedelta(seconds=window) - timezone.now()).total_seconds())
+
+
+def boot_lost(host_id: int) -> str:
+    """Why the host's newest ramdisk boot is known lost without a race ("" when it is not): its configuration
+    was asked for and refused (a stale boot), or nothing asked for it within twice its settle window of power-on
+    (the server never reached the agent listener: it was down, or the boot path is broken)."""
+    boot = (RamdiskBoot.objects.filter(host_id=host_id)
+            .only("created_at", "settle_s", "fetches", "raced_at", "via", "delivered_at", "looked_up_at").first())
+    if boot is None or boot.raced_at is not None or boot.delivered_at is not None:
+        return ""
+    if boot.fetches:
+        return f"its boot configuration was asked for {boot.fetches} time(s) and refused (the boot was stale)"
+    window = 2 * max(boot.settle_s or 0.0, settings.BOOT_SETTLE_S if boot.via == VIRTUAL_MEDIA else 0.0)
+    if not window:
+        window = 2 * settings.BOOT_SETTLE_S
+    if timezone.now() - boot.created_at < timedelta(seconds=window):
+        return ""
+    what = "its BMC did not download the virtual media" if boot.via == VIRTUAL_MEDIA else \
+        "the server did not fetch its iPXE script"
+    return f"{what} within {window:g}s of power-on (the agent listener down, or the boot path unreachable)"
+
+
+def boot_settle_s(host: BareMetalHost) -> float:
+    """The settle window of a network boot of `host`: its NodeType's p95 from the power-on request to the iPXE
+    fetch (the last BOOT_SETTLE_HISTORY boots of the hosts it selects that were fetched once), times 1.5 plus
+    BOOT_SETTLE_MARGIN_S, so that a slow POST still shows its fetch inside the window; BOOT_SETTLE_S until
+    BOOT_SETTLE_SAMPLES such boots were measured; at most AGENT_LOOKUP_DEADLINE_S. Kept a few minutes per type."""
+    from pools.matching import label_selector_matches
+
+    from .cleaning import node_type_for
+
+    node_type = node_type_for(host)
+    key = f"boot-settle:{node_type.pk if node_type else f'host-{host.pk}'}"
+    try:
+        kept = cache.get(key)
+    except Exception:
+        kept = None
+    if kept is not None:
+        return kept
+    if node_type is not None and node_type.host_selector:
+        ids = [pk for pk, labels in BareMetalHost.objects.values_list("pk", "labels")
+               if label_selector_matches(node_type.host_selector, labels or {})]
+    else:
+        ids = [host.pk]
+    rows = (RamdiskBoot.objects.filter(host_id__in=ids, via=IPXE, fetches=1, raced_at__isnull=True,
+                                       delivered_at__isnull=False)
+            .order_by("-created_at").values_list("created_at", "delivered_at")[:settings.BOOT_SETTLE_HISTORY])
+    took = sorted((delivered - created).total_seconds() for created, delivered in rows)
+    if len(took) < settings.BOOT_SETTLE_SAMPLES:
+        window = settings.BOOT_SETTLE_S
+    else:
+        window = _p95(took) * 1.5 + settings.BOOT_SETTLE_MARGIN_S
+    window = round(min(window, settings.AGENT_LOOKUP_DEADLINE_S), 3)
+    try:
+        cache.set(key, window, timeout=300)
+    except Exception:
+        pass
+    return window
+
+
+def _p95(ordered: list[float]) -> float:
+    rank = (len(ordered) - 1) * 0.95
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def kernel_arguments(host: BareMetalHost, secret: str) -> str:
@@ -118,10 +316,6 @@ def boot_iso(arguments: str) -> bytes:
     return out.getvalue()
 
 
-def virtual_media_url(host: BareMetalHost) -> str:
-    return f"{settings.AGENT_BOOT_URL.rstrip('/')}/boot/{host.boot_mac.replace(':', '-')}.iso"
-
-
 def lookup_boot(*, host: BareMetalHost, secret: str) -> tuple[RamdiskBoot | None, str]:
     """(the host's newest boot, "") when `secret` is its secret and no lookup has used it yet (claimed here);
     else (None, why it is refused). One read of the boot, one compare-and-swap to claim it."""
@@ -130,6 +324,8 @@ def lookup_boot(*, host: BareMetalHost, secret: str) -> tuple[RamdiskBoot | None
         return None, "without a boot secret"
     if boot is None or not hmac.compare_digest(boot.secret_hash, hash_secret(secret)):
         return None, "with a secret that is not this boot's"
+    if boot.raced_at is not None:
+        return None, "with the secret of a void boot (its configuration went out twice)"
     claimed = RamdiskBoot.objects.filter(pk=boot.pk, looked_up_at__isnull=True).update(looked_up_at=timezone.now())
     return (boot, "") if claimed else (None, "again for a boot whose agent already has its session")
 

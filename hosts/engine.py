@@ -74,6 +74,7 @@ class Step:
     deadline_s: Callable[[], float]
     on_deadline: str = FAIL
     when: Callable[["Run"], bool] | None = None
+    boots_ramdisk: bool = False  # powers the host into the agent's ramdisk: where a void boot starts again
 
     def applies(self, run: "Run") -> bool:
         return self.when is None or bool(self.when(run))
@@ -277,8 +278,12 @@ def _advance(host_id: int) -> bool:
         if flow.begin is not None:
             flow.begin(run)
         run.save_flow()
+    if host.raced_boot_id is not None:
+        return _boot_raced(run, flow)
     step = next((s for s in flow.steps if s.name not in run.flow["done"] and s.applies(run)), None)
     if step is None:
+        if flow.gate and _unsettled(run):  # a gate passes only on a boot that has settled
+            return False
         flow.finish(run)
         return True
     if run.flow.get("step") != step.name:
@@ -299,6 +304,9 @@ def _advance(host_id: int) -> bool:
             request_drive(host_id, countdown=wait.recheck_s)
         return False
     except StepFailed as failure:
+        if _unsettled(run):
+            # An agent's failure is its word: on a boot that may still turn out raced it decides nothing yet.
+            return False
         if step.on_deadline == SKIP:
             _skip(run, step.name, failure.message, elapsed)
             return True
@@ -329,6 +337,97 @@ def _skip(run: Run, step: str, reason: str, elapsed: float) -> None:
 
 
 RETRY_KEYS = ("last_error", "last_error_at", "retries")  # a step's retries, on the flow row while it runs
+
+
+# --- a void ramdisk boot: boot again -------------------------------------------------------------------
+
+def boot_settled(run: Run, what: str) -> None:
+    """Wait (raise Waiting) until the host's ramdisk boot has settled: nothing a race could steal or forge is
+    acted on before (hosts/boot.py)."""
+    from . import boot as boot_path
+
+    left = boot_path.boot_unsettled_s(run.host.pk)
+    if left:
+        raise Waiting(f"{what} for the boot to settle ({left:.1f}s)", recheck_s=left + 0.05)
+
+
+def _unsettled(run: Run) -> bool:
+    """The host's ramdisk boot has not settled (hosts/boot.py): look again when it will have."""
+    from . import boot as boot_path
+
+    left = boot_path.boot_unsettled_s(run.host.pk)
+    if left:
+        request_drive(run.host.pk, countdown=min(left + 0.05, settings.AGENT_SILENCE_S))
+    return bool(left)
+
+
+def _boot_raced(run: Run, flow: Flow) -> bool:
+    """The host's ramdisk boot was raced and voided (hosts/boot.py: boot_race, boot_void): the flow boots the host
+    again with a new secret, no failure counted; BOOT_RACES_BEFORE_REPAIR raced boots in a row: to repair."""
+    from . import boot as boot_path
+    from .choices import HostState
+    from .lifecycle import ConcurrentTransition
+    from .models import EraseCertificate, RamdiskBoot
+    from .services import host_transition
+
+    raced_id = run.host.raced_boot_id
+    if not BareMetalHost.objects.filter(pk=run.host.pk, raced_boot_id=raced_id).update(raced_boot_id=None):
+        return True  # another drive dealt with it
+    boot = RamdiskBoot.objects.filter(pk=raced_id).first()
+    if boot is not None:  # a certificate a drive signed while the race was being voided
+        boot_path.certificates_revoke(host=run.host, boot=boot)
+    voided = {"boot": raced_id}
+    races = boot_path.boot_races_in_a_row(run.host.pk)
+    if races >= settings.BOOT_RACES_BEFORE_REPAIR:
+        reason = f"boot raced {races} times: the provisioning network is not trusted"
+        try:
+            host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
+                            step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
+                                                                   "message": reason, "boot_raced": voided})
+        except ConcurrentTransition:
+            pass
+        return False
+    signed = boot is not None and EraseCertificate.objects.filter(
+        host=run.host, created_at__gte=boot.created_at, revoked_at__isnull=False).exists()
+    if signed and not flow.gate and flow.clean_state:
+        # The race voided the gate this host passed before its flow (a warm host's boot): cleaned again, by the
+        # flow's cleaning state; no failure of the host or its claim (claims.reactions reads boot_raced).
+        reason = f"boot {raced_id} raced after its release gate: its certificates are revoked; cleaned again"
+        try:
+            host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
+                            step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
+                                                                   "message": reason, "boot_raced": voided})
+        except ConcurrentTransition:
+            pass
+        return False
+    boot_again(run, flow, f"boot {raced_id} raced (its configuration was fetched twice): booting again with a "
+                          "new secret")
+    return True
+
+
+def boot_again(run: Run, flow: Flow, reason: str) -> None:
+    """Start the flow's ramdisk boot over: its power-on step and every step after it are undone (their agent
+    commands of this run dropped, their results unread), and the next drive powers the host off and on into the
+    ramdisk with a new secret. No failure: the step's Event says why ("retrying: ...")."""
+    names = [s.name for s in flow.steps]
+    starts = [i for i, s in enumerate(flow.steps) if s.boots_ramdisk]
+    if not starts:
+        return
+    done = [i for i in starts if names[i] in run.flow["done"]]
+    first = done[-1] if done else starts[0]
+    again = names[first:]
+    current = run.flow.get("step") or names[first]
+    for name in again:
+        run.flow["done"].pop(name, None)
+        run.data.pop(name, None)  # a power step's record of what it sent
+    if run.data.get("warm"):
+        run.data["warm"] = False  # a warm host's provision goes on by the cold path, as when its agent is lost
+    HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step__in=again).delete()
+    for kept in RETRY_KEYS:
+        run.flow.pop(kept, None)
+    run.flow.pop("step", None)
+    run.save_flow()
+    _step_event(run, current, f"retrying: {reason}", data={"boot_again": True})
 
 
 def step_retry(run: Run, error: str, *, recheck_s: float | None) -> Waiting:
@@ -402,14 +501,18 @@ def disk_written(run: Run) -> bool:
 
 
 def agent_command(run: Run, name: str, args: dict | None = None, secret_args: dict | None = None,
-                  make_args: Callable[[], tuple[dict, dict]] | None = None, dirties_disk: bool = False) -> dict:
+                  make_args: Callable[[], tuple[dict, dict]] | None = None, dirties_disk: bool = False,
+                  tenant_secret: bool = False) -> dict:
     """Queue `name` for the agent once per flow step; finish with its result, fail with its error.
     `dirties_disk`: the command writes the disk (an image, a seed). The flow run records that before the command
     is queued (disk_written), and a failed one asks for the host to be cleaned (StepFailed.clean): it may have
-    left part of its work on the disk."""
+    left part of its work on the disk. `tenant_secret`: the command carries a tenant's secret (a join token, its
+    CA): it is queued only once the agent's boot has settled (hosts/boot.py), so a raced boot never gets it."""
     step = run.flow["step"]
     command = HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step=step).first()
     if command is None:
+        if tenant_secret:
+            boot_settled(run, f"{name} waits")
         if make_args is not None:
             args, secret_args = make_args()
         if dirties_disk and not run.data.get(DISK_WRITTEN):

@@ -2,6 +2,7 @@
 agent's inventory, then the release gate), retest; the steps that provision and deprovision reuse (power,
 the agent's ramdisk, the release gate: erase → verify → GPU reset → health suite); and where a host goes when
 a flow finishes or fails (`finish`, `fail`). The flows that serve a claim are composed by claims.steps."""
+import dataclasses
 import logging
 
 from django.conf import settings
@@ -24,6 +25,7 @@ from .engine import (
     StepFailed,
     Waiting,
     agent_command,
+    boot_settled,
     disk_written,
     register_flow,
     setting,
@@ -179,11 +181,14 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
             if want == "off":
                 bmc.power_off()
                 return
+            ramdisk = None
             if boot != "disk":
                 # A new ramdisk boot: its secret reaches the server only through the boot path (hosts/boot.py).
-                boot_path.ramdisk_boot_start(host=run.host, flow_id=run.flow["id"])
-            if bmc.virtual_media_boot and boot != "disk":
-                bmc.insert_virtual_media(boot_path.virtual_media_url(run.host))
+                ramdisk = boot_path.ramdisk_boot_start(
+                    host=run.host, flow_id=run.flow["id"],
+                    via=boot_path.VIRTUAL_MEDIA if bmc.virtual_media_boot else boot_path.IPXE)
+            if bmc.virtual_media_boot and ramdisk is not None:
+                bmc.insert_virtual_media(ramdisk.media_url)  # its one-time URL: to the BMC only
                 bmc.set_boot_once("cd")
             else:
                 if bmc.virtual_media_boot:
@@ -228,11 +233,23 @@ def step_boot_from_disk(run: Run) -> dict:
 
 
 def step_agent_lookup(run: Run) -> dict:
+    """The agent of this boot looked up. A boot known lost (its configuration refused, or not fetched within
+    twice its settle window: the listener was down, the boot path broken) is booted again at once, with a new
+    secret and no failure counted, up to BOOT_RACES_BEFORE_REPAIR times in a flow run; a raced one the engine
+    boots again itself (engine._boot_raced)."""
+    from .engine import FLOWS, boot_again
+
     since = parse_datetime(run.data.get("ramdisk_boot_at") or run.flow["step_started_at"])
     session = AgentSession.objects.filter(host=run.host, active=True, created_at__gte=since).first()
-    if session is None:
-        raise Waiting("the agent has not called back yet")
-    return {"boot_id": session.boot_id}
+    if session is not None:
+        return {"boot_id": session.boot_id}
+    lost = boot_path.boot_lost(run.host.pk)
+    if lost and int(run.data.get("boots_lost") or 0) < settings.BOOT_RACES_BEFORE_REPAIR:
+        run.data["boots_lost"] = int(run.data.get("boots_lost") or 0) + 1
+        boot_again(run, FLOWS[run.flow["name"]], f"the boot is lost: {lost}; booting again with a new secret")
+        raise Waiting("booting again", recheck_s=0.1)
+    # Looked at again within the window that tells a lost boot, even if no agent calls.
+    raise Waiting("the agent has not called back yet", recheck_s=settings.BOOT_SETTLE_S)
 
 
 def step_inspect(run: Run) -> dict:
@@ -243,6 +260,7 @@ def step_inspect(run: Run) -> dict:
     from .services import host_derive_labels
 
     inventory = agent_command(run, "inspect")
+    boot_settled(run, "the inventory is kept")  # an inventory of record never comes from a raced boot
     record = BareMetalHost.objects.filter(pk=run.host.pk).values_list("disk_record", flat=True).first()
     if not record:
         # A host inspected before the console kept a record: its earlier inspection, not this boot's, is the record.
@@ -311,7 +329,7 @@ def unless_untouched(steps: list[Step]) -> list[Step]:
     def applies(run: Run, step: Step) -> bool:
         return written(run) and step.applies(run)
 
-    return [Step(s.name, s.run, s.deadline_s, s.on_deadline, when=lambda run, s=s: applies(run, s)) for s in steps]
+    return [dataclasses.replace(s, when=lambda run, s=s: applies(run, s)) for s in steps]
 
 
 def step_no_erase_needed(run: Run) -> dict:
@@ -409,6 +427,7 @@ def _issue_certificates(run: Run, gate: dict, *, erase: dict | None, verify: dic
     """The signed certificates of this erase; a console that cannot sign fails the gate step with the reason."""
     from . import certificates, cleaning
 
+    boot_settled(run, "the erase certificates are signed")  # never from a boot that may be raced
     try:
         return cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate,
                                            previous=gate["previous"], erase=erase, verify=verify,
@@ -661,6 +680,7 @@ def _tier_gpus(run: Run, tier: str) -> dict:
     if not want:
         return {"skipped": "the NodeType states no GPU"}
     inventory = agent_command(run, "inspect")
+    boot_settled(run, "the inventory is kept")
     BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
     if values["sku_gpu"]:
         reasons = sku_deviations({"gpu": values["sku_gpu"]}, inventory)
@@ -761,7 +781,7 @@ CLEANING_STEPS = [
 # The flows a host runs for itself. The ones that serve a claim (provision, deprovision) are composed of these
 # steps and the claim's own by claims.steps.
 RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
-    Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S")),
+    Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S"), boots_ramdisk=True),
     Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
     Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),
     Step("sku_check", step_sku_check, lambda: 60.0),  # reads the database only: one drive

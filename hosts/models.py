@@ -74,6 +74,9 @@ class BareMetalHost(models.Model):
     warm_since = models.DateTimeField(null=True, blank=True, db_index=True)
     warm_until = models.DateTimeField(null=True, blank=True)  # powered off after this, if still idle
     driven_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # A ramdisk boot found raced (hosts/boot.py), not yet dealt with by the host's flow: the next drive, under
+    # its lease, boots the host again (read with the row the drive loads anyway: no query of its own).
+    raced_boot_id = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -138,6 +141,9 @@ class AgentSession(models.Model):
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(auto_now_add=True)
+    # The boot whose secret opened the session: a raced boot ends every session of it (hosts/boot.py).
+    ramdisk_boot = models.ForeignKey("RamdiskBoot", null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="sessions")
 
     class Meta:
         ordering = ["-created_at"]
@@ -152,7 +158,11 @@ class RamdiskBoot(models.Model):
     that boot. The secret reaches the server only through its boot path (the per-host iPXE script, or the
     virtual-media image), served once on the agent listener; the console keeps its hash, and the secret
     itself (encrypted) only until that one delivery. The lookup that presents it opens the boot's one agent
-    session; a second lookup is refused. Only the host's newest boot counts."""
+    session; a second lookup is refused. Only the host's newest boot counts.
+
+    A boot whose configuration was fetched more than once is raced (someone else on the provisioning network
+    asked for it too): it is void, and the console boots the host again with a new secret. Nothing the boot's
+    agent reports is trusted before the boot has settled: `settle_s` after its start with one fetch at most."""
 
     host = models.ForeignKey(BareMetalHost, on_delete=models.CASCADE, related_name="ramdisk_boots")
     flow_id = models.CharField(max_length=64, blank=True)
@@ -162,6 +172,13 @@ class RamdiskBoot(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
     delivered_via = models.CharField(max_length=16, blank=True)  # ipxe, virtual-media
     looked_up_at = models.DateTimeField(null=True, blank=True)
+    via = models.CharField(max_length=16, blank=True)  # how it is to be delivered: ipxe, virtual-media
+    media_token_hash = models.CharField(max_length=64, blank=True)  # virtual media: the one-time URL's token
+    fetches = models.PositiveIntegerField(default=0)  # requests for its configuration, served or not
+    fetched_from = models.JSONField(default=list, blank=True)  # their client addresses
+    settle_s = models.FloatField(null=True, blank=True)  # decided at its start (hosts.boot.boot_settle_s)
+    raced_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)  # powered off, booted from disk: no race after this
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -231,6 +248,9 @@ class EraseCertificate(models.Model):
     signature = models.CharField(max_length=128)
     key_id = models.CharField(max_length=32)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Signed from a boot found raced afterwards: the signature still checks, the console no longer stands by it.
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-created_at", "disk"]

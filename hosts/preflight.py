@@ -50,6 +50,7 @@ WATCHED = ("bmc_address", "bmc_username", "bmc_password", "bmc_disable_certifica
 PERIODIC_EXCLUDED = (HostState.RETIRED,)
 # A MAC no host can have (locally administered, all zero otherwise): the boot route's probe.
 PROBE_MAC = "02-00-00-00-00-00"
+PROBE_TOKEN = "preflight-probe-not-a-boot-token"
 
 
 # --- the checks: network only, plain values in, plain values out ---------------------------------------------
@@ -114,7 +115,7 @@ def _route_probe(url: str) -> str:
     status, body, error = _probe(url)
     if error:
         return f"boot route {url} not reachable: {error}"
-    if status == 404 and (not body or body.startswith("no ramdisk boot waiting")):
+    if status == 404 and (not body or body.startswith(("no ramdisk boot waiting", "no virtual media waiting"))):
         return ""
     if status == 405:  # answered, and it is a route that wants GET: the listener is there
         return ""
@@ -137,7 +138,7 @@ class BootPath:
         self._answers: dict[tuple[str, str], str] = {}
         base = (settings.AGENT_BOOT_CHECK_URL or settings.AGENT_BOOT_URL).rstrip("/")
         self.script_url = f"{base}/boot/{PROBE_MAC}.ipxe"
-        self.iso_url = f"{base}/boot/{PROBE_MAC}.iso"
+        self.iso_url = f"{base}/boot/media/{PROBE_TOKEN}.iso"  # a one-time URL no boot has
 
     def _ask(self, kind: str, url: str) -> str:
         key = (kind, url)

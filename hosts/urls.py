@@ -9,7 +9,9 @@ agent_urlpatterns = [
     path("agent/heartbeat", agent_api.heartbeat, name="agent-heartbeat"),
     path("agent/result", agent_api.result, name="agent-result"),
     path("boot/<str:mac>.ipxe", agent_api.boot_script, name="boot-script"),
-    path("boot/<str:mac>.iso", agent_api.boot_media, name="boot-media"),
+    # Virtual media: only by the one-time URL the console gave the BMC; never by MAC (that path answers 404).
+    path("boot/media/<str:token>.iso", agent_api.boot_media, name="boot-media"),
+    path("boot/<str:mac>.iso", agent_api.boot_media_by_mac, name="boot-media-by-mac"),
 ]
 
 image_urlpatterns = [

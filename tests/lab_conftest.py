@@ -16,6 +16,8 @@ FAST = {
     # Hosts the gate sets aside stay in repair, where these tests look for them; tests/test_repair_ladder.py turns
     # the ladder on (ladder_lab).
     "REPAIR_LADDER": "0", "REPAIR_COLD_OFF_S": "1",
+    # The lab's servers fetch their boot configuration within a second of power-on: a settle window of seconds.
+    "BOOT_SETTLE_S": "2", "BOOT_SETTLE_MARGIN_S": "1",
 }
 
 # Tenant pool `gpu` over the lab's gpu-servers, as a tenant's vcluster.yaml declares it.

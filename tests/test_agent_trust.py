@@ -6,14 +6,16 @@ import json
 
 import pycdlib
 import pytest
+from django.conf import settings
+from django.core.management import call_command
 
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from events.choices import EventKind
 from events.models import Event
-from hosts.boot import ramdisk_boot_start
-from hosts.models import AgentSession, BareMetalHost, HostCommand
+from hosts.boot import VIRTUAL_MEDIA, ramdisk_boot_start
+from hosts.models import AgentSession, BareMetalHost, HostCommand, RamdiskBoot
 from hosts.services import host_transition
 
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
@@ -64,7 +66,7 @@ def test_a_lookup_with_a_guessed_secret_gets_nothing(agent_client, booting):
     assert any("not this boot's" in m for m in security_events(booting))
 
 
-def test_the_ipxe_script_carries_the_boot_secret_once_and_a_second_request_is_recorded(agent_client, booting):
+def test_the_ipxe_script_carries_the_boot_secret_once_and_a_second_request_races_the_boot(agent_client, booting):
     script = agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe")
     text = script.content.decode()
     assert script.status_code == 200 and text.startswith("#!ipxe") and "vmetal.console=" in text
@@ -72,22 +74,89 @@ def test_the_ipxe_script_carries_the_boot_secret_once_and_a_second_request_is_re
     assert " console=ttyS0,115200n8 quiet vmetal.console=" in text  # AGENT_KERNEL_ARGS: the ramdisk's output on the SOL
     again = agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe")
     assert again.status_code == 404 and b"boot_secret" not in again.content
-    assert any("asked for again" in m for m in security_events(booting))
+    assert [m for m in security_events(booting) if "raced" in m], security_events(booting)
     # delivered: the console no longer holds the secret itself, only its hash
     assert booting.ramdisk_boots.get().secret == ""
 
 
-def test_the_virtual_media_image_is_an_iso_with_the_boot_configuration(agent_client, booting):
-    response = agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.iso")
-    assert response.status_code == 200
+def iso_secret(content: bytes) -> str:
     iso = pycdlib.PyCdlib()
-    iso.open_fp(io.BytesIO(response.content))
+    iso.open_fp(io.BytesIO(content))
     out = io.BytesIO()
     iso.get_file_from_iso_fp(out, iso_path="/VMETAL.CFG;1")
-    config = out.getvalue().decode()
-    secret = dict(w.split("=", 1) for w in config.split())["vmetal.boot_secret"]
+    return dict(w.split("=", 1) for w in out.getvalue().decode().split())["vmetal.boot_secret"]
+
+
+def test_the_virtual_media_image_is_served_once_at_the_one_time_url_given_to_the_bmc_and_never_by_mac(
+        agent_client, booting):
+    boot = ramdisk_boot_start(host=booting, flow_id="flow-1", via=VIRTUAL_MEDIA)
+    mac = booting.boot_mac.replace(":", "-")
+    assert boot.media_url.startswith(settings.AGENT_BOOT_URL) and mac not in boot.media_url
+    path = "/" + boot.media_url.split("/", 3)[3]
+    # whoever knows the MAC gets nothing: no ISO by MAC, and no iPXE script for a host that boots by virtual media
+    assert agent_client.get(f"/boot/{mac}.iso").status_code == 404
+    assert agent_client.get(f"/boot/{mac}.ipxe").status_code == 404
+    assert agent_client.get("/boot/media/" + "A" * 43 + ".iso").status_code == 404
+    response = agent_client.get(path)
+    assert response.status_code == 200
+    secret = iso_secret(response.content)
     status, body = post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})
     assert status == 200 and body["host_id"] == booting.pk
+    assert agent_client.get(path).status_code == 404  # once
+    # the console keeps the token's hash only
+    token = path.rsplit("/", 1)[1].removesuffix(".iso")
+    assert token not in str(list(RamdiskBoot.objects.filter(pk=boot.pk).values()))
+
+
+def test_a_host_that_boots_by_pxe_gets_no_iso_at_all(agent_client, booting):
+    assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.iso").status_code == 404
+    assert ipxe_secret(agent_client, booting)  # and its one delivery is still there
+
+
+def test_a_boot_fetched_twice_is_void_its_session_ends_and_its_agents_work_is_dropped(agent_client, booting):
+    secret = ipxe_secret(agent_client, booting)
+    token = post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})[1]["token"]
+    status, answer = post(agent_client, "/agent/heartbeat", {"host_id": booting.pk, "status": "idle"}, token)
+    assert status == 200 and answer["command"]["name"] == "inspect"
+    # the server's own fetch, after someone else's: the boot is raced
+    assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe").status_code == 404
+    assert post(agent_client, "/agent/heartbeat", {"host_id": booting.pk, "status": "idle"}, token)[0] == 403
+    assert post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})[0] == 403
+    assert not HostCommand.objects.filter(host=booting).exists()  # its result is never read
+    raced = [e for e in Event.objects.filter(kind=EventKind.SECURITY, host=booting) if "raced" in e.message]
+    assert len(raced) == 1, security_events(booting)
+    boot = booting.ramdisk_boots.get()
+    assert raced[0].data["boot"] == boot.pk and raced[0].data["sessions_ended"] == 1
+    assert raced[0].data["addresses"] == ["127.0.0.1", "127.0.0.1"]
+    assert boot.raced_at is not None and BareMetalHost.objects.get(pk=booting.pk).raced_boot_id == boot.pk
+    # a third fetch changes nothing more
+    assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe").status_code == 404
+    assert len([m for m in security_events(booting) if "raced" in m]) == 1
+
+
+def test_a_certificate_signed_from_a_raced_boot_is_revoked_and_verify_certificate_says_so(
+        agent_client, booting, tmp_path, capsys):
+    from hosts import certificates, cleaning
+
+    ipxe_secret(agent_client, booting)
+    gate = {"node_type": "gpu-server", "policy": {"method": "secure", "fallback": "full", "source": "test"}}
+    disk = {"name": "nvme0n1", "ok": True, "serial": "S7GPU011", "model": "M", "size_bytes": 1 << 30,
+            "method": "secure", "method_type": "Purge", "expectation": "changed"}
+    check = {"name": "nvme0n1", "serial": "S7GPU011", "expectation": "changed", "mode": "sampled", "passed": True,
+             "canaries": {"planted": 4, "checked": 4, "survived": 0, "survivors": []},
+             "samples": {"count": 4, "chunk": 65536, "share": 0.01, "dirty": 0, "unchanged": 0}, "findings": []}
+    cert = cleaning.issue_certificates(host=booting, flow_id="flow-1", gate=gate, previous={}, erase={"disks": [disk]},
+                                       verify={"disks": [check], "passed": True}, boot_id="b")[0]
+    path = tmp_path / "cert.json"
+    path.write_text(certificates.render_certificate(cert))
+    call_command("verify-certificate", str(path))
+    assert capsys.readouterr().out.startswith("valid:")
+    assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe").status_code == 404  # raced
+    cert.refresh_from_db()
+    assert cert.revoked_at is not None and "raced" in cert.revoked_reason
+    with pytest.raises(SystemExit):
+        call_command("verify-certificate", str(path))
+    assert capsys.readouterr().out.startswith("revoked:")
 
 
 def test_a_second_lookup_during_a_live_session_is_refused_and_the_session_keeps_its_token(agent_client, booting):
@@ -115,6 +184,7 @@ def test_the_public_listener_answers_404_for_the_agent_and_the_boot_path(client,
         assert client.post(path, "{}", content_type="application/json").status_code == 404, path
     assert client.get(f"/boot/{mac}.ipxe").status_code == 404
     assert client.get(f"/boot/{mac}.iso").status_code == 404
+    assert client.get("/boot/media/" + "A" * 43 + ".iso").status_code == 404
     # and asking there did not use up the boot's one delivery
     assert ipxe_secret(agent_client, booting)
 
@@ -189,3 +259,19 @@ def test_a_caller_who_knows_the_mac_cannot_take_over_a_provisioning_agent(
     # the release was erased by the real agent: a passing certificate for the release's flow
     assert host.erase_certificates.filter(result="pass").exists()
     assert not AgentSession.objects.filter(active=True).exists()
+
+
+def test_a_warm_hosts_boot_fetched_again_is_void_and_the_host_is_inspected_and_cleaned_anew(agent_client, booting):
+    from django.utils import timezone
+
+    secret = ipxe_secret(agent_client, booting)
+    token = post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})[1]["token"]
+    # kept warm (hosts/warm.py: keep_warm, then the gate's end): its agent idles on in the ramdisk
+    BareMetalHost.objects.filter(pk=booting.pk).update(warm_since=timezone.now())
+    host_transition(host=BareMetalHost.objects.get(pk=booting.pk), to_state="available", actor="test",
+                    reason="gate passed")
+    assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe").status_code == 404
+    host = BareMetalHost.objects.get(pk=booting.pk)
+    assert host.state == "inspecting" and host.warm_since is None
+    assert post(agent_client, "/agent/heartbeat", {"host_id": host.pk, "status": "idle"}, token)[0] == 403
+    assert len([m for m in security_events(host) if "raced" in m]) == 1

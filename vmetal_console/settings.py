@@ -288,6 +288,18 @@ POWER_POLL_S = env_float("POWER_POLL_S", 2)  # how often a step waiting for powe
 POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
+# The boot path's race (hosts/boot.py): a network boot has settled once this window after its power-on has
+# passed with one fetch of its iPXE script; before that no certificate is signed, no gate passed, no inspection
+# kept and no command with a tenant's secret sent. The window is the NodeType's measured p95 from power-on to
+# fetch × 1.5 + BOOT_SETTLE_MARGIN_S (over its last BOOT_SETTLE_HISTORY boots), BOOT_SETTLE_S until
+# BOOT_SETTLE_SAMPLES were measured (the lab's simulated servers fetch within a second: seconds there). A boot
+# that nothing fetched within twice its window is lost and booted again early. BOOT_RACES_BEFORE_REPAIR raced
+# boots in a row send the host to repair: its provisioning network is not to be trusted.
+BOOT_SETTLE_S = env_float("BOOT_SETTLE_S", 3 if env_bool("VMETAL_LAB", EMBEDDED) else 300)
+BOOT_SETTLE_MARGIN_S = env_float("BOOT_SETTLE_MARGIN_S", 2 if env_bool("VMETAL_LAB", EMBEDDED) else 30)
+BOOT_SETTLE_SAMPLES = int(env_float("BOOT_SETTLE_SAMPLES", 10))
+BOOT_SETTLE_HISTORY = int(env_float("BOOT_SETTLE_HISTORY", 200))
+BOOT_RACES_BEFORE_REPAIR = int(env_float("BOOT_RACES_BEFORE_REPAIR", 3))
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
 # A warm host's idle agent (hosts/warm.py) asks for work in a long poll (hosts/agent_poll.py): the agent listener
 # holds the ask until there is work (a claim reaches the agent at once) or this long, so a warm host costs one

@@ -78,7 +78,7 @@ class EraseCertificateSerializer(EraseCertificateLinkSerializer):
     class Meta(EraseCertificateLinkSerializer.Meta):
         fields = ["id", "certificate_id", "host", "host_name", "flow_id", "disk", "serial", "model", "method",
                   "method_type", "result", "previous_tenant", "claim_name", "started_at", "ended_at", "created_at",
-                  "document", "signature", "key_id", "url", "page", "signed_file"]
+                  "document", "signature", "key_id", "revoked_at", "revoked_reason", "url", "page", "signed_file"]
         read_only_fields = fields
 
     def get_signed_file(self, obj) -> str:

@@ -1,5 +1,7 @@
 """python manage.py verify-certificate FILE [--public-key PEM_FILE]: is this erase certificate one this console
-(or the key in PEM_FILE) signed? With --public-key the check needs nothing of the console: no database, no secret."""
+(or the key in PEM_FILE) signed, and does the console still stand by it (not revoked: signed from a boot found
+raced afterwards)? With --public-key the check needs nothing of the console: no database, no secret, and so it
+cannot tell a revoked certificate."""
 import json
 import sys
 
@@ -42,6 +44,12 @@ class Command(BaseCommand):
             valid, reasons, body = certificates.verify_text(text, public_keys)
         except ValueError as exc:  # CERTIFICATE_VERIFY_KEYS holds something that is not a public key
             raise CommandError(str(exc)) from None
+        if valid and not options["public_key"]:
+            revoked = _revoked(body.get("certificate_id"))
+            if revoked:
+                self.stdout.write(f"revoked: certificate {body.get('certificate_id')} is signed by this console, "
+                                  f"which no longer stands by it: {revoked}")
+                raise SystemExit(1)
         if valid:
             media = body.get("media") or {}
             self.stdout.write(f"valid: certificate {body.get('certificate_id')} for host "
@@ -52,3 +60,20 @@ class Command(BaseCommand):
             return
         self.stdout.write("tampered: " + "; ".join(reasons))
         raise SystemExit(1)
+
+
+def _revoked(certificate_id) -> str:
+    """Why the console revoked this certificate ('' when it did not, or it is not in this console's database)."""
+    from django.db import DatabaseError
+
+    from hosts.models import EraseCertificate
+
+    if not isinstance(certificate_id, str) or not certificate_id:
+        return ""
+    try:
+        cert = EraseCertificate.objects.filter(document__certificate_id=certificate_id).first()
+    except DatabaseError:
+        return ""
+    if cert is None or cert.revoked_at is None:
+        return ""
+    return f"revoked at {cert.revoked_at:%Y-%m-%d %H:%M:%S} UTC: {cert.revoked_reason}"
