@@ -59,7 +59,8 @@ SPECTACULAR_SETTINGS = {
 # shared by every web process through Redis when REDIS_URL is set.
 CACHES = {
     "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _redis_url, "KEY_PREFIX": "vmetal"}
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _redis_url, "KEY_PREFIX": "vmetal",
+         "KEY_FUNCTION": "vmetal_console.cache_keys.make_key"}
         if _redis_url
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "vmetal"}
     )
