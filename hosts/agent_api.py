@@ -6,6 +6,7 @@ public listener answers 404 for /agent/*. A lookup needs the secret of the boot 
 call carries the per-boot token of the agent's session; a stale (earlier boot), forged or foreign token gets
 403 and changes nothing."""
 import hashlib
+import ipaddress
 import json
 import logging
 import re
@@ -29,7 +30,7 @@ from . import engine
 from .agent_poll import agent_wait
 from .choices import HostState
 from .lifecycle import AGENT_STATES
-from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
+from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 1  # an idle agent asks for work this often: the wait between two commands
@@ -171,11 +172,12 @@ def lookup(request, body):
     address = client_ip(request)
     boot, why = boot_path.lookup_boot(host=host, secret=secret)
     if boot is None:
-        _refusal_event(host, why, address)
+        _refusal_event(host, why, address, secret)
         raise Refused(403, REFUSED)
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
-        AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token))
+        AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token),
+                                    address=_address(address))
         engine.request_drive(host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
 
@@ -183,18 +185,23 @@ def lookup(request, body):
 REFUSED = "lookup refused: no host is booting the agent with these MAC addresses and this boot secret"
 
 
-def _refusal_event(host: BareMetalHost, why: str, address: str) -> None:
-    """At most one per host, reason and minute (a flood of refused lookups is one line, not a full disk). The
-    key carries the host's state change time, so a host's next flow (and a test's fresh database) starts anew."""
-    since = host.state_changed_at.isoformat() if host.state_changed_at else ""
-    key = f"agent-refusal:{host.pk}:{hash_token(since + why)[:16]}:{int(time.time() // 60)}"
-    try:
-        if not cache.add(key, 1, timeout=70):
-            return
-    except Exception:  # no cache: every refusal is recorded
-        pass
+def _refusal_event(host: BareMetalHost, why: str, address: str, secret: str) -> None:
+    """A security event per host, boot, reason and window (hosts.boot.security_event counts the repeats). It needs
+    a person's attention unless it is the host's own agent lingering: a secret that the console gave one of this
+    host's boots, from the address of one of this host's agent sessions (its session ended, e.g. by a repair or a
+    retest, before its server's power-off landed, and it looked up again)."""
+    known = _address(address)
+    routine = bool(secret and known and AgentSession.objects.filter(host=host, address=known).exists()
+                   and RamdiskBoot.objects.filter(host=host, secret_hash=boot_path.hash_secret(secret)).exists())
     boot_path.security_event(host=host, message=f"agent lookup refused: {why} (from {address or '?'})",
-                             data={"address": address})
+                             data={"address": address}, reason=f"agent lookup refused: {why}", attention=not routine)
+
+
+def _address(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 @rate_limited("call")

@@ -270,6 +270,9 @@ POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole ste
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
+# Security events (refused agent lookups, boot configurations asked for again): one row per host, boot and reason
+# in this window; repeats are counted into it (hosts.boot.security_event).
+SECURITY_EVENT_WINDOW_S = env_float("SECURITY_EVENT_WINDOW_S", 600)
 # A warm host's idle agent (hosts/warm.py) asks for work in a long poll (hosts/agent_poll.py): the agent listener
 # holds the ask until there is work (a claim reaches the agent at once) or this long, so a warm host costs one
 # request per WARM_POLL_S. Its agent counts as silent only after WARM_POLL_S + AGENT_SILENCE_S without an ask.
