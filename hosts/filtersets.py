@@ -7,7 +7,7 @@ from django import forms
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
 
-from events.filtersets import IdFilter, TimestampFilter
+from events.filtersets import BooleanFilter, IdFilter, TimestampFilter
 from pools.matching import label_selector_q
 from pools.models import NodeType
 
@@ -62,7 +62,7 @@ class HostFilterSet(filters.FilterSet):
                            help_text="name, MAC, serial, BMC address, claim, tenant or GPU model (any part of it)")
     state = filters.MultipleChoiceFilter(choices=HostState.choices)
     power_state = filters.ChoiceFilter(choices=PowerState.choices)
-    online = filters.BooleanFilter()
+    online = BooleanFilter()
     node_type = filters.CharFilter(method="filter_node_type", label="NodeType",
                                    help_text="hosts the NodeType's host selector matches")
     label = LabelsFilter(method="filter_label", label="Labels",
