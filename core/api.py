@@ -260,6 +260,18 @@ def schema_error_responses(result, generator, request, public):
     return result
 
 
+def schema_plain_query_strings(result, generator, request, public):
+    """A query parameter's text may not hold NUL (Django's forms refuse it: 400); the schema says so."""
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            for parameter in (operation.get("parameters") or []) if isinstance(operation, dict) else []:
+                schema = parameter.get("schema") or {}
+                if (parameter.get("in") == "query" and schema.get("type") == "string"
+                        and not {"enum", "format", "pattern"} & set(schema)):
+                    schema["pattern"] = "^[^\\u0000]*$"
+    return result
+
+
 def schema_strict_bodies(result, generator, request, public):
     """Request bodies of the strict serializers (StrictSerializer, StrictModelSerializer: an unknown field is a
     400) say so: additionalProperties false."""

@@ -23,7 +23,10 @@ class IdFilter(filters.Filter):
 
 
 class StrictBooleanField(forms.NullBooleanField):
-    """true/false (or 1/0); empty: no filter; anything else a 400 (Django's field reads it as "no filter")."""
+    """true/false (or 1/0); empty: no filter; anything else a 400 (Django's field reads it as "no filter"). Read
+    as typed: NullBooleanSelect would turn what it does not know into None before the field sees it."""
+
+    widget = forms.TextInput
 
     def to_python(self, value):
         if value in (None, ""):

@@ -6,6 +6,7 @@ import django_filters as filters
 from django import forms
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
+from drf_spectacular.utils import extend_schema_field
 
 from events.filtersets import BooleanFilter, IdFilter, TimestampFilter
 from pools.matching import label_selector_q
@@ -37,6 +38,11 @@ class LabelsField(forms.CharField):
         return labels
 
 
+_KEY = LABEL_KEY.pattern.strip("^$")
+_PART = rf"\s*({_KEY}\s*(=[^,\u0000]*)?)?\s*"
+
+
+@extend_schema_field({"type": "string", "pattern": rf"^{_PART}(,{_PART})*$"})  # what LabelsField reads
 class LabelsFilter(filters.CharFilter):
     field_class = LabelsField
 

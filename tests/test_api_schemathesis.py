@@ -12,6 +12,7 @@ test's transaction, the way Django's test client does; so it runs in the default
 pytest_plugins = ["tests.api_conftest"]
 
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import schemathesis  # noqa: E402
@@ -58,6 +59,7 @@ def real_ids(world) -> dict[str, int]:
 APPLY_CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance, content_type_conformance]
 load_all_checks()
 ALL_CHECKS = CHECKS.get_all()  # what `schemathesis run --checks all` runs
+CONFIG = schemathesis.Config.from_path(Path(__file__).resolve().parent.parent / "schemathesis.toml")  # as the CLI's
 
 
 def token_user(world, role: str):
@@ -70,7 +72,7 @@ def token_user(world, role: str):
 
 @pytest.mark.parametrize("role", ["admin", "member_b"])
 def test_every_operation_answers_as_its_schema_says_with_every_check(role, world, evidence, wsgi_app, no_secrets_leak):
-    schema = schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app)
+    schema = schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app, config=CONFIG)
     auth = {"Authorization": f"Token {world.tokens[role]}"}
     tokens_user = token_user(world, role)
     ids = real_ids(world)
