@@ -149,7 +149,7 @@ class Agent:
         rejected = 0
         while not self._stop.is_set():
             session = self.session or self._lookup()
-            if session is _STOPPED:
+            if session is _STOPPED or self._stop.is_set():  # stopped (powered off) while a lookup was in flight
                 return _STOPPED
             try:
                 return op(session)

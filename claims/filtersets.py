@@ -2,6 +2,8 @@
 import django_filters as filters
 from django_filters.fields import MultipleChoiceField
 
+from events.filtersets import BooleanFilter
+
 from .choices import ClaimPhase
 from .models import ClaimGroup, NodeClaim
 
@@ -45,7 +47,7 @@ class ClaimGroupFilterSet(filters.FilterSet):
     q = filters.CharFilter(field_name="name", lookup_expr="icontains", label="Name contains")
     tenant = filters.CharFilter(field_name="tenant__name", label="Tenant")
     pool = filters.CharFilter(field_name="pool_name", label="Pool")
-    placed = filters.BooleanFilter(field_name="placed_at", lookup_expr="isnull", exclude=True,
+    placed = BooleanFilter(field_name="placed_at", lookup_expr="isnull", exclude=True,
                                    label="Placed (true) or waiting to be placed (false)")
 
     class Meta:

@@ -28,6 +28,29 @@ class Pagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
+    def get_page_size(self, request):
+        """`page_size`, a whole number 1 or more as the schema says (at most max_page_size are given); anything else
+        is a 400, not silently the default."""
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        try:
+            size = int(raw)
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise exceptions.ValidationError({self.page_size_query_param: ["a whole number, 1 or more"]})
+        return min(size, self.max_page_size)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"].update(minimum=1)
+            elif parameter["name"] == self.page_query_param:
+                parameter["schema"].update(minimum=1)
+        return parameters
+
 
 # --- permissions ----------------------------------------------------------------------------------
 
@@ -200,3 +223,84 @@ def _protected_message(exc: ProtectedError) -> str:
         counts[name] = counts.get(name, 0) + 1
     uses = ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
     return f"still in use by other objects ({uses}); remove those first"
+
+
+# --- the schema (drf-spectacular post-processing hooks, SPECTACULAR_SETTINGS) ----------------------------
+
+DETAIL_SCHEMA = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
+# A 400 says what was wrong: {field: [messages]} (nested for nested fields), {"detail": ...}, or a list of messages.
+INVALID_SCHEMA = {"anyOf": [{"type": "object"}, {"type": "array", "items": {"type": "string"}}]}
+ERROR_RESPONSES = {
+    "400": ("the request is invalid: what and why, per field", INVALID_SCHEMA),
+    "401": ("no or an unknown token", DETAIL_SCHEMA),
+    "403": ("not allowed to this caller (the detail says why)", DETAIL_SCHEMA),
+    "404": ("no such object, or not one this caller may see; or no such page", DETAIL_SCHEMA),
+    "409": ("not allowed in the object's current state, or in use (the detail says why)", DETAIL_SCHEMA),
+    "413": ("a body over MAX_REQUEST_BODY_MB, refused unread", DETAIL_SCHEMA),
+}
+
+
+def schema_error_responses(result, generator, request, public):
+    """Every operation documents the errors that every view can answer (ScopedPermission, the filters and
+    pagination, exception_handler, the body limit) where it does not say more itself: 400 where it takes
+    parameters or a body, 401, 403, 404; 409 and 413 for writes."""
+    for path in result.get("paths", {}).values():
+        for method, operation in path.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            codes = ["401", "403", "404"]
+            if operation.get("parameters") or operation.get("requestBody"):
+                codes.append("400")
+            if method in ("post", "put", "patch", "delete"):
+                codes += ["409"] + (["413"] if operation.get("requestBody") else [])
+            for code in codes:
+                description, schema = ERROR_RESPONSES[code]
+                operation["responses"].setdefault(
+                    code, {"description": description, "content": {"application/json": {"schema": schema}}})
+    return result
+
+
+def schema_plain_query_strings(result, generator, request, public):
+    """A query parameter's text may not hold NUL (Django's forms refuse it: 400); the schema says so."""
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            for parameter in (operation.get("parameters") or []) if isinstance(operation, dict) else []:
+                schema = parameter.get("schema") or {}
+                if (parameter.get("in") == "query" and schema.get("type") == "string"
+                        and not {"enum", "format", "pattern"} & set(schema)):
+                    schema["pattern"] = "^[^\\u0000]*$"
+    return result
+
+
+def schema_strict_bodies(result, generator, request, public):
+    """Request bodies of the strict serializers (StrictSerializer, StrictModelSerializer: an unknown field is a
+    400) say so: additionalProperties false."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for component in getattr(generator.registry, "_components", {}).values():
+        serializer = component.object
+        cls = serializer if isinstance(serializer, type) else type(serializer)
+        schema = schemas.get(component.name)
+        if (component.type == "schemas" and schema is not None and component.name.endswith("Request")
+                and isinstance(cls, type) and issubclass(cls, (StrictSerializer, StrictModelSerializer))):
+            schema["additionalProperties"] = False
+    return result
+
+
+def schema_members_see_less(result, generator, request, public):
+    """A serializer whose tenant members get a narrower variant (its MEMBER_VARIANT, which the view's
+    get_serializer_class picks for them) documents the fields that only admins get as optional in its responses:
+    a member's answer without them is still what the schema says."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for component in getattr(generator.registry, "_components", {}).values():
+        serializer = component.object
+        cls = serializer if isinstance(serializer, type) else type(serializer)
+        variant = getattr(cls, "MEMBER_VARIANT", None)
+        schema = schemas.get(component.name)
+        if variant is None or component.type != "schemas" or schema is None or component.name.endswith("Request"):
+            continue
+        admins_only = set(cls().fields) - set(variant().fields)
+        if "required" in schema:
+            schema["required"] = [name for name in schema["required"] if name not in admins_only]
+            if not schema["required"]:
+                del schema["required"]
+    return result

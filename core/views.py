@@ -4,6 +4,7 @@ from functools import wraps
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import JsonResponse
 from django.shortcuts import render
 
 from core import scoping
@@ -55,7 +56,10 @@ def permission_denied(request, exception=None):
 
 
 def page_not_found(request, exception=None):
-    """The 404 page (handler404): the layout with the role's navigation."""
+    """The 404 page (handler404): the layout with the role's navigation; under /api/ the API's own answer, JSON
+    as its schema documents (a path that no route matches, e.g. an id that is not a number)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
     return page(request, "404.html", status=404)
 
 

@@ -4,11 +4,13 @@ from datetime import timedelta
 import django_filters as filters
 from django import forms
 from django_filters.fields import IsoDateTimeField
+from drf_spectacular.utils import extend_schema_field
 
 from .choices import EventKind
 from .models import Event
 
 
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})  # the schema says what it takes
 class IdFilter(filters.Filter):
     """An object id: a whole number in the database's range (anything else is a 400, not a failed query)."""
 
@@ -18,6 +20,29 @@ class IdFilter(filters.Filter):
         kwargs.setdefault("min_value", 1)
         kwargs.setdefault("max_value", 2**63 - 1)
         super().__init__(*args, **kwargs)
+
+
+class StrictBooleanField(forms.NullBooleanField):
+    """true/false (or 1/0); empty: no filter; anything else a 400 (Django's field reads it as "no filter"). Read
+    as typed: NullBooleanSelect would turn what it does not know into None before the field sees it."""
+
+    widget = forms.TextInput
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return None
+        if str(value).lower() in ("true", "1"):
+            return True
+        if str(value).lower() in ("false", "0"):
+            return False
+        raise forms.ValidationError("true or false", code="invalid")
+
+    def validate(self, value):
+        pass
+
+
+class BooleanFilter(filters.BooleanFilter):
+    field_class = StrictBooleanField
 
 
 class TimestampField(IsoDateTimeField):
@@ -32,6 +57,8 @@ class TimestampField(IsoDateTimeField):
         return value
 
 
+# The offset as PostgreSQL takes it (TimestampField), in the schema too.
+@extend_schema_field({"type": "string", "format": "date-time", "pattern": r"(Z|z|[+-](0[0-9]|1[0-5]):[0-5][0-9])$"})
 class TimestampFilter(filters.IsoDateTimeFilter):
     field_class = TimestampField
 

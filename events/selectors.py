@@ -1,8 +1,9 @@
 """Reads of the Event log: what a user may see of it, and its newest id (a live page's cursor)."""
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Q, QuerySet
 
 from core import scoping
 
+from .choices import EventKind
 from .models import Event
 
 # --- what each user may see (the rule: core.scoping) ----------------------------------------------
@@ -16,3 +17,10 @@ def events_visible(user, qs: QuerySet | None = None) -> QuerySet:
 def latest_event_id() -> int:
     """The newest Event id: a live page's cursor (it reflects every Event up to it and re-syncs from it)."""
     return Event.objects.aggregate(m=Max("pk"))["m"] or 0
+
+
+def security_events_needing_attention(*, since) -> int:
+    """Security events since `since` that a person must look at (the fleet board's alarm). One written before
+    events said so (no "attention" in its data) counts: unknown is not routine."""
+    return (Event.objects.filter(kind=EventKind.SECURITY, created_at__gte=since)
+            .filter(Q(data__attention=True) | ~Q(data__has_key="attention")).count())

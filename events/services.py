@@ -2,9 +2,10 @@
 tells the live views (the groups each event's links name, on commit)."""
 import getpass
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
 from core import live
 
@@ -32,6 +33,39 @@ def event_record(*, kind: str, object_type: str, object_name: str, actor: str, m
                   **{k: v for k, v in links.items() if v is not None},
                   **{k: v for k, v in ids.items() if v is not None})
     return events_record([event])[0]
+
+
+REPEAT_ADDRESSES = 10  # distinct addresses a repeated event keeps (the first ones)
+
+
+def event_record_repeated(*, key: str, window_s: float, kind: str, object_type: str, object_name: str, actor: str,
+                          message: str = "", host=None, data: dict | None = None) -> tuple[Event, bool]:
+    """Record an event once per `key` (of the host) and window: a repeat within `window_s` of that row's first
+    record is counted into its data ("count", "last_at", "last_message", up to REPEAT_ADDRESSES "addresses")
+    instead of a new row, so that a flood is one line with a number. Returns (the row, whether it is new).
+
+    The one exception to the log's append-only rule, and only for those counters; the caller serialises
+    concurrent first records (hosts.boot.security_event locks the host row) or accepts a rare second row."""
+    now = timezone.now()
+    data = dict(data or {})
+    with transaction.atomic():
+        earlier = (Event.objects.select_for_update()
+                   .filter(kind=kind, host=host, data__repeat_key=key, created_at__gte=now - timedelta(seconds=window_s))
+                   .order_by("-created_at", "-id").first())
+        if earlier is None:
+            address = data.get("address")
+            data.update(repeat_key=key, count=1, addresses=[address] if address else [])
+            return event_record(kind=kind, object_type=object_type, object_name=object_name, actor=actor,
+                                message=message, host=host, data=data), True
+        counted = dict(earlier.data)
+        counted["count"] = int(counted.get("count") or 1) + 1
+        counted.update(last_at=now.isoformat(), last_message=message)
+        addresses = list(counted.get("addresses") or [])
+        if data.get("address") and data["address"] not in addresses and len(addresses) < REPEAT_ADDRESSES:
+            counted["addresses"] = [*addresses, data["address"]]
+        Event.objects.filter(pk=earlier.pk).update(data=counted)
+        earlier.data = counted
+        return earlier, False
 
 
 def events_record(events: Sequence[Event]) -> list[Event]:

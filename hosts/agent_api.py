@@ -6,12 +6,14 @@ public listener answers 404 for /agent/*. A lookup needs the secret of the boot 
 call carries the per-boot token of the agent's session; a stale (earlier boot), forged or foreign token gets
 403 and changes nothing."""
 import hashlib
+import ipaddress
 import json
 import logging
 import re
 import secrets
 import time
 from functools import wraps
+from typing import Callable
 
 from django.conf import settings
 from django.core.cache import cache
@@ -26,10 +28,10 @@ from core.client_address import client_ip
 
 from . import boot as boot_path
 from . import engine
-from .agent_poll import agent_wait
+from .agent_poll import agent_wait, client_gone, held_key
 from .choices import HostState
 from .lifecycle import AGENT_STATES
-from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
+from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 1  # an idle agent asks for work this often: the wait between two commands
@@ -171,12 +173,12 @@ def lookup(request, body):
     address = client_ip(request)
     boot, why = boot_path.lookup_boot(host=host, secret=secret)
     if boot is None:
-        _refusal_event(host, why, address)
+        _refusal_event(host, why, address, secret)
         raise Refused(403, REFUSED)
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
         AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token),
-                                    ramdisk_boot=boot)
+                                    ramdisk_boot=boot, address=_address(address))
         engine.request_drive(host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
 
@@ -184,18 +186,23 @@ def lookup(request, body):
 REFUSED = "lookup refused: no host is booting the agent with these MAC addresses and this boot secret"
 
 
-def _refusal_event(host: BareMetalHost, why: str, address: str) -> None:
-    """At most one per host, reason and minute (a flood of refused lookups is one line, not a full disk). The
-    key carries the host's state change time, so a host's next flow (and a test's fresh database) starts anew."""
-    since = host.state_changed_at.isoformat() if host.state_changed_at else ""
-    key = f"agent-refusal:{host.pk}:{hash_token(since + why)[:16]}:{int(time.time() // 60)}"
-    try:
-        if not cache.add(key, 1, timeout=70):
-            return
-    except Exception:  # no cache: every refusal is recorded
-        pass
+def _refusal_event(host: BareMetalHost, why: str, address: str, secret: str) -> None:
+    """A security event per host, boot, reason and window (hosts.boot.security_event counts the repeats). It needs
+    a person's attention unless it is the host's own agent lingering: a secret that the console gave one of this
+    host's boots, from the address of one of this host's agent sessions (its session ended, e.g. by a repair or a
+    retest, before its server's power-off landed, and it looked up again)."""
+    known = _address(address)
+    routine = bool(secret and known and AgentSession.objects.filter(host=host, address=known).exists()
+                   and RamdiskBoot.objects.filter(host=host, secret_hash=boot_path.hash_secret(secret)).exists())
     boot_path.security_event(host=host, message=f"agent lookup refused: {why} (from {address or '?'})",
-                             data={"address": address})
+                             data={"address": address}, reason=f"agent lookup refused: {why}", attention=not routine)
+
+
+def _address(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 @rate_limited("call")
@@ -213,14 +220,21 @@ def heartbeat(request, body):
     if body.get("status") == "busy":
         return {"command": None}
     host = session.host
+    gone = None
     if host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
-        host = _warm_poll(session, body)
+        gone = client_gone(request.environ)
+        host = _warm_poll(session, body, gone)
         if host.state not in AGENT_STATES:
             return {"command": None, "heartbeat_s": HEARTBEAT_S, "wait_s": settings.WARM_POLL_S}
     flow_id = (host.flow or {}).get("id")
     command = HostCommand.objects.filter(host_id=session.host_id, flow_id=flow_id,
                                          status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()
     if command is None:
+        return {"command": None, "heartbeat_s": HEARTBEAT_S}
+    if gone is not None and gone():
+        # The held ask's client went away meanwhile: nobody reads this answer, so the command stays queued for the
+        # agent's next ask instead of being marked sent into a closed connection.
+        log.info("host %s: held ask closed by its client before command %s went out", session.host_id, command.pk)
         return {"command": None, "heartbeat_s": HEARTBEAT_S}
     HostCommand.objects.filter(pk=command.pk).update(status=CommandStatus.SENT, sent_at=now, session=session)
     args = dict(command.args)
@@ -229,13 +243,14 @@ def heartbeat(request, body):
     return {"command": {"id": command.public_id, "name": command.name, "args": args}, "heartbeat_s": HEARTBEAT_S}
 
 
-def _warm_poll(session: AgentSession, body: dict) -> BareMetalHost:
+def _warm_poll(session: AgentSession, body: dict, gone: Callable[[], bool] | None = None) -> BareMetalHost:
     """A warm host's idle agent that offers a long poll (`wait_s`, which our last answer asked for) is held
     until its host has work or WARM_POLL_S pass (hosts/agent_poll.py). Its liveness is its asks: the warm sweep
     allows WARM_POLL_S between two (hosts/warm.py). Woken, the session counts as heard from now (the command
     goes back on this very answer). Returns the host as it is after the wait; a session ended meanwhile (the
     host powered off) is refused, as its next ask would be. A second ask of the same session while one is held
-    is answered at once."""
+    is answered at once. `gone`: the ask's connection closed (agent_poll.client_gone); the hold then ends at
+    once and frees its place for the agent's next ask."""
     wait = body.get("wait_s")
     if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
         return session.host
@@ -246,19 +261,19 @@ def _warm_poll(session: AgentSession, body: dict) -> BareMetalHost:
 
     hold = min(float(wait), settings.WARM_POLL_S)
     # One held ask per session: an agent (or whoever holds its token) cannot tie up the listener's threads.
-    held_key = f"agent-poll:{session.pk}"
+    held = held_key(session.pk)
     try:
-        first = cache.add(held_key, 1, timeout=int(hold) + 30)
+        first = cache.add(held, 1, timeout=int(hold) + 30)
     except Exception:  # no cache: hold it all the same
         log.warning("agent long poll not counted: cache unavailable", exc_info=True)
         first = True
     if not first:
         return session.host
     try:
-        woken = agent_wait(host_id, hold, idle)
+        woken = agent_wait(host_id, hold, idle, gone)
     finally:
         try:
-            cache.delete(held_key)
+            cache.delete(held)
         except Exception:
             log.warning("agent long poll not uncounted: cache unavailable", exc_info=True)
     if not AgentSession.objects.filter(pk=session.pk, active=True).exists():

@@ -37,7 +37,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from events.choices import EventKind, ObjectType
-from events.services import event_record
+from events.models import Event
+from events.services import event_record_repeated
 
 from .bootmedia import BootFiles, bootable_iso
 from .choices import HostState
@@ -330,9 +331,30 @@ def lookup_boot(*, host: BareMetalHost, secret: str) -> tuple[RamdiskBoot | None
     return (boot, "") if claimed else (None, "again for a boot whose agent already has its session")
 
 
-def security_event(*, host: BareMetalHost | None, message: str, data: dict | None = None) -> None:
-    """Recorded for admins (the event log, kind `security`; the fleet board counts them). Not tied to a
-    tenant: tenant members never see them."""
-    log.warning("security: %s%s", f"{host.name}: " if host else "", message)
-    event_record(kind=EventKind.SECURITY, object_type=ObjectType.HOST, object_name=host.name if host else "-",
-                 host=host, actor="system:agent-listener", message=message, data=data or {})
+def security_event(*, host: BareMetalHost | None, message: str, data: dict | None = None, reason: str = "",
+                   attention: bool = True, boot: int | None = None) -> Event:
+    """Recorded for admins (the event log, kind `security`). Not tied to a tenant: tenant members never see them.
+
+    One row per host, boot, reason (`reason`, else the message) and SECURITY_EVENT_WINDOW_S: repeats within the
+    window are counted into that row (events.services.event_record_repeated), so a flood of refusals is one line.
+    `attention`: whether a person must look at it; the fleet board's alarm counts only those (a stale lookup of
+    the host's own agent after its session ended is routine, a forged one is not). `boot`: the RamdiskBoot it is
+    about (data["boot"], else the host's newest)."""
+    data = dict(data or {})
+    if boot is None and isinstance(data.get("boot"), int):
+        boot = data["boot"]
+    if boot is None and host is not None:
+        boot = RamdiskBoot.objects.filter(host=host).values_list("pk", flat=True).first()
+    data.update(attention=attention, reason=reason or message)
+    # A routine repeat never hides an alarming one: they are counted apart.
+    key = f"{boot or '-'}:{int(attention)}:{hashlib.sha256((reason or message).encode()).hexdigest()[:16]}"
+    with transaction.atomic():
+        if host is not None:  # concurrent refusals of one host: one first record, the others counted into it
+            BareMetalHost.objects.select_for_update().filter(pk=host.pk).values_list("pk", flat=True).first()
+        event, new = event_record_repeated(
+            key=key, window_s=settings.SECURITY_EVENT_WINDOW_S, kind=EventKind.SECURITY, object_type=ObjectType.HOST,
+            object_name=host.name if host else "-", host=host, actor="system:agent-listener", message=message,
+            data=data)
+    if new:  # the log, like the event log, gets one line per window; the row counts the repeats
+        log.warning("security: %s%s", f"{host.name}: " if host else "", message)
+    return event

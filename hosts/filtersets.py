@@ -6,8 +6,9 @@ import django_filters as filters
 from django import forms
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
+from drf_spectacular.utils import extend_schema_field
 
-from events.filtersets import IdFilter, TimestampFilter
+from events.filtersets import BooleanFilter, IdFilter, TimestampFilter
 from pools.matching import label_selector_q
 from pools.models import NodeType
 
@@ -37,6 +38,11 @@ class LabelsField(forms.CharField):
         return labels
 
 
+_KEY = LABEL_KEY.pattern.strip("^$")
+_PART = rf"\s*({_KEY}\s*(=[^,\u0000]*)?)?\s*"
+
+
+@extend_schema_field({"type": "string", "pattern": rf"^{_PART}(,{_PART})*$"})  # what LabelsField reads
 class LabelsFilter(filters.CharFilter):
     field_class = LabelsField
 
@@ -62,7 +68,7 @@ class HostFilterSet(filters.FilterSet):
                            help_text="name, MAC, serial, BMC address, claim, tenant or GPU model (any part of it)")
     state = filters.MultipleChoiceFilter(choices=HostState.choices)
     power_state = filters.ChoiceFilter(choices=PowerState.choices)
-    online = filters.BooleanFilter()
+    online = BooleanFilter()
     node_type = filters.CharFilter(method="filter_node_type", label="NodeType",
                                    help_text="hosts the NodeType's host selector matches")
     label = LabelsFilter(method="filter_label", label="Labels",

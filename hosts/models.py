@@ -139,6 +139,9 @@ class AgentSession(models.Model):
     boot_id = models.CharField(max_length=64)
     token_hash = models.CharField(max_length=64, unique=True)
     active = models.BooleanField(default=True)
+    # Where its lookup came from: a later refused lookup from here with a secret of this host's is its own agent
+    # lingering (routine), from elsewhere it is someone else (hosts/agent_api.py, _refusal_event).
+    address = models.GenericIPAddressField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(auto_now_add=True)
     # The boot whose secret opened the session: a raced boot ends every session of it (hosts/boot.py).

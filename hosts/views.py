@@ -13,8 +13,7 @@ from django.views.decorators.http import require_http_methods
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, list_filter, page, paging_query
-from events.choices import EventKind
-from events.models import Event
+from events.selectors import security_events_needing_attention
 from events.views import live_cursor
 from hosts.selectors import (
     attention_explain,
@@ -73,9 +72,9 @@ def fleet(request):
         "paging_query": paging_query(request), "columns": presenters.sort_columns(request.GET),
         "bulk_actions": presenters.BULK_ACTIONS,
         "export_query": paging_query(request),
-        # Refused agent lookups and boot scripts asked for twice (hosts/boot.py): someone may be after an agent.
-        "security_events": Event.objects.filter(kind=EventKind.SECURITY,
-                                                created_at__gte=timezone.now() - timedelta(hours=24)).count(),
+        # Refused agent lookups and boot scripts asked for twice (hosts/boot.py) that a person must look at: someone
+        # may be after an agent. Routine ones (a host's own agent lingering after a retest) are in the log only.
+        "security_events": security_events_needing_attention(since=timezone.now() - timedelta(hours=24)),
         **presenters.attention_board(is_admin=scoping.is_admin(request.user)),
     })
 

@@ -262,6 +262,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_an_agent_stopped_while_its_lookup_is_in_flight_asks_nothing_more(tmp_path, console):
+    """The lab stops a server's agent when the server powers off (lab/site.py); a lookup already on its way comes
+    back, and the agent makes no further call with what it got."""
+    arrived, release = threading.Event(), threading.Event()
+    handle = console.handle
+
+    def held(path, body, token):
+        if path == "/agent/lookup":
+            arrived.set()
+            release.wait(10)
+        return handle(path, body, token)
+
+    console.handle = held
+    agent, thread, box = start_agent(console.url, lab_hardware(tmp_path))
+    assert arrived.wait(10)
+    agent.stop()
+    release.set()
+    thread.join(10)
+    assert not thread.is_alive() and box.get("rc") == 0
+    assert len(console.lookups) == 1 and console.heartbeats == []
+
+
 # -- inspect -------------------------------------------------------------------------------------
 
 def test_inspect_reports_the_lab_profile_with_real_disk_sizes(tmp_path):

@@ -268,6 +268,58 @@ def test_a_warm_agent_gets_one_held_ask_at_a_time(agent_server, demo_site, setti
     assert not first["thread"].is_alive()
 
 
+def raw_held_ask(url: str, session) -> "socket.socket":
+    """The warm agent's idle long poll sent over a socket of the test's own, which it can drop at will."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    body = json.dumps({"host_id": session.host_id, "status": "idle", "wait_s": 60}).encode()
+    sock = socket.create_connection((where.hostname, where.port), timeout=10)
+    sock.sendall(b"POST /agent/heartbeat HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (where.netloc.encode(), session.token.encode(), len(body), body))
+    return sock
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("wake", ["redis", "database"])
+def test_a_held_ask_whose_client_is_gone_lets_go_and_its_command_reaches_the_agents_next_ask(
+        agent_server, demo_site, settings, wake):
+    """The agent's connection drops while its ask is held (a reset, a proxy's timeout): the listener notices and
+    ends the hold, so the command queued next is not marked sent into the dead connection; the agent's next ask
+    is held as usual and receives it."""
+    from django.core.cache import cache
+
+    from hosts.agent_poll import held_key
+    from hosts.engine import Run, Waiting, agent_command
+    from hosts.models import CommandStatus, HostCommand
+    from hosts.services import host_transition
+
+    settings.WARM_POLL_S = 60
+    settings.WARM_POLL_TICK_S = 0.2
+    if wake == "database":
+        settings.REDIS_URL = ""
+    host, client, session = warm_agent(agent_server.url)
+    client.heartbeat(session, status="idle")  # told to long-poll
+    held = held_key(AgentSession.objects.get(host=host, active=True).pk)
+    sock = raw_held_ask(agent_server.url, session)
+    wait_for(lambda: cache.get(held), timeout=10)
+    sock.close()
+    wait_for(lambda: cache.get(held) is None, timeout=15)  # let go long before its 60 s
+
+    box = ask_in_thread(client, session)
+    wait_for(lambda: cache.get(held), timeout=10)  # the next ask is held, not answered at once
+    host_transition(host=host, to_state="provisioning", actor="test")
+    BareMetalHost.objects.filter(pk=host.pk).update(flow={"id": "f-1", "name": "provision", "step": "check_tenant_api"})
+    with pytest.raises(Waiting, match="queued for the agent"):
+        agent_command(Run(BareMetalHost.objects.get(pk=host.pk)), "check_endpoint", {"host": "127.0.0.1", "port": 6443})
+    box["thread"].join(30)
+    assert not box["thread"].is_alive() and box.get("answer", {}).get("name") == "check_endpoint", box
+    assert HostCommand.objects.get(host=host).status == CommandStatus.SENT
+
+
 @pytest.mark.django_db
 def test_a_warm_hosts_agent_counts_as_silent_only_after_a_whole_long_poll_and_the_silence(demo_site, settings):
     """Between two asks of a warm agent lie up to WARM_POLL_S: the sweep allows that and AGENT_SILENCE_S on top."""

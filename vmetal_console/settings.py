@@ -301,6 +301,9 @@ BOOT_SETTLE_SAMPLES = int(env_float("BOOT_SETTLE_SAMPLES", 10))
 BOOT_SETTLE_HISTORY = int(env_float("BOOT_SETTLE_HISTORY", 200))
 BOOT_RACES_BEFORE_REPAIR = int(env_float("BOOT_RACES_BEFORE_REPAIR", 3))
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
+# Security events (refused agent lookups, boot configurations asked for again): one row per host, boot and reason
+# in this window; repeats are counted into it (hosts.boot.security_event).
+SECURITY_EVENT_WINDOW_S = env_float("SECURITY_EVENT_WINDOW_S", 600)
 # A warm host's idle agent (hosts/warm.py) asks for work in a long poll (hosts/agent_poll.py): the agent listener
 # holds the ask until there is work (a claim reaches the agent at once) or this long, so a warm host costs one
 # request per WARM_POLL_S. Its agent counts as silent only after WARM_POLL_S + AGENT_SILENCE_S without an ask.

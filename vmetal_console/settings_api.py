@@ -53,6 +53,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.api.schema_error_responses",
+                             "core.api.schema_plain_query_strings", "core.api.schema_strict_bodies",
+                             "core.api.schema_members_see_less"],
 }
 
 # One cache for the agent rate limits (and anything else that needs one): per process by default,

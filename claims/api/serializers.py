@@ -29,7 +29,7 @@ class NodeClaimSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="name", read_only=True)
     pool = serializers.CharField(source="pool_name", read_only=True)
     provider = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    node_type = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node_type = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     host = serializers.CharField(source="host_name", read_only=True)
     conditions = ConditionSerializer(many=True, read_only=True)
     group = serializers.SerializerMethodField(help_text="its all-or-nothing group; null when placed on its own")

@@ -31,3 +31,6 @@ class TenantEventSerializer(EventSerializer):
         for address in self.context.get("bmc_addresses", {}).get(obj.host_id, ()):
             text = text.replace(address, BMC_MASK)
         return text
+
+
+EventSerializer.MEMBER_VARIANT = TenantEventSerializer  # the schema: `data` is optional (core.api hooks)

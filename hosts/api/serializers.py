@@ -262,6 +262,9 @@ class TenantHostSerializer(_ClaimLinks, serializers.ModelSerializer):
         read_only_fields = fields
 
 
+HostSerializer.MEMBER_VARIANT = TenantHostSerializer  # the schema: BMC fields are optional (core.api hooks)
+
+
 class MaintenanceSerializer(StrictSerializer):
     on = serializers.BooleanField(help_text="true: take the host out of service; false: give it back (it registers again)")
     reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")

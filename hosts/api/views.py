@@ -171,7 +171,8 @@ class RepairView(APIView):
     permission_classes = [ScopedPermission]
 
     @extend_schema(
-        parameters=[OpenApiParameter("days", float, description="the window: cases opened within it (default 30)"),
+        parameters=[OpenApiParameter("days", {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 3660},
+                                    description="the window: cases opened within it (default 30)"),
                     OpenApiParameter("node_type", str, description="only this NodeType's cases"),
                     OpenApiParameter("kind", str, enum=FailureKind.values, description="only this failure kind")],
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiResponse(description="a parameter that is not valid")},
