@@ -54,7 +54,8 @@ def event_record_repeated(*, key: str, window_s: float, kind: str, object_type: 
                    .order_by("-created_at", "-id").first())
         if earlier is None:
             address = data.get("address")
-            data.update(repeat_key=key, count=1, addresses=[address] if address else [])
+            data.update(repeat_key=key, count=1)
+            data.setdefault("addresses", [address] if address else [])
             return event_record(kind=kind, object_type=object_type, object_name=object_name, actor=actor,
                                 message=message, host=host, data=data), True
         counted = dict(earlier.data)

@@ -109,6 +109,10 @@ def _take(host: BareMetalHost, boot: RamdiskBoot, via: str, address: str) -> tup
     with transaction.atomic():
         boot = RamdiskBoot.objects.select_for_update().filter(pk=boot.pk).first()
         if boot is None or boot.ended_at is not None:
+            if boot is not None and boot.raced_at is not None:  # counted into the race's one event
+                security_event(host=host, message=f"boot configuration ({via}) of raced boot {boot.pk} asked for "
+                                                  f"again from {address or '?'}", data={"address": address},
+                               reason=RACE_REASON, boot=boot.pk)
             return None  # an ended boot is nobody's any more: nothing to give, nothing to race
         boot.fetches += 1
         boot.fetched_from = [*boot.fetched_from, address or "?"][-16:]
@@ -120,6 +124,9 @@ def _take(host: BareMetalHost, boot: RamdiskBoot, via: str, address: str) -> tup
         if not secret and boot.delivered_at is not None and boot.raced_at is None:
             boot_race(host=host, boot=boot)
     return (host, secret, kernel_arguments(host, secret)) if secret else None
+
+
+RACE_REASON = "boot raced"
 
 
 def boot_race(*, host: BareMetalHost, boot: RamdiskBoot) -> None:
@@ -171,7 +178,7 @@ def boot_void(*, host: BareMetalHost, boot: RamdiskBoot) -> dict:
         parts.append(f"{len(revoked)} erase certificate(s) revoked")
     security_event(host=host, message=(f"{race_text(boot)}; someone else on the provisioning network has its "
                                        f"secret. The boot is void: {', '.join(parts)}; the host boots again with "
-                                       "a new secret"), data=voided)
+                                       "a new secret"), data=voided, reason=RACE_REASON, boot=boot.pk)
     return voided
 
 

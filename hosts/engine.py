@@ -366,9 +366,7 @@ def _boot_raced(run: Run, flow: Flow) -> bool:
     again with a new secret, no failure counted; BOOT_RACES_BEFORE_REPAIR raced boots in a row: to repair."""
     from . import boot as boot_path
     from .choices import HostState
-    from .lifecycle import ConcurrentTransition
     from .models import EraseCertificate, RamdiskBoot
-    from .services import host_transition
 
     raced_id = run.host.raced_boot_id
     if not BareMetalHost.objects.filter(pk=run.host.pk, raced_boot_id=raced_id).update(raced_boot_id=None):
@@ -379,30 +377,32 @@ def _boot_raced(run: Run, flow: Flow) -> bool:
     voided = {"boot": raced_id}
     races = boot_path.boot_races_in_a_row(run.host.pk)
     if races >= settings.BOOT_RACES_BEFORE_REPAIR:
-        reason = f"boot raced {races} times: the provisioning network is not trusted"
-        try:
-            host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
-                            step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
-                                                                   "message": reason, "boot_raced": voided})
-        except ConcurrentTransition:
-            pass
+        _leave_raced(run, flow, HostState.REPAIR, f"boot raced {races} times: the provisioning network is not trusted",
+                     voided)
         return False
     signed = boot is not None and EraseCertificate.objects.filter(
         host=run.host, created_at__gte=boot.created_at, revoked_at__isnull=False).exists()
     if signed and not flow.gate and flow.clean_state:
         # The race voided the gate this host passed before its flow (a warm host's boot): cleaned again, by the
         # flow's cleaning state; no failure of the host or its claim (claims.reactions reads boot_raced).
-        reason = f"boot {raced_id} raced after its release gate: its certificates are revoked; cleaned again"
-        try:
-            host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
-                            step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
-                                                                   "message": reason, "boot_raced": voided})
-        except ConcurrentTransition:
-            pass
+        _leave_raced(run, flow, flow.clean_state,
+                     f"boot {raced_id} raced after its release gate: its certificates are revoked; cleaned again", voided)
         return False
     boot_again(run, flow, f"boot {raced_id} raced (its configuration was fetched twice): booting again with a "
                           "new secret")
     return True
+
+
+def _leave_raced(run: Run, flow: Flow, to_state: str, reason: str, voided: dict) -> None:
+    from .lifecycle import ConcurrentTransition
+    from .services import host_transition
+
+    try:
+        host_transition(host=run.host, to_state=to_state, actor="system:flow", reason=reason,
+                        step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
+                                                               "message": reason, "boot_raced": voided})
+    except ConcurrentTransition:
+        pass
 
 
 def boot_again(run: Run, flow: Flow, reason: str) -> None:

@@ -137,6 +137,7 @@ def test_a_boot_fetched_twice_is_void_its_session_ends_and_its_agents_work_is_dr
 def test_a_certificate_signed_from_a_raced_boot_is_revoked_and_verify_certificate_says_so(
         agent_client, booting, tmp_path, capsys):
     from hosts import certificates, cleaning
+    from hosts.census import census_take
 
     ipxe_secret(agent_client, booting)
     gate = {"node_type": "gpu-server", "policy": {"method": "secure", "fallback": "full", "source": "test"}}
@@ -145,8 +146,9 @@ def test_a_certificate_signed_from_a_raced_boot_is_revoked_and_verify_certificat
     check = {"name": "nvme0n1", "serial": "S7GPU011", "expectation": "changed", "mode": "sampled", "passed": True,
              "canaries": {"planted": 4, "checked": 4, "survived": 0, "survivors": []},
              "samples": {"count": 4, "chunk": 65536, "share": 0.01, "dirty": 0, "unchanged": 0}, "findings": []}
+    census = census_take(host=BareMetalHost(name=booting.name, inventory={"disks": [disk]}), bmc_drives=None)
     cert = cleaning.issue_certificates(host=booting, flow_id="flow-1", gate=gate, previous={}, erase={"disks": [disk]},
-                                       verify={"disks": [check], "passed": True}, boot_id="b")[0]
+                                       verify={"disks": [check], "passed": True}, census=census, boot_id="b")[0]
     path = tmp_path / "cert.json"
     path.write_text(certificates.render_certificate(cert))
     call_command("verify-certificate", str(path))
