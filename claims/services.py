@@ -601,19 +601,20 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
                 msg += f"; not {', '.join(excluded)} again while another host may free up (it failed this claim)"
             waiting.update({c: ("NoCapacity", msg) for c in claims})
     by_message = defaultdict(list)
+    told: list[NodeClaim] = []  # claims whose reason changed: the live lists must hear of it
     for claim, (reason, msg) in waiting.items():
         result.pending[claim.name] = msg
         if (claim.reason, claim.message) != (reason, msg):
             by_message[(reason, msg)].append(claim.pk)
+            told.append(claim)
     for (reason, msg), ids in by_message.items():
         NodeClaim.objects.filter(pk__in=ids, phase=P.PENDING).update(reason=reason, message=msg)
-    told: list[NodeClaim] = []
     for group in claim_groups.values():  # a group waiting to be placed says why, as its members do
         why = next((waiting[c] for c in pending if c.group_id == group.pk and c in waiting), None)
         if why and group.placed_at is None and (group.reason, group.message) != why:
             ClaimGroup.objects.filter(pk=group.pk, placed_at__isnull=True).update(reason=why[0], message=why[1])
             told += [c for c in pending if c.group_id == group.pk]
-    if told:  # no Event for a reason that changed: the live claims list hears of it from its members' ids
+    if told:  # no Event for a reason that changed: the live lists hear of it from the claims' ids
         groups = ["claims", *sorted({f"tenant-{c.tenant_id}" for c in told})]
         message = {"object": "claim", "ids": [c.pk for c in told]}
         transaction.on_commit(lambda: live.publish(groups, message))
