@@ -2,11 +2,15 @@
 pagination, strict serializers that run Model.clean(), and one mapping from domain errors to HTTP answers."""
 import copy
 import logging
+import re
 from collections.abc import Mapping
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import EMPTY_VALUES
 from django.db import IntegrityError
 from django.db.models import ProtectedError
+from django.http import QueryDict
+from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import SAFE_METHODS, BasePermission
@@ -34,13 +38,13 @@ class Pagination(PageNumberPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return self.page_size
-        try:
-            size = int(raw)
-        except ValueError:
-            size = 0
-        if size < 1:
-            raise exceptions.ValidationError({self.page_size_query_param: ["a whole number, 1 or more"]})
-        return min(size, self.max_page_size)
+        return min(whole_number(self.page_size_query_param, raw), self.max_page_size)
+
+    def get_page_number(self, request, paginator):
+        """`page`, a whole number 1 or more, as `page_size` (DRF would read an empty one as the first page, and
+        "last" as the last; the schema says neither); past the last page is a 404."""
+        raw = request.query_params.get(self.page_query_param)
+        return 1 if raw is None else whole_number(self.page_query_param, raw)
 
     def get_schema_operation_parameters(self, view):
         parameters = super().get_schema_operation_parameters(view)
@@ -50,6 +54,15 @@ class Pagination(PageNumberPagination):
             elif parameter["name"] == self.page_query_param:
                 parameter["schema"].update(minimum=1)
         return parameters
+
+
+def whole_number(name: str, raw: str) -> int:
+    """A query parameter that the schema calls an integer of 1 or more: digits only, or a 400 naming it. One of
+    more than 18 digits reads as 10**18, past any page and any page size."""
+    digits = raw.lstrip("0") if re.fullmatch(r"[0-9]+", raw) else ""
+    if not digits:
+        raise exceptions.ValidationError({name: ["a whole number, 1 or more"]})
+    return int(digits) if len(digits) <= 18 else 10**18
 
 
 # --- permissions ----------------------------------------------------------------------------------
@@ -258,6 +271,50 @@ def schema_error_responses(result, generator, request, public):
                 operation["responses"].setdefault(
                     code, {"description": description, "content": {"application/json": {"schema": schema}}})
     return result
+
+
+EMPTY_MEANS_NO_FILTER = "Empty: no filter."
+
+
+def or_empty(schema: dict) -> dict:
+    """A query parameter's schema that also takes an empty value (an array's: empty items)."""
+    if schema.get("type") == "array":
+        return {**schema, "items": or_empty(schema["items"])}
+    if schema.get("type") == "string" and "enum" in schema:
+        return schema if "" in schema["enum"] else {**schema, "enum": [*schema["enum"], ""]}
+    if (schema.get("type") == "string" and not {"enum", "format"} & set(schema)
+            and re.search(schema.get("pattern", ""), "")):
+        return schema  # "" is one of its texts already
+    return {"anyOf": [schema, {"type": "string", "maxLength": 0}]}
+
+
+def empty_means_no_filter(name: str, filter_field) -> bool:
+    """Whether a filter reads `?name=` as no value, which django-filter skips: the list is not filtered. The HTML
+    lists' forms, whose FilterSets these are, send their empty fields so."""
+    field = filter_field.field
+    try:
+        value = field.clean(field.widget.value_from_datadict(QueryDict(f"{name}="), {}, name))
+    except DjangoValidationError:
+        return False
+    return value in EMPTY_VALUES
+
+
+class EmptyFilterExtension(DjangoFilterExtension):
+    """django-filter's parameters as drf-spectacular documents them, and where an empty value means no filter
+    (an id, a time, a choice, a boolean left blank), the schema says so rather than refuse "" as not an id."""
+
+    priority = 1
+
+    def resolve_filter_field(self, auto_schema, model, filterset_class, field_name, filter_field):
+        parameters = super().resolve_filter_field(auto_schema, model, filterset_class, field_name, filter_field)
+        if empty_means_no_filter(field_name, filter_field):
+            for parameter in parameters:
+                schema = or_empty(parameter["schema"])
+                if schema != parameter["schema"]:
+                    parameter["schema"] = schema
+                    parameter["description"] = " ".join(filter(None, [parameter.get("description"),
+                                                                      EMPTY_MEANS_NO_FILTER]))
+        return parameters
 
 
 def schema_plain_query_strings(result, generator, request, public):

@@ -56,9 +56,9 @@ class NullsLastOrderingFilter(filters.OrderingFilter):
     """Sorts as asked, with the rows that have no value (a free host's claim and tenant) last either way."""
 
     def filter(self, qs, value):
-        if not value:
+        ordering = [self.get_ordering_value(param) for param in value or () if param]  # `name,,state`: two
+        if not ordering:
             return qs
-        ordering = [self.get_ordering_value(param) for param in value]
         return qs.order_by(*[F(o[1:]).desc(nulls_last=True) if o.startswith("-") else F(o).asc(nulls_last=True)
                              for o in ordering])
 

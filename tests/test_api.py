@@ -7,6 +7,7 @@ import io  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 
+import jsonschema  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 from django.core.management import CommandError, call_command  # noqa: E402
@@ -79,11 +80,19 @@ def test_the_browsable_api_works_for_a_signed_in_admin(world):
     client.force_login(world.users["admin"])
     page = client.get("/api/v1/hosts/", HTTP_ACCEPT="text/html")
     assert page.status_code == 200 and b"gpu-01" in page.content
-    # The forms on these pages carry the write-only fields empty: the fixture fails the test on any secret.
-    page = client.get(f"/api/v1/tenants/{world.alpha.pk}/", HTTP_ACCEPT="text/html")
-    assert page.status_code == 200 and b"alpha" in page.content and b'name="kubeconfig"' in page.content
-    page = client.get(f"/api/v1/hosts/{world.host_a.pk}/", HTTP_ACCEPT="text/html")
-    assert page.status_code == 200 and b'name="bmc_password"' in page.content
+    # The API reads JSON only: each page's form is the JSON one, filled with what a GET returns, so without the
+    # write-only fields (the fixture fails the test on any secret).
+    for path, name in [(f"/api/v1/tenants/{world.alpha.pk}/", "alpha"),
+                       (f"/api/v1/hosts/{world.host_a.pk}/", "gpu-01")]:
+        page = client.get(path, HTTP_ACCEPT="text/html").content.decode()
+        assert f'<form action="{path}" data-method="PUT"' in page and f"&quot;name&quot;: &quot;{name}&quot;" in page
+        assert '<option value="application/json" selected>' in page and 'name="_content"' in page
+        assert '<option value="multipart/form-data"' not in page and '<option value="application/x-www' not in page
+        assert "&quot;kubeconfig&quot;" not in page and "bmc_password" not in page
+    page = client.get("/api/v1/tokens/", HTTP_ACCEPT="text/html").content.decode()  # the README's button
+    assert '<form action="/api/v1/tokens/" method="POST"' in page and 'value="application/json" selected' in page
+    made = client.post("/api/v1/tokens/", "{}", content_type="application/json")  # what its script sends
+    assert made.status_code == 201 and len(made.json()["token"]) == 64
 
 
 def test_session_writes_need_the_csrf_token(world):
@@ -198,6 +207,14 @@ def test_lists_are_paginated_fifty_by_default_and_at_most_five_hundred(world, ap
     assert page["count"] == 522 and len(page["results"]) == 50 and "page=2" in page["next"]
     assert len(api("member_a", "get", "/api/v1/nodeproviders/?page_size=1000").json()["results"]) == 500
     assert api("member_a", "get", "/api/v1/nodeproviders/?page=99").status_code == 404
+    assert api("member_a", "get", "/api/v1/nodeproviders/", {"page": "9" * 40}).status_code == 404
+
+
+@pytest.mark.parametrize("page", ["", "0", "last", "1.5", "-1", " 2", "٢"])
+def test_a_page_that_is_not_a_whole_number_is_a_400_naming_it(world, api, page):
+    """The schema says `page` is an integer of 1 or more; DRF would read an empty one as the first page."""
+    refused = api("member_a", "get", "/api/v1/nodeproviders/", {"page": page})
+    assert refused.status_code == 400 and refused.json() == {"page": ["a whole number, 1 or more"]}
 
 
 def test_filters_are_the_html_lists_filtersets(world, api):
@@ -279,6 +296,47 @@ def test_a_bad_filter_value_is_a_400_in_the_api_and_ignored_with_a_message_on_th
     listed = {o["id"] for o in api("admin", "get", endpoint, {**good, "page_size": 500}).json()["results"]}
     assert {o.pk for o in response.context["filters"].qs} == listed
     assert listed < {o["id"] for o in api("admin", "get", endpoint, {"page_size": 500}).json()["results"]}
+
+
+@pytest.mark.parametrize("endpoint, name, invalid", [
+    ("/api/v1/events/", "since", "yesterday"), ("/api/v1/events/", "until", "2026-01-01T00:00:00+23:00"),
+    ("/api/v1/events/", "host", "abc"), ("/api/v1/events/", "kind", "flying"),
+    ("/api/v1/decisions/", "reason", "Bored"), ("/api/v1/decisions/", "since", "soon"),
+    ("/api/v1/hosts/", "online", "maybe"), ("/api/v1/hosts/", "power_state", "dim"),
+    ("/api/v1/claim-groups/", "placed", "perhaps"), ("/api/v1/erase-certificates/", "result", "unsure"),
+    ("/api/v1/repair/", "kind", "boredom"),
+])
+def test_an_empty_filter_is_no_filter_and_the_schema_says_so(world, api, endpoint, name, invalid):
+    """The HTML lists' forms send their empty fields (`?since=&reason=`) to the same FilterSets: an empty id, time,
+    choice or boolean means no filter, in the API too, and its schema takes "" for each; a value that is not one
+    is still a 400."""
+    schema = api("admin", "get", "/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    parameter = next(p for p in schema["paths"][endpoint]["get"]["parameters"] if p["name"] == name)
+    jsonschema.Draft4Validator(parameter["schema"]).validate("")
+    assert not jsonschema.Draft4Validator(parameter["schema"]).is_valid(invalid)
+    everything, unfiltered = (api("admin", "get", endpoint, query).json() for query in ({}, {name: ""}))
+    assert {k: v for k, v in unfiltered.items() if k not in ("next", "previous")} == \
+        {k: v for k, v in everything.items() if k not in ("next", "previous")}
+    refused = api("admin", "get", endpoint, {name: invalid})
+    assert refused.status_code == 400 and name in refused.json()
+
+
+def test_an_empty_state_is_still_refused_as_its_schema_says(world, api):
+    """`state` is a list of states (`?state=a&state=b`): an empty one is no state, a 400, and the schema agrees."""
+    schema = api("admin", "get", "/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    parameter = next(p for p in schema["paths"]["/api/v1/hosts/"]["get"]["parameters"] if p["name"] == "state")
+    assert not jsonschema.Draft4Validator(parameter["schema"]).is_valid([""])
+    assert api("admin", "get", "/api/v1/hosts/", {"state": ""}).status_code == 400
+
+
+def test_a_sort_with_an_empty_column_sorts_by_the_others_on_the_board_and_in_the_api(world, api, client):
+    by_state = [h["name"] for h in api("admin", "get", "/api/v1/hosts/", {"sort": "-state,name"}).json()["results"]]
+    for sort in ("-state,,name", ",-state,name,", "-state,name,,"):
+        response = api("admin", "get", "/api/v1/hosts/", {"sort": sort})
+        assert response.status_code == 200 and [h["name"] for h in response.json()["results"]] == by_state
+    client.force_login(world.users["admin"])
+    page = client.get(reverse("fleet"), {"sort": "-state,,name"})
+    assert page.status_code == 200 and [h.name for h in page.context["filters"].qs] == by_state
 
 
 def test_node_types_show_their_capacity_in_a_constant_number_of_queries(world, api):
@@ -455,6 +513,30 @@ def test_a_body_that_is_not_json_is_a_400(world):
     client = world.client("admin")
     response = client.generic("PATCH", f"/api/v1/pools/{world.pool_a.pk}/", "{quantity: 2", "application/json")
     assert response.status_code == 400 and "JSON parse error" in response.json()["detail"]
+
+
+def test_a_form_body_is_a_415_and_changes_nothing(world):
+    """JSON only, as the schema says: a form cannot say null (`provider=` read as no provider) nor leave out what a
+    PUT must have; so a form or multipart write is refused whole, and the schema offers JSON alone."""
+    client = world.client("admin")
+    before = snapshot()
+    for method, path, body, content_type in [
+        ("POST", "/api/v1/nodeenvironments/", "name=spare-2&provider=", "application/x-www-form-urlencoded"),
+        ("PUT", f"/api/v1/tenants/{world.bravo.pk}/", '--b\r\nContent-Disposition: form-data; name="display_name"'
+                                                       '\r\n\r\nZ\r\n--b--\r\n', "multipart/form-data; boundary=b"),
+        ("PATCH", f"/api/v1/pools/{world.pool_a.pk}/", "quantity=2", "application/x-www-form-urlencoded"),
+    ]:
+        refused = client.generic(method, path, body, content_type, HTTP_IF_MATCH="*")
+        assert refused.status_code == 415, (path, refused.content)
+        assert refused.json() == {"detail": f'Unsupported media type "{content_type}" in request.'}
+    assert snapshot() == before
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    bodies = {(path, method): set(operation["requestBody"]["content"]) for path, operations in schema["paths"].items()
+              for method, operation in operations.items() if "requestBody" in operation}
+    assert bodies.pop(("/api/v1/apply/", "post")) == {"application/json", "application/yaml", "text/yaml"}
+    assert len(bodies) > 20 and set().union(*bodies.values()) == {"application/json"}
+    made = client.post("/api/v1/nodeenvironments/", {"name": "spare-2", "provider": None}, format="json")
+    assert made.status_code == 201 and made.json()["provider"] is None  # null said as JSON says it
 
 
 # --- hosts ----------------------------------------------------------------------------------------

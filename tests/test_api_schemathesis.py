@@ -2,7 +2,8 @@
 with a bounded number of generated requests (valid and invalid, random ids and ids of real objects), held to
 every check schemathesis has (`--checks all`): no 5xx, each status code, content type, header and body as the
 schema documents them for that caller (a member's host without its BMC fields, an event without its data),
-invalid input refused, valid input accepted; and no answer may carry a secret.
+invalid input refused, valid input accepted (ignored_auth: the request again without the run's token, and with a
+wrong token or session cookie, refused); no answer may carry a secret, nor open a session.
 
 Token operations run as a user of their own (the same role), whose token is made afresh before each of their
 requests: POST /tokens/ replaces the caller's token, and the run's own token must survive it.
@@ -12,6 +13,7 @@ test's transaction, the way Django's test client does; so it runs in the default
 pytest_plugins = ["tests.api_conftest"]
 
 import os  # noqa: E402
+import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -34,6 +36,7 @@ from tests.api_conftest import issue_token  # noqa: E402
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "5"))  # per operation and per kind of input
+SESSION_SET = re.compile(r"(^|\s)sessionid=[^;\s\"]")  # a session cookie with a value (not the deletion of one)
 
 
 @pytest.fixture
@@ -101,11 +104,17 @@ def test_every_operation_answers_as_its_schema_says_with_every_check(role, world
                 response = case.call()
                 calls.append(response.status_code)
                 try:
-                    case.validate_response(response, checks=checks)
+                    # The credentials named as the request's own: ignored_auth sends the request again without
+                    # them, then with a wrong token and a wrong session cookie, and wants 401 or 403.
+                    case.validate_response(response, checks=checks, headers=headers)
                 except FailureGroup as exc:
                     failures.append(f"{operation.label} → {response.status_code}: "
                                     f"{'; '.join(f.title for f in exc.exceptions)}\n  {case.as_curl_command()}\n"
                                     f"  {response.text[:300]}")
+                sessions = [c for c in response.headers.get("set-cookie", []) if SESSION_SET.search(c)]
+                if sessions:  # a token's answer opens no session
+                    failures.append(f"{operation.label} → {response.status_code}: a session cookie set\n"
+                                    f"  {case.as_curl_command()}")
                 no_secrets_leak.check_text(case.method.upper(), case.formatted_path, response.status_code,
                                            response.text + "\n" + str(dict(response.headers)), secrets=secrets)
 

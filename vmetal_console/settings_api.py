@@ -32,9 +32,10 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.api.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-    # DRF's, with JSON nested deeper than 100 levels a 400 (vmetal_console/limits.py).
-    "DEFAULT_PARSER_CLASSES": ["core.limits.JSONParser", "rest_framework.parsers.FormParser",
-                               "rest_framework.parsers.MultiPartParser"],
+    # JSON only, as the schema documents (DRF's parser, with JSON nested deeper than 100 levels a 400:
+    # core/limits.py): a form body cannot say null or leave a field out as JSON does, so it is a 415. The
+    # console's pages post to their own views, never to /api/v1/.
+    "DEFAULT_PARSER_CLASSES": ["core.limits.JSONParser"],
 }
 
 # Request bodies: at most this many bytes, API and console alike (the largest is a site's manifests posted to

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import scoping
-from core.api import ScopedPermission, ScopedViewMixin, actor
+from core.api import ScopedPermission, ScopedViewMixin, actor, or_empty
 from events.choices import ObjectType
 from events.services import object_update
 from hosts.capacity import fleet_capacity
@@ -174,7 +174,8 @@ class RepairView(APIView):
         parameters=[OpenApiParameter("days", {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 3660},
                                     description="the window: cases opened within it (default 30)"),
                     OpenApiParameter("node_type", str, description="only this NodeType's cases"),
-                    OpenApiParameter("kind", str, enum=FailureKind.values, description="only this failure kind")],
+                    OpenApiParameter("kind", or_empty({"type": "string", "enum": sorted(FailureKind.values)}),
+                                     description="only this failure kind; empty: every kind")],
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiResponse(description="a parameter that is not valid")},
         description="`hosts`: the open repair cases (host, state, kind, detail, ladder, position, outcome, summary, "
                     "attempts with remedy, outcome, times, failed step). `stats`: `fleet`, `by_node_type` and "
