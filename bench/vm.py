@@ -40,7 +40,9 @@ os.environ["DATABASE_URL"] = os.environ.get("VM_DATABASE_URL", "postgres://root@
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/2")
 MiB = 1024 * 1024
 # TCG on shared cores: bounded, generous deadlines (tests/test_vm_e2e.py uses the same).
-DEADLINES = {"BOOT_SETTLE_S": "60",  # tens of seconds from power-on to the iPXE fetch under TCG
+# BOOT_SETTLE_S: 60 s as in the VM tests unless set; under TCG at 1 VM the iPXE fetch came 5.8-6.3 s after the
+# power-on request (the console's own rule, p95 × 1.5 + 2 s, would make that 11.5 s), the agent's lookup 18-33 s.
+DEADLINES = {"BOOT_SETTLE_S": os.environ.get("BOOT_SETTLE_S", "60"),
              "AGENT_LOOKUP_DEADLINE_S": "300", "AGENT_COMMAND_DEADLINE_S": "300", "AGENT_SILENCE_S": "60",
              "NODE_READY_DEADLINE_S": "300", "IMAGE_WRITE_DEADLINE_S": "600", "ERASE_DEADLINE_S": "600",
              "VERIFY_DEADLINE_S": "600", "POWER_STEP_DEADLINE_S": "60", "POWER_DEADLINE_S": "20",
