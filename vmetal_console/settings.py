@@ -292,7 +292,7 @@ AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 # passed with one fetch of its iPXE script; before that no certificate is signed, no gate passed, no inspection
 # kept and no command with a tenant's secret sent. The window is the NodeType's measured p95 from power-on to
 # fetch × 1.5 + BOOT_SETTLE_MARGIN_S (over its last BOOT_SETTLE_HISTORY boots), BOOT_SETTLE_S until
-# BOOT_SETTLE_SAMPLES were measured (the lab's simulated servers fetch within a second: seconds there). A boot
+# BOOT_SETTLE_SAMPLES were measured (seconds in the lab and the tests, whose servers' power lands in seconds). A boot
 # that nothing fetched within twice its window is lost and booted again early. BOOT_RACES_BEFORE_REPAIR raced
 # boots in a row send the host to repair: its provisioning network is not to be trusted.
 BOOT_SETTLE_S = env_float("BOOT_SETTLE_S", 3 if env_bool("VMETAL_LAB", EMBEDDED) else 300)
