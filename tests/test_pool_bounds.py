@@ -321,5 +321,10 @@ def test_a_worker_reaches_a_big_quantity_over_passes_of_a_batch_each(world, api,
     response = api("member_a", "patch", f"/api/v1/pools/{world.pool_a.pk}/", {"quantity": 23})
     assert response.status_code == 200
     wait_for(lambda: live(world.pool_a) == 23, timeout=60)
-    made = [int(n) for n in re.findall(r"'created': (\d+)", celery_worker_process.log.read_text())]
-    assert max(made) == 5 and sum(made) == 22, made  # 1 claim was there; never more than a batch in one pass
+
+    def made() -> list[int]:
+        return [int(n) for n in re.findall(r"'created': (\d+)", celery_worker_process.log.read_text())]
+
+    # The last pass's result is logged after its claims were committed: wait for the log to say it too.
+    wait_for(lambda: sum(made()) >= 22, timeout=30)
+    assert max(made()) == 5 and sum(made()) == 22, made()  # 1 claim was there; never more than a batch in one pass

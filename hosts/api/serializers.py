@@ -229,6 +229,13 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
+        if isinstance(self.instance, models.Model) and isinstance(self.initial_data, dict):
+            # Sent again unchanged is fine; another value is refused, never silently ignored.
+            changed = {name: [f"is fixed once the host is registered (it is {getattr(self.instance, name)!r})"]
+                       for name in self.FIXED_AFTER_CREATE
+                       if name in self.initial_data and self.initial_data[name] != getattr(self.instance, name)}
+            if changed:
+                raise serializers.ValidationError(changed)
         if self.instance is None and not (attrs.get("bmc_username") and attrs.get("bmc_password")):
             raise serializers.ValidationError({"bmc_password": ["a host is registered with its BMC username and "
                                                                 "password"]})
