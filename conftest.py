@@ -168,7 +168,7 @@ def agent_client_class():
 def agent_lookup_body(body: dict) -> dict:
     """A lookup as a freshly booted agent sends it: for a host booting the ramdisk, the console starts a new
     boot and the body carries that boot's secret, as the boot path would have delivered it."""
-    from hosts.boot import ramdisk_boot_start
+    from hosts.boot.ramdisk import ramdisk_boot_start
     from hosts.lifecycle import AGENT_STATES
     from hosts.models import BareMetalHost
 
@@ -192,7 +192,7 @@ def agent_server(transactional_db, settings, worker_settings):
 
     from django.test.testcases import LiveServerThread
 
-    from hosts.listener import AgentListener
+    from hosts.protocol.listener import AgentListener
 
     thread = LiveServerThread("127.0.0.1", static_handler=lambda app: AgentListener())
     thread.daemon = True

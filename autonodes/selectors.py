@@ -15,7 +15,7 @@ from claims.models import NodeClaim
 from core import scoping
 from events.choices import EventKind, ObjectType
 from events.models import Event
-from hosts.engine import step_status
+from hosts.engine.drive import step_status
 from pools.choices import PoolKind
 from pools.models import NodePool, parse_quantity
 

@@ -419,7 +419,7 @@ def main_warm(args) -> None:
             print(line)
     ns = [n for n in sizes if all((n, m) in results for m, _, _ in modes)]
     if ns:
-        from hosts.engine import FLOWS
+        from hosts.lifecycle import FLOWS
 
         print("\nper-step p50 (seconds): " + " / ".join(m for m, _, _ in modes))
         print("  " + " " * 18 + "".join(f"{'N=' + str(n):>24}" for n in ns))

@@ -5,7 +5,7 @@ class ClaimsConfig(AppConfig):
     name = "claims"
 
     def ready(self):
-        from hosts.dhcp import address_source
+        from hosts.boot.dhcp import address_source
         from hosts.lifecycle import on_host_transition
         from hosts.services import idle_check_hold_source
         from pools.api_check import tenant_api_check_source

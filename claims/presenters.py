@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from events.choices import EventKind, ObjectType
 from events.models import Event
-from hosts.engine import step_status
+from hosts.engine.drive import step_status
 from hosts.models import HostCommand
 
 from .choices import ClaimPhase

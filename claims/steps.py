@@ -11,25 +11,17 @@ from django.conf import settings
 from django.utils import timezone
 
 from hosts.choices import HostState
-from hosts.engine import (
-    DISK_WRITTEN,
-    SKIP,
-    Run,
-    Step,
-    StepFailed,
-    Waiting,
-    agent_command,
-    setting,
-    step_retry,
-)
-from hosts.flows import (
+from hosts.engine.agent import DISK_WRITTEN, agent_command
+from hosts.engine.drive import step_retry
+from hosts.engine.flow import SKIP, Run, Step, StepFailed, Waiting, deadline_setting
+from hosts.flows.host import host_flow
+from hosts.flows.steps import (
     CLEANING_STEPS,
     HANDOVER_STEPS,
     INSPECT_UNLESS_KNOWN,
     KEEP_WARM,
     NO_ERASE_NEEDED,
     RAMDISK_STEPS,
-    host_flow,
     power_off_unless_warm,
     step_boot_from_disk,
     step_power_off,
@@ -37,9 +29,9 @@ from hosts.flows import (
     unless_untouched,
     untouched_begin,
 )
+from hosts.flows.warm import warm_session
 from hosts.models import CommandStatus, HostCommand
 from hosts.selectors import image_write_failures
-from hosts.warm import warm_session
 from pools.choices import FabricKind
 from pools.fabric import FabricRangeFull, fabric_partitions_assign
 from pools.validators import parse_duration
@@ -350,13 +342,13 @@ PROVISION = host_flow("provision", HostState.PROVISIONING, [
     *(dataclasses.replace(s, when=cold) for s in (*RAMDISK_STEPS[:2], INSPECT_UNLESS_KNOWN)),
     *HANDOVER_STEPS,  # the handover tier, before anything is written: a failure sends the host to repair and
     # gives the claim another host
-    Step(CHECK_STEP, step_check_tenant_api, setting("AGENT_COMMAND_DEADLINE_S")),
-    Step("write_image", step_write_image, setting("IMAGE_WRITE_DEADLINE_S")),
-    Step("write_seed", step_write_seed, setting("AGENT_COMMAND_DEADLINE_S")),
-    Step("reboot_to_disk", step_reboot_to_disk, setting("AGENT_COMMAND_DEADLINE_S")),
-    Step("boot_from_disk", step_boot_from_disk, setting("POWER_STEP_DEADLINE_S")),
-    Step("node_ready", step_node_ready, setting("NODE_READY_DEADLINE_S")),
-    Step("node_labels", step_node_labels, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step(CHECK_STEP, step_check_tenant_api, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("write_image", step_write_image, deadline_setting("IMAGE_WRITE_DEADLINE_S")),
+    Step("write_seed", step_write_seed, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("reboot_to_disk", step_reboot_to_disk, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("boot_from_disk", step_boot_from_disk, deadline_setting("POWER_STEP_DEADLINE_S")),
+    Step("node_ready", step_node_ready, deadline_setting("NODE_READY_DEADLINE_S")),
+    Step("node_labels", step_node_labels, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
 ], done_state=HostState.PROVISIONED,
     clean_state=HostState.DEPROVISIONING,  # a failure that may leave half an image or a seed: cleaned, not parked
     after_step={"boot_from_disk": claim_joining}, related=("claim__tenant", "claim__node_type"),
@@ -367,10 +359,10 @@ PROVISION = host_flow("provision", HostState.PROVISIONING, [
 # written (hosts.flows.untouched_begin) skips the ramdisk boot and the release gate: no_erase_needed says so, and
 # the host is powered off (or kept warm: it is on in the ramdisk, its agent live) and back in the pool.
 DEPROVISION = host_flow("deprovision", HostState.DEPROVISIONING, [
-    Step("drain_node", step_drain_node, setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
-    Step("delete_node", step_delete_node, setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
+    Step("drain_node", step_drain_node, deadline_setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
+    Step("delete_node", step_delete_node, deadline_setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),
     *unless_untouched([
-        Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+        Step("power_off", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
         *RAMDISK_STEPS[:2],
         *CLEANING_STEPS,
     ]),

@@ -5,14 +5,13 @@ class HostsConfig(AppConfig):
     name = "hosts"
 
     def ready(self):
+        # At ready, not at import: the models must be loaded before these modules are.
         from pools.capacity import capacity_source
 
-        from . import (
-            consumers,  # noqa: F401 (registers who may join a host's live group)
-            flows,  # noqa: F401 (registers the host's own flows with the step engine)
-            repair,  # registers the repair flow
-        )
+        from . import consumers  # noqa: F401 (registers who may join a host's live group)
         from .capacity import node_type_capacity
+        from .flows import host  # noqa: F401 (registers the host's own flows with the step engine)
+        from .flows import repair  # registers the repair flow
         from .lifecycle import on_host_transition
         from .preflight import connect_receivers
 

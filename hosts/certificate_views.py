@@ -11,7 +11,7 @@ from django.views.decorators.http import require_safe
 
 from hosts.selectors import erase_certificates_visible
 
-from . import certificates
+from .gate import certificates
 from .models import EraseCertificate
 
 

@@ -64,17 +64,35 @@ def check_transition(from_state: str, to_state: str, name: str = "host") -> None
     transitions.check_transition(TRANSITIONS, from_state, to_state, name)
 
 
+# --- the flow that drives each in-progress state -------------------------------------------------------
+# Filled at start: hosts.flows registers the host's own flows, claims.steps provision and deprovision
+# (hosts.engine.flow.Flow, each with its state and steps). Kept here, below the engine and the services, so that a
+# state's deadline (its flow's steps) is read where a host is moved.
+FLOWS: dict = {}  # flow name → Flow
+FLOW_FOR_STATE: dict[str, str] = {}  # host state → flow name
+RELATED: set[str] = set()  # the host's relations the registered flows read (the engine loads them with the host)
+
+
+class FlowMissing(LookupError):
+    """An in-progress state whose flow no app registered (the app that offers it is not installed)."""
+
+
+def register_flow(flow):
+    FLOWS[flow.name] = flow
+    FLOW_FOR_STATE[flow.state] = flow.name
+    RELATED.update(flow.related)
+    return flow
+
+
 def deadline_for(state: str) -> timedelta | None:
     """How long a host may stay in `state`: its flow's step deadlines added up, plus STEP_SLACK_S each."""
-    from .engine import (  # the engine's registry; the engine's steps import this module
-        FLOW_FOR_STATE,
-        FLOWS,
-    )
-
     if state not in STATE_FAILURE:
         return None
-    steps = FLOWS[FLOW_FOR_STATE[state]].steps
-    return timedelta(seconds=sum(step.deadline_s() + settings.STEP_SLACK_S for step in steps))
+    name = FLOW_FOR_STATE.get(state)
+    if name is None:
+        raise FlowMissing(f"no flow drives the host state {state!r}: the app that registers it (claims.steps for "
+                          f"provisioning and deprovisioning) is not installed, or not ready yet")
+    return timedelta(seconds=sum(step.deadline_s() + settings.STEP_SLACK_S for step in FLOWS[name].steps))
 
 
 # --- who reacts to a host's move ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pools.validators import (
     validate_string_map,
 )
 
-from .bmc import BMCError, parse_address
+from .bmc.client import BMCError, parse_address
 from .choices import CleaningMode, HostState, PowerState, RepairOutcome, Verdict
 
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")

@@ -1,11 +1,11 @@
-"""Preflight: the two networks a host needs, checked before a flow touches it (issue 14, point 1 a and b).
+"""Preflight: the two networks a host needs, checked before a flow touches it.
 
 (a) BMC network: the BMC answers Redfish with the host's credentials, over TLS that verifies (or the host says,
 visibly, that it accepts an unverified certificate: `disableCertificateVerification`), the system is found, the
 boot MAC is one of its NICs, and what the BMC can do is recorded (virtual media, one-time boot override,
-BootSourceOverrideMode). Through hosts/bmc.py, the one door to BMCs; its outcome is also the host's BMC contact
+BootSourceOverrideMode). Through hosts/bmc/, the one door to BMCs; its outcome is also the host's BMC contact
 (bmc_ok, bmc_checked_at, bmc_error: hosts.services.host_bmc_contact).
-(b) Provisioning network: the host's DHCP/boot entry exists for its MAC (hosts/dhcp.py, when the console has
+(b) Provisioning network: the host's DHCP/boot entry exists for its MAC (hosts/boot/dhcp.py, when the console has
 one), the agent listener's boot route answers (probed with a MAC no host has: the per-boot script is served once
 and must not be consumed), and the ramdisk the host will boot (AGENT_KERNEL_URL and AGENT_INITRD_URL for network
 boot; the listener's ISO route for virtual media) answers a HEAD.
@@ -34,15 +34,17 @@ from events.services import event_record
 from pools.matching import label_selector_q
 from pools.models import NodeType
 
-from .bmc import BMC, SCHEMES, BMCError, parse_address
+from . import task_names
+from .bmc.client import SCHEMES, BMCError, parse_address
+from .bmc.factory import bmc_client
 from .choices import HostState
+from .boot.dhcp import host_entry
 from .models import BareMetalHost
 from .services import host_bmc_contact
 
 log = logging.getLogger(__name__)
 
 PREFLIGHT_STEP = "preflight"
-PREFLIGHT_TASK = "hosts.tasks.preflight_hosts"
 # The fields whose change makes the last preflight stale: it is run again on commit.
 WATCHED = ("bmc_address", "bmc_username", "bmc_password", "bmc_disable_certificate_verification", "boot_mac")
 # Hosts the periodic preflight looks at: every host not retired. Its BMC reads are GETs, and the boot path's
@@ -69,8 +71,8 @@ def check_bmc(*, address: str, username: str, password: str, verify_tls: bool, b
         result["reason"], result["kind"] = "no BMC credentials (apply the host's Secret)", "auth"
         return result
     try:
-        with BMC(address, username, password, verify_tls=verify_tls, timeout=settings.PREFLIGHT_TIMEOUT_S,
-                 retries=0, boot_mac=boot_mac) as bmc:
+        with bmc_client(address, username, password, verify_tls=verify_tls, boot_mac=boot_mac,
+                        timeout=settings.PREFLIGHT_TIMEOUT_S, retries=0) as bmc:
             found = bmc.check(boot_mac)
             result["system"] = found["system_id"]
             result["quirks"] = bmc.quirks()
@@ -157,12 +159,7 @@ class BootPath:
 
 
 def _dhcp_problem(host: BareMetalHost) -> tuple[str, bool]:
-    """(why the host has no DHCP/boot entry or '', whether it was checked). The DHCP configuration comes from
-    hosts/dhcp.py (issue 14's IPAM work); a console without it has nothing to check yet."""
-    try:
-        from .dhcp import host_entry  # optional until the IPAM work lands
-    except ImportError:
-        return "", False
+    """(why the host has no DHCP/boot entry or '', whether it was checked): the entry hosts/boot/dhcp.py makes."""
     try:
         entry = host_entry(host)
     except Exception as exc:  # a DHCP renderer that fails for this host is a red boot path, not a crash
@@ -256,7 +253,7 @@ def preflight_request(*, host_ids: list[int], actor: str) -> None:
     """Ask a worker to preflight these hosts once the current transaction commits."""
     if host_ids:
         ids = sorted(set(host_ids))
-        transaction.on_commit(lambda: task_send(PREFLIGHT_TASK, host_ids=ids, actor=actor))
+        transaction.on_commit(lambda: task_send(task_names.PREFLIGHT_HOSTS, host_ids=ids, actor=actor))
 
 
 # --- on change: a host's BMC address, credentials, TLS setting or boot MAC -------------------------------------

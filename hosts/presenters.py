@@ -19,11 +19,13 @@ from pools.matching import label_selector_matches
 from pools.models import NodeType
 from pools.selectors import node_types_selecting
 
-from .bmc import SCHEMES
+from .bmc.client import SCHEMES
 from .choices import HostState
-from .cleaning import effective_cleaning, gpu_count
-from .engine import step_status
+from .gate.cleaning import effective_cleaning, gpu_count
+from .engine.drive import step_status
+from .lifecycle import TRANSITIONS
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
+from .services import POWER_CYCLE_STATES
 from .topology import host_topology
 
 SECRETS = ("bmc_username", "bmc_password")
@@ -253,8 +255,6 @@ DANGEROUS_ACTIONS = frozenset({"power-cycle", "power-off", "retire"})
 
 def host_actions(host: BareMetalHost) -> list[dict]:
     """The actions an admin may take on a host in its state (the services check again when they run)."""
-    from .services import POWER_CYCLE_STATES
-
     allowed = []
     if host.state == HostState.MAINTENANCE:
         allowed.append("maintenance-off")
@@ -274,8 +274,6 @@ def host_actions(host: BareMetalHost) -> list[dict]:
 
 
 def _next_states(state: str):
-    from .lifecycle import TRANSITIONS
-
     return TRANSITIONS.get(state, ())
 
 

@@ -27,6 +27,7 @@ from pools.models import Tenant
 from pools.selectors import sku_deviations_of
 
 from .choices import HostState, RepairOutcome
+from .gate.census import record_deviations
 from .lifecycle import STATE_FAILURE
 from .models import (
     BareMetalHost,
@@ -283,8 +284,6 @@ def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[
     (pools/sku.py), and under RECORD its disks that are not the inventory of record's (hosts/census.py: the
     release gate's census rests on the record until an admin accepts the disks found); {} when it conforms or
     was never inspected. `node_types`: already read, for lists."""
-    from .census import record_deviations
-
     if not host.inventory:
         return {}
     out = sku_deviations_of(host.inventory, host.labels, node_types)

@@ -1,29 +1,37 @@
 """Every write to a host. `hosts_transition_batch` is the only code that changes a host's state."""
 import logging
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from core.tasks import task_send
+from core import live
+from core.tasks import task_send, task_send_on_commit
 from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import event_record, events_record, seconds_since
+from pools.health_tiers import node_type_tiers
+from pools.matching import label_selector_q
+from pools.models import NodeType
 from pools.selectors import labels_derived, sku_deviations_of
 from pools.sku import DERIVED_LABELS, derived_labels
 
-from . import engine
-from .bmc import BMC, BMCError
-from .boot import agent_sessions_end
+from . import task_names
+from .bmc.client import BMCError
+from .bmc.factory import host_bmc
+from .boot.ramdisk import agent_sessions_end
 from .choices import HostState
+from .gate.census import disk_text, record_deviations, record_from
 from .lifecycle import (
     AGENT_STATES,
+    FLOW_FOR_STATE,
     IN_PROGRESS,
     STATE_FAILURE,
     TRANSITION_RECEIVERS,
@@ -33,7 +41,7 @@ from .lifecycle import (
     check_transition,
     deadline_for,
 )
-from .models import BareMetalHost
+from .models import BareMetalHost, HealthCheckRun
 from .selectors import sku_deviations_text
 
 log = logging.getLogger(__name__)
@@ -78,7 +86,7 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
         if to_state in (HostState.AVAILABLE, HostState.PROVISIONED):
             fields.update(error_count=0)
     if to_state != HostState.AVAILABLE:
-        # A warm host (hosts/warm.py) is warm only while available; one that is allocated keeps its agent session
+        # A warm host (hosts/flows/warm.py) is warm only while available; one that is allocated keeps its agent session
         # (provisioning is a ramdisk state), and its provision starts with that agent (claims.steps).
         fields.update(warm_since=None, warm_until=None)
     ids = [h.pk for h in hosts]
@@ -106,9 +114,9 @@ def hosts_transition_batch(*, hosts: Iterable[BareMetalHost], to_state: str, act
                 setattr(host, key, value)
         if to_state == HostState.ERROR:
             host.error_count += 1
-    if to_state in engine.FLOW_FOR_STATE:  # a state with a flow: drive it, on commit
+    if to_state in FLOW_FOR_STATE:  # a state with a flow: drive it, on commit
         for host_id in ids:
-            engine.request_drive(host_id)
+            task_send_on_commit(task_names.DRIVE_HOST, host_id=host_id)
     moved = HostsMoved(host_ids=ids, names={h.pk: h.name for h in hosts}, from_state=from_state, to_state=to_state,
                        actor=actor, reason=reason, data=data or {})
     for receiver in TRANSITION_RECEIVERS:
@@ -142,12 +150,13 @@ def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
     swept = []
     now = timezone.now()
     undated = Q()
-    for state in STATE_FAILURE:
+    driven = [state for state in STATE_FAILURE if state in FLOW_FOR_STATE]  # hosts alone: no claim's flows
+    for state in driven:
         undated |= Q(state=state, deadline_at__isnull=True, state_changed_at__lt=now - deadline_for(state))
-    overdue = BareMetalHost.objects.filter(Q(deadline_at__lt=now, state__in=list(STATE_FAILURE)) | undated)
+    overdue = BareMetalHost.objects.filter(Q(deadline_at__lt=now, state__in=driven) | undated)
     for host in overdue:
         limit = deadline_for(host.state)
-        reason = f"deadline exceeded: {host.state} for more than {_human(limit)}"
+        reason = f"deadline exceeded: {host.state} for more than {_hours_minutes(limit)}"
         flow = host.flow or {}
         stuck_at = flow.get("step", "") if flow.get("state_since") == host.state_changed_at.isoformat() else ""
         if stuck_at:
@@ -163,7 +172,7 @@ def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:
     return swept
 
 
-def _human(delta) -> str:
+def _hours_minutes(delta) -> str:
     minutes = int(delta.total_seconds() // 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
@@ -211,7 +220,7 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
                  to_state=state, actor=actor, message=message,
                  data=({"imported": {"state": state, **({"sku_deviations": deviations} if deviations else {})}}
                        if status is not None else {}))
-    engine.request_drive(host.pk)
+    task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
     return host
 
 
@@ -296,11 +305,9 @@ def host_return_to_service(*, host: BareMetalHost, actor: str, override_reason: 
 
 
 def host_disk_record_accept(*, host: BareMetalHost, actor: str, reason: str) -> dict:
-    """An admin accepts the disks the host's last inspection found as its inventory of record (hosts/census.py):
+    """An admin accepts the disks the host's last inspection found as its inventory of record (hosts/gate/census.py):
     a replaced or added disk stops being a deviation, and the release gate's census counts it from now on. Only
     for a host in repair, with a reason; the old and the new record are in the Event. Returns the new record."""
-    from .census import disk_text, record_from, record_deviations
-
     reason = (reason or "").strip()
     if not reason:
         raise IllegalTransition(f"accepting the disks of {host.name} needs a reason")
@@ -408,7 +415,7 @@ def host_power_cycle(*, host: BareMetalHost, actor: str, reason: str = "") -> Ev
 
 def host_power_request(*, host: BareMetalHost, action: str, actor: str, reason: str = "") -> Event:
     """Ask for a power action (`action`: power-cycle, power-on or power-off). Writes the request to the Event
-    log with the actor; on commit a worker sends it (hosts.tasks.power_host), outside any transaction, and
+    log with the actor; on commit a worker sends it (task_names.POWER_HOST), outside any transaction, and
     records the BMC's answer. Raises IllegalTransition in a state where a flow drives the power."""
     words = POWER_WORDS[action]
     with transaction.atomic():
@@ -429,18 +436,9 @@ def host_power_request(*, host: BareMetalHost, action: str, actor: str, reason: 
             message=f"{words} requested" + (f": {reason}" if reason else ""),
             data={"action": action, "state": locked["state"], "reason": reason})
         request_id = event.pk
-        transaction.on_commit(lambda: task_send("hosts.tasks.power_host", host_id=host.pk,
+        transaction.on_commit(lambda: task_send(task_names.POWER_HOST, host_id=host.pk,
                                                 request_id=request_id))
     return event
-
-
-def host_bmc(host: BareMetalHost, *, kept: bool = False) -> BMC:
-    """The host's BMC client, from its address, credentials and TLS setting. `kept`: reuse this worker's
-    session with it (a flow's power step polls the same BMC every few seconds)."""
-    make = BMC.kept if kept else BMC
-    return make(host.bmc_address, host.bmc_username, host.bmc_password,
-                verify_tls=not host.bmc_disable_certificate_verification, timeout=settings.BMC_TIMEOUT_S,
-                boot_mac=host.boot_mac)
 
 
 def host_power_send(*, host_id: int, request_id: int) -> Event | None:
@@ -506,7 +504,6 @@ def host_power_send(*, host_id: int, request_id: int) -> Event | None:
                                 data={**outcome, "how": how, "power_before": before, "power_after": after})
 
 
-host_power_cycle_send = host_power_send  # its earlier name
 
 
 def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, message: str, data: dict,
@@ -560,8 +557,6 @@ def hosts_bmc_check_due(*, limit: int = 200) -> list[str]:
     """The periodic low-cost check: one power-state read (no retries, a short timeout) from each available host
     whose BMC was last heard from more than BMC_CHECK_EVERY_S ago, a few at a time. Returns the names of the
     hosts whose BMC changed colour."""
-    from concurrent.futures import ThreadPoolExecutor
-
     cutoff = timezone.now() - timedelta(seconds=settings.BMC_CHECK_EVERY_S)
     hosts = list(BareMetalHost.objects.filter(state=HostState.AVAILABLE)
                  .filter(Q(bmc_checked_at__isnull=True) | Q(bmc_checked_at__lt=cutoff))
@@ -572,9 +567,7 @@ def hosts_bmc_check_due(*, limit: int = 200) -> list[str]:
         if not host.bmc_password:
             return None, "no BMC credentials (apply the host's Secret)"
         try:
-            with BMC(host.bmc_address, host.bmc_username, host.bmc_password,
-                     verify_tls=not host.bmc_disable_certificate_verification,
-                     timeout=settings.BMC_CHECK_TIMEOUT_S, retries=0, boot_mac=host.boot_mac) as bmc:
+            with host_bmc(host, timeout=settings.BMC_CHECK_TIMEOUT_S, retries=0) as bmc:
                 return bmc.power_state(), ""
         except BMCError as exc:
             return None, str(exc)
@@ -621,14 +614,6 @@ def hosts_idle_check_start(*, actor: str = "system:idle-check") -> IdleCheckTick
     interval: a check that was started counts, whatever became of it, so a check pre-empted by a claim or ended
     without a result is not tried again before an interval has passed. Skips are logged (INFO) and returned,
     never an Event: the tick runs every IDLE_CHECK_EVERY_S."""
-    from django.db.models import OuterRef, Subquery
-
-    from pools.health_tiers import node_type_tiers
-    from pools.matching import label_selector_q
-    from pools.models import NodeType
-
-    from .models import HealthCheckRun
-
     tick = IdleCheckTick()
     now = timezone.now()
     tiers = {t: tier for t in NodeType.objects.exclude(health={}).select_related("provider").order_by("name")
@@ -646,7 +631,7 @@ def hosts_idle_check_start(*, actor: str = "system:idle-check") -> IdleCheckTick
         if room <= 0:
             continue
         since = now - timedelta(seconds=tier["interval_s"])
-        # Not a warm host (hosts/warm.py): it is on in the ramdisk and heartbeating, ready for the next claim.
+        # Not a warm host (hosts/flows/warm.py): it is on in the ramdisk and heartbeating, ready for the next claim.
         unchecked = (selected.filter(state=HostState.AVAILABLE, warm_since__isnull=True)
                      .annotate(checked=Subquery(last_run), tried=Subquery(last_try))
                      .filter(Q(checked__isnull=True) | Q(checked__lt=since)))
@@ -664,3 +649,9 @@ def hosts_idle_check_start(*, actor: str = "system:idle-check") -> IdleCheckTick
     for name, why in tick.skipped.items():
         log.info("idle health checks of %s: %s", name, why)
     return tick
+
+
+def publish_progress(host_id: int) -> None:
+    """Tell the host's live views that its flow's progress changed (a retry, a heartbeat): no Event."""
+    transaction.on_commit(lambda: live.publish([f"host-{host_id}"], {"object": "host", "ids": [host_id],
+                                                                      "progress": True}))

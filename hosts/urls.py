@@ -1,6 +1,8 @@
 from django.urls import path
 
-from . import agent_api, certificate_views, images
+from . import certificate_views
+from .protocol import api as agent_api
+from .boot import images
 
 # The agent listener's paths (vmetal_console/agent_urls.py): the agent protocol, the boot path and the images.
 # Never on the public listener.

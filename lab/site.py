@@ -562,7 +562,7 @@ class LabSite:
     def _vm_power(self, host: LabHost, event: dict) -> None:
         """The BMC's landed power change, played on the VM: the boot target and one-time override in force at
         power-on, the inserted virtual media as its CD, its DHCP boot file from the console's DHCP rules."""
-        from hosts.dhcp import ipxe_chain_script
+        from hosts.boot.dhcp import ipxe_chain_script
 
         if event["power_state"] != "On":
             host.vm.power_off(graceful=event.get("request") == "GracefulShutdown")

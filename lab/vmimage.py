@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hosts.bootmedia import BootFiles, bootable_iso
+from hosts.boot.media import BootFiles, bootable_iso
 
 log = logging.getLogger("lab.vmimage")
 

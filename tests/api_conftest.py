@@ -123,7 +123,7 @@ class _Watch:
     # -- the exceptions (see the module's docstring)
     def owned(self, method: str, path: str, status: int, body: str, request) -> set[str]:
         """The secrets that this django.test.Client response may carry to the one who asked for it."""
-        from hosts.agent_api import _command_pk, hash_token
+        from hosts.protocol.api import _command_pk, hash_token
         from hosts.models import AgentSession, HostCommand
         from pools.models import TenantMembership
 
@@ -258,7 +258,7 @@ class _Watch:
 def _console_keys() -> set[str]:
     """SECRET_KEY, the field-encryption keys and the signing key: as set, and the signing key's material alone (a
     PEM's base64 lines, its raw private bytes in hex)."""
-    from hosts import certificates
+    from hosts.gate import certificates
 
     pem = settings.CERTIFICATE_SIGNING_KEY
     found = {settings.SECRET_KEY, *settings.FIELD_ENCRYPTION_KEYS, pem}
@@ -468,8 +468,8 @@ def world(demo_site, apply) -> World:
 
 def gate_evidence(host, *, flow_id: str, tenant: str, verdict: str = "pass"):
     """One disk's erase certificate and a dcgmi health run of one gate run, as hosts.cleaning records them."""
-    from hosts import cleaning
-    from hosts.census import census_take
+    from hosts.gate import cleaning
+    from hosts.gate.census import census_take
     from hosts.models import BareMetalHost
 
     gate = {"node_type": "gpu-server", "policy": {"method": "full", "fallback": "", "source": "NodeType gpu-server"}}

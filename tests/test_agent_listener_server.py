@@ -227,7 +227,8 @@ def test_a_listener_moved_with_agent_listen_or_behind_another_boot_address_start
 def test_a_warm_agents_held_ask_outlives_the_idle_timeout_and_gets_its_command(listener, demo_site):
     """The server closes silent connections (AGENT_LISTENER_IDLE_S), but never one whose request is running: a warm
     host's long poll is held past it and answered as soon as a command is queued (woken through Redis)."""
-    from hosts.engine import Run, Waiting, agent_command
+    from hosts.engine.agent import agent_command
+    from hosts.engine.flow import Run, Waiting
     from hosts.models import BareMetalHost
     from hosts.services import host_transition
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hosts.boot import ramdisk_boot_start
+from hosts.boot.ramdisk import ramdisk_boot_start
 from hosts.models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 from hosts.services import host_transition
 

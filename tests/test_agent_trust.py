@@ -14,7 +14,7 @@ from claims.models import NodeClaim
 from conftest import wait_for
 from events.choices import EventKind
 from events.models import Event
-from hosts.boot import VIRTUAL_MEDIA, ramdisk_boot_start
+from hosts.boot.ramdisk import VIRTUAL_MEDIA, ramdisk_boot_start
 from hosts.models import AgentSession, BareMetalHost, HostCommand, RamdiskBoot
 from hosts.services import host_transition
 
@@ -136,8 +136,8 @@ def test_a_boot_fetched_twice_is_void_its_session_ends_and_its_agents_work_is_dr
 
 def test_a_certificate_signed_from_a_raced_boot_is_revoked_and_verify_certificate_says_so(
         agent_client, booting, tmp_path, capsys):
-    from hosts import certificates, cleaning
-    from hosts.census import census_take
+    from hosts.gate import certificates, cleaning
+    from hosts.gate.census import census_take
 
     ipxe_secret(agent_client, booting)
     gate = {"node_type": "gpu-server", "policy": {"method": "secure", "fallback": "full", "source": "test"}}

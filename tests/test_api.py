@@ -863,7 +863,7 @@ def test_a_host_shows_its_effective_cleaning_method_and_links_to_its_evidence(wo
 
 
 def test_erase_certificates_and_health_runs_are_read_with_their_filters(world, evidence, api):
-    from hosts import certificates
+    from hosts.gate import certificates
 
     def ids(role: str, path: str) -> set[int]:
         response = api(role, "get", path)

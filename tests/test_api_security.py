@@ -216,7 +216,7 @@ def test_the_secret_check_fails_a_response_or_a_log_line_that_carries_a_secret(w
         no_secrets_leak.check("GET", "/somewhere", HttpResponse(world.tokens["auditor"]))
     from django.conf import settings
 
-    from hosts import certificates
+    from hosts.gate import certificates
 
     # The console's keys: the private key that signs erase certificates (whole, or its key material), the session
     # key and the field key. The signing key's public half and its id are public.

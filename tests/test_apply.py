@@ -395,7 +395,7 @@ def test_exists_gt_and_lt_choose_the_node_type_by_its_properties(apply, demo_sit
     ("redfish-virtualmedia+http://10.1.1.9/redfish/v1/Systems/1", "redfish-virtualmedia+http"),
 ])
 def test_every_redfish_scheme_metal3_writes_is_accepted(apply, address, scheme):
-    from hosts.bmc import parse_address
+    from hosts.bmc.client import parse_address
     from tests.test_apply_errors import BMH
 
     apply(BMH.format(address=address, credentials="new-bmc"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hosts.bmc import BMC, KINDS, BMCError, parse_address
+from hosts.bmc.client import BMC, KINDS, BMCError, parse_address
 from lab.redfish import RedfishLab
 
 USER, PASSWORD = "admin", "lab-password"
@@ -331,7 +331,7 @@ def registered(lab, name: str, *, password: str = PASSWORD, address: str | None 
 
 
 def drive(host):
-    from hosts.engine import drive as engine_drive
+    from hosts.engine.drive import drive as engine_drive
 
     started = time.monotonic()
     engine_drive(host.pk)

@@ -8,9 +8,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from events.models import Event
-from hosts import cleaning
-from hosts.bmc import BMC
-from hosts.census import census_take, record_from
+from hosts.gate import cleaning
+from hosts.bmc.client import BMC
+from hosts.gate.census import census_take, record_from
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.selectors import RECORD, host_sku_deviations

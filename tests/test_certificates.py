@@ -16,8 +16,8 @@ from django.core.management import call_command
 from conftest import ROOT
 from core import keys
 from events.models import Event
-from hosts import certificates, cleaning
-from hosts.census import census_take
+from hosts.gate import certificates, cleaning
+from hosts.gate.census import census_take
 from hosts.models import BareMetalHost, EraseCertificate
 from pools.models import Tenant, TenantMembership
 
@@ -190,7 +190,8 @@ def test_after_a_key_rotation_old_certificates_verify_through_the_retired_public
 
 def test_without_a_signing_key_the_release_gate_fails_with_the_reason_and_signs_nothing(host, settings,
                                                                                          monkeypatch):
-    from hosts import engine, flows
+    from hosts.engine import drive as engine
+    from hosts.flows import host as flows
     from hosts.choices import HostState
     from hosts.services import host_transition
 

@@ -39,7 +39,7 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
     (a real worker, Redfish BMCs, agents) can stand in for this function, yielding at the same points."""
     from claims import steps as claim_steps
     from claims.services import claims_allocate, pools_reconcile
-    from hosts import engine as flows
+    from hosts.engine import drive as flows
     from hosts.services import host_transition
 
     pools_reconcile(pool_ids=[pool_id])  # the reconcile the quantity change asked for: a claim, no free host

@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from claims.models import NodeClaim
-from hosts import certificates, cleaning
+from hosts.gate import certificates, cleaning
 from hosts.models import BareMetalHost
 from hosts.services import host_transition
 from pools.models import NodeProvider, Tenant, TenantMembership
@@ -50,7 +50,7 @@ def verified(disk: str, serial: str, survived: int = 0) -> dict:
 def certificate(host, *, flow_id: str, tenant: str, claim: str, disk: str = "nvme0n1", serial: str = "S0",
                 survived: int = 0):
     """As the gate's verify_erase step issues it."""
-    from hosts.census import census_take
+    from hosts.gate.census import census_take
 
     census = census_take(host=BareMetalHost(), bmc_drives=[{"name": "Disk.Bay.0", "serial": serial,
                                                             "size_bytes": 3840755982336}])

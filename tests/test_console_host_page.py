@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from hosts.cleaning import effective_cleaning, gate_for
+from hosts.gate.cleaning import effective_cleaning, gate_for
 from hosts.models import BareMetalHost
 from hosts.services import host_transition
 

@@ -15,8 +15,9 @@ from django.utils import timezone
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from events.models import Event
-from hosts import engine
-from hosts.engine import FLOWS, StepFailed
+from hosts.engine import drive as engine
+from hosts.engine.flow import StepFailed
+from hosts.lifecycle import FLOWS
 from hosts.models import BareMetalHost
 from pools.models import Tenant, TenantMembership
 

@@ -42,7 +42,7 @@ def in_thread(fn, *args):
 
 
 def test_a_retrying_steps_error_is_on_the_host_page_before_the_step_fails(lab, browser_page, settings):
-    from hosts.engine import drive
+    from hosts.engine.drive import drive
     from hosts.services import host_create
 
     settings.BMC_TIMEOUT_S = 1

@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from claims.models import NodeClaim
-from hosts.dhcp import DHCPConfigError, host_entry, ipxe_chain_script, render_config
+from hosts.boot.dhcp import DHCPConfigError, host_entry, ipxe_chain_script, render_config
 from hosts.models import BareMetalHost
 
 from .test_allocation import make_hosts, make_pool

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 
 from claims.steps import step_drain_node
 from claims.tenant_api import TenantAPI
-from hosts.engine import Waiting
+from hosts.engine.flow import Waiting
 from lab.kube import TenantAPIServer, kubelet_join
 from pools.validators import parse_duration, validate_duration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from hosts.health import parse_dcgmi, parse_nccl
+from hosts.gate.health import parse_dcgmi, parse_nccl
 
 FIXTURES = Path(__file__).parent / "fixtures" / "health"
 

@@ -11,7 +11,7 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from events.models import Event
 from hosts.choices import HostState
-from hosts.engine import FLOW_FOR_STATE, FLOWS
+from hosts.lifecycle import FLOWS, FLOW_FOR_STATE
 from hosts.lifecycle import (IN_PROGRESS, STATE_FAILURE, TRANSITIONS, ConcurrentTransition, IllegalTransition,
                              deadline_for)
 from hosts.models import BareMetalHost

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from claims.models import NodeClaim
 from events.models import Event
-from hosts import engine
+from hosts.engine import drive as engine
 from hosts.admin import BareMetalHostAdmin
 from hosts.choices import HostState
 from hosts.lifecycle import IllegalTransition

@@ -136,7 +136,7 @@ def test_admins_retest_from_the_admin_and_the_action_is_in_the_event_log(broken_
 @pytest.mark.django_db
 def test_the_gate_reads_a_gpu_count_from_an_imported_metal3_status_and_a_hosts_policy_wins(demo_site):
     # demo/hosts.yaml imports inventories from the Metal3 status annotation, where "gpus" is a count.
-    from hosts.cleaning import gate_for
+    from hosts.gate.cleaning import gate_for
 
     host = BareMetalHost.objects.get(name="gpu-01")
     assert host.inventory["gpus"] == 8

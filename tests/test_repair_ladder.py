@@ -18,7 +18,7 @@ from hosts.models import (
     RepairAttempt,
     RepairCase,
 )
-from hosts.repair import classify, host_repair_advance
+from hosts.flows.repair import classify, host_repair_advance
 from hosts.selectors import repair_stats
 from pools.models import NodeType
 
@@ -296,7 +296,7 @@ def test_the_api_sets_a_node_types_ladder_and_refuses_a_bad_one(apply, admin_cli
 
 
 def test_a_lost_task_is_made_up_by_the_periodic_catch_up_and_a_stuck_remedy_by_the_sweeper(apply):
-    from hosts.repair import hosts_repair_due
+    from hosts.flows.repair import hosts_repair_due
 
     apply(GPU_TYPE)
     host = _host()

@@ -9,7 +9,7 @@ from conftest import wait_for
 from events.choices import EventKind
 from events.models import Event
 from hosts import services
-from hosts.boot import agent_sessions_end, ramdisk_boot_start
+from hosts.boot.ramdisk import agent_sessions_end, ramdisk_boot_start
 from hosts.models import BareMetalHost, HostCommand
 from hosts.services import host_transition
 

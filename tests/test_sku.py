@@ -18,7 +18,7 @@ from django.urls import reverse
 from conftest import DEMO, wait_for
 from events.models import Event
 from hosts import services
-from hosts.health import parse_dcgmi, parse_nccl
+from hosts.gate.health import parse_dcgmi, parse_nccl
 from hosts.models import BareMetalHost
 from lab.site import LabHost, lab_sku
 from manifests.export import export_documents, export_text

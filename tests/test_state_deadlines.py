@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from events.models import Event
 from hosts.choices import HostState
-from hosts.engine import FLOW_FOR_STATE
+from hosts.lifecycle import FLOW_FOR_STATE
 from hosts.lifecycle import IN_PROGRESS, STATE_FAILURE, TRANSITIONS, deadline_for
 from hosts.models import BareMetalHost
 from hosts.services import hosts_sweep_overdue

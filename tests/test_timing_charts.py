@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from claims import charts
 from events.models import Event
-from hosts.engine import FLOWS
+from hosts.lifecycle import FLOWS
 from hosts.models import BareMetalHost
 from hosts.services import host_delete
 

@@ -3,7 +3,7 @@ names, values, ticks, legend, axis titles) reaches outside the SVG, the longest 
 import pytest
 
 from events.services import event_record
-from hosts.engine import FLOWS
+from hosts.lifecycle import FLOWS
 from hosts.models import BareMetalHost
 
 pytest.register_assert_rewrite("tests.console_conftest")

@@ -10,8 +10,10 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
-from hosts import engine
-from hosts.engine import DISK_WRITTEN, FLOWS, StepFailed
+from hosts.engine import drive as engine
+from hosts.engine.agent import DISK_WRITTEN
+from hosts.engine.flow import StepFailed
+from hosts.lifecycle import FLOWS
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate
 
 from .lab_conftest import gpu_pool, lab_report, wait_hosts

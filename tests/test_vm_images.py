@@ -30,7 +30,7 @@ import yaml
 
 from agent.seed import build_seed_iso, write_seed_to_disk
 from claims.tenant_api import TenantAPI, join_command
-from hosts.boot import boot_iso
+from hosts.boot.ramdisk import boot_iso
 from lab import vmimage
 from lab.kube import TenantAPIServer
 

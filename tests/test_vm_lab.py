@@ -10,8 +10,8 @@ import pytest
 from django.core.management import call_command
 
 from conftest import DEMO, wait_for
-from hosts.bmc import BMC
-from hosts.boot import ramdisk_boot_start
+from hosts.bmc.client import BMC
+from hosts.boot.ramdisk import ramdisk_boot_start
 from hosts.models import BareMetalHost, RamdiskBoot
 from hosts.preflight import hosts_preflight
 from lab.redfish import GUEST_HOST

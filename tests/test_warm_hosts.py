@@ -211,7 +211,8 @@ def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets
     soon as one is queued: woken through Redis, or (the embedded mode, no Redis) by its look at the database."""
     import time
 
-    from hosts.engine import Run, Waiting, agent_command
+    from hosts.engine.agent import agent_command
+    from hosts.engine.flow import Run, Waiting
     from hosts.services import host_transition
 
     settings.WARM_POLL_S = 60
@@ -242,7 +243,7 @@ def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets
 @pytest.mark.django_db(transaction=True)
 def test_a_warm_agents_held_ask_is_refused_when_its_host_stops_being_warm(agent_server, demo_site, settings):
     from agent.client import TokenRejected
-    from hosts.warm import host_warm_end
+    from hosts.flows.warm import host_warm_end
 
     settings.WARM_POLL_S = 60
     host, _, _, box = held_ask(agent_server.url)
@@ -261,7 +262,7 @@ def test_a_warm_agent_gets_one_held_ask_at_a_time(agent_server, demo_site, setti
     second["thread"].join(30)
     assert not second["thread"].is_alive() and second.get("answer", "x") is None, second
     assert first["thread"].is_alive()  # still held
-    from hosts.warm import host_warm_end
+    from hosts.flows.warm import host_warm_end
 
     host_warm_end(host=host, reason="test", actor="test")  # ends the held ask (no thread outlives the test)
     first["thread"].join(30)
@@ -292,8 +293,9 @@ def test_a_held_ask_whose_client_is_gone_lets_go_and_its_command_reaches_the_age
     is held as usual and receives it."""
     from django.core.cache import cache
 
-    from hosts.agent_poll import held_key
-    from hosts.engine import Run, Waiting, agent_command
+    from hosts.protocol.poll import held_key
+    from hosts.engine.agent import agent_command
+    from hosts.engine.flow import Run, Waiting
     from hosts.models import CommandStatus, HostCommand
     from hosts.services import host_transition
 
@@ -323,7 +325,7 @@ def test_a_held_ask_whose_client_is_gone_lets_go_and_its_command_reaches_the_age
 @pytest.mark.django_db
 def test_a_warm_hosts_agent_counts_as_silent_only_after_a_whole_long_poll_and_the_silence(demo_site, settings):
     """Between two asks of a warm agent lie up to WARM_POLL_S: the sweep allows that and AGENT_SILENCE_S on top."""
-    from hosts.warm import hosts_warm_sweep, warm_session
+    from hosts.flows.warm import hosts_warm_sweep, warm_session
 
     settings.WARM_POLL_S, settings.AGENT_SILENCE_S = 100, 20
     host = BareMetalHost.objects.get(name="gpu-01")

@@ -6,7 +6,7 @@ from hosts.urls import agent_urlpatterns, image_urlpatterns
 urlpatterns = [*agent_urlpatterns, *image_urlpatterns]
 
 # Its own error answers (JSON), not the console's pages.
-handler400 = "hosts.listener.bad_request"
-handler403 = "hosts.listener.forbidden"
-handler404 = "hosts.listener.not_found"
-handler500 = "hosts.listener.server_error"
+handler400 = "hosts.protocol.listener.bad_request"
+handler403 = "hosts.protocol.listener.forbidden"
+handler404 = "hosts.protocol.listener.not_found"
+handler500 = "hosts.protocol.listener.server_error"

@@ -7,6 +7,6 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vmetal_console.settings")
 django.setup(set_prefix=False)
 
-from hosts.listener import application as listener  # noqa: E402
+from hosts.protocol.listener import application as listener  # noqa: E402
 
 application = listener()

@@ -48,7 +48,7 @@ def field_encryption_keys_read_this_database(app_configs=None, **kwargs):
 
 @checks.register(TAG)
 def certificate_keys_load(app_configs=None, **kwargs):
-    from hosts import certificates
+    from hosts.gate import certificates
 
     errors = []
     try:

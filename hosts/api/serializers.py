@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
-from hosts.cleaning import effective_cleaning
+from hosts.gate.cleaning import effective_cleaning
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 from hosts.selectors import host_sku_deviations
 from pools.models import NodeType

@@ -14,7 +14,7 @@ class Command(BaseCommand):
                             help=f"ADDRESS:PORT to listen on (default AGENT_LISTEN, {settings.AGENT_LISTEN})")
 
     def handle(self, *args, bind: str, **options):
-        from hosts.listener import bind_mismatch, serve
+        from hosts.protocol.listener import bind_mismatch, serve
 
         address, _, port = bind.rpartition(":")
         if not address or not port.isdigit():

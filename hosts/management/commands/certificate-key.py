@@ -2,7 +2,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from core import keys
-from hosts import certificates
+from hosts.gate import certificates
 
 
 class Command(BaseCommand):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from hosts.dhcp import DHCPConfigError, render_config
+from hosts.boot.dhcp import DHCPConfigError, render_config
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from hosts import health
+from hosts.gate import health
 
 
 class Command(BaseCommand):

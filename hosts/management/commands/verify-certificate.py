@@ -7,7 +7,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from hosts import certificates
+from hosts.gate import certificates
 
 
 class Command(BaseCommand):

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from django.conf import settings
 from django.utils import timezone
 
-from .choices import HostState
-from .models import BareMetalHost
+from hosts.choices import HostState
+from hosts.models import BareMetalHost
 
 BIOS_BOOT_FILE = "undionly.kpxe"
 UEFI_BOOT_FILE = "ipxe.efi"

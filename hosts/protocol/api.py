@@ -25,13 +25,16 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core import limits
 from core.client_address import client_ip
+from core.tasks import task_send_on_commit
 
-from . import boot as boot_path
-from . import engine
-from .agent_poll import agent_wait, client_gone, held_key
-from .choices import HostState
-from .lifecycle import AGENT_STATES
-from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
+from hosts import task_names
+from hosts.boot import ramdisk as boot_path
+from hosts.choices import HostState
+from hosts.lifecycle import AGENT_STATES
+from hosts.models import AgentSession, BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
+from hosts.services import publish_progress
+
+from .poll import agent_wait, client_gone, held_key
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 1  # an idle agent asks for work this often: the wait between two commands
@@ -179,7 +182,7 @@ def lookup(request, body):
     with transaction.atomic():
         AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token),
                                     ramdisk_boot=boot, address=_address(address))
-        engine.request_drive(host.pk)
+        task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
 
 
@@ -216,7 +219,7 @@ def heartbeat(request, body):
     if command_id is not None and isinstance(body.get("progress"), (int, float)):
         HostCommand.objects.filter(pk=command_id, host_id=session.host_id, status=CommandStatus.SENT).update(
             progress=max(0.0, min(100.0, float(body["progress"]))), message=str(body.get("message", ""))[:500])
-        engine.publish_progress(session.host_id)
+        publish_progress(session.host_id)
     if body.get("status") == "busy":
         return {"command": None}
     host = session.host
@@ -300,7 +303,7 @@ def result(request, body):
             status=CommandStatus.DONE if ok else CommandStatus.FAILED, result=result, progress=100.0 if ok else None,
             error="" if ok else str(body.get("error") or "agent reported a failure")[:2000],
             finished_at=timezone.now())
-        engine.request_drive(session.host_id)
+        task_send_on_commit(task_names.DRIVE_HOST, host_id=session.host_id)
     return {}
 
 

@@ -4,7 +4,7 @@ judging what the agent read back, and the records it leaves (EraseCertificate, H
 The agent erases and reads back (agent/sanitize.py, agent/verify.py); the console decides. It never takes
 the agent's `passed` on trust: it recounts the canaries and samples it reports, and a disk without a
 verification record is a failed disk. Nor does it take the agent's list of disks: which disks there are is the
-census's (hosts/census.py), fixed before the erase."""
+census's (hosts/gate/census.py), fixed before the erase."""
 from __future__ import annotations
 
 import uuid
@@ -15,12 +15,17 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from django.utils.dateparse import parse_datetime
 
+from agent import __version__ as agent_version
 from events.choices import ObjectType
+from events.models import Event
 from pools.choices import CleaningPolicy
 from pools.health_tiers import node_type_tiers
+from pools.matching import label_selector_matches
+from pools.models import NodeType, Tenant
 
-from . import certificates
-from .models import BareMetalHost, EraseCertificate, HealthCheckRun
+from hosts.gate import certificates
+from hosts.gate.census import census_match
+from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 STRENGTH = {CleaningPolicy.METADATA: 0, CleaningPolicy.FULL: 1, CleaningPolicy.SECURE: 2}
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -29,9 +34,6 @@ MEDIA = {"nvme": "NVMe SSD", "ssd": "SATA/SAS SSD", "hdd": "hard disk"}
 
 def node_type_for(host: BareMetalHost, claim=None):
     """The claim's NodeType, else the one the host's labels select (the strictest cleaning when several do)."""
-    from pools.matching import label_selector_matches
-    from pools.models import NodeType
-
     if claim is not None and claim.node_type_id:
         return claim.node_type
     matching = [t for t in NodeType.objects.all() if t.host_selector and
@@ -109,9 +111,6 @@ def previous_use(host: BareMetalHost, claim=None) -> dict:
     """Whose data the erase removes: the releasing claim, else the last claim that ran on the host since its
     last verified erase (a provisioning failure that was cleaned), else nobody. The Event log names them: a
     host's events carry its claim's id and tenant, and a claim's own events its name."""
-    from events.models import Event
-    from pools.models import Tenant
-
     if claim is not None:
         return {"tenant": claim.tenant.name, "claim": claim.name}
     last_clean = (EraseCertificate.objects.filter(host=host, result="pass").order_by("-created_at")
@@ -186,8 +185,6 @@ def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previou
     taken before the erase (hosts/census.py), and each disk of the census it did not report (a failed one, the
     evidence). A disk passes only when its read-back passes and it is a disk of the census with the same serial
     and size. Idempotent per flow run and disk."""
-    from .census import census_match
-
     erased_disks = {d["name"]: d for d in (erase or {}).get("disks", [])}
     verified_disks = {d["name"]: d for d in (verify or {}).get("disks", [])} if verify else {}
     names = list(dict.fromkeys([*erased_disks, *verified_disks]))
@@ -238,8 +235,6 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
     """The fields of NIST SP 800-88 Rev. 2 Appendix G, plus host, previous tenant and claim. What identifies the
     medium (`media`) is what the console observed itself: the census's disk (inventory of record, BMC), never
     the agent's word; `observed_by_console` and `reported_by_agent` say which facts come from whom."""
-    from agent import __version__ as agent_version
-
     location = ", ".join(f"{k}={v}" for k, v in sorted((host.labels or {}).items()) if k in ("rack", "zone", "site"))
     fallback = ({"from": erased.get("fallback_from"), "reason": erased.get("fallback_reason")}
                 if erased.get("fallback_from") else None)

@@ -36,13 +36,18 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core.tasks import task_send_on_commit
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from events.services import event_record_repeated
+from pools.matching import label_selector_matches
 
-from .bootmedia import BootFiles, bootable_iso
-from .choices import HostState
-from .models import AgentSession, BareMetalHost, RamdiskBoot
+from hosts import task_names
+from hosts.choices import HostState
+from hosts.gate.cleaning import node_type_for
+from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
+
+from .media import BootFiles, bootable_iso
 
 log = logging.getLogger(__name__)
 ISO_CONFIG = "/VMETAL.CFG;1"
@@ -131,24 +136,15 @@ RACE_REASON = "boot raced"
 
 def boot_race(*, host: BareMetalHost, boot: RamdiskBoot) -> None:
     """The boot's configuration went out twice: someone else has (or had) its secret. Void at once (boot_void):
-    every session of the boot ends (403 on its next call), what its agent did is dropped, and the host's flow is
-    asked to boot it again (the engine reads raced_boot_id on its next drive)."""
+    every session of the boot ends (403 on its next call), what its agent did is dropped, and the race is recorded
+    on the host for the engine, which deals with it on the drive asked for here (hosts.engine.drive: its flow boots
+    it again; a warm host is inspected and cleaned anew)."""
     now = timezone.now()
     RamdiskBoot.objects.filter(pk=boot.pk).update(raced_at=now, ended_at=now, secret="")
     boot.raced_at = boot.ended_at = now
-    voided = boot_void(host=host, boot=boot)
-    if host.state == HostState.AVAILABLE and host.warm_since is not None:
-        # A warm host: no flow runs to boot it again, so it is inspected and cleaned anew.
-        from .services import host_transition
-
-        host_transition(host=host, to_state=HostState.INSPECTING, actor="system:agent-listener",
-                        reason=f"{race_text(boot)}: inspected and cleaned again with a new boot",
-                        data={"boot_raced": voided})
-        return
+    boot_void(host=host, boot=boot)
     BareMetalHost.objects.filter(pk=host.pk).update(raced_boot_id=boot.pk)
-    from . import engine
-
-    engine.request_drive(host.pk)
+    task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
 
 
 def race_text(boot: RamdiskBoot) -> str:
@@ -160,8 +156,6 @@ def boot_void(*, host: BareMetalHost, boot: RamdiskBoot) -> dict:
     """Nothing the raced boot's agent did is used: its sessions end, its commands (since the boot started) are
     dropped with their results unread (the flow queues them again for the next boot), the certificates signed
     since it started are revoked, and one security event names the boot, the addresses and what was voided."""
-    from .models import HostCommand
-
     sessions = AgentSession.objects.filter(host=host, created_at__gte=boot.created_at)
     ended = sessions.count()
     # Queued since the boot started, or handed to one of its sessions: what the raced agent may have answered.
@@ -184,8 +178,6 @@ def boot_void(*, host: BareMetalHost, boot: RamdiskBoot) -> dict:
 
 def certificates_revoke(*, host: BareMetalHost, boot: RamdiskBoot) -> list[str]:
     """The host's erase certificates signed since the raced boot started: revoked (verify-certificate says so)."""
-    from .models import EraseCertificate
-
     certificates = EraseCertificate.objects.filter(host=host, created_at__gte=boot.created_at, revoked_at__isnull=True)
     revoked = [str(c.certificate_id) for c in certificates]
     if revoked:
@@ -245,10 +237,6 @@ def boot_settle_s(host: BareMetalHost) -> float:
     fetch (the last BOOT_SETTLE_HISTORY boots of the hosts it selects that were fetched once), times 1.5 plus
     BOOT_SETTLE_MARGIN_S, so that a slow POST still shows its fetch inside the window; BOOT_SETTLE_S until
     BOOT_SETTLE_SAMPLES such boots were measured; at most AGENT_LOOKUP_DEADLINE_S. Kept a few minutes per type."""
-    from pools.matching import label_selector_matches
-
-    from .cleaning import node_type_for
-
     node_type = node_type_for(host)
     key = f"boot-settle:{node_type.pk if node_type else f'host-{host.pk}'}"
     try:

@@ -24,13 +24,16 @@ from events.services import event_record
 from pools.matching import label_selector_q
 from pools.models import NodeType
 
-from .agent_poll import agent_wake
-from .bmc import BMCError
-from .boot import agent_sessions_end
-from .choices import HostState
-from .engine import Run
-from .models import AgentSession, BareMetalHost
-from .selectors import host_recent_failures
+from hosts.bmc.client import BMCError
+from hosts.bmc.factory import host_bmc
+from hosts.boot.ramdisk import agent_sessions_end
+from hosts.choices import HostState
+from hosts.engine.flow import Run
+from hosts.gate.cleaning import node_type_for
+from hosts.models import AgentSession, BareMetalHost
+from hosts.protocol.poll import agent_wake
+from hosts.selectors import host_recent_failures
+from hosts.services import host_bmc_contact
 
 log = logging.getLogger(__name__)
 WARM_END_STEP = "warm_end"
@@ -56,8 +59,6 @@ def warm_session(host_id: int) -> AgentSession | None:
 
 
 def _node_type(run: Run) -> NodeType | None:
-    from .cleaning import node_type_for
-
     return node_type_for(run.host, run.claim)
 
 
@@ -151,8 +152,6 @@ def host_warm_end(*, host: BareMetalHost, reason: str, actor: str) -> bool:
 
 def _power_off(host: BareMetalHost) -> None:
     """Send the power-off (it lands seconds later; the next flow's power step reads the BMC again)."""
-    from .services import host_bmc, host_bmc_contact
-
     if not host.bmc_password:
         return
     try:

@@ -1,125 +1,34 @@
-"""The host's own flows and steps, on the step engine (hosts/engine.py): register (BMC check), inspect (the
-agent's inventory, then the release gate), retest; the steps that provision and deprovision reuse (power,
-the agent's ramdisk, the release gate: erase → verify → GPU reset → health suite); and where a host goes when
-a flow finishes or fails (`finish`, `fail`). The flows that serve a claim are composed by claims.steps."""
+"""The steps the host's flows are made of, and those the claim's flows reuse: the BMC check, power, the agent's
+ramdisk and inspection, the release gate (erase → verify → GPU reset → health suite) and the health tiers."""
 import dataclasses
 import logging
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from events.choices import EventKind
 from events.models import Event
+from pools.health_tiers import node_type_tiers
 from pools.selectors import node_types_selecting
+from pools.sku import sku_deviations
 
-from . import boot as boot_path
-from .bmc import BMCError
-from .choices import HostState
-from .engine import (
-    FLOWS,
-    Flow,
-    Run,
-    Step,
-    StepFailed,
-    Waiting,
-    agent_command,
-    boot_settled,
-    disk_written,
-    register_flow,
-    setting,
-    step_retry,
-)
-from .lifecycle import ConcurrentTransition
-from .models import AgentSession, BareMetalHost
-from .selectors import host_recent_failures, host_sku_deviations, sku_deviations_text
+from hosts.bmc.client import BMCError
+from hosts.boot import ramdisk as boot_path
+from hosts.engine.agent import agent_command, boot_settled
+from hosts.engine.drive import boot_again, step_retry
+from hosts.engine.flow import Run, Step, StepFailed, Waiting, deadline_setting
+from hosts.gate import certificates, cleaning, health
+from hosts.gate.census import census_take, record_from
+from hosts.lifecycle import FLOWS
+from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
+from hosts.selectors import host_sku_deviations, sku_deviations_text
+from hosts.services import host_bmc_contact, host_derive_labels
+
 from .warm import not_kept_warm, step_keep_warm, warm_wanted
 
 log = logging.getLogger(__name__)
 
-# --- outcomes -------------------------------------------------------------------------------------
-# A flow's end moves the host on through host_transition; what that means for a claim the host serves is the
-# claims app's business (its reactions to host transitions: claims.reactions).
-
-def finish(run: Run) -> None:
-    """The flow's last step is done: the host goes to the flow's done state (to repair instead when it failed
-    HOST_FAILURE_LIMIT times lately and would otherwise rejoin the pool)."""
-    from .services import host_transition
-
-    flow = FLOWS[run.flow["name"]]
-    target, reason, data = flow.done_state, f"{flow.name} done", {}
-    if untouched(run):
-        spared = run.data[UNTOUCHED]
-        reason = (f"{flow.name} done: {NOTHING_WRITTEN} ({spared['flow']} failed at {spared['step']} before "
-                  f"anything was written; the last erase certificate stands)")
-        data = {"untouched": spared}
-    if flow.name == "retest":  # back in the repair pool, now with a passing retest: it may return to service
-        reason = "retest passed: erase verified, GPU reset and health suite passed"
-        data = {"retest": "passed", "flow_id": run.flow["id"]}
-    if target == HostState.AVAILABLE:
-        target, reason, data = _repeat_offender(run, flow.name) or (target, reason, data)
-    try:
-        host_transition(host=run.host, to_state=target, actor="system:flow", reason=reason, data=data)
-    except ConcurrentTransition:
-        return
-
-
-def _repeat_offender(run: Run, flow_name: str) -> tuple[str, str, dict] | None:
-    """A host cleaned after HOST_FAILURE_LIMIT failures of its own within the window: to repair, not the pool."""
-    failures = host_recent_failures(host=run.host)
-    if len(failures) < settings.HOST_FAILURE_LIMIT:
-        return None
-    hours = settings.HOST_FAILURE_WINDOW_S / 3600
-    reason = (f"{len(failures)} provisioning failures within {hours:g}h, the last at {failures[-1].step}: "
-              f"{failures[-1].data.get('message', '')}")
-    evidence = {"failures": [{"at": e.created_at.isoformat(), "step": e.step, "claim": e.data.get("claim"),
-                              "message": e.data.get("message")} for e in failures]}
-    return HostState.REPAIR, reason, {"flow": flow_name, "flow_id": run.flow["id"], "step": "host_failures",
-                                      "message": reason, "evidence": _trim(evidence)}
-
-
-def fail(run: Run, step: Step, failure: StepFailed) -> None:
-    """A step failed: disks that may hold a tenant's data or half an image are cleaned (the flow's
-    clean_state); a failed release gate goes to repair with the evidence; anything else to error. Who failed
-    (the host or the claim it serves) is written on the transition, for HOST_FAILURE_LIMIT,
-    IMAGE_FAILURE_HOSTS (hosts.selectors) and the claim's reaction.
-
-    The claim's failure in a run that wrote nothing (no disk-writing command queued: engine.disk_written) is
-    marked `untouched` on the move to clean_state: that flow returns the host without the ramdisk boot and
-    the release gate (untouched_begin). A host's own failure, or one after a write was queued, cleans in full."""
-    from .services import host_transition
-
-    flow = FLOWS[run.flow["name"]]
-    reason = f"{flow.name} failed at {step.name}: {failure.message}"
-    blame = {"fault": "claim" if failure.claim_reason else "host", "claim_reason": failure.claim_reason,
-             "step": step.name, "message": failure.message, "claim": run.claim.name if run.claim else None,
-             "evidence": _trim(failure.evidence)}
-    if failure.claim_reason and not failure.clean and not disk_written(run):
-        blame[UNTOUCHED] = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name}
-    try:
-        with transaction.atomic():
-            if (failure.clean or failure.claim_reason) and flow.clean_state:
-                host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
-                                step=step.name, data=blame)
-            elif (flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS:
-                # The release gate or a health tier failed: never back to the pool; to repair, with the evidence.
-                # (A handover failure happens before anything is written: the claim takes another host.)
-                evidence = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name,
-                            "message": failure.message, **({"retest": "failed"} if flow.name == "retest" else {}),
-                            **({"tier": TIER_STEPS[step.name]} if step.name in TIER_STEPS else {}),
-                            "evidence": _trim(failure.evidence)}
-                host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
-                                step=step.name, data=evidence)
-            else:
-                host_transition(host=run.host, to_state=HostState.ERROR, actor="system:flow", reason=reason,
-                                error_type=f"{flow.name} error", step=step.name,
-                                data=blame if flow.clean_state else None)
-    except ConcurrentTransition:
-        return
-
-
-# --- steps ----------------------------------------------------------------------------------------
 
 def _bmc_call(fn, run: "Run | None" = None):
     """A BMC call from a step, the BMC client's creation included (`_bmc_call(run.bmc, run)`: an address stored
@@ -141,8 +50,6 @@ def _bmc_call(fn, run: "Run | None" = None):
 
 
 def _bmc_contact(run: Run, *, ok: bool, error: str = "") -> None:
-    from .services import host_bmc_contact
-
     host_bmc_contact(host=run.host, ok=ok, error=error)
 
 
@@ -237,8 +144,6 @@ def step_agent_lookup(run: Run) -> dict:
     twice its settle window: the listener was down, the boot path broken) is booted again at once, with a new
     secret and no failure counted, up to BOOT_RACES_BEFORE_REPAIR times in a flow run; a raced one the engine
     boots again itself (engine._boot_raced)."""
-    from .engine import FLOWS, boot_again
-
     since = parse_datetime(run.data.get("ramdisk_boot_at") or run.flow["step_started_at"])
     session = AgentSession.objects.filter(host=run.host, active=True, created_at__gte=since).first()
     if session is not None:
@@ -256,9 +161,6 @@ def step_inspect(run: Run) -> dict:
     """The agent's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels).
     A host's first inspection also records its disks as the inventory of record (hosts/census.py); later ones
     leave the record as it is (a difference is a deviation: step_sku_check)."""
-    from .census import record_from
-    from .services import host_derive_labels
-
     inventory = agent_command(run, "inspect")
     boot_settled(run, "the inventory is kept")  # an inventory of record never comes from a raced boot
     record = BareMetalHost.objects.filter(pk=run.host.pk).values_list("disk_record", flat=True).first()
@@ -335,8 +237,6 @@ def unless_untouched(steps: list[Step]) -> list[Step]:
 def step_no_erase_needed(run: Run) -> dict:
     """In place of the ramdisk boot and the release gate: what the failed flow run did on the host (its agent
     commands: none wrote the disk) and the certificate that still stands."""
-    from .models import EraseCertificate, HostCommand
-
     spared = run.data[UNTOUCHED]
     commands = list(HostCommand.objects.filter(host=run.host, flow_id=spared["flow_id"]).order_by("pk")
                     .values_list("name", flat=True))
@@ -353,26 +253,24 @@ def step_erase_metadata(run: Run) -> dict:
     return {"disks": [d.get("name") for d in result.get("disks", [])]}
 
 
-# --- the release gate: erase → verify → GPU reset → health suite (hosts/cleaning.py decides) ---------
+# --- the release gate: erase → verify → GPU reset → health suite (hosts/gate/cleaning.py decides) ---------
 
 GATE_STEPS = frozenset({"erase", "verify_erase", "gpu_reset", "health_dcgm", "health_nccl"})
 
 
-def _trim(value, limit: int = 4000):
+def evidence_trimmed(value, limit: int = 4000):
     """Evidence for the Event log: the structure, with long strings (raw tool output) shortened."""
     if isinstance(value, str):
         return value if len(value) <= limit else value[:200] + f" … ({len(value)} characters) … " + value[-limit:]
     if isinstance(value, dict):
-        return {k: _trim(v, limit) for k, v in value.items()}
+        return {k: evidence_trimmed(v, limit) for k, v in value.items()}
     if isinstance(value, list):
-        return [_trim(v, limit) for v in value[:64]]
+        return [evidence_trimmed(v, limit) for v in value[:64]]
     return value
 
 
-def _gate(run: Run) -> dict:
+def run_gate(run: Run) -> dict:
     """The policy and health suite of this flow run, decided at its first gate step and kept."""
-    from . import cleaning
-
     gate = run.data.get("gate")
     if gate is None:
         gate = cleaning.gate_for(run.host, run.claim)
@@ -390,8 +288,6 @@ def _boot_id(run: Run) -> str:
 def _boot_provenance(run: Run) -> dict | None:
     """The ramdisk boot whose agent erased, as the console recorded it (hosts/boot.py): when it was started, how
     and when its configuration was delivered, when its agent looked up."""
-    from .models import RamdiskBoot
-
     boot = (RamdiskBoot.objects.filter(host=run.host, flow_id=run.flow["id"]).first()
             or RamdiskBoot.objects.filter(host=run.host).first())
     if boot is None:
@@ -407,8 +303,6 @@ def _boot_provenance(run: Run) -> dict | None:
 def _census(run: Run) -> dict:
     """The disks this erase must account for, fixed before the erase command is sent (hosts/census.py): the
     inventory of record and the BMC's own storage view. Taken once per flow run and kept in its data."""
-    from .census import census_take
-
     census = run.data.get("census")
     if census is None:
         with _bmc_call(run.bmc, run) as bmc:
@@ -425,8 +319,6 @@ def _census(run: Run) -> dict:
 
 def _issue_certificates(run: Run, gate: dict, *, erase: dict | None, verify: dict | None) -> list:
     """The signed certificates of this erase; a console that cannot sign fails the gate step with the reason."""
-    from . import certificates, cleaning
-
     boot_settled(run, "the erase certificates are signed")  # never from a boot that may be raced
     try:
         return cleaning.issue_certificates(host=run.host, flow_id=run.flow["id"], gate=gate,
@@ -439,9 +331,7 @@ def _issue_certificates(run: Run, gate: dict, *, erase: dict | None, verify: dic
 
 def step_erase(run: Run) -> dict:
     """Plant canaries, fingerprint a sample, erase every disk by the policy (agent: `erase`)."""
-    from . import cleaning
-
-    gate = _gate(run)
+    gate = run_gate(run)
     census = _census(run)
     policy = gate["policy"]
     args = {"erase_id": run.flow["id"], "method": policy["method"], "fallback": policy["fallback"],
@@ -470,9 +360,7 @@ def step_verify_erase(run: Run) -> dict:
     """Read the canaries and the sample back (agent: `verify_erase`); judge; one certificate per disk. The gate
     passes only when every disk of the census (taken before the erase: _census) has a passing certificate under
     the same serial and size, and the agent reported no other disk."""
-    from . import cleaning
-
-    gate = _gate(run)
+    gate = run_gate(run)
     key = cleaning.canary_key(run.flow["id"])
     args = {"erase_id": run.flow["id"], "mode": gate["policy"]["verify_mode"],
             "concurrency": gate["policy"]["concurrency"]}
@@ -493,14 +381,14 @@ def step_verify_erase(run: Run) -> dict:
 
 
 def _gpus(run: Run) -> int:
-    return _gate(run)["health"]["expected_gpus"]
+    return run_gate(run)["health"]["expected_gpus"]
 
 
 def _release_budget(run: Run) -> None:
     """The release tier's budget (NodeType `health.release.budget`, 15m by default) covers its GPU checks
     together (reset, DCGM, NCCL; the erase before them is bounded by its own deadline): timed from the first of
     them, and a gate past it fails at its next check, to repair, as the other tiers do."""
-    health = _gate(run)["health"]
+    health = run_gate(run)["health"]
     if health.get("budget_s"):
         _within_budget(run, "release", health)
 
@@ -519,9 +407,7 @@ def _within_budget(run: Run, tier: str, values: dict) -> None:
 
 def step_gpu_reset(run: Run) -> dict:
     """`nvidia-smi --gpu-reset -i N` for each GPU; refused (and failed) while a process holds one."""
-    from . import cleaning
-
-    gate = _gate(run)
+    gate = run_gate(run)
     expected = _gpus(run)
     if not expected:
         return {"skipped": "no GPU on this host or its NodeType"}
@@ -561,9 +447,7 @@ def _joined_runs(runs) -> dict:
 
 def step_health_dcgm(run: Run) -> dict:
     """`dcgmi diag -r N -j`, judged by hosts.health.parse_dcgmi."""
-    from . import cleaning, health
-
-    gate = _gate(run)
+    gate = run_gate(run)
     level = gate["health"]["dcgm_level"]
     if not _gpus(run) or not level:
         return {"skipped": "no GPU" if not _gpus(run) else "the NodeType runs no DCGM diagnostic"}
@@ -585,9 +469,7 @@ def step_health_dcgm(run: Run) -> dict:
 
 def step_health_nccl(run: Run) -> dict:
     """`all_reduce_perf` over every GPU, judged on large-message busbw against the NodeType's threshold."""
-    from . import cleaning, health
-
-    gate = _gate(run)
+    gate = run_gate(run)
     threshold = gate["health"]["nccl_min_busbw_gbps"]
     gpus = _gpus(run)
     if not gpus or threshold is None:
@@ -615,10 +497,6 @@ def step_health_nccl(run: Run) -> dict:
 
 def _tier_values(run: Run, tier: str) -> dict | None:
     """The tier's settings for this flow run, decided when first asked and kept (None: not declared)."""
-    from pools.health_tiers import node_type_tiers
-
-    from . import cleaning
-
     kept = run.data.setdefault("tiers", {})
     if tier not in kept:
         node_type = cleaning.node_type_for(run.host, run.claim)
@@ -641,8 +519,6 @@ def _tier(run: Run, tier: str) -> dict | None:
 
 
 def _tier_record(run: Run, tier: str, values: dict, suite: str, parsed: dict, raw: dict, thresholds: dict):
-    from . import cleaning
-
     return cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite=suite,
                                   gate={"node_type": values["node_type"], "tier": tier}, parsed=parsed, raw=raw,
                                   thresholds=thresholds)
@@ -650,8 +526,6 @@ def _tier_record(run: Run, tier: str, values: dict, suite: str, parsed: dict, ra
 
 def _tier_dcgm(run: Run, tier: str) -> dict:
     """`dcgmi diag -r N` at the tier's level."""
-    from . import health
-
     values = _tier(run, tier)
     if values is None:
         return {"skipped": f"the NodeType declares no {tier} check"}
@@ -671,8 +545,6 @@ def _tier_dcgm(run: Run, tier: str) -> dict:
 
 def _tier_gpus(run: Run, tier: str) -> dict:
     """The GPUs the agent sees now, against the SKU's model and count (else the NodeType's GPU count)."""
-    from pools.sku import sku_deviations
-
     values = _tier(run, tier)
     if values is None or not values.get("gpus"):
         return {"skipped": f"the NodeType declares no {tier} GPU inventory check"}
@@ -699,8 +571,6 @@ def _tier_gpus(run: Run, tier: str) -> dict:
 
 def _tier_links(run: Run, tier: str) -> dict:
     """`nvidia-smi nvlink --status`: every NVLink of every GPU active."""
-    from . import health
-
     values = _tier(run, tier)
     if values is None or not values.get("links"):
         return {"skipped": f"the NodeType declares no {tier} link check"}
@@ -717,8 +587,6 @@ def _tier_links(run: Run, tier: str) -> dict:
 
 def _tier_burnin(run: Run, tier: str) -> dict:
     """The intake: `dcgmi diag -r 3` (or 4) again and again for the burn-in duration (once when it is 0s)."""
-    from . import health
-
     values = _tier(run, tier)
     if values is None:
         return {"skipped": f"the NodeType declares no {tier} check"}
@@ -741,7 +609,7 @@ def _tier_burnin(run: Run, tier: str) -> dict:
 def tier_steps(tier: str, parts: tuple[str, ...]) -> list[Step]:
     """The tier's checks as steps named `<tier>_<part>` (handover_dcgm, intake_burnin, ...)."""
     functions = {"gpus": _tier_gpus, "links": _tier_links, "dcgm": _tier_dcgm, "burnin": _tier_burnin}
-    deadline = setting("BURNIN_DEADLINE_S") if tier == "intake" else setting("HEALTH_DEADLINE_S")
+    deadline = deadline_setting("BURNIN_DEADLINE_S") if tier == "intake" else deadline_setting("HEALTH_DEADLINE_S")
     steps = []
     for part in parts:
         def run_part(run: Run, fn=functions[part], tier=tier) -> dict:
@@ -771,22 +639,22 @@ def step_reboot_to_disk(run: Run) -> dict:
 # The release gate: what a release, a first registration and a retest run between the agent's boot and the
 # host's return to the pool. A failure of any of these steps sends the host to repair with the evidence.
 CLEANING_STEPS = [
-    Step("erase", step_erase, setting("ERASE_DEADLINE_S")),
-    Step("verify_erase", step_verify_erase, setting("VERIFY_DEADLINE_S")),
-    Step("gpu_reset", step_gpu_reset, setting("AGENT_COMMAND_DEADLINE_S")),
-    Step("health_dcgm", step_health_dcgm, setting("HEALTH_DEADLINE_S")),
-    Step("health_nccl", step_health_nccl, setting("HEALTH_DEADLINE_S")),
+    Step("erase", step_erase, deadline_setting("ERASE_DEADLINE_S")),
+    Step("verify_erase", step_verify_erase, deadline_setting("VERIFY_DEADLINE_S")),
+    Step("gpu_reset", step_gpu_reset, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("health_dcgm", step_health_dcgm, deadline_setting("HEALTH_DEADLINE_S")),
+    Step("health_nccl", step_health_nccl, deadline_setting("HEALTH_DEADLINE_S")),
 ]
 
 # The flows a host runs for itself. The ones that serve a claim (provision, deprovision) are composed of these
 # steps and the claim's own by claims.steps.
 RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
-    Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S"), boots_ramdisk=True),
-    Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
-    Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("power_on_pxe", step_power_on_ramdisk, deadline_setting("POWER_STEP_DEADLINE_S"), boots_ramdisk=True),
+    Step("agent_lookup", step_agent_lookup, deadline_setting("AGENT_LOOKUP_DEADLINE_S")),
+    Step("inspect", step_inspect, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
     Step("sku_check", step_sku_check, lambda: 60.0),  # reads the database only: one drive
 ]
-INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, setting("AGENT_COMMAND_DEADLINE_S"))
+INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, deadline_setting("AGENT_COMMAND_DEADLINE_S"))
 # After a passing gate, where the host's NodeType keeps warm hosts (hosts/warm.py): it may stay on in the
 # ramdisk, warm, instead of being powered off. Its timeline then shows keep_warm and no power-off.
 KEEP_WARM = Step("keep_warm", step_keep_warm, lambda: 60.0, when=warm_wanted)  # a few queries: a minute is plenty
@@ -796,40 +664,4 @@ NO_ERASE_NEEDED = Step("no_erase_needed", step_no_erase_needed, lambda: 60.0, wh
 
 
 def power_off_unless_warm(name: str) -> Step:
-    return Step(name, step_power_off, setting("POWER_STEP_DEADLINE_S"), when=not_kept_warm)
-
-
-def host_flow(name: str, state: str, steps: list[Step], *, done_state: str, clean_state: str = "",
-              gate: bool = False, after_step: dict | None = None, related: tuple[str, ...] = (),
-              begin=None) -> Flow:
-    """Register a flow that ends, and fails, as every host flow does (finish, fail above)."""
-    return register_flow(Flow(name=name, state=state, steps=steps, finish=finish, fail=fail, done_state=done_state,
-                              clean_state=clean_state, gate=gate, after_step=after_step or {}, related=related,
-                              begin=begin))
-
-
-host_flow("register", HostState.REGISTERING, [Step("bmc_check", step_bmc_check, setting("POWER_DEADLINE_S"))],
-          done_state=HostState.INSPECTING)
-host_flow("inspect", HostState.INSPECTING, [
-    *RAMDISK_STEPS,
-    *CLEANING_STEPS,  # the initial clean and health check, as on every release
-    *INTAKE_STEPS,  # and the intake tier (burn-in), when the NodeType declares it
-    KEEP_WARM,
-    power_off_unless_warm("power_off"),
-], done_state=HostState.AVAILABLE, gate=True)
-# A host in repair, cleaned and checked again; it stays in repair (with the verdict) until an admin returns it
-# to service (hosts.services.host_return_to_service).
-host_flow("retest", HostState.RETESTING, [
-    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
-    *RAMDISK_STEPS,
-    *CLEANING_STEPS,
-    *INTAKE_STEPS,  # after repair, the intake tier again
-    Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
-], done_state=HostState.REPAIR, gate=True)
-# The idle tier: an available host checked now and then (hosts.services.hosts_idle_check_start); a claim
-# pre-empts it (the allocator takes a host in this state; the provision flow powers it off and boots it anew).
-host_flow("idle_check", HostState.CHECKING, [
-    *RAMDISK_STEPS[:2],
-    *IDLE_STEPS,
-    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
-], done_state=HostState.AVAILABLE, gate=True)
+    return Step(name, step_power_off, deadline_setting("POWER_STEP_DEADLINE_S"), when=not_kept_warm)

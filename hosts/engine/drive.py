@@ -1,6 +1,6 @@
-"""The step engine: drives a host through the flow of its state, level-triggered and resumable. It knows no
-flow: the apps register theirs (`register_flow`; hosts.flows the host's own, claims.steps provision and
-deprovision), each a list of Steps and what to do when it finishes or fails.
+"""The step engine's driver: drives a host through the flow of its state, level-triggered and resumable. It
+knows no flow: the apps register theirs (hosts.lifecycle.register_flow; hosts.flows the host's own, claims.steps
+provision and deprovision), each a list of Steps and what to do when it finishes or fails.
 
 Every event that may let a host move on (a state change, an agent lookup or result, a timer, the periodic
 re-drive) just asks for `drive(host_id)`. `drive` takes a lease on the host (one driver at a time), finds
@@ -9,141 +9,32 @@ duration go in the Event log), waits for something outside (an agent command, a 
 fails. The flow's progress lives on the host row, so a worker killed mid-step loses nothing: the next
 drive starts that step again, and every step is idempotent. Network I/O (BMC, tenant API) happens in the
 steps, outside any database transaction."""
-import json
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
 
+from celery import current_app
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from core import live
 from events.choices import EventKind, ObjectType
 from events.services import event_record
+from hosts import task_names
+from hosts.boot import ramdisk as boot_path
+from hosts.choices import HostState
+from hosts.lifecycle import FLOW_FOR_STATE, FLOWS, RELATED, ConcurrentTransition
+from hosts.models import BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
+from hosts.services import host_transition, publish_progress
 
-from .agent_poll import agent_wake
-from .bmc import BMC
-from .models import AgentSession, BareMetalHost, CommandStatus, HostCommand
+from .flow import SKIP, Flow, Run, StepFailed, Waiting
 
 log = logging.getLogger(__name__)
-
-
-class Waiting(Exception):
-    """The step waits for something outside; drive again after `recheck_s` (or when it happens)."""
-
-    def __init__(self, why: str = "", recheck_s: float | None = None):
-        super().__init__(why)
-        self.recheck_s = recheck_s
-
-
-class StepFailed(Exception):
-    """The step cannot succeed. `clean`: the disks may hold a tenant's data or half an image, so the
-    host is cleaned (deprovisioned) rather than parked in error. `repair`: the release gate failed (erase,
-    verification, GPU reset, health suite): the host goes to the repair pool with `evidence`.
-    `claim_reason`: the claim caused it (its image, its tenant), not the host: the host is cleaned and the
-    failure not held against it (HOST_FAILURE_LIMIT), and the claim fails with this reason."""
-
-    def __init__(self, message: str, *, clean: bool = False, repair: bool = False, evidence: dict | None = None,
-                 claim_reason: str = ""):
-        super().__init__(message)
-        self.message, self.clean, self.repair, self.evidence = message, clean, repair, evidence or {}
-        self.claim_reason = claim_reason
-
-
-FAIL, SKIP = "fail", "skip"
-
-
-@dataclass
-class Step:
-    """`on_deadline`: what the flow does with a step that has not finished within `deadline_s` (or failed):
-    FAIL the flow (the flow's `fail` sends the host to its failure state), or SKIP it with the reason recorded
-    and go on (a release's drain and delete: the tenant's API must not keep a host from its erase).
-    `when`: the step runs only where when(run) is true; elsewhere it is passed over without a trace (no Event,
-    nothing on the timeline): a warm host's provision has no power-on, network boot or lookup at all."""
-
-    name: str
-    run: Callable[["Run"], dict | None]
-    deadline_s: Callable[[], float]
-    on_deadline: str = FAIL
-    when: Callable[["Run"], bool] | None = None
-    boots_ramdisk: bool = False  # powers the host into the agent's ramdisk: where a void boot starts again
-
-    def applies(self, run: "Run") -> bool:
-        return self.when is None or bool(self.when(run))
-
-
-@dataclass
-class Flow:
-    """A host's flow in one state. `finish(run)` and `fail(run, step, failure)` move the host on (hosts.flows
-    gives them); `done_state`, `clean_state` and `gate` are theirs to read; `after_step` runs a function once a
-    step is done; `related`: the host's relations a step reads (loaded with the host, one query); `begin(run)`
-    runs once when a run of the flow starts, before its first step (what it writes in run.data is kept)."""
-
-    name: str
-    state: str
-    steps: list[Step]
-    finish: Callable[["Run"], None]
-    fail: Callable[["Run", Step, "StepFailed"], None]
-    done_state: str = ""
-    clean_state: str = ""
-    gate: bool = False
-    after_step: dict[str, Callable[["Run"], None]] = field(default_factory=dict)
-    related: tuple[str, ...] = ()
-    begin: Callable[["Run"], None] | None = None
-
-
-FLOWS: dict[str, Flow] = {}  # by name
-FLOW_FOR_STATE: dict[str, str] = {}  # host state → flow name
-RELATED: set[str] = set()  # what _advance loads with the host, for every registered flow
-
-
-def register_flow(flow: Flow) -> Flow:
-    FLOWS[flow.name] = flow
-    FLOW_FOR_STATE[flow.state] = flow.name
-    RELATED.update(flow.related)
-    return flow
-
-
-def setting(name: str) -> Callable[[], float]:
-    """A step deadline read from settings when it is checked (tests and workers may change it)."""
-    return lambda: getattr(settings, name)
-
-
-class Run:
-    """One drive of one host: the host row, its flow record and the claim it serves, if any (the reverse
-    side of the claim's link to its host; the engine only reads it for the Event log)."""
-
-    def __init__(self, host: BareMetalHost):
-        self.host = host
-        self.flow = host.flow
-        self.claim = getattr(host, "claim", None)
-
-    @property
-    def data(self) -> dict:
-        return self.flow.setdefault("data", {})
-
-    def step_started_at(self):
-        return parse_datetime(self.flow["step_started_at"])
-
-    def bmc(self) -> BMC:
-        from .services import host_bmc
-
-        return host_bmc(self.host, kept=True)
-
-    def save_flow(self) -> None:
-        # Only while the host is still in the state this flow serves: a drive of a flow that was pre-empted (an
-        # idle check a claim took over) must not overwrite the new flow's record.
-        since = self.flow.get("state_since")
-        match = {"state_changed_at": parse_datetime(since)} if since else {}
-        BareMetalHost.objects.filter(pk=self.host.pk, **match).update(flow=self.flow)
 
 
 # --- driving --------------------------------------------------------------------------------------
@@ -151,13 +42,11 @@ class Run:
 def request_drive(host_id: int, countdown: float | None = None) -> None:
     """Ask a worker to drive the host, once the current transaction (if any) commits. A later drive
     (`countdown`, a step's recheck) is not sent when one is already due no later than it would be."""
-    from . import tasks
-
     def send():
         if countdown and not _recheck_needed(host_id, countdown):
             return
         try:
-            tasks.drive_host.apply_async(kwargs={"host_id": host_id}, countdown=countdown)
+            current_app.send_task(task_names.DRIVE_HOST, kwargs={"host_id": host_id}, countdown=countdown)
         except Exception:
             log.warning("could not enqueue a drive of host %s; the periodic re-drive will", host_id, exc_info=True)
 
@@ -233,8 +122,6 @@ class LeaseKeeper:
         self._thread.start()
 
     def _renew(self) -> None:
-        from django.db import connection
-
         lease_s = settings.DRIVE_LEASE_S
         try:
             while not self._stopped.wait(lease_s / 3):
@@ -269,6 +156,8 @@ def _advance(host_id: int) -> bool:
         return False
     flow_name = FLOW_FOR_STATE.get(host.state)
     if flow_name is None:
+        if host.raced_boot_id is not None:
+            _raced_without_flow(host)
         return False
     flow = FLOWS[flow_name]
     run = Run(host)
@@ -341,20 +230,8 @@ RETRY_KEYS = ("last_error", "last_error_at", "retries")  # a step's retries, on 
 
 # --- a void ramdisk boot: boot again -------------------------------------------------------------------
 
-def boot_settled(run: Run, what: str) -> None:
-    """Wait (raise Waiting) until the host's ramdisk boot has settled: nothing a race could steal or forge is
-    acted on before (hosts/boot.py)."""
-    from . import boot as boot_path
-
-    left = boot_path.boot_unsettled_s(run.host.pk)
-    if left:
-        raise Waiting(f"{what} for the boot to settle ({left:.1f}s)", recheck_s=left + 0.05)
-
-
 def _unsettled(run: Run) -> bool:
     """The host's ramdisk boot has not settled (hosts/boot.py): look again when it will have."""
-    from . import boot as boot_path
-
     left = boot_path.boot_unsettled_s(run.host.pk)
     if left:
         request_drive(run.host.pk, countdown=min(left + 0.05, settings.AGENT_SILENCE_S))
@@ -364,10 +241,6 @@ def _unsettled(run: Run) -> bool:
 def _boot_raced(run: Run, flow: Flow) -> bool:
     """The host's ramdisk boot was raced and voided (hosts/boot.py: boot_race, boot_void): the flow boots the host
     again with a new secret, no failure counted; BOOT_RACES_BEFORE_REPAIR raced boots in a row: to repair."""
-    from . import boot as boot_path
-    from .choices import HostState
-    from .models import EraseCertificate, RamdiskBoot
-
     raced_id = run.host.raced_boot_id
     if not BareMetalHost.objects.filter(pk=run.host.pk, raced_boot_id=raced_id).update(raced_boot_id=None):
         return True  # another drive dealt with it
@@ -393,10 +266,25 @@ def _boot_raced(run: Run, flow: Flow) -> bool:
     return True
 
 
-def _leave_raced(run: Run, flow: Flow, to_state: str, reason: str, voided: dict) -> None:
-    from .lifecycle import ConcurrentTransition
-    from .services import host_transition
+def _raced_without_flow(host: BareMetalHost) -> None:
+    """A boot raced on a host no flow drives: a warm host (hosts/flows/warm.py), on in the ramdisk and idle. No flow
+    boots it again, so it is inspected and cleaned anew, with a new boot."""
+    raced_id = host.raced_boot_id
+    if not BareMetalHost.objects.filter(pk=host.pk, raced_boot_id=raced_id).update(raced_boot_id=None):
+        return  # another drive dealt with it
+    if host.state != HostState.AVAILABLE or host.warm_since is None:
+        return
+    boot = RamdiskBoot.objects.filter(pk=raced_id).first()
+    raced = boot_path.race_text(boot) if boot is not None else f"boot {raced_id} raced"
+    try:
+        host_transition(host=host, to_state=HostState.INSPECTING, actor="system:agent-listener",
+                        reason=f"{raced}: inspected and cleaned again with a new boot",
+                        data={"boot_raced": {"boot": raced_id}})
+    except ConcurrentTransition:
+        pass
 
+
+def _leave_raced(run: Run, flow: Flow, to_state: str, reason: str, voided: dict) -> None:
     try:
         host_transition(host=run.host, to_state=to_state, actor="system:flow", reason=reason,
                         step=run.flow.get("step") or "", data={"flow": flow.name, "flow_id": run.flow["id"],
@@ -469,11 +357,6 @@ def _step_event(run: Run, step: str, message: str, duration_s: float | None = No
                  data={"flow": run.flow.get("name"), "flow_id": run.flow.get("id"), **(data or {})})
 
 
-def publish_progress(host_id: int) -> None:
-    transaction.on_commit(lambda: live.publish([f"host-{host_id}"], {"object": "host", "ids": [host_id],
-                                                                      "progress": True}))
-
-
 def drive_stale(*, older_than_s: float = 20) -> list[int]:
     """The periodic re-drive: hosts in a flow that nobody drove lately (a lost task, a killed worker)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
@@ -486,52 +369,3 @@ def drive_stale(*, older_than_s: float = 20) -> list[int]:
     return ids
 
 
-# --- the agent: a command per step ----------------------------------------------------------------
-
-# run.data's record of whether the flow run queued a command that writes the disk: False where the flow says at its
-# start that nothing is written yet (the provision's begin: its host passed its last gate); the first disk-writing
-# command (agent_command's dirties_disk) replaces it with {"step", "command", "at"}.
-DISK_WRITTEN = "disk_written"
-
-
-def disk_written(run: Run) -> bool:
-    """Whether this flow run may have written the disk. A run that never said it started with nothing written
-    (no DISK_WRITTEN: any flow but the provision, or a run begun by an older console) counts as written."""
-    return run.data.get(DISK_WRITTEN, True) is not False
-
-
-def agent_command(run: Run, name: str, args: dict | None = None, secret_args: dict | None = None,
-                  make_args: Callable[[], tuple[dict, dict]] | None = None, dirties_disk: bool = False,
-                  tenant_secret: bool = False) -> dict:
-    """Queue `name` for the agent once per flow step; finish with its result, fail with its error.
-    `dirties_disk`: the command writes the disk (an image, a seed). The flow run records that before the command
-    is queued (disk_written), and a failed one asks for the host to be cleaned (StepFailed.clean): it may have
-    left part of its work on the disk. `tenant_secret`: the command carries a tenant's secret (a join token, its
-    CA): it is queued only once the agent's boot has settled (hosts/boot.py), so a raced boot never gets it."""
-    step = run.flow["step"]
-    command = HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step=step).first()
-    if command is None:
-        if tenant_secret:
-            boot_settled(run, f"{name} waits")
-        if make_args is not None:
-            args, secret_args = make_args()
-        if dirties_disk and not run.data.get(DISK_WRITTEN):
-            # Saved before the command exists: no agent can write the disk in a run that says it wrote nothing.
-            run.data[DISK_WRITTEN] = {"step": step, "command": name, "at": timezone.now().isoformat()}
-            run.save_flow()
-        HostCommand.objects.get_or_create(
-            host=run.host, flow_id=run.flow["id"], step=step,
-            defaults={"name": name, "args": args or {}, "secret_args": json.dumps(secret_args) if secret_args else ""})
-        agent_wake(run.host.pk)  # a warm host's agent waits in a long poll (hosts/agent_poll.py)
-        # Look again even if nothing calls back: an agent that dies with the command is noticed by its silence.
-        raise Waiting(f"{name} queued for the agent", recheck_s=settings.AGENT_SILENCE_S / 2)
-    if command.status == CommandStatus.DONE:
-        return command.result
-    if command.status == CommandStatus.FAILED:
-        raise StepFailed(f"agent: {command.error}", clean=dirties_disk,
-                         evidence=command.result or {})
-    session = AgentSession.objects.filter(host=run.host, active=True).first()
-    silence = settings.AGENT_SILENCE_S
-    if session and (timezone.now() - session.last_seen_at).total_seconds() > silence:
-        raise StepFailed(f"the agent stopped answering (no heartbeat for more than {silence}s)")
-    raise Waiting(f"{name}: {command.status}", recheck_s=silence / 2)

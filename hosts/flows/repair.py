@@ -11,6 +11,7 @@ with a summary of what failed and what was tried).
   back in repair (the attempt failed, the next rung is asked for). The transitions are the Events.
 - An admin's retest, return to service or retirement still works as before; it takes the case out of the
   ladder's hands (the ladder never starts a rung on a host a person is retesting)."""
+import dataclasses
 import logging
 
 from django.conf import settings
@@ -24,34 +25,31 @@ from events.services import event_record
 from pools.choices import FailureKind, RepairRemedy
 from pools.models import NodeType
 
-from . import cleaning
-from .choices import HostState, RepairOutcome
-from .engine import Flow, Run, Step, StepFailed, Waiting, register_flow, setting
-from .flows import (
-    INTAKE_STEPS,
-    TIER_STEPS,
-    _gate,
-    _trim,
-    step_agent_lookup,
-    step_erase,
-    step_gpu_reset,
-    step_health_dcgm,
-    step_health_nccl,
-    step_inspect,
-    step_power_off,
-    step_power_on_ramdisk,
-    step_sku_check,
-    step_verify_erase,
-)
-from .lifecycle import ConcurrentTransition, HostsMoved
-from .models import (
+from hosts import task_names
+from hosts.choices import HostState, RepairOutcome
+from hosts.engine.flow import Flow, Run, Step, StepFailed, Waiting, deadline_setting
+from hosts.gate import cleaning
+from hosts.lifecycle import ConcurrentTransition, HostsMoved, register_flow
+from hosts.models import (
     BareMetalHost,
     EraseCertificate,
     HealthCheckRun,
     RepairAttempt,
     RepairCase,
 )
-from .services import host_transition
+from hosts.services import host_transition
+
+from .steps import (
+    CLEANING_STEPS,
+    INTAKE_STEPS,
+    RAMDISK_STEPS,
+    TIER_STEPS,
+    evidence_trimmed,
+    run_gate,
+    step_erase,
+    step_power_off,
+    step_verify_erase,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +71,7 @@ def _failed_gpus(run: HealthCheckRun | None) -> list[str]:
 
 def classify(*, step: str, message: str, data: dict | None) -> tuple[str, str]:
     """The kind of a failure (pools.choices.FailureKind) and where it is ("GPU 3", "nvme0n1"), from the data of
-    the move into repair (hosts.flows.fail: step, message, evidence with the health run or the certificates)."""
+    the move into repair (hosts.flows.host.host_flow_fail: step, message, evidence with the health run or the certificates)."""
     data = data if isinstance(data, dict) else {}
     evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
     step = step or data.get("step") or ""
@@ -116,7 +114,7 @@ def host_moved(moved: HostsMoved) -> None:
     if to == HostState.REPAIR and frm == HostState.REPAIRING:
         for host_id in moved.host_ids:
             _attempt_end(host_id, RepairOutcome.FAILED, moved)
-            task_send_on_commit("hosts.tasks.repair_advance", host_id=host_id)
+            task_send_on_commit(task_names.REPAIR_ADVANCE, host_id=host_id)
     elif to == HostState.REPAIR and frm == HostState.RETESTING:
         for host_id in moved.host_ids:  # a person's retest: its verdict is theirs to act on
             _case_to_person(host_id, moved)
@@ -154,14 +152,14 @@ def _case_open(host_id: int, moved: HostsMoved) -> None:
     automatic = settings.REPAIR_LADDER and moved.actor.startswith("system:")
     case = RepairCase.objects.create(
         host=host, host_name=host.name, node_type=node_type.name if node_type else "", kind=kind, detail=detail,
-        failure_step=data.get("step") or "", failure=moved.reason[:4000], evidence=_trim(data.get("evidence") or {}),
+        failure_step=data.get("step") or "", failure=moved.reason[:4000], evidence=evidence_trimmed(data.get("evidence") or {}),
         ladder=ladder if automatic else [], opened_at=timezone.now())
     if not automatic:
         why = ("the repair ladder is off (REPAIR_LADDER)" if not settings.REPAIR_LADDER
                else f"set aside by {moved.actor}")
         _case_wait(case, host, why)
         return
-    task_send_on_commit("hosts.tasks.repair_advance", host_id=host_id)
+    task_send_on_commit(task_names.REPAIR_ADVANCE, host_id=host_id)
 
 
 def _default_ladder(kind: str) -> list[str]:
@@ -215,7 +213,7 @@ def _attempt_end(host_id: int, outcome: str, moved: HostsMoved) -> RepairAttempt
     if attempt is None:
         return None
     data = moved.data or {}
-    evidence = {"failure": _trim(data.get("evidence") or {})} if data.get("evidence") else {}
+    evidence = {"failure": evidence_trimmed(data.get("evidence") or {})} if data.get("evidence") else {}
     if attempt.flow_id:
         evidence["health_runs"] = [{"id": pk, "suite": suite, "verdict": verdict} for pk, suite, verdict in
                                    HealthCheckRun.objects.filter(flow_id=attempt.flow_id).order_by("pk")
@@ -316,7 +314,7 @@ def _erase_skipped(run: Run) -> dict | None:
     if not _remedy(run)["erase"]:
         return {"skipped": "the failed run's erase was verified; this remedy does not erase"}
     if _remedy(run)["remedy"] == RepairRemedy.REIMAGE:
-        gate = _gate(run)
+        gate = run_gate(run)
         if gate["policy"].get("source") != "repair: reimage":
             # A re-image: every block overwritten and every byte read back, whatever the NodeType's policy says.
             gate["policy"].update(method="full", fallback="", verify_mode="full", source="repair: reimage")
@@ -332,7 +330,7 @@ def step_repair_verify_erase(run: Run) -> dict:
     return _erase_skipped(run) or step_verify_erase(run)
 
 
-def finish(run: Run) -> None:
+def repair_finish(run: Run) -> None:
     """The checks after the remedy passed: back to the pool, the case repaired (host_moved)."""
     remedy = run.data.get("remedy") or {}
     try:
@@ -344,7 +342,7 @@ def finish(run: Run) -> None:
         return
 
 
-def fail(run: Run, step: Step, failure: StepFailed) -> None:
+def repair_fail(run: Run, step: Step, failure: StepFailed) -> None:
     """The remedy or the checks after it failed, wherever: back to repair with the evidence; the next rung next."""
     remedy = run.data.get("remedy") or {}
     reason = f"repair {remedy.get('remedy', '')} failed at {step.name}: {failure.message}"
@@ -353,24 +351,19 @@ def fail(run: Run, step: Step, failure: StepFailed) -> None:
                         data={"flow": "repair", "flow_id": run.flow["id"], "step": step.name,
                               "message": failure.message, "repair_case": remedy.get("case"),
                               "attempt": remedy.get("attempt"), "remedy": remedy.get("remedy"),
-                              "evidence": _trim(failure.evidence)})
+                              "evidence": evidence_trimmed(failure.evidence)})
     except ConcurrentTransition:
         return
 
 
-register_flow(Flow(name="repair", state=HostState.REPAIRING, finish=finish, fail=fail, gate=True, steps=[
-    Step("repair_begin", step_repair_begin, setting("POWER_STEP_DEADLINE_S")),
-    Step("power_off", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+# The release gate's steps, the erase and its verification as the remedy asks (_erase_skipped).
+REPAIR_RUNS = {"erase": step_repair_erase, "verify_erase": step_repair_verify_erase}
+register_flow(Flow(name="repair", state=HostState.REPAIRING, finish=repair_finish, fail=repair_fail, gate=True, steps=[
+    Step("repair_begin", step_repair_begin, deadline_setting("POWER_STEP_DEADLINE_S")),
+    Step("power_off", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
     Step("cold_off", step_cold_off, lambda: settings.REPAIR_COLD_OFF_S + settings.POWER_STEP_DEADLINE_S),
-    Step("power_on_pxe", step_power_on_ramdisk, setting("POWER_STEP_DEADLINE_S")),
-    Step("agent_lookup", step_agent_lookup, setting("AGENT_LOOKUP_DEADLINE_S")),
-    Step("inspect", step_inspect, setting("AGENT_COMMAND_DEADLINE_S")),  # the hardware may have changed
-    Step("sku_check", step_sku_check, lambda: 60.0),  # a missing GPU or disk may be back (or still gone)
-    Step("erase", step_repair_erase, setting("ERASE_DEADLINE_S")),
-    Step("verify_erase", step_repair_verify_erase, setting("VERIFY_DEADLINE_S")),
-    Step("gpu_reset", step_gpu_reset, setting("AGENT_COMMAND_DEADLINE_S")),
-    Step("health_dcgm", step_health_dcgm, setting("HEALTH_DEADLINE_S")),
-    Step("health_nccl", step_health_nccl, setting("HEALTH_DEADLINE_S")),
+    *RAMDISK_STEPS,  # inspected again: the hardware may have changed (a missing GPU or disk back, or still gone)
+    *[dataclasses.replace(step, run=REPAIR_RUNS.get(step.name, step.run)) for step in CLEANING_STEPS],
     *INTAKE_STEPS,  # after repair, the intake tier again (when the NodeType declares it)
-    Step("power_off_after_clean", step_power_off, setting("POWER_STEP_DEADLINE_S")),
+    Step("power_off_after_clean", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
 ]))

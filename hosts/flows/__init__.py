@@ -1,0 +1,1 @@
+"""The host's own flows and their steps, the repair ladder and warm hosts."""

@@ -1,0 +1,1 @@
+"""The release gate: the disk census, the erase certificates, the cleaning policy and the health parsers."""
