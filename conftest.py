@@ -202,7 +202,7 @@ def agent_server(transactional_db, settings, worker_settings):
         raise thread.error
     url = f"http://127.0.0.1:{thread.port}"
     settings.AGENT_BOOT_URL = worker_settings["AGENT_BOOT_URL"] = url
-    # The names a listener process answers to besides ALLOWED_HOSTS (hosts.listener.application): here its bind,
+    # The names a listener process answers to besides ALLOWED_HOSTS (hosts.protocol.listener.application): here its bind,
     # and the lab's VMs' name for this machine (lab.redfish.GUEST_HOST), where a test's AGENT_BOOT_URL points.
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "10.0.2.2"]
     yield SimpleNamespace(url=url)

@@ -4,7 +4,7 @@
                                   [--web-pool 10] [--profile DIR]
   .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-polls 5,600,600db] [--power-delay 2] [--idle 60]
 
---warm (hosts/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
+--warm (hosts/flows/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
 per --warm-polls value: how long the agent listener holds a warm agent's idle ask, WARM_POLL_S; `db`: without
 Redis, as the embedded mode, the held ask looks at the database every WARM_POLL_TICK_S), each with a fresh
 database and lab, N gpu-servers registered and inspected, then a quiet window of --idle seconds with nothing to
@@ -476,7 +476,7 @@ def main():
                         help="with --warm: WARM_POLL_S values to run warm with, comma separated (suffix db: "
                              "without Redis)")
     args = parser.parse_args()
-    # The settle window (hosts/boot.py) as the console measures it: a lab server fetches its iPXE script about
+    # The settle window (hosts/boot/ramdisk.py) as the console measures it: a lab server fetches its iPXE script about
     # --power-delay after the power-on request, so its p95 × 1.5 + the margin (10.25 s at 5 s). A window shorter than
     # that fetch (the 3 s that BOOT_SETTLE_S gives the lab) is over before the fetch and would cost nothing here.
     margin = float(os.environ.setdefault("BOOT_SETTLE_MARGIN_S", "2"))

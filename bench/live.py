@@ -339,10 +339,13 @@ def main() -> None:
     if args.board:
         board(args.board_hosts, args.repeat)
         return
-    import hosts.engine
+    from celery import current_app
+
+    from hosts.task_names import DRIVE_HOST
 
     # No worker here: the states' drive tasks are not sent (this measures the live path, not the flows).
-    hosts.engine.request_drive = lambda host_id, countdown=None: None
+    send_task = current_app.send_task
+    current_app.send_task = lambda name, *args, **kw: None if name == DRIVE_HOST else send_task(name, *args, **kw)
     for name in args.pages.split(","):
         page = PAGES[name.strip()]()
         if not is_live(page):

@@ -34,7 +34,7 @@ CLAIM_STEPS = (ALLOCATE, "pending → available")  # the claim's own rows: the w
 
 
 def flow_steps(flow: str) -> tuple[str, ...]:
-    """The steps of `flow` in the order it runs them, from the step engine's registry (hosts.engine.FLOWS)."""
+    """The steps of `flow` in the order it runs them, from the step engine's registry (hosts.lifecycle.FLOWS)."""
     if flow == "claim":
         return CLAIM_STEPS
     registered = FLOWS.get(flow)

@@ -223,5 +223,5 @@ def environments_usage(envs: list[NodeEnvironment]) -> dict[int, dict]:
 
 
 def host_addresses(host_ids: list[int]) -> dict[int, str]:
-    """host id → the address its claim holds (the DHCP configuration, hosts.dhcp)."""
+    """host id → the address its claim holds (the DHCP configuration, hosts.boot.dhcp)."""
     return dict(AddressAllocation.objects.filter(host_id__in=host_ids).values_list("host_id", "address"))

@@ -31,7 +31,7 @@ def claim_lost_its_host(moved: HostsMoved) -> None:
     for claim in _claims(moved):
         if claim.phase == P.RELEASED or (claim.phase == P.RELEASING and moved.to_state == S.DEPROVISIONING):
             continue  # a release moved the host on: the deprovision flow's end releases the claim
-        # A raced boot (hosts/boot.py) is the network's doing, not the host's: the claim's tries are not spent.
+        # A raced boot (hosts/boot/ramdisk.py) is the network's doing, not the host's: the claim's tries are not spent.
         claim_host_lost(claim=claim, reason=f"host {moved.names[claim.host_id]}: {moved.reason}", actor=moved.actor,
                         claim_reason=moved.data.get("claim_reason") or "", counted=not moved.data.get("boot_raced"))
 

@@ -52,7 +52,7 @@ def fleet_status() -> dict:
     return {
         "version": STATUS_VERSION,
         "generated_at": timezone.now().isoformat(),
-        # Warm: available hosts on in the agent's ramdisk, ready to write an image at once (hosts/warm.py).
+        # Warm: available hosts on in the agent's ramdisk, ready to write an image at once (hosts/flows/warm.py).
         "hosts": {"total": sum(by_state.values()), "by_state": by_state,
                   "warm": BareMetalHost.objects.filter(state=HostState.AVAILABLE, warm_since__isnull=False).count()},
         "tenants": tenants,

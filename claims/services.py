@@ -775,7 +775,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
 def _host_order(tried: list[str]) -> list:
     """The order the allocator takes free hosts in: hosts that already failed these claims last (when they are
     all that is left), before them hosts held back (a BMC that does not answer: hosts.capacity), which the
-    flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/warm.py: on in the
+    flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/flows/warm.py: on in the
     ramdisk, they skip power-on, boot and lookup), the longest warm first."""
     return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
             Case(When(state=HostState.CHECKING, then=1), default=0),  # an idle check is pre-empted last

@@ -70,7 +70,7 @@ def step_check_tenant_api(run: Run) -> dict:
     """Before anything is written: can this server reach the tenant API's VIP (TCP, and TLS with the tenant's
     CA)? The agent checks from the server's network. A failure is the tenant's, not the host's (claim_reason):
     the host is back in the pool, uncounted against HOST_FAILURE_LIMIT and the claim's tries, and without an erase
-    (nothing was written: hosts.flows.untouched_begin); the claim waits with the reason
+    (nothing was written: hosts.flows.steps.untouched_begin); the claim waits with the reason
     (claims.tenant_check.tenant_api_holds) until the VIP or CA is fixed."""
     claim = _claim(run)
     if not claim.tenant.kubeconfig:  # the claim fails as write_seed would fail it, before a disk is touched
@@ -230,7 +230,7 @@ def _release_call(run: Run, what: str, fn) -> dict:
 
 
 def step_drain_node(run: Run) -> dict:
-    """Cordon once, then one drain pass per drive until no pod is left (level-triggered, as hosts.flows._power):
+    """Cordon once, then one drain pass per drive until no pod is left (level-triggered, as hosts.flows.steps._power):
     no drive waits for pods to terminate or for a disruption budget. What each pass found is kept on the row
     (`run.data["drain_node"]`) and, at the step's deadline, is the reason it was skipped."""
     def drain(api, claim):
@@ -307,12 +307,12 @@ def claim_joining(run: Run) -> None:
                           message=f"{run.host.name} boots the installed OS and joins")
 
 
-# --- warm hosts (hosts/warm.py): a claim on a host that waits, on, in the agent's ramdisk --------------------
+# --- warm hosts (hosts/flows/warm.py): a claim on a host that waits, on, in the agent's ramdisk --------------------
 
 def provision_begin(run: Run) -> None:
     """Nothing is written on the host yet: it passed its last gate (available, or under its idle check), and the
-    run records its first disk write (hosts.engine.DISK_WRITTEN; a claim's failure before it is not followed by
-    an erase: hosts.flows.fail).
+    run records its first disk write (hosts.engine.agent.DISK_WRITTEN; a claim's failure before it is not followed by
+    an erase: hosts.flows.host.host_flow_fail).
 
     A host whose agent session is open and was heard from lately is warm: its provision has no power-on,
     network boot, lookup or inspection (those steps do not apply) and starts with the agent it has. A host
@@ -356,7 +356,7 @@ PROVISION = host_flow("provision", HostState.PROVISIONING, [
 
 # The tenant's side of a release (drain, delete) is skipped with its reason when it fails: a tenant API that is
 # away must not keep the host from being erased. A provision that failed by its claim's fault before anything was
-# written (hosts.flows.untouched_begin) skips the ramdisk boot and the release gate: no_erase_needed says so, and
+# written (hosts.flows.steps.untouched_begin) skips the ramdisk boot and the release gate: no_erase_needed says so, and
 # the host is powered off (or kept warm: it is on in the ramdisk, its agent live) and back in the pool.
 DEPROVISION = host_flow("deprovision", HostState.DEPROVISIONING, [
     Step("drain_node", step_drain_node, deadline_setting("DRAIN_DEADLINE_S"), on_deadline=SKIP),

@@ -113,7 +113,7 @@ class NodeTypeForm(RecordedForm):
                   # The release gate: a manifest's spec.cleaning and spec.healthCheck.
                   "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
                   "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps",
-                  # Warm hosts (hosts/warm.py): a manifest's spec.warm.
+                  # Warm hosts (hosts/flows/warm.py): a manifest's spec.warm.
                   "warm_hosts", "warm_idle_minutes",
                   # The SKU, the health tiers, the repair ladder: declared above.
                   "sku", "health", "repair"]

@@ -45,7 +45,7 @@ def event_record_repeated(*, key: str, window_s: float, kind: str, object_type: 
     instead of a new row, so that a flood is one line with a number. Returns (the row, whether it is new).
 
     The one exception to the log's append-only rule, and only for those counters; the caller serialises
-    concurrent first records (hosts.boot.security_event locks the host row) or accepts a rare second row."""
+    concurrent first records (hosts.boot.ramdisk.security_event locks the host row) or accepts a rare second row."""
     now = timezone.now()
     data = dict(data or {})
     with transaction.atomic():

@@ -207,7 +207,7 @@ class HealthCheckRunAdmin(ReadOnlyAdmin):
 
 @admin.register(RepairCase)
 class RepairCaseAdmin(ReadOnlyAdmin):
-    """The repair ladder's cases (hosts/repair.py): written only by host moves, so read only here."""
+    """The repair ladder's cases (hosts/flows/repair.py): written only by host moves, so read only here."""
     list_display = ("host_name", "node_type", "kind", "detail", "position", "outcome", "opened_at", "closed_at")
     list_filter = ("outcome", "kind", "node_type")
     search_fields = ("host_name", "summary", "failure")

@@ -17,7 +17,7 @@ class HostState(ColouredChoices):
     REPAIR = "repair", "Repair", "purple"  # not an in-progress amber: it waits for a person
     # In repair: cleaned and checked again (hosts.services.host_retest).
     RETESTING = "retesting", "Retesting", "warning"
-    # In repair: one automatic remedy of the repair ladder under way, then the checks (hosts/repair.py).
+    # In repair: one automatic remedy of the repair ladder under way, then the checks (hosts/flows/repair.py).
     REPAIRING = "repairing", "Repairing", "warning"
     RETIRED = "retired", "Retired", "dark"  # taken out of the fleet for good
     ERROR = "error", "Error", "danger"

@@ -28,7 +28,7 @@ class HostAwareConsumer(EventLogConsumer):
         found = {row[0]: row[1:] for row in HostCommand.objects.filter(
             host_id__in=hosts, status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).order_by("host_id", "pk")
             .values_list("host_id", "pk", "progress")}
-        # A step's tries (hosts.engine.step_retry) are not in the Event log either, past the first of each error.
+        # A step's tries (hosts.engine.drive.step_retry) are not in the Event log either, past the first of each error.
         for pk, tries in BareMetalHost.objects.filter(pk__in=hosts, flow__retries__isnull=False).values_list(
                 "pk", "flow__retries"):
             found[pk] = (*found.get(pk, ()), tries)

@@ -25,7 +25,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.DEPROVISIONING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR}),
     # Repair: retest (clean and check again), back to service (after a passing retest or an admin override,
     # hosts.services.host_return_to_service), retire.
-    # The repair ladder (hosts/repair.py): one automatic remedy at a time (repairing), back to repair when it did
+    # The repair ladder (hosts/flows/repair.py): one automatic remedy at a time (repairing), back to repair when it did
     # not help, to the pool when the checks after it passed.
     S.REPAIR: frozenset({S.RETESTING, S.REPAIRING, S.DEPROVISIONING, S.AVAILABLE, S.RETIRED, S.MAINTENANCE}),
     S.RETESTING: frozenset({S.REPAIR, S.ERROR, S.MAINTENANCE}),

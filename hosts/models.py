@@ -33,10 +33,10 @@ class BareMetalHost(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     automated_cleaning_mode = models.CharField(max_length=16, choices=CleaningMode.choices,
                                                default=CleaningMode.METADATA)
-    # Overrides its NodeType's cleaning method (hosts/cleaning.py); blank: the NodeType's.
+    # Overrides its NodeType's cleaning method (hosts/gate/cleaning.py); blank: the NodeType's.
     cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="")
     inventory = models.JSONField(default=dict, blank=True)  # CPUs, RAM, disks, NICs, GPUs from inspection
-    # The inventory of record's disks (hosts/census.py): {"disks": [{name, serial, model, size_bytes, type}],
+    # The inventory of record's disks (hosts/gate/census.py): {"disks": [{name, serial, model, size_bytes, type}],
     # "recorded_at", "by"}, from the first inspection (or an imported Metal3 status). Later inspections do not
     # change it; a difference is a deviation until an admin accepts it (hosts.services.host_disk_record_accept).
     disk_record = models.JSONField(default=dict, blank=True)
@@ -64,17 +64,17 @@ class BareMetalHost(models.Model):
     error_type = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     error_count = models.PositiveIntegerField(default=0)  # consecutive failures; reset on success
-    # The flow that drives the host through its current state (hosts/engine.py): its name, run id, the
+    # The flow that drives the host through its current state (hosts/engine/): its name, run id, the
     # steps done with their times, and the step under way. Resumable: a new worker carries on from here.
     flow = models.JSONField(default=dict, blank=True)
     drive_lease_until = models.DateTimeField(null=True, blank=True)  # one driver at a time
-    # Warm (hosts/warm.py): available, powered on in the agent's ramdisk after a passing release gate, its agent
+    # Warm (hosts/flows/warm.py): available, powered on in the agent's ramdisk after a passing release gate, its agent
     # idle and heartbeating, so that a claim skips power-on, network boot and lookup. Set by the gate's keep_warm
     # step; emptied by any move out of available and when the host is powered off (idle or its agent silent).
     warm_since = models.DateTimeField(null=True, blank=True, db_index=True)
     warm_until = models.DateTimeField(null=True, blank=True)  # powered off after this, if still idle
     driven_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    # A ramdisk boot found raced (hosts/boot.py), not yet dealt with by the host's flow: the next drive, under
+    # A ramdisk boot found raced (hosts/boot/ramdisk.py), not yet dealt with by the host's flow: the next drive, under
     # its lease, boots the host again (read with the row the drive loads anyway: no query of its own).
     raced_boot_id = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -93,7 +93,7 @@ class BareMetalHost(models.Model):
 
     @property
     def is_warm(self) -> bool:
-        """Available and on in the agent's ramdisk, ready for a claim to write its image at once (hosts/warm.py)."""
+        """Available and on in the agent's ramdisk, ready for a claim to write its image at once (hosts/flows/warm.py)."""
         return self.state == HostState.AVAILABLE and self.warm_since is not None
 
     def clean(self):
@@ -140,11 +140,11 @@ class AgentSession(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     active = models.BooleanField(default=True)
     # Where its lookup came from: a later refused lookup from here with a secret of this host's is its own agent
-    # lingering (routine), from elsewhere it is someone else (hosts/agent_api.py, _refusal_event).
+    # lingering (routine), from elsewhere it is someone else (hosts/protocol/api.py, _refusal_event).
     address = models.GenericIPAddressField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(auto_now_add=True)
-    # The boot whose secret opened the session: a raced boot ends every session of it (hosts/boot.py).
+    # The boot whose secret opened the session: a raced boot ends every session of it (hosts/boot/ramdisk.py).
     ramdisk_boot = models.ForeignKey("RamdiskBoot", null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="sessions")
 
@@ -179,7 +179,7 @@ class RamdiskBoot(models.Model):
     media_token_hash = models.CharField(max_length=64, blank=True)  # virtual media: the one-time URL's token
     fetches = models.PositiveIntegerField(default=0)  # requests for its configuration, served or not
     fetched_from = models.JSONField(default=list, blank=True)  # their client addresses
-    settle_s = models.FloatField(null=True, blank=True)  # decided at its start (hosts.boot.boot_settle_s)
+    settle_s = models.FloatField(null=True, blank=True)  # decided at its start (hosts.boot.ramdisk.boot_settle_s)
     raced_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)  # powered off, booted from disk: no race after this
 
@@ -231,7 +231,7 @@ class HostCommand(models.Model):
 
 class EraseCertificate(models.Model):
     """One disk's erase, verified: the fields of NIST SP 800-88 Rev. 2 Appendix G plus host, previous tenant and
-    claim, as a document signed by the console (hosts/certificates.py). A failed erase or verification is kept
+    claim, as a document signed by the console (hosts/gate/certificates.py). A failed erase or verification is kept
     the same way, with result "fail": it is the evidence that sent the host to repair."""
 
     host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="erase_certificates")
@@ -269,7 +269,7 @@ class EraseCertificate(models.Model):
 
 class HealthCheckRun(models.Model):
     """One health suite on one host: the tool's raw output, the parsed verdict and per-GPU detail, and the
-    thresholds of the NodeType it was judged against (hosts/health.py)."""
+    thresholds of the NodeType it was judged against (hosts/gate/health.py)."""
 
     host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="health_runs")
     host_name = models.CharField(max_length=253)
@@ -301,7 +301,7 @@ class HealthCheckRun(models.Model):
 
 class RepairCase(models.Model):
     """One stay of a host in repair, from the failure that sent it there to its return to service (or its
-    retirement): the failure's kind and evidence, the ladder it climbs (hosts/repair.py), where it stands on it,
+    retirement): the failure's kind and evidence, the ladder it climbs (hosts/flows/repair.py), where it stands on it,
     and how it ended. Mean time to repair and the repair rate are read from these rows (hosts.selectors)."""
 
     host = models.ForeignKey(BareMetalHost, null=True, on_delete=models.SET_NULL, related_name="repair_cases")

@@ -58,7 +58,7 @@ PROBE_TOKEN = "preflight-probe-not-a-boot-token"
 # --- the checks: network only, plain values in, plain values out ---------------------------------------------
 
 def check_bmc(*, address: str, username: str, password: str, verify_tls: bool, boot_mac: str) -> dict:
-    """(a) for one host: {"ok", "reason", "kind" (hosts.bmc's error kind), "tls", "system", "quirks"}. Never
+    """(a) for one host: {"ok", "reason", "kind" (hosts.bmc.client's error kind), "tls", "system", "quirks"}. Never
     raises for the BMC's sake."""
     try:
         scheme, _, _ = parse_address(address)

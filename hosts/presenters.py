@@ -169,7 +169,7 @@ def host_summary_context(user, host: BareMetalHost) -> dict:
 
 
 def cleaning_shown(host: BareMetalHost) -> str:
-    """The cleaning the host gets at its next release and where that comes from (hosts.cleaning's one rule),
+    """The cleaning the host gets at its next release and where that comes from (hosts.gate.cleaning's one rule),
     e.g. "full — from NodeType gpu-server (overrides metadata on the host)"."""
     cleaning = effective_cleaning(host, getattr(host, "claim", None))
     source = cleaning["source"]

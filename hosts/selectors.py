@@ -39,7 +39,7 @@ from .models import (
 
 
 def _failures(since=None):
-    """Transitions out of provisioning that hosts.flows.fail attributed (data: fault, step, message, evidence)."""
+    """Transitions out of provisioning that hosts.flows.host.host_flow_fail attributed (data: fault, step, message, evidence)."""
     cutoff = timezone.now() - timedelta(seconds=settings.HOST_FAILURE_WINDOW_S)
     if since is not None and since > cutoff:
         cutoff = since
@@ -281,7 +281,7 @@ RECORD = "inventory of record"  # the key of the disk record's deviations beside
 
 def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[str]]:
     """{NodeType: deviations} of the host's last inventory from the SKU of each NodeType that selects it
-    (pools/sku.py), and under RECORD its disks that are not the inventory of record's (hosts/census.py: the
+    (pools/sku.py), and under RECORD its disks that are not the inventory of record's (hosts/gate/census.py: the
     release gate's census rests on the record until an admin accepts the disks found); {} when it conforms or
     was never inspected. `node_types`: already read, for lists."""
     if not host.inventory:

@@ -72,7 +72,7 @@ def fleet(request):
         "paging_query": paging_query(request), "columns": presenters.sort_columns(request.GET),
         "bulk_actions": presenters.BULK_ACTIONS,
         "export_query": paging_query(request),
-        # Refused agent lookups and boot scripts asked for twice (hosts/boot.py) that a person must look at: someone
+        # Refused agent lookups and boot scripts asked for twice (hosts/boot/ramdisk.py) that a person must look at: someone
         # may be after an agent. Routine ones (a host's own agent lingering after a retest) are in the log only.
         "security_events": security_events_needing_attention(since=timezone.now() - timedelta(hours=24)),
         **presenters.attention_board(is_admin=scoping.is_admin(request.user)),
@@ -280,7 +280,7 @@ def _pks(value) -> list[int]:
 
 def _attach_evidence(rows: list) -> None:
     """Each row's failing step and links to what failed, from the data of its move into repair
-    (hosts.flows.fail: {"step", "message", "evidence": {"certificates": [pk...], "health_run": pk}}): the failed
+    (hosts.flows.host.host_flow_fail: {"step", "message", "evidence": {"certificates": [pk...], "health_run": pk}}): the failed
     certificates (printable page and signed JSON) and the health run (its row on the host page). Two queries
     for the whole page."""
     wanted = {}

@@ -39,7 +39,7 @@ Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab
 - burnin-fail: passes inspection, GPU reset, DCGM levels 1 and 2 and NCCL, but `dcgmi diag -r 3` or `-r 4`
   (the intake burn-in) fails Targeted Stress on GPU 0 (or `:N`) with DCGM_FR_STRESS_LEVEL.
 
-The release gate's census (hosts/census.py): each lab BMC reports its server's drives (serial, model, size) under
+The release gate's census (hosts/gate/census.py): each lab BMC reports its server's drives (serial, model, size) under
 Systems/<id>/Storage/1/Drives, unless bmc-no-storage (set at the lab's start). A lying agent, whose report of the
 disks is not the hardware (the BMC and the disk files stay true): agent-omits-disk (the last disk, or `:DISK`,
 is neither reported nor erased), agent-forges-serial (reported as FORGED-SERIAL), agent-misreports-size (a decoy
@@ -811,7 +811,7 @@ def _agent_kernel() -> Path | None:
 
 
 def _iso_config(path: str) -> str | None:
-    """VMETAL.CFG of a boot ISO (hosts/boot.py makes them), as the ramdisk reads it from its CD."""
+    """VMETAL.CFG of a boot ISO (hosts/boot/ramdisk.py makes them), as the ramdisk reads it from its CD."""
     import io
 
     import pycdlib

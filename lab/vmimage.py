@@ -15,7 +15,7 @@ no chroot, no loop mounts):
   VMETAL.CFG on a CD (virtual media), and powers off when the agent leaves without a reboot. `vmetal.selftest`
   on the command line prints the inventory, `nvme id-ctrl` and a `nvme format --ses=1` instead.
 - iso: the same kernel and initrd behind isolinux (El Torito, made with pycdlib) for redfish-virtualmedia hosts;
-  hosts/bootmedia.py assembles it, and the console's per-boot ISO embeds it the same way when the agent's
+  hosts/boot/media.py assembles it, and the console's per-boot ISO embeds it the same way when the agent's
   isolinux files sit beside its kernel in IMAGE_DIR/agent.
 - os-image: a raw disk image (isohybrid: an MBR with one partition, isolinux, the kernel and an OS initramfs)
   that boots from an NVMe disk under SeaBIOS; its first-boot service (lab/vmguest/firstboot.py) reads the
@@ -419,7 +419,7 @@ def copy_sources(tree: Tree, paths: list[str]) -> None:
 def source_files() -> list[Path]:
     agent = sorted(p for p in (ROOT / "agent").rglob("*.py") if "__pycache__" not in p.parts)
     guest = sorted(p for p in GUEST.iterdir() if p.is_file() and p.suffix != ".pyc")
-    return [Path(__file__).resolve(), ROOT / "hosts/bootmedia.py", *agent, *guest]
+    return [Path(__file__).resolve(), ROOT / "hosts/boot/media.py", *agent, *guest]
 
 
 def cache_key(versions: dict[str, str]) -> str:

@@ -302,7 +302,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
                     "cleaning", "healthCheck", "sku", "health", "repair", "warm"}
-# spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/cleaning.py
+# spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/gate/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
             "eraseVerifyShare": "erase_verify_share", "eraseVerifyFull": "erase_verify_full"}
@@ -330,7 +330,7 @@ def _release_gate(spec: Reader) -> tuple[dict, dict]:
 
 
 def _repair_ladders(spec: Reader) -> dict:
-    """spec.repair: {automatic, ladders: {KIND: [REMEDY, ...]}} (hosts/repair.py climbs it), checked here with the
+    """spec.repair: {automatic, ladders: {KIND: [REMEDY, ...]}} (hosts/flows/repair.py climbs it), checked here with the
     path of each mistake; NodeType.clean() checks the same rules for the admin and the API."""
     block = spec.child("repair", {}).mapping({"automatic", "ladders"})
     value: dict = {}
@@ -356,7 +356,7 @@ def _repair_ladders(spec: Reader) -> dict:
 
 
 # spec.warm: {hosts: N, idleMinutes: M}: N hosts of the type kept warm after a passing gate, each powered off after
-# M minutes idle (hosts/warm.py). Left out: none kept warm.
+# M minutes idle (hosts/flows/warm.py). Left out: none kept warm.
 WARM = {"hosts": "warm_hosts", "idleMinutes": "warm_idle_minutes"}
 
 

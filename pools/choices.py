@@ -43,7 +43,7 @@ class ConsolidationPolicy(models.TextChoices):
 
 
 class CleaningPolicy(models.TextChoices):
-    """How a released host's disks are erased (hosts/cleaning.py, agent/sanitize.py)."""
+    """How a released host's disks are erased (hosts/gate/cleaning.py, agent/sanitize.py)."""
     METADATA = "metadata", "metadata (partition tables and signatures, first and last 2 MiB)"
     FULL = "full", "full (overwrite every block with zeros: NIST Clear)"
     SECURE = "secure", "secure (the drive's own erase: NVMe format/sanitize, ATA security erase: NIST Purge)"
@@ -61,10 +61,10 @@ class FabricKind(models.TextChoices):
     IB_PKEY = "ib-pkey", "InfiniBand partition key"
 
 
-# --- the repair ladder (hosts/repair.py): failure kinds, remedies, and the ladder of each kind by default ---------
+# --- the repair ladder (hosts/flows/repair.py): failure kinds, remedies, and the ladder of each kind by default ---------
 
 class FailureKind(models.TextChoices):
-    """Why a host went to repair, as the ladder classifies the failed run (hosts.repair.classify)."""
+    """Why a host went to repair, as the ladder classifies the failed run (hosts.flows.repair.classify)."""
     GPU_XID = "gpu-xid", "GPU Xid error"
     GPU_HEALTH = "gpu-health", "GPU health (DCGM, GPU reset)"
     NCCL_SLOW = "nccl-slow", "NCCL bandwidth below the threshold"

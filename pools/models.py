@@ -80,7 +80,7 @@ class NodeProvider(models.Model):
             raise ValidationError(errors)
 
 
-WARM_MAX_HOSTS = 100_000  # hosts/warm.py: how many hosts of a type may be kept warm, and for how long idle
+WARM_MAX_HOSTS = 100_000  # hosts/flows/warm.py: how many hosts of a type may be kept warm, and for how long idle
 WARM_MAX_IDLE_MINUTES = 366 * 24 * 60
 
 
@@ -97,7 +97,7 @@ class NodeType(models.Model):
     host_selector = models.JSONField(default=dict, blank=True)
     # Declared inside its NodeProvider's spec.metal3.nodeTypes (exported there again).
     declared_in_provider = models.BooleanField(default=False)
-    # The release gate (hosts/cleaning.py): how a host of this type is erased and verified before it is
+    # The release gate (hosts/gate/cleaning.py): how a host of this type is erased and verified before it is
     # handed to anyone again, and which GPU health suite it must pass. A host may override the method.
     cleaning_policy = models.CharField(max_length=16, choices=CleaningPolicy.choices, default=CleaningPolicy.FULL)
     cleaning_fallback = models.CharField(max_length=16, choices=CleaningPolicy.choices, blank=True, default="",
@@ -114,10 +114,10 @@ class NodeType(models.Model):
     # The health tiers (pools/health_tiers.py): handover, release, intake and idle checks, each with its suite,
     # thresholds and time budget. Release defaults to the health_* fields above; the others run when declared.
     health = models.JSONField(default=dict, blank=True)
-    # The repair ladder of its hosts (hosts/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
+    # The repair ladder of its hosts (hosts/flows/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
     # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
     repair = models.JSONField(default=dict, blank=True)
-    # Warm hosts (hosts/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
+    # Warm hosts (hosts/flows/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
     # passing release gate, ready to write an image at once, and for how long an idle one stays on.
     warm_hosts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(WARM_MAX_HOSTS)],
                                              help_text="hosts kept warm; 0: none")

@@ -265,7 +265,7 @@ def check_fabric_ranges(properties: dict) -> None:
 
 
 def check_repair(value) -> None:
-    """A NodeType's repair ladder (hosts/repair.py): {"automatic": true|false, "ladders": {KIND: [REMEDY, ...]}}.
+    """A NodeType's repair ladder (hosts/flows/repair.py): {"automatic": true|false, "ladders": {KIND: [REMEDY, ...]}}.
     Kinds left out climb the default ladder (pools.choices.DEFAULT_LADDERS); an empty list hands that kind to a
     person at once."""
     if not isinstance(value, dict):

@@ -467,7 +467,7 @@ def world(demo_site, apply) -> World:
 
 
 def gate_evidence(host, *, flow_id: str, tenant: str, verdict: str = "pass"):
-    """One disk's erase certificate and a dcgmi health run of one gate run, as hosts.cleaning records them."""
+    """One disk's erase certificate and a dcgmi health run of one gate run, as hosts.gate.cleaning records them."""
     from hosts.gate import cleaning
     from hosts.gate.census import census_take
     from hosts.models import BareMetalHost

@@ -268,7 +268,7 @@ def test_a_warm_hosts_boot_fetched_again_is_void_and_the_host_is_inspected_and_c
 
     secret = ipxe_secret(agent_client, booting)
     token = post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})[1]["token"]
-    # kept warm (hosts/warm.py: keep_warm, then the gate's end): its agent idles on in the ramdisk
+    # kept warm (hosts/flows/warm.py: keep_warm, then the gate's end): its agent idles on in the ramdisk
     BareMetalHost.objects.filter(pk=booting.pk).update(warm_since=timezone.now())
     host_transition(host=BareMetalHost.objects.get(pk=booting.pk), to_state="available", actor="test",
                     reason="gate passed")

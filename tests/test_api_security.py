@@ -226,7 +226,7 @@ def test_the_secret_check_fails_a_response_or_a_log_line_that_carries_a_secret(w
             no_secrets_leak.check("GET", "/somewhere", HttpResponse(key))
     no_secrets_leak.check("GET", "/somewhere", HttpResponse(certificates.published_keys()))
     no_secrets_leak.check("GET", "/somewhere", HttpResponse("nothing to see"))
-    logging.getLogger("hosts.bmc").warning("login failed with %s", password)
+    logging.getLogger("hosts.bmc.client").warning("login failed with %s", password)
     with pytest.raises(SecretLeak):
         no_secrets_leak.check_logs()
     no_secrets_leak.records.clear()
@@ -236,9 +236,9 @@ def test_a_log_line_with_a_secret_fails_the_test_even_when_no_response_was_check
     from tests.api_conftest import SecretLeak
 
     password = BareMetalHost.objects.get(name="gpu-01").bmc_password
-    logging.getLogger("hosts.bmc").warning("login failed with %s", password)
+    logging.getLogger("hosts.bmc.client").warning("login failed with %s", password)
     assert no_secrets_leak.checked == 0
-    with pytest.raises(SecretLeak, match="a log line of hosts.bmc"):
+    with pytest.raises(SecretLeak, match="a log line of hosts.bmc.client"):
         no_secrets_leak.finish()  # what the fixture does when the test ends
     no_secrets_leak.records.clear()
 

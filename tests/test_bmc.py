@@ -1,4 +1,4 @@
-"""hosts.bmc against the lab's real Redfish emulator: finding systems, power, boot, media, failures."""
+"""hosts.bmc.client against the lab's real Redfish emulator: finding systems, power, boot, media, failures."""
 import http.server
 import json
 import socket

@@ -144,13 +144,12 @@ def test_the_api_gives_admins_and_auditors_what_the_card_shows_and_refuses_membe
 
 @pytest.mark.django_db
 def test_a_flows_bmc_calls_record_the_answer_and_a_red_bmc_holds_an_available_host_back(users, console_site):
-    from hosts.engine import drive as engine
-    from hosts.flows.steps import _bmc_call
-    from hosts.engine.flow import Waiting
     from hosts.bmc.client import BMCError
+    from hosts.engine.flow import Run, Waiting
+    from hosts.flows.steps import _bmc_call
 
     host = BareMetalHost.objects.get(name="gpu-01")
-    run = engine.Run(host)
+    run = Run(host)
     run.flow = {"name": "provision", "step": "power_on_ramdisk"}
 
     def dead():

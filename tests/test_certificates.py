@@ -190,22 +190,23 @@ def test_after_a_key_rotation_old_certificates_verify_through_the_retired_public
 
 def test_without_a_signing_key_the_release_gate_fails_with_the_reason_and_signs_nothing(host, settings,
                                                                                          monkeypatch):
-    from hosts.engine import drive as engine
-    from hosts.flows import host as flows
     from hosts.choices import HostState
+    from hosts.engine.drive import drive
+    from hosts.flows import steps
+    from hosts.lifecycle import FLOWS
     from hosts.services import host_transition
 
     host_transition(host=host, to_state=HostState.INSPECTING, actor="test", reason="test")
     host.refresh_from_db()
-    steps = [s.name for s in engine.FLOWS["inspect"].steps]
+    names = [s.name for s in FLOWS["inspect"].steps]
     host.flow = {"name": "inspect", "id": "f-unsigned", "state_since": host.state_changed_at.isoformat(),
-                 "done": {name: {} for name in steps[:steps.index("verify_erase")]},
+                 "done": {name: {} for name in names[:names.index("verify_erase")]},
                  "data": {"gate": {**cleaning.gate_for(host), "previous": {"tenant": "", "claim": ""}},
                           "erase": erased()}}
     host.save(update_fields=["flow"])
-    monkeypatch.setattr(flows, "agent_command", lambda run, name, *args, **kwargs: verified())
+    monkeypatch.setattr(steps, "agent_command", lambda run, name, *args, **kwargs: verified())
     settings.CERTIFICATE_SIGNING_KEY = ""
-    engine.drive(host.pk)
+    drive(host.pk)
     host.refresh_from_db()
     assert host.state == HostState.REPAIR
     assert Event.objects.filter(host=host, to_state=HostState.REPAIR).get().message == (

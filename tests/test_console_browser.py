@@ -39,7 +39,9 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
     (a real worker, Redfish BMCs, agents) can stand in for this function, yielding at the same points."""
     from claims import steps as claim_steps
     from claims.services import claims_allocate, pools_reconcile
-    from hosts.engine import drive as flows
+    from hosts.engine import drive
+    from hosts.engine.flow import Run
+    from hosts.services import publish_progress
     from hosts.services import host_transition
 
     pools_reconcile(pool_ids=[pool_id])  # the reconcile the quantity change asked for: a claim, no free host
@@ -49,21 +51,21 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
     claims_allocate(pool_ids=[pool_id])
     yield ClaimPhase.PROVISIONING
     host = BareMetalHost.objects.select_related("claim__tenant", "claim__node_type").get(name="gpu-01")
-    run = flows.Run(host)
+    run = Run(host)
     run.flow = {"name": "provision"}
     for step, seconds in PROVISION_STEPS:
         started = time.monotonic()
-        flows._step_event(run, step, "started")
+        drive._step_event(run, step, "started")
         if step == "write_image":
             command = HostCommand.objects.create(host=host, flow_id="drive", step=step, name=step, status="sent",
                                                  progress=0.0)
             for percent in (35.0, 80.0):
                 HostCommand.objects.filter(pk=command.pk).update(progress=percent, message=f"{percent:.0f}% written")
-                flows.publish_progress(host.pk)
+                publish_progress(host.pk)
                 yield f"progress {percent:.0f}"
             HostCommand.objects.filter(pk=command.pk).update(status="done", progress=100.0)
         time.sleep(max(0.0, seconds * TIME_SCALE - (time.monotonic() - started)))
-        flows._step_event(run, step, "done", duration_s=time.monotonic() - started)
+        drive._step_event(run, step, "done", duration_s=time.monotonic() - started)
         if step == "boot_from_disk":
             claim_steps.claim_joining(run)
             yield ClaimPhase.JOINING

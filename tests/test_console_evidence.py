@@ -141,7 +141,7 @@ def test_a_tenant_member_sees_only_the_evidence_of_their_own_tenant_s_data_on_th
 
 
 def sent_to_repair(name: str, *, step: str, message: str, evidence: dict) -> tuple[BareMetalHost, dict]:
-    """A released host the gate set aside: the transition hosts.flows.fail makes, with its evidence."""
+    """A released host the gate set aside: the transition hosts.flows.host.host_flow_fail makes, with its evidence."""
     host = BareMetalHost.objects.create(name=name, state="deprovisioning", boot_mac=f"52:54:00:00:01:{name[-2:]}",
                                         bmc_address=f"redfish+http://127.0.0.1:1/redfish/v1/Systems/{name}")
     return host, {"step": step, "message": message, "evidence": evidence,

@@ -1,5 +1,5 @@
 """What the host page says is what is true: the cleaning the gate will apply and where it comes from (one rule,
-hosts.cleaning.effective_cleaning, for the gate, the API and the page), the BMC's transport as its address
+hosts.gate.cleaning.effective_cleaning, for the gate, the API and the page), the BMC's transport as its address
 says, and no old error on a host that was retried."""
 import re
 from html import unescape

@@ -16,7 +16,7 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from events.models import Event
 from hosts.engine import drive as engine
-from hosts.engine.flow import StepFailed
+from hosts.engine.flow import Run, StepFailed
 from hosts.lifecycle import FLOWS
 from hosts.models import BareMetalHost
 from pools.models import Tenant, TenantMembership
@@ -56,7 +56,7 @@ def attribute(html: str, dom_id: str, name: str) -> str:
 
 def step(host: BareMetalHost, name: str, message: str, duration_s: float | None = None):
     """A step Event of the host's provision flow, as the step engine writes it."""
-    run = engine.Run(BareMetalHost.objects.select_related("claim__tenant").get(pk=host.pk))
+    run = Run(BareMetalHost.objects.select_related("claim__tenant").get(pk=host.pk))
     run.flow = {"name": "provision"}
     engine._step_event(run, name, message, duration_s=duration_s)
     return run
@@ -161,7 +161,7 @@ def test_the_reasons_on_a_claim_page_stay_within_its_tenant(retried_claim, apply
 def test_a_retrying_step_shows_its_last_error_tries_and_deadline_on_the_host_and_claim_pages(retried_claim):
     claim = retried_claim
     host = claim.host
-    run = engine.Run(BareMetalHost.objects.select_related("claim__tenant").get(pk=host.pk))
+    run = Run(BareMetalHost.objects.select_related("claim__tenant").get(pk=host.pk))
     run.flow = {"name": "provision", "id": "f2", "state_since": "", "done": {}, "data": {},
                 "step": "power_on_pxe", "step_started_at": timezone.now().isoformat()}
     run.save_flow()
@@ -213,7 +213,7 @@ async def test_the_host_page_is_told_of_each_try_live_even_when_the_error_repeat
         host = BareMetalHost.objects.filter(state="available").order_by("name").first()
         BareMetalHost.objects.filter(pk=host.pk).update(state="registering")
         host.refresh_from_db()
-        run = engine.Run(host)
+        run = Run(host)
         run.flow = {"name": "register", "id": "r1", "state_since": host.state_changed_at.isoformat(), "done": {},
                     "data": {}, "step": "bmc_check", "step_started_at": timezone.now().isoformat()}
         run.save_flow()

@@ -11,7 +11,8 @@ from django.urls import reverse
 import hosts.services
 from events.models import Event
 from hosts.models import BareMetalHost
-from hosts.tasks import drive_host
+from hosts.task_names import DRIVE_HOST
+from vmetal_console.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db
 
@@ -32,9 +33,16 @@ def bmh(name: str, mac: str, status: dict | None = None) -> str:
 
 @pytest.fixture
 def drives(monkeypatch) -> list[int]:
-    """The hosts a drive was enqueued for (the Celery task's apply_async, which request_drive calls on commit)."""
+    """The hosts a drive was enqueued for (the drive task sent by its name on commit); other tasks go out as ever."""
     sent = []
-    monkeypatch.setattr(drive_host, "apply_async", lambda *, kwargs, countdown=None: sent.append(kwargs["host_id"]))
+    send_task = celery_app.send_task
+
+    def spy(name, *args, kwargs=None, **options):
+        if name == DRIVE_HOST:
+            return sent.append(kwargs["host_id"])
+        return send_task(name, *args, kwargs=kwargs, **options)
+
+    monkeypatch.setattr(celery_app, "send_task", spy)
     return sent
 
 

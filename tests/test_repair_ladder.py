@@ -44,7 +44,7 @@ def _host(name="gpu-01", state="deprovisioning") -> BareMetalHost:
 
 
 def _dcgm_failure(host, *, xid=True) -> dict:
-    """What hosts.flows.fail writes on the move into repair when `dcgmi diag` failed on GPU 3."""
+    """What hosts.flows.host.host_flow_fail writes on the move into repair when `dcgmi diag` failed on GPU 3."""
     words = "Detected XID 48 for GPU 3" if xid else "Found 12 faulty memory elements on GPU 3"
     run = HealthCheckRun.objects.create(host=host, host_name=host.name, flow_id=f"f-{host.pk}-{xid}", suite="dcgmi",
                                         verdict="fail", reasons=[f"PCIe (GPU 3): {words}"],
@@ -59,7 +59,7 @@ def _fail(host, data, to="repair"):
 
 
 def _rung_fails(host, step="health_dcgm"):
-    """The repair flow's end when the checks after the remedy failed again (hosts.repair.fail)."""
+    """The repair flow's end when the checks after the remedy failed again (hosts.flows.repair.repair_fail)."""
     host.refresh_from_db()
     assert host.state == "repairing"
     services.host_transition(host=host, to_state="repair", actor="system:flow", step=step,

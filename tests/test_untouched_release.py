@@ -10,9 +10,8 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
-from hosts.engine import drive as engine
-from hosts.engine.agent import DISK_WRITTEN
-from hosts.engine.flow import StepFailed
+from hosts.engine.agent import DISK_WRITTEN, agent_command
+from hosts.engine.flow import Run, StepFailed, Waiting
 from hosts.lifecycle import FLOWS
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate
 
@@ -140,14 +139,14 @@ def provisioning(apply, demo_site):
     claim = NodeClaim.objects.get()
     host = BareMetalHost.objects.select_related("claim__tenant", "claim__node_type").get(pk=claim.host_id)
     assert host.state == "provisioning"
-    run = engine.Run(host)
+    run = Run(host)
     run.flow = host.flow = {"name": "provision", "id": "f-untouched", "state_since": host.state_changed_at.isoformat(),
                             "done": {}, "data": {}}
     FLOWS["provision"].begin(run)
     return run
 
 
-def fail_at(run: engine.Run, step: str, failure: StepFailed) -> Event:
+def fail_at(run: Run, step: str, failure: StepFailed) -> Event:
     FLOWS["provision"].fail(run, next(s for s in FLOWS["provision"].steps if s.name == step), failure)
     return Event.objects.filter(host=run.host, object_type="host", kind="transition").order_by("-id").first()
 
@@ -164,8 +163,8 @@ def test_a_claims_failure_before_any_write_is_marked_untouched_on_the_move_to_de
 def test_a_write_queued_in_the_run_means_a_full_clean_even_when_the_claim_is_at_fault(provisioning):
     run = provisioning
     run.flow["step"] = "write_image"
-    with pytest.raises(engine.Waiting):
-        engine.agent_command(run, "write_image", {"url": "http://images/x"}, dirties_disk=True)
+    with pytest.raises(Waiting):
+        agent_command(run, "write_image", {"url": "http://images/x"}, dirties_disk=True)
     # Recorded on the host's row before the command existed.
     stored = BareMetalHost.objects.get(pk=run.host.pk).flow["data"][DISK_WRITTEN]
     assert (stored["step"], stored["command"]) == ("write_image", "write_image")

@@ -40,7 +40,7 @@ DISK_BYTES = 256 * MiB
 IMAGE = "vmetal-os"
 # TCG on 2 shared cores: a ramdisk boot to the agent's lookup took 30-125 s, the OS image to Ready 33-124 s
 # (measured under load). Generous, but bounded: a stuck step fails the test well inside CI's 10 minutes.
-# A VM under TCG takes tens of seconds from power-on to its iPXE fetch: a settle window to match (hosts/boot.py).
+# A VM under TCG takes tens of seconds from power-on to its iPXE fetch: a settle window to match (hosts/boot/ramdisk.py).
 VM_DEADLINES = {**FAST, "BOOT_SETTLE_S": "60",
                 "AGENT_LOOKUP_DEADLINE_S": "240", "AGENT_COMMAND_DEADLINE_S": "180", "AGENT_SILENCE_S": "60",
                 "NODE_READY_DEADLINE_S": "240", "IMAGE_WRITE_DEADLINE_S": "240", "ERASE_DEADLINE_S": "240",

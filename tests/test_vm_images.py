@@ -3,7 +3,7 @@
 - the agent ramdisk (`-kernel/-initrd`, `vmetal.selftest`): the agent's inventory names the emulated NVMe's model,
   serial and size and the NIC's MAC as QEMU was given them; `nvme id-ctrl` and `nvme format --ses=1` run against
   the emulated controller (what it offers for sanitize and crypto erase is printed);
-- the console's virtual-media ISO (hosts/boot.py boot_iso with the ramdisk in IMAGE_DIR/agent) boots from the CD
+- the console's virtual-media ISO (hosts/boot/ramdisk.py boot_iso with the ramdisk in IMAGE_DIR/agent) boots from the CD
   and the agent, reading VMETAL.CFG from it, looks itself up at the console with the boot's secret;
 - the OS image, written to an NVMe backing file with a seed from agent/seed.py in its last 64 MiB, boots from the
   disk under SeaBIOS, takes the static address of its network-config and joins a lab tenant API with the

@@ -1,5 +1,5 @@
 """VM servers in the lab (lab/vm.py): a QEMU machine (TCG) per server behind the lab's Redfish BMC, driven the way
-the console drives any server, through its BMC client (hosts/bmc.py, sushy). Network boot goes QEMU's DHCP and
+the console drives any server, through its BMC client (hosts/bmc/client.py, sushy). Network boot goes QEMU's DHCP and
 TFTP → iPXE → the console's per-host script on the live agent listener; the disk is an emulated NVMe; virtual
 media is a CD-ROM; the process is the power."""
 import os

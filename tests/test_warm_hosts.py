@@ -1,4 +1,4 @@
-"""Warm hosts (hosts/warm.py): a host kept on in the agent's ramdisk after its release gate, taken first by the
+"""Warm hosts (hosts/flows/warm.py): a host kept on in the agent's ramdisk after its release gate, taken first by the
 allocator, provisioned without power-on, network boot or lookup; powered off when idle too long or when its agent
 goes silent. The lab tests run the real agent, sushy-tools BMCs and a Celery worker with beat on the real broker."""
 from datetime import timedelta
@@ -226,7 +226,7 @@ def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets
     assert box["thread"].is_alive(), box  # held: no work yet
     seen = AgentSession.objects.get(host=host, active=True).last_seen_at
 
-    # A claim takes it: the provision's first step queues a command for its agent (hosts.engine.agent_command).
+    # A claim takes it: the provision's first step queues a command for its agent (hosts.engine.agent.agent_command).
     host_transition(host=host, to_state="provisioning", actor="test")
     BareMetalHost.objects.filter(pk=host.pk).update(flow={"id": "f-1", "name": "provision", "step": "check_tenant_api"})
     started = time.monotonic()
@@ -353,7 +353,7 @@ def warm_worker(worker_settings):
 @pytest.fixture
 def long_poll(lab_factory, warm_worker, settings):
     """After lab_factory's FAST settings (WARM_POLL_S 3 s): a warm agent's ask is held for a minute, as in
-    production, so a claim reaches it only through the wake (hosts/agent_poll.py)."""
+    production, so a claim reaches it only through the wake (hosts/protocol/poll.py)."""
     warm_worker["WARM_POLL_S"] = "60"
     settings.WARM_POLL_S = 60.0
     return warm_worker

@@ -1,4 +1,4 @@
-"""WSGI entry point of the agent listener (hosts/listener.py): `vmetal_console.agent_wsgi:application` in
+"""WSGI entry point of the agent listener (hosts/protocol/listener.py): `vmetal_console.agent_wsgi:application` in
 any WSGI server, or `manage.py agent-listener --bind ADDRESS:PORT`. Bind it to the provisioning network only."""
 import os
 

@@ -38,7 +38,7 @@ DEBUG = env_bool("DEBUG", False)  # Django's debug pages show code and settings 
 try:
     _keys = keys.load(var_dir=VAR_DIR, embedded=EMBEDDED, debug=DEBUG)
     # The public keys (PEM, one or more) of the keys that signed erase certificates before a rotation: published
-    # beside the current one (hosts/certificates.py), so older certificates still verify.
+    # beside the current one (hosts/gate/certificates.py), so older certificates still verify.
     CERTIFICATE_VERIFY_KEYS = keys.from_environment("CERTIFICATE_VERIFY_KEYS")
     # The names the console answers to (the Host header), and so the websockets' accepted Origins
     # (vmetal_console/asgi.py): the loopback names in the embedded mode, required in production.
@@ -49,7 +49,7 @@ SECRET_KEY = _keys["SECRET_KEY"]
 # Fernet keys for secrets at rest (BMC credentials, kubeconfigs), comma separated, newest first: data encrypted
 # under an older key still reads, and `manage.py rotate-field-keys` re-encrypts it under the newest.
 FIELD_ENCRYPTION_KEYS = [k.strip() for k in _keys["FIELD_ENCRYPTION_KEY"].split(",") if k.strip()]
-# The Ed25519 private key (PEM) that signs erase certificates (hosts/certificates.py).
+# The Ed25519 private key (PEM) that signs erase certificates (hosts/gate/certificates.py).
 CERTIFICATE_SIGNING_KEY = _keys["CERTIFICATE_SIGNING_KEY"]
 
 INSTALLED_APPS = [
@@ -207,10 +207,10 @@ CELERY_BEAT_SCHEDULE = {
     "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
     # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
     "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
-    # Warm hosts (hosts/warm.py): one idle past its NodeType's idleMinutes, or whose agent is silent, is powered off.
+    # Warm hosts (hosts/flows/warm.py): one idle past its NodeType's idleMinutes, or whose agent is silent, is powered off.
     "sweep-warm-hosts": {"task": "hosts.tasks.sweep_warm_hosts",
                          "schedule": float(os.environ.get("WARM_SWEEP_EVERY_S", "30"))},
-    # The repair ladder's catch-up: hosts in repair whose next rung was asked for and never started (hosts/repair.py).
+    # The repair ladder's catch-up: hosts in repair whose next rung was asked for and never started (hosts/flows/repair.py).
     "repair-due": {"task": "hosts.tasks.repair_due", "schedule": float(os.environ.get("REPAIR_DUE_EVERY_S", "60"))},
     # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
     "free-leaked-addresses": {"task": "claims.tasks.free_leaked_addresses",
@@ -251,7 +251,7 @@ RECONCILE_BATCH = max(1, int(os.environ.get("RECONCILE_BATCH", "200")))
 # A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
 HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))
 HOST_FAILURE_WINDOW_S = int(os.environ.get("HOST_FAILURE_WINDOW_S", "3600"))
-# The repair ladder (hosts/repair.py): a host set aside in repair climbs its NodeType's remedies by itself (off:
+# The repair ladder (hosts/flows/repair.py): a host set aside in repair climbs its NodeType's remedies by itself (off:
 # it waits for a person, as before the ladder). A power-cycle remedy keeps the host off this long (a cold cycle).
 REPAIR_LADDER = env_bool("REPAIR_LADDER", True)
 REPAIR_COLD_OFF_S = float(os.environ.get("REPAIR_COLD_OFF_S", "30"))
@@ -259,7 +259,7 @@ REPAIR_COLD_OFF_S = float(os.environ.get("REPAIR_COLD_OFF_S", "30"))
 # claim's fault: the claim fails with the reason, the hosts are cleaned and return to the pool.
 IMAGE_FAILURE_HOSTS = int(os.environ.get("IMAGE_FAILURE_HOSTS", "2"))
 
-# Flow steps (hosts/flows.py): how long each may take, in seconds.
+# Flow steps (hosts/flows/): how long each may take, in seconds.
 def env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
@@ -288,7 +288,7 @@ POWER_POLL_S = env_float("POWER_POLL_S", 2)  # how often a step waiting for powe
 POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
-# The boot path's race (hosts/boot.py): a network boot has settled once this window after its power-on has
+# The boot path's race (hosts/boot/ramdisk.py): a network boot has settled once this window after its power-on has
 # passed with one fetch of its iPXE script; before that no certificate is signed, no gate passed, no inspection
 # kept and no command with a tenant's secret sent. The window is the NodeType's measured p95 from power-on to
 # fetch × 1.5 + BOOT_SETTLE_MARGIN_S (over its last BOOT_SETTLE_HISTORY boots), BOOT_SETTLE_S until
@@ -302,9 +302,9 @@ BOOT_SETTLE_HISTORY = int(env_float("BOOT_SETTLE_HISTORY", 200))
 BOOT_RACES_BEFORE_REPAIR = int(env_float("BOOT_RACES_BEFORE_REPAIR", 3))
 AGENT_SILENCE_S = env_float("AGENT_SILENCE_S", 60)  # no heartbeat for this long: the agent is gone
 # Security events (refused agent lookups, boot configurations asked for again): one row per host, boot and reason
-# in this window; repeats are counted into it (hosts.boot.security_event).
+# in this window; repeats are counted into it (hosts.boot.ramdisk.security_event).
 SECURITY_EVENT_WINDOW_S = env_float("SECURITY_EVENT_WINDOW_S", 600)
-# A warm host's idle agent (hosts/warm.py) asks for work in a long poll (hosts/agent_poll.py): the agent listener
+# A warm host's idle agent (hosts/flows/warm.py) asks for work in a long poll (hosts/protocol/poll.py): the agent listener
 # holds the ask until there is work (a claim reaches the agent at once) or this long, so a warm host costs one
 # request per WARM_POLL_S. Its agent counts as silent only after WARM_POLL_S + AGENT_SILENCE_S without an ask.
 # Keep it under the idle timeout of any proxy between the servers and the agent listener (the agent accepts 900 s
@@ -336,7 +336,7 @@ AUTONODES_WATCH_TIMEOUT_S = env_float("AUTONODES_WATCH_TIMEOUT_S", 300)  # one w
 AUTONODES_WATCH_BACKOFF_S = env_float("AUTONODES_WATCH_BACKOFF_S", 1)  # after a failure, doubling per failure...
 AUTONODES_WATCH_BACKOFF_MAX_S = env_float("AUTONODES_WATCH_BACKOFF_MAX_S", 60)  # ...up to this
 IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
-# The agent listener (hosts/listener.py, `manage.py agent-listener`): the agent protocol, the boot path and the
+# The agent listener (hosts/protocol/listener.py, `manage.py agent-listener`): the agent protocol, the boot path and the
 # OS images, on an address of the provisioning network (a separate port in the embedded mode and the lab). The
 # public listener answers 404 for all of it. AGENT_BOOT_URL is that listener as the servers reach it: it goes
 # into the iPXE scripts and virtual-media URLs. The ramdisk's kernel and initrd come from AGENT_KERNEL_URL and
@@ -348,7 +348,7 @@ AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
 # (a NAT; the lab's QEMU VMs, which reach this host as 10.0.2.2): preflight checks the boot path there. Empty:
 # AGENT_BOOT_URL.
 AGENT_BOOT_CHECK_URL = os.environ.get("AGENT_BOOT_CHECK_URL", "")
-# The listener's server (waitress: hosts/listener.py). Threads: requests running at once, each warm host's held ask
+# The listener's server (waitress: hosts/protocol/listener.py). Threads: requests running at once, each warm host's held ask
 # (up to WARM_POLL_S) among them, so at least the fleet's warm hosts plus room for booting ones. Connections: open
 # at most (a half-sent request holds one, never a thread); past it, new ones wait in the backlog, sized for a fleet
 # booting at once. A connection silent this long is closed, unless its request is running.
@@ -361,7 +361,7 @@ AGENT_INITRD_URL = os.environ.get("AGENT_INITRD_URL", f"{AGENT_BOOT_URL}/images/
 # Kernel arguments the iPXE script adds to the agent's: the ramdisk's output on the serial console (a VM's
 # console.log, a server's SOL), where a boot that goes wrong can be read.
 AGENT_KERNEL_ARGS = os.environ.get("AGENT_KERNEL_ARGS", "console=ttyS0,115200n8 quiet")
-# The provisioning network's DHCP/boot server (dnsmasq; hosts/dhcp.py, `manage.py dhcp-config`). DHCP_RANGE:
+# The provisioning network's DHCP/boot server (dnsmasq; hosts/boot/dhcp.py, `manage.py dhcp-config`). DHCP_RANGE:
 # dnsmasq's dhcp-range value (start,end[,netmask][,lease time]); with DHCP_RELAY on, the relayed subnet instead
 # (network,static,netmask: requests arrive from a relay, dnsmasq binds to no interface of that subnet).
 # DHCP_INTERFACE: the interface on the provisioning network (local mode; empty: every interface). DHCP_ROUTER and
@@ -413,7 +413,7 @@ for _module in (settings_api, settings_console):
                                               "AUTH_BACKENDS"):
             globals()[_name] = getattr(_module, _name)
 
-# The release gate (hosts/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
+# The release gate (hosts/gate/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
 # with Ed25519 under CERTIFICATE_SIGNING_KEY (above).
 CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # for a host no NodeType matches
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)

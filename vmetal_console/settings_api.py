@@ -70,7 +70,7 @@ CACHES = {
     )
 }
 
-# Agent endpoints (hosts/agent_api.py): (requests, window in seconds). Lookup is counted per client address
+# Agent endpoints (hosts/protocol/api.py): (requests, window in seconds). Lookup is counted per client address
 # and many lab agents share 127.0.0.1, so it is generous; heartbeat and result are counted per token
 # (one agent heartbeats every second: 60 a minute) and, against forged tokens (each a key of its own), per
 # client address too: "call_per_address" is the sum of every agent behind one address, 100 agents by

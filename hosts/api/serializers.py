@@ -207,7 +207,7 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
     @extend_schema_field(EffectiveCleaningSerializer)
     def get_effective_cleaning(self, obj) -> dict:
         """The method the gate will use at the host's next release: the host's override, else its NodeType's
-        (hosts.cleaning: the claim's, else the strictest whose selector matches), else the site's default."""
+        (hosts.gate.cleaning: the claim's, else the strictest whose selector matches), else the site's default."""
         cleaning = effective_cleaning(obj, _claim(obj))
         return {key: cleaning[key] for key in ("method", "fallback", "source", "node_type")}
 
@@ -244,7 +244,7 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
 
 class TenantInventoryField(NoNulJSONField):
     """The inventory without NIC MAC addresses: a tenant has no use for them, and a MAC is what an agent
-    lookup names (hosts/boot.py), so they stay with the platform's admins."""
+    lookup names (hosts/boot/ramdisk.py), so they stay with the platform's admins."""
 
     def to_representation(self, value):
         return without_macs(super().to_representation(value))

@@ -3,7 +3,7 @@
 One `dhcp-host` line per host (its boot MAC, its name and, while its claim holds one, its address), and iPXE
 chain-loading: a server's own PXE firmware gets the iPXE binary over TFTP (Debian's `ipxe` package names:
 undionly.kpxe for BIOS, ipxe.efi for x86-64 UEFI); iPXE itself (DHCP option 175, or user class "iPXE") gets
-the console's per-host script, `<AGENT_BOOT_URL>/boot/<mac>.ipxe` (hosts/boot.py, served once per boot). Only
+the console's per-host script, `<AGENT_BOOT_URL>/boot/<mac>.ipxe` (hosts/boot/ramdisk.py, served once per boot). Only
 known MACs are answered. Settings: DHCP_RANGE, DHCP_RELAY, DHCP_INTERFACE, DHCP_ROUTER, DHCP_DNS_SERVERS,
 DHCP_TFTP_ROOT (vmetal_console/settings.py)."""
 import ipaddress
@@ -68,7 +68,7 @@ def ipxe_chain_script(boot_url: str | None = None) -> str:
     """The boot file for a DHCP server that gives each server one boot file and cannot tell iPXE from PXE (QEMU's
     user-mode network, the lab's VMs): an iPXE script that chains to the per-host script, as `dhcp-boot=tag:ipxe`
     does here. boot_url: the agent listener as those servers reach it (default AGENT_BOOT_URL)."""
-    return f"#!ipxe\n# vMetal Console: chain to this server's own boot script (hosts/dhcp.py)\nchain {_script_url(boot_url)}\n"
+    return f"#!ipxe\n# vMetal Console: chain to this server's own boot script (hosts/boot/dhcp.py)\nchain {_script_url(boot_url)}\n"
 
 
 def _range() -> str:

@@ -14,7 +14,7 @@ from .flow import Run, StepFailed, Waiting
 
 def boot_settled(run: Run, what: str) -> None:
     """Wait (raise Waiting) until the host's ramdisk boot has settled: nothing a race could steal or forge is
-    acted on before (hosts/boot.py)."""
+    acted on before (hosts/boot/ramdisk.py)."""
     left = boot_path.boot_unsettled_s(run.host.pk)
     if left:
         raise Waiting(f"{what} for the boot to settle ({left:.1f}s)", recheck_s=left + 0.05)
@@ -39,7 +39,7 @@ def agent_command(run: Run, name: str, args: dict | None = None, secret_args: di
     `dirties_disk`: the command writes the disk (an image, a seed). The flow run records that before the command
     is queued (disk_written), and a failed one asks for the host to be cleaned (StepFailed.clean): it may have
     left part of its work on the disk. `tenant_secret`: the command carries a tenant's secret (a join token, its
-    CA): it is queued only once the agent's boot has settled (hosts/boot.py), so a raced boot never gets it."""
+    CA): it is queued only once the agent's boot has settled (hosts/boot/ramdisk.py), so a raced boot never gets it."""
     step = run.flow["step"]
     command = HostCommand.objects.filter(host=run.host, flow_id=run.flow["id"], step=step).first()
     if command is None:
@@ -54,7 +54,7 @@ def agent_command(run: Run, name: str, args: dict | None = None, secret_args: di
         HostCommand.objects.get_or_create(
             host=run.host, flow_id=run.flow["id"], step=step,
             defaults={"name": name, "args": args or {}, "secret_args": json.dumps(secret_args) if secret_args else ""})
-        agent_wake(run.host.pk)  # a warm host's agent waits in a long poll (hosts/agent_poll.py)
+        agent_wake(run.host.pk)  # a warm host's agent waits in a long poll (hosts/protocol/poll.py)
         # Look again even if nothing calls back: an agent that dies with the command is noticed by its silence.
         raise Waiting(f"{name} queued for the agent", recheck_s=settings.AGENT_SILENCE_S / 2)
     if command.status == CommandStatus.DONE:

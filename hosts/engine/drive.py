@@ -231,7 +231,7 @@ RETRY_KEYS = ("last_error", "last_error_at", "retries")  # a step's retries, on 
 # --- a void ramdisk boot: boot again -------------------------------------------------------------------
 
 def _unsettled(run: Run) -> bool:
-    """The host's ramdisk boot has not settled (hosts/boot.py): look again when it will have."""
+    """The host's ramdisk boot has not settled (hosts/boot/ramdisk.py): look again when it will have."""
     left = boot_path.boot_unsettled_s(run.host.pk)
     if left:
         request_drive(run.host.pk, countdown=min(left + 0.05, settings.AGENT_SILENCE_S))
@@ -239,8 +239,8 @@ def _unsettled(run: Run) -> bool:
 
 
 def _boot_raced(run: Run, flow: Flow) -> bool:
-    """The host's ramdisk boot was raced and voided (hosts/boot.py: boot_race, boot_void): the flow boots the host
-    again with a new secret, no failure counted; BOOT_RACES_BEFORE_REPAIR raced boots in a row: to repair."""
+    """The host's ramdisk boot was raced and voided (hosts/boot/ramdisk.py: boot_race, boot_void): the flow boots
+    the host again with a new secret, no failure counted; BOOT_RACES_BEFORE_REPAIR raced boots in a row: to repair."""
     raced_id = run.host.raced_boot_id
     if not BareMetalHost.objects.filter(pk=run.host.pk, raced_boot_id=raced_id).update(raced_boot_id=None):
         return True  # another drive dealt with it

@@ -71,16 +71,18 @@ def _failed_gpus(run: HealthCheckRun | None) -> list[str]:
 
 def classify(*, step: str, message: str, data: dict | None) -> tuple[str, str]:
     """The kind of a failure (pools.choices.FailureKind) and where it is ("GPU 3", "nvme0n1"), from the data of
-    the move into repair (hosts.flows.host.host_flow_fail: step, message, evidence with the health run or the certificates)."""
+    the move into repair (hosts.flows.host.host_flow_fail: step, message, evidence with the health run or the
+    certificates)."""
     data = data if isinstance(data, dict) else {}
     evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
     step = step or data.get("step") or ""
-    if step in TIER_STEPS:  # a health tier's check (hosts.flows.tier_steps): judged as the gate's own
+    if step in TIER_STEPS:  # a health tier's check (hosts.flows.steps.tier_steps): judged as the gate's own
         step = {"dcgm": "health_dcgm", "burnin": "health_dcgm", "links": "health_nccl",
                 "gpus": "sku_gpus"}[step.split("_", 1)[1]]
     text = f"{message} {data.get('message') or ''}".lower()
     if "deviations" in data or "deviations" in evidence or step.startswith("sku"):
-        # hosts.flows.step_sku_check: {NodeType: ["GPUs: 7 of 8 NVIDIA H200", ...]}; the first difference names it.
+        # hosts.flows.steps.step_sku_check: {NodeType: ["GPUs: 7 of 8 NVIDIA H200", ...]}; the first difference
+        # names it.
         deviations = data.get("deviations") or evidence.get("deviations") or []
         if isinstance(deviations, dict):
             deviations = [item for items in deviations.values() if isinstance(items, list) for item in items]
@@ -152,7 +154,8 @@ def _case_open(host_id: int, moved: HostsMoved) -> None:
     automatic = settings.REPAIR_LADDER and moved.actor.startswith("system:")
     case = RepairCase.objects.create(
         host=host, host_name=host.name, node_type=node_type.name if node_type else "", kind=kind, detail=detail,
-        failure_step=data.get("step") or "", failure=moved.reason[:4000], evidence=evidence_trimmed(data.get("evidence") or {}),
+        failure_step=data.get("step") or "", failure=moved.reason[:4000],
+        evidence=evidence_trimmed(data.get("evidence") or {}),
         ladder=ladder if automatic else [], opened_at=timezone.now())
     if not automatic:
         why = ("the repair ladder is off (REPAIR_LADDER)" if not settings.REPAIR_LADDER
@@ -358,7 +361,7 @@ def repair_fail(run: Run, step: Step, failure: StepFailed) -> None:
 
 # The release gate's steps, the erase and its verification as the remedy asks (_erase_skipped).
 REPAIR_RUNS = {"erase": step_repair_erase, "verify_erase": step_repair_verify_erase}
-register_flow(Flow(name="repair", state=HostState.REPAIRING, finish=repair_finish, fail=repair_fail, gate=True, steps=[
+REPAIR_STEPS = [
     Step("repair_begin", step_repair_begin, deadline_setting("POWER_STEP_DEADLINE_S")),
     Step("power_off", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
     Step("cold_off", step_cold_off, lambda: settings.REPAIR_COLD_OFF_S + settings.POWER_STEP_DEADLINE_S),
@@ -366,4 +369,6 @@ register_flow(Flow(name="repair", state=HostState.REPAIRING, finish=repair_finis
     *[dataclasses.replace(step, run=REPAIR_RUNS.get(step.name, step.run)) for step in CLEANING_STEPS],
     *INTAKE_STEPS,  # after repair, the intake tier again (when the NodeType declares it)
     Step("power_off_after_clean", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
-]))
+]
+register_flow(Flow(name="repair", state=HostState.REPAIRING, steps=REPAIR_STEPS, finish=repair_finish, fail=repair_fail,
+                   gate=True))

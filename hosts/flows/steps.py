@@ -90,7 +90,7 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
                 return
             ramdisk = None
             if boot != "disk":
-                # A new ramdisk boot: its secret reaches the server only through the boot path (hosts/boot.py).
+                # A new ramdisk boot: its secret reaches the server only through the boot path (hosts/boot/ramdisk.py).
                 ramdisk = boot_path.ramdisk_boot_start(
                     host=run.host, flow_id=run.flow["id"],
                     via=boot_path.VIRTUAL_MEDIA if bmc.virtual_media_boot else boot_path.IPXE)
@@ -159,7 +159,7 @@ def step_agent_lookup(run: Run) -> dict:
 
 def step_inspect(run: Run) -> dict:
     """The agent's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels).
-    A host's first inspection also records its disks as the inventory of record (hosts/census.py); later ones
+    A host's first inspection also records its disks as the inventory of record (hosts/gate/census.py); later ones
     leave the record as it is (a difference is a deviation: step_sku_check)."""
     inventory = agent_command(run, "inspect")
     boot_settled(run, "the inventory is kept")  # an inventory of record never comes from a raced boot
@@ -286,7 +286,7 @@ def _boot_id(run: Run) -> str:
 
 
 def _boot_provenance(run: Run) -> dict | None:
-    """The ramdisk boot whose agent erased, as the console recorded it (hosts/boot.py): when it was started, how
+    """The ramdisk boot whose agent erased, as the console recorded it (hosts/boot/ramdisk.py): when it was started, how
     and when its configuration was delivered, when its agent looked up."""
     boot = (RamdiskBoot.objects.filter(host=run.host, flow_id=run.flow["id"]).first()
             or RamdiskBoot.objects.filter(host=run.host).first())
@@ -301,7 +301,7 @@ def _boot_provenance(run: Run) -> dict | None:
 
 
 def _census(run: Run) -> dict:
-    """The disks this erase must account for, fixed before the erase command is sent (hosts/census.py): the
+    """The disks this erase must account for, fixed before the erase command is sent (hosts/gate/census.py): the
     inventory of record and the BMC's own storage view. Taken once per flow run and kept in its data."""
     census = run.data.get("census")
     if census is None:
@@ -446,7 +446,7 @@ def _joined_runs(runs) -> dict:
 
 
 def step_health_dcgm(run: Run) -> dict:
-    """`dcgmi diag -r N -j`, judged by hosts.health.parse_dcgmi."""
+    """`dcgmi diag -r N -j`, judged by hosts.gate.health.parse_dcgmi."""
     gate = run_gate(run)
     level = gate["health"]["dcgm_level"]
     if not _gpus(run) or not level:
@@ -655,7 +655,7 @@ RAMDISK_STEPS = [  # into the agent's ramdisk, and what the agent finds
     Step("sku_check", step_sku_check, lambda: 60.0),  # reads the database only: one drive
 ]
 INSPECT_UNLESS_KNOWN = Step("inspect", step_inspect_unless_known, deadline_setting("AGENT_COMMAND_DEADLINE_S"))
-# After a passing gate, where the host's NodeType keeps warm hosts (hosts/warm.py): it may stay on in the
+# After a passing gate, where the host's NodeType keeps warm hosts (hosts/flows/warm.py): it may stay on in the
 # ramdisk, warm, instead of being powered off. Its timeline then shows keep_warm and no power-off.
 KEEP_WARM = Step("keep_warm", step_keep_warm, lambda: 60.0, when=warm_wanted)  # a few queries: a minute is plenty
 

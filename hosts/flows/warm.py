@@ -1,7 +1,7 @@
 """Warm hosts: after a passing release gate a host may stay powered on in the agent's ramdisk, its agent idle
 and heartbeating, so that the next claim on it skips power-on, network boot and agent lookup and writes its
 image at once (claims.steps, the provision's `begin`). Its idle agent asks for work in a long poll that the agent
-listener holds for minutes (hosts/agent_poll.py), so a warm host costs the console little. Per NodeType: how many hosts to keep warm
+listener holds for minutes (hosts/protocol/poll.py), so a warm host costs the console little. Per NodeType: how many hosts to keep warm
 (`warm_hosts`) and how long one may stay idle before it is powered off (`warm_idle_minutes`).
 
 - `step_keep_warm`, the release gate's last step before its power-off (inspect and deprovision): the host stays
@@ -45,14 +45,14 @@ def warm_q() -> Q:
 
 
 def warm_silence_s() -> float:
-    """How long a warm host's agent may go unheard: a whole long poll (hosts/agent_poll.py: its ask is held up
+    """How long a warm host's agent may go unheard: a whole long poll (hosts/protocol/poll.py: its ask is held up
     to WARM_POLL_S, and recorded when it comes in) and AGENT_SILENCE_S on top."""
     return settings.AGENT_SILENCE_S + settings.WARM_POLL_S
 
 
 def warm_session(host_id: int) -> AgentSession | None:
     """The host's open agent session, if its agent was heard from within warm_silence_s() (a heartbeat writes
-    last_seen_at at most every few seconds: hosts.agent_api.LAST_SEEN_EVERY_S)."""
+    last_seen_at at most every few seconds: hosts.protocol.api.LAST_SEEN_EVERY_S)."""
     heard = timezone.now() - timedelta(seconds=warm_silence_s())
     return next(iter(AgentSession.objects.filter(host_id=host_id, active=True, last_seen_at__gte=heard)
                      .order_by("-created_at")[:1]), None)
@@ -138,7 +138,7 @@ def host_warm_end(*, host: BareMetalHost, reason: str, actor: str) -> bool:
         if not taken:
             return False
         agent_sessions_end(host_ids=[host.pk])
-        agent_wake(host.pk)  # its held ask (hosts/agent_poll.py) ends with a refusal, not minutes later
+        agent_wake(host.pk)  # its held ask (hosts/protocol/poll.py) ends with a refusal, not minutes later
         event_record(kind=EventKind.STEP, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
                      step=WARM_END_STEP, actor=actor, message=f"no longer warm: {reason}; powering off",
                      data={"warm_since": host.warm_since.isoformat() if host.warm_since else None,

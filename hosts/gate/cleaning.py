@@ -182,7 +182,7 @@ def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previou
                        verify: dict | None, census: dict | None, boot: dict | None = None,
                        boot_id: str = "") -> list[EraseCertificate]:
     """One signed certificate per disk (pass or fail): each disk the agent reported, held against the census
-    taken before the erase (hosts/census.py), and each disk of the census it did not report (a failed one, the
+    taken before the erase (hosts/gate/census.py), and each disk of the census it did not report (a failed one, the
     evidence). A disk passes only when its read-back passes and it is a disk of the census with the same serial
     and size. Idempotent per flow run and disk."""
     erased_disks = {d["name"]: d for d in (erase or {}).get("disks", [])}

@@ -2,7 +2,7 @@
 
 The agent pulls; the console never connects to a server. These endpoints are served only on the agent listener
 (vmetal_console/agent_urls.py: a separate address on the provisioning network, a separate port in the lab); the
-public listener answers 404 for /agent/*. A lookup needs the secret of the boot (hosts/boot.py); every other
+public listener answers 404 for /agent/*. A lookup needs the secret of the boot (hosts/boot/ramdisk.py); every other
 call carries the per-boot token of the agent's session; a stale (earlier boot), forged or foreign token gets
 403 and changes nothing."""
 import hashlib
@@ -85,7 +85,7 @@ def _session(request, body: dict) -> AgentSession:
 
 
 def _in_ramdisk(host: BareMetalHost) -> bool:
-    """A host whose flow runs the agent, or a warm one (hosts/warm.py): available, its agent idle in the ramdisk."""
+    """A host whose flow runs the agent, or a warm one (hosts/flows/warm.py): available, its agent idle in the ramdisk."""
     return host.state in AGENT_STATES or (host.state == HostState.AVAILABLE and host.warm_since is not None)
 
 
@@ -162,7 +162,7 @@ def rate_limited(scope: str):
 @_endpoint
 def lookup(request, body):
     """MACs and the boot's secret → the host and this boot's session token. Without the secret that the
-    console handed to this boot through its boot path (hosts/boot.py) nothing is given, and a second lookup
+    console handed to this boot through its boot path (hosts/boot/ramdisk.py) nothing is given, and a second lookup
     for a boot never replaces its session: both are refused and recorded as security events."""
     macs = body.get("macs")
     if not isinstance(macs, list) or not all(isinstance(m, str) for m in macs) or not macs:
@@ -190,7 +190,7 @@ REFUSED = "lookup refused: no host is booting the agent with these MAC addresses
 
 
 def _refusal_event(host: BareMetalHost, why: str, address: str, secret: str) -> None:
-    """A security event per host, boot, reason and window (hosts.boot.security_event counts the repeats). It needs
+    """A security event per host, boot, reason and window (hosts.boot.ramdisk.security_event counts the repeats). It needs
     a person's attention unless it is the host's own agent lingering: a secret that the console gave one of this
     host's boots, from the address of one of this host's agent sessions (its session ended, e.g. by a repair or a
     retest, before its server's power-off landed, and it looked up again)."""
@@ -224,7 +224,7 @@ def heartbeat(request, body):
         return {"command": None}
     host = session.host
     gone = None
-    if host.state not in AGENT_STATES:  # warm, idle (hosts/warm.py): nothing to do until it is allocated
+    if host.state not in AGENT_STATES:  # warm, idle (hosts/flows/warm.py): nothing to do until it is allocated
         gone = client_gone(request.environ)
         host = _warm_poll(session, body, gone)
         if host.state not in AGENT_STATES:
@@ -248,8 +248,8 @@ def heartbeat(request, body):
 
 def _warm_poll(session: AgentSession, body: dict, gone: Callable[[], bool] | None = None) -> BareMetalHost:
     """A warm host's idle agent that offers a long poll (`wait_s`, which our last answer asked for) is held
-    until its host has work or WARM_POLL_S pass (hosts/agent_poll.py). Its liveness is its asks: the warm sweep
-    allows WARM_POLL_S between two (hosts/warm.py). Woken, the session counts as heard from now (the command
+    until its host has work or WARM_POLL_S pass (hosts/protocol/poll.py). Its liveness is its asks: the warm sweep
+    allows WARM_POLL_S between two (hosts/flows/warm.py). Woken, the session counts as heard from now (the command
     goes back on this very answer). Returns the host as it is after the wait; a session ended meanwhile (the
     host powered off) is refused, as its next ask would be. A second ask of the same session while one is held
     is answered at once. `gone`: the ask's connection closed (agent_poll.client_gone); the hold then ends at
@@ -307,7 +307,7 @@ def result(request, body):
     return {}
 
 
-# --- The boot path (hosts/boot.py): what the server's firmware or BMC fetches, once per boot -----------------
+# --- The boot path (hosts/boot/ramdisk.py): what the server's firmware or BMC fetches, once per boot -----------------
 
 MAC_IN_PATH = re.compile(r"^[0-9a-fA-F]{2}([-:][0-9a-fA-F]{2}){5}$")
 
@@ -332,7 +332,7 @@ TOKEN_IN_PATH = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 @require_GET
 def boot_media(request, token: str):
     """`GET /boot/media/<token>.iso`: the virtual-media image of a host's ramdisk boot, fetched by its BMC from the
-    one-time URL the console gave it in InsertMedia (hosts/boot.py). 404 for any other token, and after its use."""
+    one-time URL the console gave it in InsertMedia (hosts/boot/ramdisk.py). 404 for any other token, and after its use."""
     taken = TOKEN_IN_PATH.match(token) and boot_path.boot_media_take(token=token, address=client_ip(request))
     if not taken:
         return HttpResponseNotFound("no virtual media waiting at this address\n", content_type="text/plain")

@@ -1,8 +1,8 @@
-"""The long poll of a warm host's idle agent (hosts/warm.py): its ask for work is held open by the agent listener
+"""The long poll of a warm host's idle agent (hosts/flows/warm.py): its ask for work is held open by the agent listener
 until there is work for it or WARM_POLL_S pass, so a warm fleet costs the console one request per host every few
 minutes instead of one a second, and a claim still reaches the agent at once.
 
-- `agent_wake(host_id)`: there is work for the host's agent (a command was queued: hosts.engine.agent_command).
+- `agent_wake(host_id)`: there is work for the host's agent (a command was queued: hosts.engine.agent.agent_command).
   Published on Redis (REDIS_URL) after the commit; without Redis (the embedded mode) nothing is sent and the
   waiting side looks at the database every WARM_POLL_TICK_S instead.
 - `agent_wait(host_id, timeout_s, idle, gone)`: hold until woken, `idle()` turns false, the timeout, or `gone()`

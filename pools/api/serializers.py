@@ -137,7 +137,7 @@ class CapacitySerializer(serializers.Serializer):
 
 
 # How a host of the type is erased and verified, and the GPU health suite it must pass, before anyone gets it
-# (hosts/cleaning.py). The same fields as a manifest's spec.cleaning and spec.healthCheck.
+# (hosts/gate/cleaning.py). The same fields as a manifest's spec.cleaning and spec.healthCheck.
 RELEASE_GATE_FIELDS = ["cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share",
                        "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps"]
 
@@ -146,7 +146,7 @@ class NodeTypeSerializer(StrictModelSerializer):
     provider = serializers.SlugRelatedField(slug_field="name", queryset=NodeProvider.objects.all())
     repair = serializers.JSONField(required=False, help_text=(
         "the repair ladder of its hosts, as a manifest's spec.repair: {automatic: bool, ladders: {KIND: [REMEDY, "
-        "...]}}; {}: every kind on its default ladder (hosts/repair.py)"))
+        "...]}}; {}: every kind on its default ladder (hosts/flows/repair.py)"))
     effective_cost = serializers.SerializerMethodField()
     capacity = serializers.SerializerMethodField()
 

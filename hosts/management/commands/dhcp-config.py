@@ -1,4 +1,4 @@
-"""python manage.py dhcp-config [--output FILE]: the provisioning network's dnsmasq configuration (hosts/dhcp.py)."""
+"""python manage.py dhcp-config [--output FILE]: the provisioning network's dnsmasq configuration (hosts/boot/dhcp.py)."""
 import os
 import tempfile
 from pathlib import Path
