@@ -90,7 +90,7 @@ def deadline_for(state: str) -> timedelta | None:
         return None
     name = FLOW_FOR_STATE.get(state)
     if name is None:
-        raise FlowMissing(f"no flow drives the host state {state!r}: the app that registers it (claims.steps for "
+        raise FlowMissing(f"no flow drives the host state {str(state)!r}: the app that registers it (claims.steps for "
                           f"provisioning and deprovisioning) is not installed, or not ready yet")
     return timedelta(seconds=sum(step.deadline_s() + settings.STEP_SLACK_S for step in FLOWS[name].steps))
 

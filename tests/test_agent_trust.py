@@ -266,6 +266,8 @@ def test_a_caller_who_knows_the_mac_cannot_take_over_a_provisioning_agent(
 def test_a_warm_hosts_boot_fetched_again_is_void_and_the_host_is_inspected_and_cleaned_anew(agent_client, booting):
     from django.utils import timezone
 
+    from hosts.engine.drive import drive
+
     secret = ipxe_secret(agent_client, booting)
     token = post(agent_client, "/agent/lookup", {"macs": [booting.boot_mac], "boot_secret": secret})[1]["token"]
     # kept warm (hosts/flows/warm.py: keep_warm, then the gate's end): its agent idles on in the ramdisk
@@ -273,6 +275,7 @@ def test_a_warm_hosts_boot_fetched_again_is_void_and_the_host_is_inspected_and_c
     host_transition(host=BareMetalHost.objects.get(pk=booting.pk), to_state="available", actor="test",
                     reason="gate passed")
     assert agent_client.get(f"/boot/{booting.boot_mac.replace(':', '-')}.ipxe").status_code == 404
+    drive(booting.pk)  # the drive the race asked for (a worker's)
     host = BareMetalHost.objects.get(pk=booting.pk)
     assert host.state == "inspecting" and host.warm_since is None
     assert post(agent_client, "/agent/heartbeat", {"host_id": host.pk, "status": "idle"}, token)[0] == 403
