@@ -8,8 +8,8 @@ from django.utils import timezone
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from hosts.choices import HostState
-from hosts.lifecycle import FLOWS
 from hosts.flows.steps import GATE_STEPS, TIER_STEPS
+from hosts.lifecycle import FLOWS
 from hosts.models import BareMetalHost
 
 from .choices import ClaimPhase

@@ -1,3 +1,4 @@
+"""The hosts app: its registries filled at start (flows, receivers, capacity source, preflight on change)."""
 from django.apps import AppConfig
 
 

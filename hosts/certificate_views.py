@@ -1,9 +1,11 @@
-"""Erase certificates on the web: the signed JSON file (download), a printable page, and the public keys that
-verify them.
-
-Who sees which certificate is core.scoping.erase_certificates: platform admins and auditors every
-one, a tenant member those of the erases of their own tenant's data (previous tenant), the proof they are owed.
-The public keys are for anyone: a certificate is checked without the console's secret and without a login."""
+"""Erase certificates on the web: the signed JSON file, a printable page, and the public keys that
+verify them."""
+# Erase certificates on the web: the signed JSON file (download), a printable page, and the public keys that
+# verify them.
+#
+# Who sees which certificate is core.scoping.erase_certificates: platform admins and auditors every
+# one, a tenant member those of the erases of their own tenant's data (previous tenant), the proof they are owed.
+# The public keys are for anyone: a certificate is checked without the console's secret and without a login.
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import render

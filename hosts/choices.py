@@ -1,3 +1,4 @@
+"""The host's declared choices: states, power, verdicts, cleaning modes and repair outcomes, each with its colour."""
 from django.db import models
 
 from core.choices import ColouredChoices

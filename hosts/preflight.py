@@ -1,19 +1,20 @@
-"""Preflight: the two networks a host needs, checked before a flow touches it.
-
-(a) BMC network: the BMC answers Redfish with the host's credentials, over TLS that verifies (or the host says,
-visibly, that it accepts an unverified certificate: `disableCertificateVerification`), the system is found, the
-boot MAC is one of its NICs, and what the BMC can do is recorded (virtual media, one-time boot override,
-BootSourceOverrideMode). Through hosts/bmc/, the one door to BMCs; its outcome is also the host's BMC contact
-(bmc_ok, bmc_checked_at, bmc_error: hosts.services.host_bmc_contact).
-(b) Provisioning network: the host's DHCP/boot entry exists for its MAC (hosts/boot/dhcp.py, when the console has
-one), the agent listener's boot route answers (probed with a MAC no host has: the per-boot script is served once
-and must not be consumed), and the ramdisk the host will boot (AGENT_KERNEL_URL and AGENT_INITRD_URL for network
-boot; the listener's ISO route for virtual media) answers a HEAD.
-
-Runs on demand (the host page's action, `manage.py preflight`), on change (a host's BMC address, credentials,
-TLS setting or boot MAC changed: enqueued on commit) and periodically (the preflight-due beat). The network work runs
-outside any transaction, PREFLIGHT_CONCURRENCY hosts at a time (threads; the rows are written by the caller's
-thread). A red preflight keeps a host from being allocated (hosts/capacity.py)."""
+"""Preflight: the two networks a host needs (its BMC and its boot path), checked before a flow touches it."""
+# Preflight: the two networks a host needs, checked before a flow touches it.
+#
+# (a) BMC network: the BMC answers Redfish with the host's credentials, over TLS that verifies (or the host says,
+# visibly, that it accepts an unverified certificate: `disableCertificateVerification`), the system is found, the
+# boot MAC is one of its NICs, and what the BMC can do is recorded (virtual media, one-time boot override,
+# BootSourceOverrideMode). Through hosts/bmc/, the one door to BMCs; its outcome is also the host's BMC contact
+# (bmc_ok, bmc_checked_at, bmc_error: hosts.services.host_bmc_contact).
+# (b) Provisioning network: the host's DHCP/boot entry exists for its MAC (hosts/boot/dhcp.py, when the console has
+# one), the agent listener's boot route answers (probed with a MAC no host has: the per-boot script is served once
+# and must not be consumed), and the ramdisk the host will boot (AGENT_KERNEL_URL and AGENT_INITRD_URL for network
+# boot; the listener's ISO route for virtual media) answers a HEAD.
+#
+# Runs on demand (the host page's action, `manage.py preflight`), on change (a host's BMC address, credentials,
+# TLS setting or boot MAC changed: enqueued on commit) and periodically (the preflight-due beat). The network work runs
+# outside any transaction, PREFLIGHT_CONCURRENCY hosts at a time (threads; the rows are written by the caller's
+# thread). A red preflight keeps a host from being allocated (hosts/capacity.py).
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,8 @@ from pools.models import NodeType
 from . import task_names
 from .bmc.client import SCHEMES, BMCError, parse_address
 from .bmc.factory import bmc_client
-from .choices import HostState
 from .boot.dhcp import host_entry
+from .choices import HostState
 from .models import BareMetalHost
 from .services import host_bmc_contact
 

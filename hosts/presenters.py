@@ -21,8 +21,8 @@ from pools.selectors import node_types_selecting
 
 from .bmc.client import SCHEMES
 from .choices import HostState
-from .gate.cleaning import effective_cleaning, gpu_count
 from .engine.drive import step_status
+from .gate.cleaning import effective_cleaning, gpu_count
 from .lifecycle import TRANSITIONS
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
 from .services import POWER_CYCLE_STATES

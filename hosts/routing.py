@@ -1,3 +1,4 @@
+"""The websocket routes of the host pages: the fleet's and a host's live updates."""
 from django.urls import path
 
 from . import consumers

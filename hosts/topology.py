@@ -1,8 +1,9 @@
-"""Where a host sits in the fabric: its rack, its rail group (the NVLink / scale-out rail domain it shares with
-its neighbours) and its fabric (the InfiniBand or Ethernet fabric its GPU NICs join). Read from the host's
-labels, the way an admin writes them in a BareMetalHost manifest; the short `rack` label (the lab's, and a common
-inventory habit) is accepted for the rack. Allocation (same rack / same rail group, gang groups) and fabric
-partitions read topology through `host_topology` only."""
+"""Where a host sits in the fabric (rack, rail group, fabric), read from its labels."""
+# Where a host sits in the fabric: its rack, its rail group (the NVLink / scale-out rail domain it shares with
+# its neighbours) and its fabric (the InfiniBand or Ethernet fabric its GPU NICs join). Read from the host's
+# labels, the way an admin writes them in a BareMetalHost manifest; the short `rack` label (the lab's, and a common
+# inventory habit) is accepted for the rack. Allocation (same rack / same rail group, gang groups) and fabric
+# partitions read topology through `host_topology` only.
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,8 +1,9 @@
+"""The agent listener's paths: the agent protocol, the boot path and the images; and the erase certificates."""
 from django.urls import path
 
 from . import certificate_views
-from .protocol import api as agent_api
 from .boot import images
+from .protocol import api as agent_api
 
 # The agent listener's paths (vmetal_console/agent_urls.py): the agent protocol, the boot path and the images.
 # Never on the public listener.

@@ -123,8 +123,8 @@ class _Watch:
     # -- the exceptions (see the module's docstring)
     def owned(self, method: str, path: str, status: int, body: str, request) -> set[str]:
         """The secrets that this django.test.Client response may carry to the one who asked for it."""
-        from hosts.protocol.api import _command_pk, hash_token
         from hosts.models import AgentSession, HostCommand
+        from hosts.protocol.api import _command_pk, hash_token
         from pools.models import TenantMembership
 
         if method == "GET" and status == 200 and BOOT_PATH.fullmatch(path):

@@ -8,10 +8,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from events.models import Event
-from hosts.gate import cleaning
 from hosts.bmc.client import BMC
-from hosts.gate.census import census_take, record_from
 from hosts.choices import HostState
+from hosts.gate import cleaning
+from hosts.gate.census import census_take, record_from
 from hosts.models import BareMetalHost
 from hosts.selectors import RECORD, host_sku_deviations
 from lab.redfish import RedfishLab

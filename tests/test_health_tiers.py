@@ -78,10 +78,10 @@ def test_the_tiers_are_applied_exported_as_written_and_filled_with_their_default
 def test_the_release_tier_fails_its_next_check_once_past_its_budget(apply, demo_site):
     """health.release.budget (15m by default) covers the gate's GPU checks together, timed from the first: a gate
     whose checks started 16 minutes ago fails at its next check, to repair, before asking the agent anything."""
-    from hosts.gate import cleaning
     from hosts.engine.flow import Run
     from hosts.engine.flow import StepFailed
     from hosts.flows.steps import step_gpu_reset, step_health_dcgm, step_health_nccl
+    from hosts.gate import cleaning
 
     host = BareMetalHost.objects.get(name="gpu-01")
     gate = cleaning.gate_for(host)

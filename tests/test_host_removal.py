@@ -9,9 +9,9 @@ from django.urls import reverse
 
 from claims.models import NodeClaim
 from events.models import Event
-from hosts.engine import drive as engine
 from hosts.admin import BareMetalHostAdmin
 from hosts.choices import HostState
+from hosts.engine import drive as engine
 from hosts.lifecycle import IllegalTransition
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 from hosts.services import REMOVABLE_STATES, host_delete, host_transition

@@ -293,10 +293,10 @@ def test_a_held_ask_whose_client_is_gone_lets_go_and_its_command_reaches_the_age
     is held as usual and receives it."""
     from django.core.cache import cache
 
-    from hosts.protocol.poll import held_key
     from hosts.engine.agent import agent_command
     from hosts.engine.flow import Run, Waiting
     from hosts.models import CommandStatus, HostCommand
+    from hosts.protocol.poll import held_key
     from hosts.services import host_transition
 
     settings.WARM_POLL_S = 60

@@ -1,6 +1,7 @@
-"""Hosts as JSON, in two shapes: the whole host for those who may see BMC details (admins, auditors), and a
-tenant's view of its own nodes without any BMC field. BMC credentials are write-only in both: they are
-set when a host is registered (or rotated), never returned."""
+"""Hosts as JSON: the whole host for those who may see BMC details, a tenant's view without them."""
+# Hosts as JSON, in two shapes: the whole host for those who may see BMC details (admins, auditors), and a
+# tenant's view of its own nodes without any BMC field. BMC credentials are write-only in both: they are
+# set when a host is registered (or rotated), never returned.
 from django.db import models
 from django.db.models import Prefetch, prefetch_related_objects
 from django.urls import reverse

@@ -1,7 +1,8 @@
-"""Hosts over HTTP. Admins register hosts (the same checks as a BareMetalHost manifest), change their labels
-and settings, and act on them (maintenance on/off, retry) through hosts.services; auditors read every host;
-a tenant member sees only the hosts serving its claims, without BMC details. The release gate's evidence
-(erase certificates, health runs) is read only, scoped by core.scoping."""
+"""Hosts over HTTP: register, change and act on hosts (admins), read them (auditors, tenants' own)."""
+# Hosts over HTTP. Admins register hosts (the same checks as a BareMetalHost manifest), change their labels
+# and settings, and act on them (maintenance on/off, retry) through hosts.services; auditors read every host;
+# a tenant member sees only the hosts serving its claims, without BMC details. The release gate's evidence
+# (erase certificates, health runs) is read only, scoped by core.scoping.
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (

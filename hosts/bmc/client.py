@@ -1,19 +1,19 @@
-"""The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors.
-
-It takes plain arguments and imports no Django models, so Celery tasks call it outside any
-transaction. Every HTTP call has a timeout; transient failures (connection errors, timeouts, 5xx)
-are retried with exponential back-off; a 401 never is. A BMCError says whether it may heal by itself
-(`transient`): a step retries those until its deadline and fails at once on the rest. A BMC object is not thread-safe: one task
-uses it at a time.
-
-    bmc = BMC("redfish+http://127.0.0.1:8001/redfish/v1/Systems/gpu-01", "admin", "secret")
-    bmc.set_boot_once("pxe"); bmc.power_on(); bmc.wait_power("on", deadline_s=60)
-
-`BMC.kept(...)` is the same, kept in the process between uses (a worker drives a host every few
-seconds while its power changes): the service root and the system's path are read once, not on
-every drive; `close()` gives it back, with its HTTP connections closed (an idle console must not hold
-a BMC's few connection slots). Any failure discards it, so the next use reads everything anew.
-"""
+"""The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors."""
+# The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors.
+#
+# It takes plain arguments and imports no Django models, so Celery tasks call it outside any
+# transaction. Every HTTP call has a timeout; transient failures (connection errors, timeouts, 5xx)
+# are retried with exponential back-off; a 401 never is. A BMCError says whether it may heal by itself
+# (`transient`): a step retries those until its deadline and fails at once on the rest. A BMC object is not thread-safe: one task
+# uses it at a time.
+#
+#     bmc = BMC("redfish+http://127.0.0.1:8001/redfish/v1/Systems/gpu-01", "admin", "secret")
+#     bmc.set_boot_once("pxe"); bmc.power_on(); bmc.wait_power("on", deadline_s=60)
+#
+# `BMC.kept(...)` is the same, kept in the process between uses (a worker drives a host every few
+# seconds while its power changes): the service root and the system's path are read once, not on
+# every drive; `close()` gives it back, with its HTTP connections closed (an idle console must not hold
+# a BMC's few connection slots). Any failure discards it, so the next use reads everything anew.
 from __future__ import annotations
 
 import errno

@@ -1,11 +1,12 @@
-"""The provisioning network's DHCP/boot configuration, as dnsmasq reads it (`manage.py dhcp-config`).
-
-One `dhcp-host` line per host (its boot MAC, its name and, while its claim holds one, its address), and iPXE
-chain-loading: a server's own PXE firmware gets the iPXE binary over TFTP (Debian's `ipxe` package names:
-undionly.kpxe for BIOS, ipxe.efi for x86-64 UEFI); iPXE itself (DHCP option 175, or user class "iPXE") gets
-the console's per-host script, `<AGENT_BOOT_URL>/boot/<mac>.ipxe` (hosts/boot/ramdisk.py, served once per boot). Only
-known MACs are answered. Settings: DHCP_RANGE, DHCP_RELAY, DHCP_INTERFACE, DHCP_ROUTER, DHCP_DNS_SERVERS,
-DHCP_TFTP_ROOT (vmetal_console/settings.py)."""
+"""The provisioning network's DHCP/boot configuration, as dnsmasq reads it (`manage.py dhcp-config`)."""
+# The provisioning network's DHCP/boot configuration, as dnsmasq reads it (`manage.py dhcp-config`).
+#
+# One `dhcp-host` line per host (its boot MAC, its name and, while its claim holds one, its address), and iPXE
+# chain-loading: a server's own PXE firmware gets the iPXE binary over TFTP (Debian's `ipxe` package names:
+# undionly.kpxe for BIOS, ipxe.efi for x86-64 UEFI); iPXE itself (DHCP option 175, or user class "iPXE") gets
+# the console's per-host script, `<AGENT_BOOT_URL>/boot/<mac>.ipxe` (hosts/boot/ramdisk.py, served once per boot). Only
+# known MACs are answered. Settings: DHCP_RANGE, DHCP_RELAY, DHCP_INTERFACE, DHCP_ROUTER, DHCP_DNS_SERVERS,
+# DHCP_TFTP_ROOT (vmetal_console/settings.py).
 import ipaddress
 import re
 from collections.abc import Callable, Iterable

@@ -1,8 +1,8 @@
-"""Bootable ISO 9660 images made with pycdlib: isolinux (El Torito, no emulation), a kernel and an initramfs.
-
-No Django here: the console's per-boot virtual-media ISO (hosts/boot/ramdisk.py boot_iso) and the lab's image builder
-(lab/vmimage.py: the agent's ISO and the OS disk image, an isohybrid) assemble their media with it.
-"""
+"""Bootable ISO 9660 images made with pycdlib: isolinux (El Torito), a kernel and an initramfs."""
+# Bootable ISO 9660 images made with pycdlib: isolinux (El Torito, no emulation), a kernel and an initramfs.
+#
+# No Django here: the console's per-boot virtual-media ISO (hosts/boot/ramdisk.py boot_iso) and the lab's image builder
+# (lab/vmimage.py: the agent's ISO and the OS disk image, an isohybrid) assemble their media with it.
 from __future__ import annotations
 
 import contextlib

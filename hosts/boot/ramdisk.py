@@ -1,25 +1,27 @@
-"""The boot path: how a server that the console powers into the agent's ramdisk learns the secret of that boot.
-
-When a flow powers a host on into the ramdisk, it first starts a RamdiskBoot: a fresh random secret, kept as
-a hash (and, encrypted, until it is delivered). The secret then reaches the server only through its boot:
-
-- network boot: the server's iPXE fetches its script, `GET /boot/<mac>.ipxe`, from the agent listener; the
-  script's kernel command line carries `vmetal.boot_secret=...` and `vmetal.console=...`;
-- virtual media (`redfish-virtualmedia://`): the console gives the BMC, in InsertMedia, a one-time URL with
-  an unguessable token, `GET /boot/media/<token>.iso`: a small ISO 9660 image whose `VMETAL.CFG` holds the
-  same line. Nothing is served by MAC for such a host, and no iPXE script either; a PXE host gets no ISO.
-
-Each is served once, and only while the boot is new. Neither is on the console's public listener, and nothing
-a tenant can read names the secret. The agent presents the secret in its lookup (hosts/protocol/api.py); the
-lookup that does opens the boot's one session.
-
-Someone on the provisioning network who knows a host's MAC can fetch its iPXE script before the server does.
-The server's own fetch then reveals it: a boot whose configuration was asked for twice is *raced* and void
-(boot_race): its sessions end at once, and the host's flow boots it again with a new secret (hosts/engine/),
-counting no failure. Since only the server's fetch reveals a race, nothing that a race could steal or forge is
-acted on before the boot has *settled* (boot_unsettled_s): its settle window (boot_settle_s: the NodeType's
-measured p95 from power-on to fetch, with a margin) has passed with one fetch. Virtual media settles on its one
-delivery: its URL went to the BMC only."""
+"""Ramdisk boots: how a server powered into the agent's ramdisk learns its boot's secret, and what a
+raced boot voids."""
+# The boot path: how a server that the console powers into the agent's ramdisk learns the secret of that boot.
+#
+# When a flow powers a host on into the ramdisk, it first starts a RamdiskBoot: a fresh random secret, kept as
+# a hash (and, encrypted, until it is delivered). The secret then reaches the server only through its boot:
+#
+# - network boot: the server's iPXE fetches its script, `GET /boot/<mac>.ipxe`, from the agent listener; the
+#   script's kernel command line carries `vmetal.boot_secret=...` and `vmetal.console=...`;
+# - virtual media (`redfish-virtualmedia://`): the console gives the BMC, in InsertMedia, a one-time URL with
+#   an unguessable token, `GET /boot/media/<token>.iso`: a small ISO 9660 image whose `VMETAL.CFG` holds the
+#   same line. Nothing is served by MAC for such a host, and no iPXE script either; a PXE host gets no ISO.
+#
+# Each is served once, and only while the boot is new. Neither is on the console's public listener, and nothing
+# a tenant can read names the secret. The agent presents the secret in its lookup (hosts/protocol/api.py); the
+# lookup that does opens the boot's one session.
+#
+# Someone on the provisioning network who knows a host's MAC can fetch its iPXE script before the server does.
+# The server's own fetch then reveals it: a boot whose configuration was asked for twice is *raced* and void
+# (boot_race): its sessions end at once, and the host's flow boots it again with a new secret (hosts/engine/),
+# counting no failure. Since only the server's fetch reveals a race, nothing that a race could steal or forge is
+# acted on before the boot has *settled* (boot_unsettled_s): its settle window (boot_settle_s: the NodeType's
+# measured p95 from power-on to fetch, with a margin) has passed with one fetch. Virtual media settles on its one
+# delivery: its URL went to the BMC only.
 from __future__ import annotations
 
 import hashlib

@@ -1,14 +1,15 @@
-"""The step engine's driver: drives a host through the flow of its state, level-triggered and resumable. It
-knows no flow: the apps register theirs (hosts.lifecycle.register_flow; hosts.flows the host's own, claims.steps
-provision and deprovision), each a list of Steps and what to do when it finishes or fails.
-
-Every event that may let a host move on (a state change, an agent lookup or result, a timer, the periodic
-re-drive) just asks for `drive(host_id)`. `drive` takes a lease on the host (one driver at a time), finds
-the first step of the state's flow not done yet, and runs it: a step either finishes (its end and
-duration go in the Event log), waits for something outside (an agent command, a node going Ready), or
-fails. The flow's progress lives on the host row, so a worker killed mid-step loses nothing: the next
-drive starts that step again, and every step is idempotent. Network I/O (BMC, tenant API) happens in the
-steps, outside any database transaction."""
+"""The step engine's driver: drives a host through the flow of its state, level-triggered and resumable."""
+# The step engine's driver: drives a host through the flow of its state, level-triggered and resumable. It
+# knows no flow: the apps register theirs (hosts.lifecycle.register_flow; hosts.flows the host's own, claims.steps
+# provision and deprovision), each a list of Steps and what to do when it finishes or fails.
+#
+# Every event that may let a host move on (a state change, an agent lookup or result, a timer, the periodic
+# re-drive) just asks for `drive(host_id)`. `drive` takes a lease on the host (one driver at a time), finds
+# the first step of the state's flow not done yet, and runs it: a step either finishes (its end and
+# duration go in the Event log), waits for something outside (an agent command, a node going Ready), or
+# fails. The flow's progress lives on the host row, so a worker killed mid-step loses nothing: the next
+# drive starts that step again, and every step is idempotent. Network I/O (BMC, tenant API) happens in the
+# steps, outside any database transaction.
 import logging
 import threading
 import time

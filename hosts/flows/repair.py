@@ -1,16 +1,18 @@
-"""The repair ladder: a host the checks set aside in repair climbs, by itself, the remedies its NodeType lists for
-its kind of failure (pools.choices.DEFAULT_LADDERS unless the NodeType's `repair:` block says otherwise), one rung
-at a time, until the checks pass (back to the pool, the history kept) or the ladder ends (it waits for a person,
-with a summary of what failed and what was tried).
-
-- A move into repair opens a RepairCase (`host_moved`, called inside the transition's transaction): the failure's
-  kind, read from the failed run (`classify`), its evidence, and the ladder. On commit a task asks
-  `host_repair_advance` to start the next rung.
-- A rung is a RepairAttempt row and a move repair → repairing; the `repair` flow (on the step engine, as every
-  host flow) carries the remedy out and runs the checks again; it ends in available (the case is repaired) or
-  back in repair (the attempt failed, the next rung is asked for). The transitions are the Events.
-- An admin's retest, return to service or retirement still works as before; it takes the case out of the
-  ladder's hands (the ladder never starts a rung on a host a person is retesting)."""
+"""The repair ladder: a host set aside in repair climbs, by itself, the remedies its NodeType lists for its
+kind of failure, one rung at a time."""
+# The repair ladder: a host the checks set aside in repair climbs, by itself, the remedies its NodeType lists for
+# its kind of failure (pools.choices.DEFAULT_LADDERS unless the NodeType's `repair:` block says otherwise), one rung
+# at a time, until the checks pass (back to the pool, the history kept) or the ladder ends (it waits for a person,
+# with a summary of what failed and what was tried).
+#
+# - A move into repair opens a RepairCase (`host_moved`, called inside the transition's transaction): the failure's
+#   kind, read from the failed run (`classify`), its evidence, and the ladder. On commit a task asks
+#   `host_repair_advance` to start the next rung.
+# - A rung is a RepairAttempt row and a move repair → repairing; the `repair` flow (on the step engine, as every
+#   host flow) carries the remedy out and runs the checks again; it ends in available (the case is repaired) or
+#   back in repair (the attempt failed, the next rung is asked for). The transitions are the Events.
+# - An admin's retest, return to service or retirement still works as before; it takes the case out of the
+#   ladder's hands (the ladder never starts a rung on a host a person is retesting).
 import dataclasses
 import logging
 

@@ -1,16 +1,18 @@
-"""Warm hosts: after a passing release gate a host may stay powered on in the agent's ramdisk, its agent idle
-and heartbeating, so that the next claim on it skips power-on, network boot and agent lookup and writes its
-image at once (claims.steps, the provision's `begin`). Its idle agent asks for work in a long poll that the agent
-listener holds for minutes (hosts/protocol/poll.py), so a warm host costs the console little. Per NodeType: how many hosts to keep warm
-(`warm_hosts`) and how long one may stay idle before it is powered off (`warm_idle_minutes`).
-
-- `step_keep_warm`, the release gate's last step before its power-off (inspect and deprovision): the host stays
-  on when fewer than its NodeType's `warm_hosts` are warm. The count is taken under a lock on the NodeType's
-  row, so two hosts that pass their gates together never make one warm host too many.
-- `hosts_warm_sweep` (a beat task): a warm host idle past `warm_until`, or whose agent has not been heard from
-  for warm_silence_s() (a long poll and AGENT_SILENCE_S), stops being warm and is powered off: from then on it takes the normal (cold) path.
-- `warm_session`: a host's agent session when it is open and was heard from lately; what a provision asks
-  before it skips the boot (a warm host whose agent died meanwhile is provisioned cold)."""
+"""Warm hosts: after a passing release gate a host may stay on in the agent's ramdisk, ready for the next
+claim."""
+# Warm hosts: after a passing release gate a host may stay powered on in the agent's ramdisk, its agent idle
+# and heartbeating, so that the next claim on it skips power-on, network boot and agent lookup and writes its
+# image at once (claims.steps, the provision's `begin`). Its idle agent asks for work in a long poll that the agent
+# listener holds for minutes (hosts/protocol/poll.py), so a warm host costs the console little. Per NodeType: how many hosts to keep warm
+# (`warm_hosts`) and how long one may stay idle before it is powered off (`warm_idle_minutes`).
+#
+# - `step_keep_warm`, the release gate's last step before its power-off (inspect and deprovision): the host stays
+#   on when fewer than its NodeType's `warm_hosts` are warm. The count is taken under a lock on the NodeType's
+#   row, so two hosts that pass their gates together never make one warm host too many.
+# - `hosts_warm_sweep` (a beat task): a warm host idle past `warm_until`, or whose agent has not been heard from
+#   for warm_silence_s() (a long poll and AGENT_SILENCE_S), stops being warm and is powered off: from then on it takes the normal (cold) path.
+# - `warm_session`: a host's agent session when it is open and was heard from lately; what a provision asks
+#   before it skips the boot (a warm host whose agent died meanwhile is provisioned cold).
 import logging
 from datetime import timedelta
 

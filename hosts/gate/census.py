@@ -1,15 +1,17 @@
-"""The release gate's census: which disks a host has, fixed by the console before the erase from sources the
-agent of that boot cannot change, and the agent's erase report held against it.
-
-- The inventory of record (BareMetalHost.disk_record): the disks, by serial, model and size, as the host's
-  first inspection (or the Metal3 status it was imported with) found them. A later inspection that finds other
-  disks does not change it: it is a deviation (hosts.selectors.host_sku_deviations, the SKU check sends the host
-  to repair) until an admin accepts the disks found (hosts.services.host_disk_record_accept).
-- The BMC's own view, where it reports storage (Redfish Systems/<id>/Storage/*/Drives; hosts.bmc.client.BMC.drives).
-
-A disk in either source is in the census (a BMC often lists only some drives, so one the BMC does not list is
-still the inventory's). The gate passes only when every disk of the census was erased and verified under the
-same serial and size, and no other disk was reported (`census_match`)."""
+"""The release gate's census: a host's disks, fixed by the console before the erase, and the agent's erase
+report held against it."""
+# The release gate's census: which disks a host has, fixed by the console before the erase from sources the
+# agent of that boot cannot change, and the agent's erase report held against it.
+#
+# - The inventory of record (BareMetalHost.disk_record): the disks, by serial, model and size, as the host's
+#   first inspection (or the Metal3 status it was imported with) found them. A later inspection that finds other
+#   disks does not change it: it is a deviation (hosts.selectors.host_sku_deviations, the SKU check sends the host
+#   to repair) until an admin accepts the disks found (hosts.services.host_disk_record_accept).
+# - The BMC's own view, where it reports storage (Redfish Systems/<id>/Storage/*/Drives; hosts.bmc.client.BMC.drives).
+#
+# A disk in either source is in the census (a BMC often lists only some drives, so one the BMC does not list is
+# still the inventory's). The gate passes only when every disk of the census was erased and verified under the
+# same serial and size, and no other disk was reported (`census_match`).
 from __future__ import annotations
 
 from django.utils import timezone

@@ -1,14 +1,15 @@
-"""Erase certificates: the signed document, its one file rendering, and its verification.
-
-The console signs the canonical JSON of the certificate (sorted keys, no spaces, ASCII) with Ed25519 under
-settings.CERTIFICATE_SIGNING_KEY, a PEM private key; without one it refuses to sign. Anyone verifies a
-certificate with the public key alone: the console publishes it, with the public keys of the keys it signed with
-before a rotation (settings.CERTIFICATE_VERIFY_KEYS), at /certificates/signing-keys.pem. A key's id, in each
-signature, is the first 16 hex digits of the SHA-256 of its raw 32-byte public key.
-
-The file a user downloads is one exact rendering of {certificate, signature}; `verify-certificate` accepts a file
-only when the signature matches the content *and* the file is byte-for-byte that rendering, so any changed byte,
-inside the signed content or in the formatting around it, reads as tampered."""
+"""Erase certificates: the signed document, its one file rendering, and its verification."""
+# Erase certificates: the signed document, its one file rendering, and its verification.
+#
+# The console signs the canonical JSON of the certificate (sorted keys, no spaces, ASCII) with Ed25519 under
+# settings.CERTIFICATE_SIGNING_KEY, a PEM private key; without one it refuses to sign. Anyone verifies a
+# certificate with the public key alone: the console publishes it, with the public keys of the keys it signed with
+# before a rotation (settings.CERTIFICATE_VERIFY_KEYS), at /certificates/signing-keys.pem. A key's id, in each
+# signature, is the first 16 hex digits of the SHA-256 of its raw 32-byte public key.
+#
+# The file a user downloads is one exact rendering of {certificate, signature}; `verify-certificate` accepts a file
+# only when the signature matches the content *and* the file is byte-for-byte that rendering, so any changed byte,
+# inside the signed content or in the formatting around it, reads as tampered.
 from __future__ import annotations
 
 import hashlib

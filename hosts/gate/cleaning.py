@@ -1,10 +1,12 @@
-"""The release gate's console side: which policy and health suite apply to a host, the per-erase canary key,
-judging what the agent read back, and the records it leaves (EraseCertificate, HealthCheckRun).
-
-The agent erases and reads back (agent/sanitize.py, agent/verify.py); the console decides. It never takes
-the agent's `passed` on trust: it recounts the canaries and samples it reports, and a disk without a
-verification record is a failed disk. Nor does it take the agent's list of disks: which disks there are is the
-census's (hosts/gate/census.py), fixed before the erase."""
+"""The release gate's console side: the policy and health suite of a host, the canary key, the verdict on
+what the agent read back, and the records it leaves."""
+# The release gate's console side: which policy and health suite apply to a host, the per-erase canary key,
+# judging what the agent read back, and the records it leaves (EraseCertificate, HealthCheckRun).
+#
+# The agent erases and reads back (agent/sanitize.py, agent/verify.py); the console decides. It never takes
+# the agent's `passed` on trust: it recounts the canaries and samples it reports, and a disk without a
+# verification record is a failed disk. Nor does it take the agent's list of disks: which disks there are is the
+# census's (hosts/gate/census.py), fixed before the erase.
 from __future__ import annotations
 
 import uuid

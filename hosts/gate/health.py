@@ -1,18 +1,20 @@
-"""GPU health verdicts from the tools' own output: `dcgmi diag -j` (DCGM 3.x and 4.x) and nccl-tests'
-`all_reduce_perf` (text table or `-J` JSON). Pure functions, no Django: `manage.py health-parse` and the
-flow's health steps call the same code.
-
-Rules, all fail-closed:
-- output that is not a result document (no JSON, wrong root, no tests, no result rows) is a failure, with
-  that reason;
-- a status word that is not Pass, Skip or Fail is never read as a pass;
-- DCGM: a warning is rendered as Fail in JSON (so it fails); exit code 226 (DCGM_ST_NVVS_ERROR) or 205
-  (DCGM_ST_NVVS_ISOLATE_ERROR), or any non-zero exit, fails the run even when every test says Pass; a run
-  where every test was skipped verified nothing and fails;
-- NCCL: judged on the bus bandwidth at the largest message size of the sweep (the lower of out-of-place and
-  in-place) against the threshold, never on the "Avg bus bandwidth" line, which averages the small sizes
-  too; wrong results or out-of-bounds values fail.
-Reasons quote the tools' own words (DCGM's warnings, nccl-tests' footer)."""
+"""GPU health verdicts from the tools' own output (`dcgmi diag -j`, nccl-tests' `all_reduce_perf`): pure
+functions, no Django."""
+# GPU health verdicts from the tools' own output: `dcgmi diag -j` (DCGM 3.x and 4.x) and nccl-tests'
+# `all_reduce_perf` (text table or `-J` JSON). Pure functions, no Django: `manage.py health-parse` and the
+# flow's health steps call the same code.
+#
+# Rules, all fail-closed:
+# - output that is not a result document (no JSON, wrong root, no tests, no result rows) is a failure, with
+#   that reason;
+# - a status word that is not Pass, Skip or Fail is never read as a pass;
+# - DCGM: a warning is rendered as Fail in JSON (so it fails); exit code 226 (DCGM_ST_NVVS_ERROR) or 205
+#   (DCGM_ST_NVVS_ISOLATE_ERROR), or any non-zero exit, fails the run even when every test says Pass; a run
+#   where every test was skipped verified nothing and fails;
+# - NCCL: judged on the bus bandwidth at the largest message size of the sweep (the lower of out-of-place and
+#   in-place) against the threshold, never on the "Avg bus bandwidth" line, which averages the small sizes
+#   too; wrong results or out-of-bounds values fail.
+# Reasons quote the tools' own words (DCGM's warnings, nccl-tests' footer).
 from __future__ import annotations
 
 import json

@@ -1,10 +1,12 @@
-"""The console's side of the agent protocol: lookup, heartbeat, result (JSON over HTTP).
-
-The agent pulls; the console never connects to a server. These endpoints are served only on the agent listener
-(vmetal_console/agent_urls.py: a separate address on the provisioning network, a separate port in the lab); the
-public listener answers 404 for /agent/*. A lookup needs the secret of the boot (hosts/boot/ramdisk.py); every other
-call carries the per-boot token of the agent's session; a stale (earlier boot), forged or foreign token gets
-403 and changes nothing."""
+"""The console's side of the agent protocol: lookup, heartbeat, result (JSON over HTTP), and the boot path's
+scripts and media."""
+# The console's side of the agent protocol: lookup, heartbeat, result (JSON over HTTP).
+#
+# The agent pulls; the console never connects to a server. These endpoints are served only on the agent listener
+# (vmetal_console/agent_urls.py: a separate address on the provisioning network, a separate port in the lab); the
+# public listener answers 404 for /agent/*. A lookup needs the secret of the boot (hosts/boot/ramdisk.py); every other
+# call carries the per-boot token of the agent's session; a stale (earlier boot), forged or foreign token gets
+# 403 and changes nothing.
 import hashlib
 import ipaddress
 import json

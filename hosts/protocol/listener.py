@@ -1,6 +1,8 @@
-"""The agent listener: its WSGI handler (every request resolves against settings.AGENT_URLCONF: the agent protocol,
-the boot path and the OS images, never the public console's URLs), its own error answers, and the server that
-faces the provisioning network (waitress, with bounds: `serve`)."""
+"""The agent listener: its WSGI handler on settings.AGENT_URLCONF, its own error answers, and the server
+that faces the provisioning network."""
+# The agent listener: its WSGI handler (every request resolves against settings.AGENT_URLCONF: the agent protocol,
+# the boot path and the OS images, never the public console's URLs), its own error answers, and the server that
+# faces the provisioning network (waitress, with bounds: `serve`).
 from urllib.parse import urlsplit
 
 from django.conf import settings

@@ -1,19 +1,21 @@
-"""The long poll of a warm host's idle agent (hosts/flows/warm.py): its ask for work is held open by the agent listener
-until there is work for it or WARM_POLL_S pass, so a warm fleet costs the console one request per host every few
-minutes instead of one a second, and a claim still reaches the agent at once.
-
-- `agent_wake(host_id)`: there is work for the host's agent (a command was queued: hosts.engine.agent.agent_command).
-  Published on Redis (REDIS_URL) after the commit; without Redis (the embedded mode) nothing is sent and the
-  waiting side looks at the database every WARM_POLL_TICK_S instead.
-- `agent_wait(host_id, timeout_s, idle, gone)`: hold until woken, `idle()` turns false, the timeout, or `gone()`
-  (the ask's client closed its connection: `client_gone`). It subscribes before it asks `idle()`, so a wake sent
-  between the caller's look at the host and the wait is never missed, and it gives its database connection back
-  before it blocks (a held poll holds no connection of the pool).
-- `client_gone(environ)`: how a held ask notices that its connection closed, from what the WSGI server offers, so
-  that no command is handed to a connection nobody reads (it stays queued for the agent's next ask).
-
-A lost wake (Redis down, restarted) costs no claim: the command waits for the agent's next ask, and the provision
-step's silence check sends a warm host whose agent does not answer down the cold path (claims.steps)."""
+"""The long poll of a warm host's idle agent: its ask for work held open until there is work or
+WARM_POLL_S pass."""
+# The long poll of a warm host's idle agent (hosts/flows/warm.py): its ask for work is held open by the agent listener
+# until there is work for it or WARM_POLL_S pass, so a warm fleet costs the console one request per host every few
+# minutes instead of one a second, and a claim still reaches the agent at once.
+#
+# - `agent_wake(host_id)`: there is work for the host's agent (a command was queued: hosts.engine.agent.agent_command).
+#   Published on Redis (REDIS_URL) after the commit; without Redis (the embedded mode) nothing is sent and the
+#   waiting side looks at the database every WARM_POLL_TICK_S instead.
+# - `agent_wait(host_id, timeout_s, idle, gone)`: hold until woken, `idle()` turns false, the timeout, or `gone()`
+#   (the ask's client closed its connection: `client_gone`). It subscribes before it asks `idle()`, so a wake sent
+#   between the caller's look at the host and the wait is never missed, and it gives its database connection back
+#   before it blocks (a held poll holds no connection of the pool).
+# - `client_gone(environ)`: how a held ask notices that its connection closed, from what the WSGI server offers, so
+#   that no command is handed to a connection nobody reads (it stays queued for the agent's next ask).
+#
+# A lost wake (Redis down, restarted) costs no claim: the command waits for the agent's next ask, and the provision
+# step's silence check sends a warm host whose agent does not answer down the cold path (claims.steps).
 import io
 import logging
 import os

@@ -1,7 +1,9 @@
-"""python manage.py verify-certificate FILE [--public-key PEM_FILE]: is this erase certificate one this console
-(or the key in PEM_FILE) signed, and does the console still stand by it (not revoked: signed from a boot found
-raced afterwards)? With --public-key the check needs nothing of the console: no database, no secret, and so it
-cannot tell a revoked certificate."""
+"""python manage.py verify-certificate FILE [--public-key PEM_FILE]: whether this console (or the key)
+signed this erase certificate and still stands by it."""
+# python manage.py verify-certificate FILE [--public-key PEM_FILE]: is this erase certificate one this console
+# (or the key in PEM_FILE) signed, and does the console still stand by it (not revoked: signed from a boot found
+# raced afterwards)? With --public-key the check needs nothing of the console: no database, no secret, and so it
+# cannot tell a revoked certificate.
 import json
 import sys
 
