@@ -1,5 +1,5 @@
-"""The host life cycle: one table of allowed transitions, and one of the in-progress states with the failure
-state and deadline of each."""
+"""The host life cycle: the table of allowed transitions, and each in-progress state's failure state, flow and
+deadline; who reacts to a move."""
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta

@@ -45,7 +45,6 @@ from events.services import event_record_repeated
 from pools.matching import label_selector_matches
 
 from hosts import task_names
-from hosts.choices import HostState
 from hosts.gate.cleaning import node_type_for
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
 

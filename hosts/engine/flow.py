@@ -57,8 +57,9 @@ class Step:
 
 @dataclass
 class Flow:
-    """A host's flow in one state. `finish(run)` and `fail(run, step, failure)` move the host on (hosts.flows
-    gives them); `done_state`, `clean_state` and `gate` are theirs to read; `after_step` runs a function once a
+    """A host's flow in one state, registered with hosts.lifecycle.register_flow. `finish(run)` and
+    `fail(run, step, failure)` are the flow's own hooks that move the host on (hosts.flows.host gives the host
+    flows theirs); `done_state`, `clean_state` and `gate` are theirs to read; `after_step` runs a function once a
     step is done; `related`: the host's relations a step reads (loaded with the host, one query); `begin(run)`
     runs once when a run of the flow starts, before its first step (what it writes in run.data is kept)."""
 
