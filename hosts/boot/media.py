@@ -50,7 +50,7 @@ def bootable_iso(files: BootFiles, out: BinaryIO, *, kernel_args: str, volume: s
                  extra: dict[str, bytes] | None = None, hybrid: bool = False) -> None:
     """Write to `out` an ISO that boots `files` with `kernel_args`. extra: {"/NAME.EXT;1": data} (level-1 names,
     e.g. VMETAL.CFG). hybrid: also an MBR with one partition (isohybrid), so the image boots written to a disk."""
-    import pycdlib
+    import pycdlib  # a third-party library, loaded where an ISO is made only
 
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=1, vol_ident=volume, rock_ridge="1.09")

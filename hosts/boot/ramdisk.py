@@ -296,7 +296,7 @@ def boot_iso(arguments: str) -> bytes:
     agent's ramdisk sits in IMAGE_DIR/agent with isolinux beside it (`python -m lab.vmimage ramdisk --out
     IMAGE_DIR`), the image also boots: isolinux, the ramdisk's kernel and initrd (the ramdisk's /init reads
     VMETAL.CFG from the CD); else it holds VMETAL.CFG only, for a BMC that boots the ramdisk some other way."""
-    import pycdlib
+    import pycdlib  # a third-party library, loaded by the virtual-media boot only
 
     data = (arguments + "\n").encode()
     files = BootFiles.in_directory(Path(settings.IMAGE_DIR) / "agent")

@@ -81,7 +81,7 @@ def serve(*, host: str, port: int) -> None:
     (AGENT_LISTENER_CONNECTIONS; past it new ones wait in the kernel's backlog), and one silent for
     AGENT_LISTENER_IDLE_S is closed, except while its request runs (a warm host's held ask). The threads
     (AGENT_LISTENER_THREADS) bound the requests running at once, held asks included."""
-    import waitress
+    import waitress  # the listener's server, loaded by the process that serves only
 
     server = waitress.create_server(
         application(), host=host, port=port,

@@ -5,6 +5,8 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from hosts.protocol.listener import bind_mismatch, serve
+
 
 class Command(BaseCommand):
     help = "Serve the agent listener: /agent/*, /boot/* and /images/* only. Bind it to the provisioning network."
@@ -14,8 +16,6 @@ class Command(BaseCommand):
                             help=f"ADDRESS:PORT to listen on (default AGENT_LISTEN, {settings.AGENT_LISTEN})")
 
     def handle(self, *args, bind: str, **options):
-        from hosts.protocol.listener import bind_mismatch, serve
-
         address, _, port = bind.rpartition(":")
         if not address or not port.isdigit():
             raise CommandError(f"--bind {bind!r}: expected ADDRESS:PORT, e.g. 10.0.0.1:8001")

@@ -8,8 +8,10 @@ import json
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from hosts.gate import certificates
+from hosts.models import EraseCertificate
 
 
 class Command(BaseCommand):
@@ -66,10 +68,6 @@ class Command(BaseCommand):
 
 def _revoked(certificate_id) -> str:
     """Why the console revoked this certificate ('' when it did not, or it is not in this console's database)."""
-    from django.db import DatabaseError
-
-    from hosts.models import EraseCertificate
-
     if not isinstance(certificate_id, str) or not certificate_id:
         return ""
     try:
