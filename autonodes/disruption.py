@@ -5,7 +5,7 @@ One pass (`pools_disrupt`, Celery beat's `autonodes.tasks.disrupt`): for each te
 Available claims, ONE list of its pods through its API (outside any transaction; a tenant whose API fails is
 skipped and says so on its nodes), then, under the tenant's lock, each node's NodeUsage (its pods, what they
 ask, since when it is empty, what happens next and when) and the pools' actions. Released nodes go the path
-every release goes (claims.services.claims_release: drain, delete the Node, erase, gate, available); an
+every release goes (claims.phases.claims_release: drain, delete the Node, erase, gate, available); an
 expired or drifted node with pods is replaced first (a new claim of the same pool and type) and released only
 once its replacement is Available, so its pods have somewhere to go, when the replacement fits the pool's
 limits and the tenant's quota (counted as the provisioning decision counts them: autonodes.services and
@@ -53,7 +53,8 @@ from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
-from claims.services import claims_create, claims_release
+from claims.phases import claims_release
+from claims.reconcile import claims_create
 from claims.tenant_api import TenantAPI, TenantAPIError
 from core.transactions import retry_on_deadlock
 from core.transitions import ConcurrentTransition

@@ -15,7 +15,7 @@ A pod no pool and type could ever serve is unservable (with the reason); one tha
 the lack of free hosts keeps out is waiting (with the reason).
 
 All or nothing, twice:
-- a pool with `group.size` N gets new nodes only as whole groups of N of one NodeType (claims.services.
+- a pool with `group.size` N gets new nodes only as whole groups of N of one NodeType (claims.reconcile.
   claim_group_create): opening its first new node takes a group, which counts N nodes against the pool's limits
   (N × the type's resources), the tenant's quota and the free hosts, and needs N free hosts in one rail group
   (or what the pool's topology names: TypeOption.free_domains); the group's other seats take the next nodes of

@@ -36,6 +36,7 @@ from core.tasks import task_send
 from pools.choices import PoolKind
 from pools.models import Tenant
 
+from . import task_names
 from .choices import WatchState
 from .demand import (
     Seen,
@@ -50,11 +51,9 @@ from .models import TenantWatch
 
 log = logging.getLogger(__name__)
 
-DECIDE_TASK = "autonodes.tasks.decide"
-
 
 def send_decide(tenant_id: int) -> None:
-    task_send(DECIDE_TASK, tenant_id=tenant_id)
+    task_send(task_names.DECIDE, tenant_id=tenant_id)
 
 
 def backoff_s(failures: int, *, base: float | None = None, cap: float | None = None) -> float:

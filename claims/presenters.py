@@ -12,10 +12,10 @@ from events.models import Event
 from hosts.engine import step_status
 from hosts.models import HostCommand
 
-from .choices import ClaimPhase
+from .choices import ALLOCATE, ClaimPhase
 from .models import ClaimGroup, NodeClaim
+from .selectors import claims_visible
 
-ALLOCATE = "allocate"  # the claim's wait for a host: from its creation to Scheduled
 # The seed's table, step by step: what happens, where the time goes, and the flow steps that do it.
 SEED_STEPS = [
     (1, "The Platform creates a NodeClaim and picks a free host that matches the node type", "Seconds",
@@ -316,8 +316,6 @@ def claim_groups_rows(groups) -> list:
 def live_claim_groups(user, limit: int = 50) -> list:
     """The groups the claims list shows: those with a member in the user's scope that is not released, newest
     first, each with its state (claim_groups_rows)."""
-    from .selectors import claims_visible
-
     live = claims_visible(user).exclude(phase=ClaimPhase.RELEASED).filter(group__isnull=False)
     return claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
                              .order_by("-created_at", "-pk")[:limit])

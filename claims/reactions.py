@@ -5,9 +5,11 @@ from core.tasks import task_send_on_commit
 from hosts.choices import HostState as S
 from hosts.lifecycle import HostsMoved
 
+from . import task_names
+from .allocation import allocate_soon
 from .choices import ClaimPhase as P
 from .models import NodeClaim
-from .services import allocate_soon, claim_host_lost, claims_transition
+from .phases import claim_host_lost, claims_transition
 
 ANY = "*"
 
@@ -62,7 +64,7 @@ def claim_released(moved: HostsMoved) -> None:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=moved.actor, reason="Released",
                           message=message, fields={"host": None, "ip_address": None, "bootstrap_token_id": ""})
         if token_id:
-            task_send_on_commit("claims.tasks.revoke_join_token", claim_id=claim.pk, token_id=token_id)
+            task_send_on_commit(task_names.REVOKE_JOIN_TOKEN, claim_id=claim.pk, token_id=token_id)
 
 
 def host_freed(moved: HostsMoved) -> None:

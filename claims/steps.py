@@ -48,7 +48,7 @@ from .choices import ClaimPhase as P
 from .ipam import claim_address, claim_environment, network_data_override
 from .models import NodeClaim
 from .selectors import claim_image
-from .services import claims_transition
+from .phases import claims_transition
 from .tenant_api import TenantAPI, TenantAPIError
 from .tenant_check import (
     CHECK_STEP,
@@ -291,7 +291,7 @@ def join_token_revoke(api: TenantAPI, claim: NodeClaim) -> str:
 
 
 def claim_revoke_join_token(*, claim_id: int, token_id: str) -> None:
-    """A token left behind by a claim that lost its host (claims.services.claim_host_lost), deleted by a task."""
+    """A token left behind by a claim that lost its host (claims.phases.claim_host_lost), deleted by a task."""
     claim = NodeClaim.objects.select_related("tenant").filter(pk=claim_id).first()
     if claim is None or not claim.tenant.kubeconfig:
         return

@@ -132,7 +132,7 @@ def _assign(tenant: Tenant, fabric_range: FabricRange, actor: str) -> FabricPart
 
 
 def fabric_partitions_release(*, tenant: Tenant, actor: str) -> list[str]:
-    """The tenant is being deleted with no node left (claims.services.tenants_finalize): its partitions are
+    """The tenant is being deleted with no node left (claims.phases.tenants_finalize): its partitions are
     free again, each with an Event, so the network side can tell when a VLAN stopped being the tenant's."""
     freed = []
     for partition in FabricPartition.objects.filter(tenant=tenant).order_by("kind"):
