@@ -63,7 +63,8 @@ from events.models import Event
 from events.services import events_record
 from pools.choices import ConsolidationPolicy, PoolKind
 from pools.matching import requirements_match
-from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, Tenant, parse_quantity
+from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, Tenant
+from pools.validators import parse_quantity
 from pools.validators import parse_cron, parse_duration
 
 from .choices import DecisionReason as R
@@ -94,7 +95,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 UNLIMITED = 2**31 - 1
 # A replacement that failed is not made again at once: a broken image or no server of the type would otherwise
-# launch and fail a claim on every pass (issue 12.7a: never relaunched in a loop).
+# launch and fail a claim on every pass (never relaunched in a loop).
 REPLACEMENT_RETRY = timedelta(minutes=30)
 
 

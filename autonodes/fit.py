@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pools.matching import requirements_match
-from pools.models import parse_quantity
+from pools.validators import parse_quantity
 
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SCHEDULING_EFFECTS = {"NoSchedule", "NoExecute"}  # PreferNoSchedule does not keep a pod off a node

@@ -17,7 +17,8 @@ from events.choices import EventKind, ObjectType
 from events.models import Event
 from hosts.engine import step_status
 from pools.choices import PoolKind
-from pools.models import NodePool, parse_quantity
+from pools.models import NodePool
+from pools.validators import parse_quantity
 
 from . import disruption
 from .choices import DecisionReason, DemandStatus
@@ -52,7 +53,7 @@ def pool_decisions(pool: NodePool) -> QuerySet:
                                  kind=EventKind.DECISION, tenant_id=pool.tenant_id).order_by("-created_at", "-pk"))
 
 
-# --- one Pending pod's state, for people (issue 12, 7c) -------------------------------------------
+# --- one Pending pod's state, for people --------------------------------------------------------
 
 @dataclass
 class PodState:

@@ -272,10 +272,11 @@ def claim_total(claim: NodeClaim) -> float | None:
 
 # --- all-or-nothing groups, shown as one unit (the claims list, the pool page) --------------------------------
 
-GROUP_STATES = {  # state → badge colour, as the claim phases colour them
-    "Waiting": "secondary", "Provisioning": "warning", "Available": "success", "Replacing": "warning",
-    "Failed": "danger", "Releasing": "warning", "Released": "dark",
-}
+# A group's own states (Waiting: not placed; Replacing: a member waits for a new host) and the claim phases it
+# shares, coloured as the phases are: state → badge colour.
+GROUP_STATES = {"Waiting": "secondary", "Replacing": "warning",
+                **{p: ClaimPhase.colour(p) for p in (ClaimPhase.PROVISIONING, ClaimPhase.AVAILABLE, ClaimPhase.FAILED,
+                                                     ClaimPhase.RELEASING, ClaimPhase.RELEASED)}}
 
 
 def claim_groups_rows(groups) -> list:
@@ -293,19 +294,19 @@ def claim_groups_rows(groups) -> list:
         group.shown_members = current or live
         phases = {c.phase for c in current}
         if not live:
-            group.state = "Released"
+            group.state = ClaimPhase.RELEASED
         elif not current:
-            group.state = "Releasing"
+            group.state = ClaimPhase.RELEASING
         elif group.placed_at is None:
             group.state = "Waiting"
         elif ClaimPhase.FAILED in phases:
-            group.state = "Failed"
+            group.state = ClaimPhase.FAILED
         elif ClaimPhase.PENDING in phases:
             group.state = "Replacing"
         elif phases == {ClaimPhase.AVAILABLE}:
-            group.state = "Available"
+            group.state = ClaimPhase.AVAILABLE
         else:
-            group.state = "Provisioning"
+            group.state = ClaimPhase.PROVISIONING
         group.state_colour = GROUP_STATES[group.state]
         group.releasing = len(releasing)
         group.where = ", ".join(f"{'rail' if key == 'rail_group' else key} {getattr(group, key)}"

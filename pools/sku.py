@@ -18,6 +18,8 @@ from django.core.exceptions import ValidationError
 
 from core.labels import field_error
 
+from .validators import parse_quantity
+
 SKU_FIELDS = {"gpu": {"model", "count"}, "memory": None, "nvme": {"count", "minSize"},
               "nics": {"count", "minSpeedGbps"}, "firmware": {"bios", "gpuVbios"}}
 # The labels an inspection writes on a host when its provider derives labels (NodeProvider deriveLabels): the
@@ -79,8 +81,6 @@ def _number(value) -> bool:
 
 
 def _bytes(value) -> float | None:
-    from .models import parse_quantity
-
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return None
     try:

@@ -13,7 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 from autonodes.fit import DO_NOT_DISRUPT
 from claims.tenant_api import TAINT_EFFECTS, TenantAPI, TenantAPIError
 from core.labels import label_value_problems, qualified_name_problems
-from pools.models import Tenant, parse_quantity
+from pools.models import Tenant
+from pools.validators import parse_quantity
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a Job's name becomes a label value: 63 at most
 GPU = "nvidia.com/gpu"
