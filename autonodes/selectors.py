@@ -1,6 +1,8 @@
-"""Reads of Auto Nodes for the pool page, its live view and the API: one pool's status (the watcher, the demand
-with each pod's state for people, the decisions, the nodes with their use and next disruption action, limits
-used, the disruption settings and budgets) in a fixed number of queries, whatever the number of pods and nodes."""
+"""Reads of Auto Nodes for the pool page, its live view and the API: one pool's status in a fixed number of
+queries, whatever the number of pods and nodes."""
+# Reads of Auto Nodes for the pool page, its live view and the API: one pool's status (the watcher, the demand
+# with each pod's state for people, the decisions, the nodes with their use and next disruption action, limits
+# used, the disruption settings and budgets) in a fixed number of queries, whatever the number of pods and nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,8 @@
-"""What the console shows of claims: rows, the step timeline of one claim ("where the time goes"), and
-the fleet's step timings. All read the Event log: step Events (kind="step", "started" / "done" /
-"failed: …", duration_s) and phase transitions."""
+"""What the console shows of claims: rows, one claim's step timeline ("where the time goes") and its groups,
+read from the Event log."""
+# What the console shows of claims: rows, the step timeline of one claim ("where the time goes"), and
+# the fleet's step timings. All read the Event log: step Events (kind="step", "started" / "done" /
+# "failed: …", duration_s) and phase transitions.
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 

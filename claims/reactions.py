@@ -1,6 +1,7 @@
-"""What a host's move means for the claim it serves: one table of reactions, keyed by (from, to), called by
-hosts_transition_batch inside the transaction that moves the host (hosts.lifecycle.on_host_transition). Hosts know
-nothing of claims; everything a host's life cycle does to a claim is here."""
+"""What a host's move means for the claim it serves: one table of reactions, keyed by (from, to)."""
+# What a host's move means for the claim it serves: one table of reactions, keyed by (from, to), called by
+# hosts_transition_batch inside the transaction that moves the host (hosts.lifecycle.on_host_transition). Hosts know
+# nothing of claims; everything a host's life cycle does to a claim is here.
 from core.tasks import task_send_on_commit
 from hosts.choices import HostState as S
 from hosts.lifecycle import HostsMoved

@@ -1,7 +1,8 @@
-"""The flows that serve a claim, provision and deprovision: the claim's steps (image, cloud-init seed with the
-tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
-composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
-the step engine (hosts.engine) when the claims app is ready."""
+"""The flows that serve a claim, provision and deprovision: the claim's steps composed with the host's own."""
+# The flows that serve a claim, provision and deprovision: the claim's steps (image, cloud-init seed with the
+# tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
+# composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
+# the step engine (hosts.engine) when the claims app is ready.
 import dataclasses
 import logging
 import math

@@ -1,7 +1,9 @@
-"""Fabric partitions: each tenant's VLAN id or InfiniBand partition key, taken from the range its NodeEnvironment
-(or, where the environment says nothing, its NodeProvider) configures, when its first node is provisioned, and
-kept until the tenant is deleted (the row goes with it). The console records, shows and exports them
-(`manage.py export`, the API); the network side's tool configures the switches."""
+"""Fabric partitions: each tenant's VLAN id or InfiniBand partition key, from its environment's (or provider's)
+range, taken when its first node is provisioned and kept until the tenant is deleted."""
+# Fabric partitions: each tenant's VLAN id or InfiniBand partition key, taken from the range its NodeEnvironment
+# (or, where the environment says nothing, its NodeProvider) configures, when its first node is provisioned, and
+# kept until the tenant is deleted (the row goes with it). The console records, shows and exports them
+# (`manage.py export`, the API); the network side's tool configures the switches.
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -102,14 +102,13 @@ def sends(path: Path, package: str | None = None) -> list[tuple[int, str | None,
 
 def test_the_finder_reads_constants_and_refuses_literals(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('from core.tasks import task_send\nfrom claims import task_names\n'
-                      'from claims.task_names import RECONCILE_POOLS as R\n'
-                      'from . import task_names as names\n'
-                      'task_send(task_names.RECONCILE_POOLS)\ntask_send(R)\nnames.task_send_on_commit(names.PLACE_GROUP_AGAIN)\n'
-                      'task_send("claims.tasks.x")\n')
+    sample.write_text("from core import tasks\nfrom core.tasks import task_send\nfrom claims import task_names\n"
+                      "from claims.task_names import RECONCILE_POOLS as R\nfrom . import task_names as names\n"
+                      "task_send(task_names.RECONCILE_POOLS)\ntask_send(R)\n"
+                      "tasks.task_send_on_commit(names.PLACE_GROUP_AGAIN)\ntask_send('claims.tasks.x')\n")
     assert sends(sample, package="claims") == [
-        (5, "claims.tasks.reconcile_pools", "task_names.RECONCILE_POOLS"), (6, "claims.tasks.reconcile_pools", "R"),
-        (7, "claims.tasks.place_group_again", "names.PLACE_GROUP_AGAIN"), (8, None, "'claims.tasks.x'")]
+        (6, "claims.tasks.reconcile_pools", "task_names.RECONCILE_POOLS"), (7, "claims.tasks.reconcile_pools", "R"),
+        (8, "claims.tasks.place_group_again", "names.PLACE_GROUP_AGAIN"), (9, None, "'claims.tasks.x'")]
 
 
 @pytest.mark.parametrize("path", [p for p in product_files() if sends(p)], ids=lambda p: str(p.relative_to(ROOT)))
