@@ -6,7 +6,7 @@ class AutonodesConfig(AppConfig):
     verbose_name = "Auto Nodes (dynamic pools)"
 
     def ready(self):
-        from claims.services import on_claim_end
+        from claims.phases import on_claim_end
 
         from .services import claims_ended
 

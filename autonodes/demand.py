@@ -1,15 +1,13 @@
-"""The demand of a tenant's dynamic pools: its Pending pods, kept as PendingPod rows from what its pod watcher sees.
-
-Written only by the tenant's watcher (autonodes.watcher), one pod at a time (`demand_observe`) and after each
-full list (`demand_resync`); decided on by autonodes.services, which owns the answer columns (status, claim,
-pool, reason, decided_at). Each write here is its own short transaction, never one around network I/O.
-
-`PendingPod.requests` holds what `fit.pod_requests` makes of the pod (containers summed, the largest init
-container, overhead), written back as Kubernetes quantities for people and the API: {"cpu": "500m", "memory":
-"16Gi", "nvidia.com/gpu": "8"} (memory and storage in the largest binary unit that divides them exactly, cpu in
-cores or millicores, counts as integers). `fit.quantities(row.requests)` reads them back (to float rounding), so
-`fit.Demand` of a row equals that of its pod.
-"""
+"""The demand of a tenant's dynamic pools: its Pending pods, kept as PendingPod rows from what its pod watcher sees."""
+# Written only by the tenant's watcher (autonodes.watcher), one pod at a time (`demand_observe`) and after each
+# full list (`demand_resync`); decided on by autonodes.services, which owns the answer columns (status, claim,
+# pool, reason, decided_at). Each write here is its own short transaction, never one around network I/O.
+#
+# `PendingPod.requests` holds what `fit.pod_requests` makes of the pod (containers summed, the largest init
+# container, overhead), written back as Kubernetes quantities for people and the API: {"cpu": "500m", "memory":
+# "16Gi", "nvidia.com/gpu": "8"} (memory and storage in the largest binary unit that divides them exactly, cpu in
+# cores or millicores, counts as integers). `fit.quantities(row.requests)` reads them back (to float rounding), so
+# `fit.Demand` of a row equals that of its pod.
 from __future__ import annotations
 
 import enum

@@ -1,44 +1,42 @@
 """Giving dynamic pools' nodes back: Karpenter's disruption (empty, underutilized, expired, drifted; budgets;
-do-not-disrupt), made for bare metal (a minimum node lifetime; a long default consolidateAfter for GPU servers).
-
-One pass (`pools_disrupt`, Celery beat's `autonodes.tasks.disrupt`): for each tenant with dynamic pools and
-Available claims, ONE list of its pods through its API (outside any transaction; a tenant whose API fails is
-skipped and says so on its nodes), then, under the tenant's lock, each node's NodeUsage (its pods, what they
-ask, since when it is empty, what happens next and when) and the pools' actions. Released nodes go the path
-every release goes (claims.services.claims_release: drain, delete the Node, erase, gate, available); an
-expired or drifted node with pods is replaced first (a new claim of the same pool and type) and released only
-once its replacement is Available, so its pods have somewhere to go, when the replacement fits the pool's
-limits and the tenant's quota (counted as the provisioning decision counts them: autonodes.services and
-simulation.over_limit). When it does not: an expired node is released without a replacement (its pods go
-Pending and the provisioning decision adds a node once there is room, as Karpenter v1's forceful expiry); a
-drifted node is kept, saying why, and looked at again at the next pass. Each action, and each block that starts
-or changes, is one decision Event (events EventKind.DECISION, object_type pool).
-
-Where we differ from Karpenter, and why:
-- consolidationPolicy defaults to WhenEmpty, not WhenEmptyOrUnderutilized: moving running pods (training jobs)
-  off a server to give it back pays for VMs billed by the second; on bare metal it costs the jobs' progress
-  and a 10-30 minute erase, so a pool asks for it.
-- consolidateAfter defaults to 30m for a node whose NodeType has GPUs and 10m for a CPU-only one (vCluster's
-  30s is made for cloud VMs that come back in a minute: a GPU server takes 10-30 min to come back and is
-  erased on release, so a job that resubmits within minutes should find it still there).
-- disruption.minNodeLifetime (ours, default 30m from the node's Ready): a node is never consolidated (Empty,
-  Underutilized) younger than that; a server that took half an hour to install serves at least that long.
-- expiry honours do-not-disrupt and budgets (Karpenter v1 expires forcefully): ours replaces before it
-  releases, so it is a voluntary disruption like drift; budgets may name Expired among their reasons. Only
-  when a replacement would pass a limit or the quota is an expired node released first (forceful, within
-  the budget and do-not-disrupt still), as a pool at its limit could otherwise keep it forever.
-- budgets: `nodes` a count or a percentage of the pool's nodes (Available or Releasing), a percentage rounded
-  UP as Karpenter does (10% of 3 nodes allows 1); nodes already being released or replaced count against it;
-  `schedule` (cron, UTC, read by Celery's crontab) + `duration`: in force from each firing for `duration`;
-  `reasons` any of Empty, Underutilized, Drifted, Expired (none: all). The most restrictive budget in force
-  wins; no budget written: Karpenter's default, 10%.
-- all-or-nothing groups (a pool with `group.size`): a group's nodes go as one unit or not at all. A member is
-  never consolidated, expired or drifted alone (that would break the gang it was placed for); the whole group
-  is released once every live member is an Available node, empty for consolidateAfter, past its minimum
-  lifetime, with no do-not-disrupt pod, and the budget allows all its members at once. Underutilized members
-  are not consolidated (their pods would move off the rail group they were placed on), and expired or drifted
-  groups are not replaced (a replacement would have to be a whole new group first): both are said on the node.
-"""
+do-not-disrupt), made for bare metal (a minimum node lifetime; a long default consolidateAfter for GPU servers)."""
+# One pass (`pools_disrupt`, Celery beat's `autonodes.tasks.disrupt`): for each tenant with dynamic pools and
+# Available claims, ONE list of its pods through its API (outside any transaction; a tenant whose API fails is
+# skipped and says so on its nodes), then, under the tenant's lock, each node's NodeUsage (its pods, what they
+# ask, since when it is empty, what happens next and when) and the pools' actions. Released nodes go the path
+# every release goes (claims.phases.claims_release: drain, delete the Node, erase, gate, available); an
+# expired or drifted node with pods is replaced first (a new claim of the same pool and type) and released only
+# once its replacement is Available, so its pods have somewhere to go, when the replacement fits the pool's
+# limits and the tenant's quota (counted as the provisioning decision counts them: autonodes.services and
+# simulation.over_limit). When it does not: an expired node is released without a replacement (its pods go
+# Pending and the provisioning decision adds a node once there is room, as Karpenter v1's forceful expiry); a
+# drifted node is kept, saying why, and looked at again at the next pass. Each action, and each block that starts
+# or changes, is one decision Event (events EventKind.DECISION, object_type pool).
+#
+# Where we differ from Karpenter, and why:
+# - consolidationPolicy defaults to WhenEmpty, not WhenEmptyOrUnderutilized: moving running pods (training jobs)
+#   off a server to give it back pays for VMs billed by the second; on bare metal it costs the jobs' progress
+#   and a 10-30 minute erase, so a pool asks for it.
+# - consolidateAfter defaults to 30m for a node whose NodeType has GPUs and 10m for a CPU-only one (vCluster's
+#   30s is made for cloud VMs that come back in a minute: a GPU server takes 10-30 min to come back and is
+#   erased on release, so a job that resubmits within minutes should find it still there).
+# - disruption.minNodeLifetime (ours, default 30m from the node's Ready): a node is never consolidated (Empty,
+#   Underutilized) younger than that; a server that took half an hour to install serves at least that long.
+# - expiry honours do-not-disrupt and budgets (Karpenter v1 expires forcefully): ours replaces before it
+#   releases, so it is a voluntary disruption like drift; budgets may name Expired among their reasons. Only
+#   when a replacement would pass a limit or the quota is an expired node released first (forceful, within
+#   the budget and do-not-disrupt still), as a pool at its limit could otherwise keep it forever.
+# - budgets: `nodes` a count or a percentage of the pool's nodes (Available or Releasing), a percentage rounded
+#   UP as Karpenter does (10% of 3 nodes allows 1); nodes already being released or replaced count against it;
+#   `schedule` (cron, UTC, read by Celery's crontab) + `duration`: in force from each firing for `duration`;
+#   `reasons` any of Empty, Underutilized, Drifted, Expired (none: all). The most restrictive budget in force
+#   wins; no budget written: Karpenter's default, 10%.
+# - all-or-nothing groups (a pool with `group.size`): a group's nodes go as one unit or not at all. A member is
+#   never consolidated, expired or drifted alone (that would break the gang it was placed for); the whole group
+#   is released once every live member is an Available node, empty for consolidateAfter, past its minimum
+#   lifetime, with no do-not-disrupt pod, and the budget allows all its members at once. Underutilized members
+#   are not consolidated (their pods would move off the rail group they were placed on), and expired or drifted
+#   groups are not replaced (a replacement would have to be a whole new group first): both are said on the node.
 from __future__ import annotations
 
 import logging
@@ -53,7 +51,8 @@ from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
-from claims.services import claims_create, claims_release
+from claims.phases import claims_release
+from claims.reconcile import claims_create
 from claims.tenant_api import TenantAPI, TenantAPIError
 from core.transactions import retry_on_deadlock
 from core.transitions import ConcurrentTransition
@@ -62,7 +61,8 @@ from events.models import Event
 from events.services import events_record
 from pools.choices import ConsolidationPolicy, PoolKind
 from pools.matching import requirements_match
-from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, Tenant, parse_quantity
+from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, Tenant
+from pools.validators import parse_quantity
 from pools.validators import parse_cron, parse_duration
 
 from .choices import DecisionReason as R
@@ -93,7 +93,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 UNLIMITED = 2**31 - 1
 # A replacement that failed is not made again at once: a broken image or no server of the type would otherwise
-# launch and fail a claim on every pass (issue 12.7a: never relaunched in a loop).
+# launch and fail a claim on every pass (never relaunched in a loop).
 REPLACEMENT_RETRY = timedelta(minutes=30)
 
 

@@ -1,16 +1,14 @@
 """Whether a pod fits a node, as kube-scheduler's filters and Karpenter's simulation decide it: requests against
-what is free, nodeSelector and required node affinity against labels, tolerations against taints.
-
-One place for these rules: the console's scheduling simulation (which pool and NodeType serve a Pending pod),
-disruption (would this node's pods fit elsewhere) and the lab's scheduler all call them. Plain dicts in, so
-that pods read from the API, PendingPod rows and simulated nodes are all the same thing here.
-"""
+what is free, nodeSelector and required node affinity against labels, tolerations against taints."""
+# One place for these rules: the console's scheduling simulation (which pool and NodeType serve a Pending pod),
+# disruption (would this node's pods fit elsewhere) and the lab's scheduler all call them. Plain dicts in, so
+# that pods read from the API, PendingPod rows and simulated nodes are all the same thing here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from pools.matching import requirements_match
-from pools.models import parse_quantity
+from pools.validators import parse_quantity
 
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SCHEDULING_EFFECTS = {"NoSchedule", "NoExecute"}  # PreferNoSchedule does not keep a pod off a node

@@ -1,10 +1,8 @@
-"""Slow launches: a dynamic pool's claim past its launch deadline is reported once, and kept.
-
-The deadline is its NodeType's measured launch p95 (claims.selectors.launch_deadlines). Karpenter deletes a
-NodeClaim that has not registered within its TTL and launches another; on bare metal that loops (the next server
-takes just as long, and the first one is erased for nothing), so here a slow claim is only reported, on the claim
-and on its pool, and its pods keep waiting for it. Only a Failed claim gives its pods back (autonodes.services).
-"""
+"""Slow launches: a dynamic pool's claim past its launch deadline is reported once, and kept."""
+# The deadline is its NodeType's measured launch p95 (claims.selectors.launch_deadlines). Karpenter deletes a
+# NodeClaim that has not registered within its TTL and launches another; on bare metal that loops (the next server
+# takes just as long, and the first one is erased for nothing), so here a slow claim is only reported, on the claim
+# and on its pool, and its pods keep waiting for it. Only a Failed claim gives its pods back (autonodes.services).
 import logging
 from datetime import datetime, timedelta
 

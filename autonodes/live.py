@@ -1,9 +1,8 @@
-"""Telling the pool pages that Auto Nodes rows changed which carry no Event (PendingPod, TenantWatch, NodeUsage).
-
-Decisions are Events and claims record their own: those reach the pages through events.services. The watcher,
-the decision and the disruption call `demand_changed` after writing pods, watcher state or node use; the message
-goes to the tenant's live group on commit (at once outside a transaction). A page that misses it re-syncs anyway:
-its consumer compares autonodes.selectors.demand_signature at each re-sync."""
+"""Telling the pool pages that Auto Nodes rows changed which carry no Event (PendingPod, TenantWatch, NodeUsage)."""
+# Decisions are Events and claims record their own: those reach the pages through events.services. The watcher,
+# the decision and the disruption call `demand_changed` after writing pods, watcher state or node use; the message
+# goes to the tenant's live group on commit (at once outside a transaction). A page that misses it re-syncs anyway:
+# its consumer compares autonodes.selectors.demand_signature at each re-sync.
 from collections.abc import Iterable
 
 from django.db import transaction

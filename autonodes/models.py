@@ -1,9 +1,7 @@
-"""Auto Nodes: the demand dynamic pools answer (Pending pods), the watchers that see it, and each node's use.
-
-Decisions themselves are Events (events.EventKind.DECISION, object_type pool): one log for audit, the pool
-page and the live views. Data of a decision Event: {"reason": DecisionReason, "pool": name, "pods": ["ns/name",
-...], "claims": [names], "node_type": name, ...}.
-"""
+"""Auto Nodes: the demand dynamic pools answer (Pending pods), the watchers that see it, and each node's use."""
+# Decisions themselves are Events (events.EventKind.DECISION, object_type pool): one log for audit, the pool
+# page and the live views. Data of a decision Event: {"reason": DecisionReason, "pool": name, "pods": ["ns/name",
+# ...], "claims": [names], "node_type": name, ...}.
 from django.db import models
 
 from .choices import DemandStatus, WatchState

@@ -1,6 +1,8 @@
-"""Reads of Auto Nodes for the pool page, its live view and the API: one pool's status (the watcher, the demand
-with each pod's state for people, the decisions, the nodes with their use and next disruption action, limits
-used, the disruption settings and budgets) in a fixed number of queries, whatever the number of pods and nodes."""
+"""Reads of Auto Nodes for the pool page, its live view and the API: one pool's status in a fixed number of
+queries, whatever the number of pods and nodes."""
+# Reads of Auto Nodes for the pool page, its live view and the API: one pool's status (the watcher, the demand
+# with each pod's state for people, the decisions, the nodes with their use and next disruption action, limits
+# used, the disruption settings and budgets) in a fixed number of queries, whatever the number of pods and nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,7 +19,8 @@ from events.choices import EventKind, ObjectType
 from events.models import Event
 from hosts.engine.drive import step_status
 from pools.choices import PoolKind
-from pools.models import NodePool, parse_quantity
+from pools.models import NodePool
+from pools.validators import parse_quantity
 
 from . import disruption
 from .choices import DecisionReason, DemandStatus
@@ -52,7 +55,7 @@ def pool_decisions(pool: NodePool) -> QuerySet:
                                  kind=EventKind.DECISION, tenant_id=pool.tenant_id).order_by("-created_at", "-pk"))
 
 
-# --- one Pending pod's state, for people (issue 12, 7c) -------------------------------------------
+# --- one Pending pod's state, for people --------------------------------------------------------
 
 @dataclass
 class PodState:

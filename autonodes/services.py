@@ -14,14 +14,8 @@ from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
-from claims.selectors import launch_deadlines
-from claims.services import (
-    claim_group_create,
-    claims_create,
-    group_free_domains,
-    group_where,
-    pool_free_domain,
-)
+from claims.reconcile import claim_group_create, claims_create
+from claims.selectors import group_free_domains, group_where, launch_deadlines, pool_free_domain
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
@@ -33,6 +27,7 @@ from pools.choices import PoolKind
 from pools.matching import label_selector_q, requirements_match
 from pools.models import NodePool, NodeType, Tenant
 
+from . import task_names
 from .choices import DecisionReason, DemandStatus, WatchState
 from .fit import Demand, add_resources, format_quantity, quantities, short_of
 from .live import demand_changed
@@ -51,7 +46,6 @@ from .simulation import (
 
 log = logging.getLogger(__name__)
 
-DECIDE_TASK = "autonodes.tasks.decide"
 ACTOR = "system:autonodes"
 # Claims that hold (or will hold) a node: they count against a pool's limits and the tenant's quota.
 ACTIVE = (P.PENDING, P.PROVISIONING, P.JOINING, P.AVAILABLE, P.RELEASING)
@@ -65,7 +59,7 @@ TAKEN_AFTER = timedelta(seconds=5)
 
 def decide_soon(*, tenant_id: int) -> None:
     """A decision for the tenant once the current transaction commits (a worker runs it)."""
-    task_send_on_commit(DECIDE_TASK, tenant_id=tenant_id)
+    task_send_on_commit(task_names.DECIDE, tenant_id=tenant_id)
 
 
 @dataclass
@@ -422,7 +416,7 @@ def _describe(pods: list[PendingPod]) -> str:
     return f"{len(pods)} {noun} × " + ", ".join(f"{format_quantity(k, v)} {k}" for k, v in sorted(shown.items()))
 
 
-# --- a claim that ended: its pods back to the demand (registered with claims.services at start) -------------
+# --- a claim that ended: its pods back to the demand (registered with claims.phases at start) -------------
 
 def claims_ended(*, claims: list[NodeClaim], to_phase: str, actor: str) -> None:
     """Claims failed or were released: the Pending pods still launched on them (their node never served them)

@@ -1,30 +1,31 @@
-"""The scheduling simulation of dynamic pools, as Karpenter's: which pool and NodeType serve each Pending pod, and
-how few new nodes hold them all. Pure: plain dataclasses in and out, no database, no I/O (autonodes.services
-reads the rows, calls `simulate` and writes what it decided).
-
-The rules, in order, for each pod, largest first (first-fit decreasing):
-1. a node that exists (a Ready node or a claim in flight) where it fits (and that has no extended resource the
-   pod does not ask for, as in 3.): nothing is launched for it;
-2. a node this pass already opened, if the pod fits it with one of the NodeTypes still possible for that node;
-3. a new node of the first pool (highest weight first) that may serve it: its nodeSelector and required node
-   affinity against the pool's nodeLabels + the type's properties, its tolerations against the pool's taints;
-   of the pool's types those that hold the pod (allocatable less daemonset overhead), that have no extended
-   resource (nvidia.com/gpu, ...) the pod does not ask for, that fit in the pool's limits, the tenant's quota
-   and the free hosts. A node keeps every type that still holds all its pods; the cheapest is launched.
-A pod no pool and type could ever serve is unservable (with the reason); one that only a limit, the quota or
-the lack of free hosts keeps out is waiting (with the reason).
-
-All or nothing, twice:
-- a pool with `group.size` N gets new nodes only as whole groups of N of one NodeType (claims.services.
-  claim_group_create): opening its first new node takes a group, which counts N nodes against the pool's limits
-  (N × the type's resources), the tenant's quota and the free hosts, and needs N free hosts in one rail group
-  (or what the pool's topology names: TypeOption.free_domains); the group's other seats take the next nodes of
-  that pool and type, and seats left empty are launched too (a group is never asked for in part). A group
-  that does not fit a limit is not asked for: its pods wait, saying so.
-- pods of one gang (a coscheduling PodGroup: PodDemand.gang, at least min_member of them) are placed together:
-  the gang's pods are decided first, and if any of them finds no room (on existing capacity or new nodes),
-  everything the pass planned for the gang is undone and all its pods wait, with that reason.
-"""
+"""The scheduling simulation of dynamic pools, as Karpenter's: which pool and NodeType serve each Pending pod,
+and how few new nodes hold them all."""
+# The scheduling simulation of dynamic pools, as Karpenter's: which pool and NodeType serve each Pending pod, and
+# how few new nodes hold them all. Pure: plain dataclasses in and out, no database, no I/O (autonodes.services
+# reads the rows, calls `simulate` and writes what it decided).
+#
+# The rules, in order, for each pod, largest first (first-fit decreasing):
+# 1. a node that exists (a Ready node or a claim in flight) where it fits (and that has no extended resource the
+#    pod does not ask for, as in 3.): nothing is launched for it;
+# 2. a node this pass already opened, if the pod fits it with one of the NodeTypes still possible for that node;
+# 3. a new node of the first pool (highest weight first) that may serve it: its nodeSelector and required node
+#    affinity against the pool's nodeLabels + the type's properties, its tolerations against the pool's taints;
+#    of the pool's types those that hold the pod (allocatable less daemonset overhead), that have no extended
+#    resource (nvidia.com/gpu, ...) the pod does not ask for, that fit in the pool's limits, the tenant's quota
+#    and the free hosts. A node keeps every type that still holds all its pods; the cheapest is launched.
+# A pod no pool and type could ever serve is unservable (with the reason); one that only a limit, the quota or
+# the lack of free hosts keeps out is waiting (with the reason).
+#
+# All or nothing, twice:
+# - a pool with `group.size` N gets new nodes only as whole groups of N of one NodeType (claims.reconcile.
+#   claim_group_create): opening its first new node takes a group, which counts N nodes against the pool's limits
+#   (N × the type's resources), the tenant's quota and the free hosts, and needs N free hosts in one rail group
+#   (or what the pool's topology names: TypeOption.free_domains); the group's other seats take the next nodes of
+#   that pool and type, and seats left empty are launched too (a group is never asked for in part). A group
+#   that does not fit a limit is not asked for: its pods wait, saying so.
+# - pods of one gang (a coscheduling PodGroup: PodDemand.gang, at least min_member of them) are placed together:
+#   the gang's pods are decided first, and if any of them finds no room (on existing capacity or new nodes),
+#   everything the pass planned for the gang is undone and all its pods wait, with that reason.
 from __future__ import annotations
 
 from collections import Counter

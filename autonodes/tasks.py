@@ -1,10 +1,10 @@
 """Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
-from . import disruption, launches, services
+from . import disruption, launches, services, task_names
 
 
-@shared_task(name="autonodes.tasks.disrupt")
+@shared_task(name=task_names.DISRUPT)
 def disrupt() -> dict:
     """Celery beat's disruption pass (AUTONODES_DISRUPT_EVERY_S): empty, underutilized, expired and drifted
     nodes of dynamic pools given back within their budgets."""
@@ -13,7 +13,7 @@ def disrupt() -> dict:
             "replacing": result.replacing, "blocked": len(result.blocked)}
 
 
-@shared_task(name="autonodes.tasks.decide")
+@shared_task(name=task_names.DECIDE)
 def decide(tenant_id: int) -> dict:
     """One decision for one tenant's Pending pods (enqueued by its watcher's batch, a claim that ended, the sweep)."""
     result = services.tenant_decide(tenant_id=tenant_id)
@@ -21,7 +21,7 @@ def decide(tenant_id: int) -> dict:
             "unservable": len(result.unservable), "skipped": result.skipped}
 
 
-@shared_task(name="autonodes.tasks.decide_waiting")
+@shared_task(name=task_names.DECIDE_WAITING)
 def decide_waiting() -> int:
     """Beat: the tenants whose pods wait (or were not decided) are decided again, each in its own task."""
     tenant_ids = services.tenants_to_decide()
@@ -30,7 +30,7 @@ def decide_waiting() -> int:
     return len(tenant_ids)
 
 
-@shared_task(name="autonodes.tasks.check_launches")
+@shared_task(name=task_names.CHECK_LAUNCHES)
 def check_launches() -> list[str]:
     """Beat: dynamic pools' claims past their launch deadline, reported once (never relaunched)."""
     return launches.launches_check()

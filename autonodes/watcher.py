@@ -1,20 +1,21 @@
-"""The pod watchers: one thread per tenant with a dynamic pool, watching its pods through its Kubernetes API, and the
-supervisor that starts, stops and restarts them, records what they see as demand and batches it into decisions.
-
-A tenant's watcher lists its pods once (the list's resourceVersion is where the watch starts), then follows a
-watch from the last resourceVersion it saw: a stream that ends or drops is resumed from there, not listed again.
-A list comes again only when the watch says the version is too old (410 Gone or an ERROR event), after the
-tenant's API was unreachable (an outage may outlast the API server's watch history, and a restored server may
-count versions from elsewhere: one tenant's list is cheap, a lost DELETED event is not), or when the supervisor
-could not record an event. A failure backs off exponentially with jitter (AUTONODES_WATCH_BACKOFF_S doubling up
-to AUTONODES_WATCH_BACKOFF_MAX_S); each tenant's watcher fails alone.
-
-Watchers do only network I/O; the supervisor's thread does every database write (demand.py, TenantWatch), in
-short transactions of its own, so one process holds one database connection however many tenants it watches
-and no transaction ever spans a tenant API call. Batching is Karpenter's: a tenant's batch opens at its first
-new demand and closes AUTONODES_BATCH_IDLE_S after the last, or AUTONODES_BATCH_MAX_S after it opened; closing
-it sends one `autonodes.tasks.decide` for the tenant. A (re)list that finds demand pending sends one as well.
-"""
+"""The pod watchers: one thread per tenant with a dynamic pool, watching its pods through its Kubernetes API,
+and the supervisor that starts, stops and restarts them."""
+# The pod watchers: one thread per tenant with a dynamic pool, watching its pods through its Kubernetes API, and the
+# supervisor that starts, stops and restarts them, records what they see as demand and batches it into decisions.
+#
+# A tenant's watcher lists its pods once (the list's resourceVersion is where the watch starts), then follows a
+# watch from the last resourceVersion it saw: a stream that ends or drops is resumed from there, not listed again.
+# A list comes again only when the watch says the version is too old (410 Gone or an ERROR event), after the
+# tenant's API was unreachable (an outage may outlast the API server's watch history, and a restored server may
+# count versions from elsewhere: one tenant's list is cheap, a lost DELETED event is not), or when the supervisor
+# could not record an event. A failure backs off exponentially with jitter (AUTONODES_WATCH_BACKOFF_S doubling up
+# to AUTONODES_WATCH_BACKOFF_MAX_S); each tenant's watcher fails alone.
+#
+# Watchers do only network I/O; the supervisor's thread does every database write (demand.py, TenantWatch), in
+# short transactions of its own, so one process holds one database connection however many tenants it watches
+# and no transaction ever spans a tenant API call. Batching is Karpenter's: a tenant's batch opens at its first
+# new demand and closes AUTONODES_BATCH_IDLE_S after the last, or AUTONODES_BATCH_MAX_S after it opened; closing
+# it sends one `autonodes.tasks.decide` for the tenant. A (re)list that finds demand pending sends one as well.
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +37,7 @@ from core.tasks import task_send
 from pools.choices import PoolKind
 from pools.models import Tenant
 
+from . import task_names
 from .choices import WatchState
 from .demand import (
     Seen,
@@ -50,11 +52,9 @@ from .models import TenantWatch
 
 log = logging.getLogger(__name__)
 
-DECIDE_TASK = "autonodes.tasks.decide"
-
 
 def send_decide(tenant_id: int) -> None:
-    task_send(DECIDE_TASK, tenant_id=tenant_id)
+    task_send(task_names.DECIDE, tenant_id=tenant_id)
 
 
 def backoff_s(failures: int, *, base: float | None = None, cap: float | None = None) -> float:

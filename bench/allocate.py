@@ -25,7 +25,7 @@ def main():
     from django.test.utils import CaptureQueriesContext
 
     from claims.models import NodeClaim
-    from claims.services import pools_reconcile
+    from claims.reconcile import pools_reconcile
     from hosts.models import BareMetalHost
     from pools.models import NodePool, NodeProvider, NodeType, Tenant
     from pools.services import pool_set_quantity

@@ -207,7 +207,7 @@ class FleetPage(Page):
 
 class ClaimsPage(Page):
     """The claims list (/ws/claims/, an admin's: every tenant's claims): claims go Pending → Provisioning →
-    Joining → Pending through claims.services.claims_transition, each with the message "bench #<n>"."""
+    Joining → Pending through claims.phases.claims_transition, each with the message "bench #<n>"."""
 
     name, ws, parser = "claims", "/ws/claims/", "claim_rows"
 
@@ -223,7 +223,7 @@ class ClaimsPage(Page):
         return list(NodeClaim.objects.filter(name__startswith="bench-claim-").order_by("pk"))
 
     def change(self, claim, n):
-        from claims.services import claims_transition
+        from claims.phases import claims_transition
 
         claims_transition(claims=[claim], to_phase=CLAIM_CYCLE[claim.phase], actor="bench:live", message=f"{MARK}{n}")
         return n

@@ -1,5 +1,5 @@
 """Admin for node claims: the reconciler creates them and the services move their phase; here an
-admin reads them, fixes node details, and releases claims through claims.services."""
+admin reads them, fixes node details, and releases claims through claims.phases."""
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.urls import reverse
@@ -20,7 +20,7 @@ from pools.models import NodePool, Tenant
 
 from .lifecycle import LIVE
 from .models import AddressAllocation, ClaimGroup, NodeClaim
-from .services import claims_release
+from .phases import claims_release
 
 EDITABLE = ("node_name", "node_labels", "taints")
 

@@ -10,16 +10,18 @@ class ClaimsConfig(AppConfig):
         from hosts.services import idle_check_hold_source
         from pools.api_check import tenant_api_check_source
         from pools.capacity import address_usage_source
-        from pools.services import on_pool_delete, on_tenant_finalize
+        from pools.services import on_pool_delete, on_pools_changed, on_tenant_finalize
+        from pools.usage import claims_unreleased_source
 
         from . import (
             consumers,  # noqa: F401 (registers who may join a claim's live group)
             steps,  # noqa: F401 (registers the provision and deprovision flows with the step engine)
         )
         from .ipam import environments_usage, host_addresses
+        from .phases import pool_claims_release, tenants_finalize
         from .reactions import react
-        from .selectors import node_types_waited_for
-        from .services import pool_claims_release, tenants_finalize
+        from .reconcile import reconcile_soon
+        from .selectors import claims_unreleased, node_types_waited_for
         from .tenant_check import tenant_api_status
 
         address_source(host_addresses)  # a host's DHCP entry carries its claim's address
@@ -27,5 +29,7 @@ class ClaimsConfig(AppConfig):
         on_host_transition(react)  # what a host's move means for its claim
         on_pool_delete(pool_claims_release)
         on_tenant_finalize(tenants_finalize)
+        on_pools_changed(reconcile_soon)  # pools that changed are reconciled once the change commits
+        claims_unreleased_source(claims_unreleased)  # what still uses a NodeType or a tenant
         tenant_api_check_source(tenant_api_status)  # the tenant's API answer shows both sides' checks
         idle_check_hold_source(node_types_waited_for)  # no idle health check while claims wait for a host

@@ -12,19 +12,9 @@ from hosts.flows.steps import GATE_STEPS, TIER_STEPS
 from hosts.lifecycle import FLOWS
 from hosts.models import BareMetalHost
 
-from .choices import ClaimPhase
+from .choices import ALLOCATE, ClaimPhase
 from .models import NodeClaim
-from .presenters import ALLOCATE
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    rank = (len(ordered) - 1) * p / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+from .stats import percentile
 
 
 # Flows in the order a host lives them: registered, inspected, serving a claim (the claim's wait, provision),

@@ -1,3 +1,4 @@
+"""The claim phases, with their badge colours, and the name of the claim's own step."""
 from core.choices import ColouredChoices
 
 
@@ -9,3 +10,6 @@ class ClaimPhase(ColouredChoices):
     FAILED = "Failed", "Failed", "danger"
     RELEASING = "Releasing", "Releasing", "warning"
     RELEASED = "Released", "Released", "dark"
+
+
+ALLOCATE = "allocate"  # the claim's own step in its timeline: the wait for a host, from its creation to Scheduled

@@ -1,11 +1,10 @@
-"""IPAM: the addresses handed out from NodeEnvironments' ranges, one AddressAllocation row each.
-
-An address is taken in the transaction that binds its claim to a host (claims.services._allocate_group) and
-given back in the one that ends that binding (claims.services.claims_transition: Pending, Failed, Released).
-A claim that cannot get one takes no host and waits ("no free address in environment p-default/servers").
-A row whose claim is gone or holds no host any more (deleted behind the console's back) is a leak: the periodic
-check (`addresses_free_leaked`, Celery beat) frees it with an Event. A host, or an environment, that carries a
-`metal3.vcluster.com/network-data` override gets no address: its seed has the network data as written."""
+"""IPAM: the addresses handed out from NodeEnvironments' ranges, one AddressAllocation row each."""
+# An address is taken in the transaction that binds its claim to a host (claims.allocation._allocate_group) and
+# given back in the one that ends that binding (claims.phases.claims_transition: Pending, Failed, Released).
+# A claim that cannot get one takes no host and waits ("no free address in environment p-default/servers").
+# A row whose claim is gone or holds no host any more (deleted behind the console's back) is a leak: the periodic
+# check (`addresses_free_leaked`, Celery beat) frees it with an Event. A host, or an environment, that carries a
+# `metal3.vcluster.com/network-data` override gets no address: its seed has the network data as written.
 import ipaddress
 import logging
 from collections import defaultdict

@@ -10,7 +10,7 @@ from .choices import ClaimPhase
 
 class ClaimGroup(models.Model):
     """N claims placed as one all-or-nothing group: every member's host in one rail group (or what the pool's
-    `topology` names), all taken in one transaction or none (claims.services.claims_allocate)."""
+    `topology` names), all taken in one transaction or none (claims.allocation.claims_allocate)."""
 
     name = models.CharField(max_length=253, unique=True)  # "one-g7k2xq"
     tenant = models.ForeignKey("pools.Tenant", on_delete=models.CASCADE, related_name="claim_groups")
@@ -63,7 +63,7 @@ class NodeClaim(models.Model):
                                     related_name="claims")
     ip_address = models.GenericIPAddressField(null=True, blank=True)
     bootstrap_token_id = models.CharField(max_length=6, blank=True)  # to delete the join token on release
-    # Written only by claims.services.claims_transition.
+    # Written only by claims.phases.claims_transition.
     phase = models.CharField(max_length=16, choices=ClaimPhase.choices, default=ClaimPhase.PENDING, db_index=True)
     phase_changed_at = models.DateTimeField(auto_now_add=True)
     reason = models.CharField(max_length=64, blank=True)  # machine-readable: NoCapacity, NoNodeType, ...

@@ -1,6 +1,8 @@
-"""What the console shows of claims: rows, the step timeline of one claim ("where the time goes"), and
-the fleet's step timings. All read the Event log: step Events (kind="step", "started" / "done" /
-"failed: …", duration_s) and phase transitions."""
+"""What the console shows of claims: rows, one claim's step timeline ("where the time goes") and its groups,
+read from the Event log."""
+# What the console shows of claims: rows, the step timeline of one claim ("where the time goes"), and
+# the fleet's step timings. All read the Event log: step Events (kind="step", "started" / "done" /
+# "failed: …", duration_s) and phase transitions.
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -12,10 +14,10 @@ from events.models import Event
 from hosts.engine.drive import step_status
 from hosts.models import HostCommand
 
-from .choices import ClaimPhase
+from .choices import ALLOCATE, ClaimPhase
 from .models import ClaimGroup, NodeClaim
+from .selectors import claims_visible
 
-ALLOCATE = "allocate"  # the claim's wait for a host: from its creation to Scheduled
 # The seed's table, step by step: what happens, where the time goes, and the flow steps that do it.
 SEED_STEPS = [
     (1, "The Platform creates a NodeClaim and picks a free host that matches the node type", "Seconds",
@@ -272,10 +274,11 @@ def claim_total(claim: NodeClaim) -> float | None:
 
 # --- all-or-nothing groups, shown as one unit (the claims list, the pool page) --------------------------------
 
-GROUP_STATES = {  # state → badge colour, as the claim phases colour them
-    "Waiting": "secondary", "Provisioning": "warning", "Available": "success", "Replacing": "warning",
-    "Failed": "danger", "Releasing": "warning", "Released": "dark",
-}
+# A group's own states (Waiting: not placed; Replacing: a member waits for a new host) and the claim phases it
+# shares, coloured as the phases are: state → badge colour.
+GROUP_STATES = {"Waiting": "secondary", "Replacing": "warning",
+                **{p: ClaimPhase.colour(p) for p in (ClaimPhase.PROVISIONING, ClaimPhase.AVAILABLE, ClaimPhase.FAILED,
+                                                     ClaimPhase.RELEASING, ClaimPhase.RELEASED)}}
 
 
 def claim_groups_rows(groups) -> list:
@@ -293,19 +296,19 @@ def claim_groups_rows(groups) -> list:
         group.shown_members = current or live
         phases = {c.phase for c in current}
         if not live:
-            group.state = "Released"
+            group.state = ClaimPhase.RELEASED
         elif not current:
-            group.state = "Releasing"
+            group.state = ClaimPhase.RELEASING
         elif group.placed_at is None:
             group.state = "Waiting"
         elif ClaimPhase.FAILED in phases:
-            group.state = "Failed"
+            group.state = ClaimPhase.FAILED
         elif ClaimPhase.PENDING in phases:
             group.state = "Replacing"
         elif phases == {ClaimPhase.AVAILABLE}:
-            group.state = "Available"
+            group.state = ClaimPhase.AVAILABLE
         else:
-            group.state = "Provisioning"
+            group.state = ClaimPhase.PROVISIONING
         group.state_colour = GROUP_STATES[group.state]
         group.releasing = len(releasing)
         group.where = ", ".join(f"{'rail' if key == 'rail_group' else key} {getattr(group, key)}"
@@ -316,8 +319,6 @@ def claim_groups_rows(groups) -> list:
 def live_claim_groups(user, limit: int = 50) -> list:
     """The groups the claims list shows: those with a member in the user's scope that is not released, newest
     first, each with its state (claim_groups_rows)."""
-    from .selectors import claims_visible
-
     live = claims_visible(user).exclude(phase=ClaimPhase.RELEASED).filter(group__isnull=False)
     return claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
                              .order_by("-created_at", "-pk")[:limit])

@@ -1,13 +1,16 @@
-"""What a host's move means for the claim it serves: one table of reactions, keyed by (from, to), called by
-hosts_transition_batch inside the transaction that moves the host (hosts.lifecycle.on_host_transition). Hosts know
-nothing of claims; everything a host's life cycle does to a claim is here."""
+"""What a host's move means for the claim it serves: one table of reactions, keyed by (from, to)."""
+# What a host's move means for the claim it serves: one table of reactions, keyed by (from, to), called by
+# hosts_transition_batch inside the transaction that moves the host (hosts.lifecycle.on_host_transition). Hosts know
+# nothing of claims; everything a host's life cycle does to a claim is here.
 from core.tasks import task_send_on_commit
 from hosts.choices import HostState as S
 from hosts.lifecycle import HostsMoved
 
+from . import task_names
+from .allocation import allocate_soon
 from .choices import ClaimPhase as P
 from .models import NodeClaim
-from .services import allocate_soon, claim_host_lost, claims_transition
+from .phases import claim_host_lost, claims_transition
 
 ANY = "*"
 
@@ -62,7 +65,7 @@ def claim_released(moved: HostsMoved) -> None:
         claims_transition(claims=[claim], to_phase=P.RELEASED, actor=moved.actor, reason="Released",
                           message=message, fields={"host": None, "ip_address": None, "bootstrap_token_id": ""})
         if token_id:
-            task_send_on_commit("claims.tasks.revoke_join_token", claim_id=claim.pk, token_id=token_id)
+            task_send_on_commit(task_names.REVOKE_JOIN_TOKEN, claim_id=claim.pk, token_id=token_id)
 
 
 def host_freed(moved: HostsMoved) -> None:

@@ -1,26 +1,29 @@
-"""Reads across the fleet: the status summary that `manage.py status --json` prints; what a claim needs; how
-long a NodeType's claims take to launch."""
+"""Reads of claims and the fleet: the status summary of `manage.py status --json`, what a claim needs, where
+free hosts sit for the allocator, how long a NodeType's claims take to launch, and who may see which."""
 import json
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Count, F, QuerySet, Window
+from django.db.models import Case, Count, F, QuerySet, When, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from core import scoping
-from hosts.capacity import node_type_capacity
+from hosts.capacity import NEVER_ALLOCATED, node_type_capacity, not_allocatable_q
 from hosts.choices import HostState
+from hosts.lifecycle import FREE
 from hosts.models import BareMetalHost
 from hosts.selectors import image_write_failures
-from pools.matching import requirements_match
+from hosts.topology import host_topology
+from pools.matching import label_selector_q, requirements_match
 from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
-from .charts import percentile
 from .choices import ClaimPhase
 from .ipam import NO_ADDRESS
 from .models import ClaimGroup, NodeClaim
+from .stats import percentile
 from .tenant_check import WAIT_REASON
 
 STATUS_VERSION = 1
@@ -117,7 +120,100 @@ def node_types_waited_for(node_types: Iterable[NodeType]) -> dict[int, str]:
     return held
 
 
-# --- launch deadlines (issue 12, 7a) ---------------------------------------------------------------------------
+# --- where hosts sit: all-or-nothing groups, pools on one rack or rail group (hosts.topology) ----------------
+
+SHARES_WORDS = {("rail_group",): ("on one rail group", "group"), ("rack",): ("in one rack", "rack"),
+                ("rack", "rail_group"): ("in one rack and rail group", "group")}
+
+
+def group_where(shares: tuple[str, ...]) -> str:
+    """("rail_group",) → "on one rail group": what a group's hosts share, as the messages say it."""
+    return SHARES_WORDS.get(tuple(shares), ("together", "group"))[0]
+
+
+def domain_name(shares: tuple[str, ...], domain: tuple[str, ...]) -> str:
+    """("rail_group",) ("r2",) → "rail r2"; ("rack", "rail_group") ("a1", "r2") → "rack a1, rail r2"."""
+    return ", ".join(f"{'rail' if key == 'rail_group' else key} {value}" for key, value in zip(shares, domain))
+
+
+# A host under its idle health check is free: a claim pre-empts the check (the host is taken after the available
+# ones: host_order).
+FREE_STATES = tuple(sorted(FREE))
+
+
+def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
+    """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
+    never be allocated is left out here, once."""
+    return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state__in=FREE_STATES)
+            .exclude(name__in=excluded)
+            .exclude(NEVER_ALLOCATED))  # a red preflight: never (hosts/preflight.py)
+
+
+def host_order(tried: list[str]) -> list:
+    """The order the allocator takes free hosts in: hosts that already failed these claims last (when they are
+    all that is left), before them hosts held back (a BMC that does not answer: hosts.capacity), which the
+    flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/flows/warm.py: on in the
+    ramdisk, they skip power-on, boot and lookup), the longest warm first."""
+    return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
+            Case(When(state=HostState.CHECKING, then=1), default=0),  # an idle check is pre-empted last
+            F("warm_since").asc(nulls_last=True), "pk"]
+
+
+def free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tuple[str, ...] = (),
+                    tried_last: list[str] | tuple = ()) -> dict[tuple[str, ...], list[int]]:
+    """The free hosts of a type, by what they share ({("r2",): [host ids]}), each list in the order the
+    allocator takes them (as _allocate_group: hosts held back, then hosts that failed these claims, last).
+    A host that does not say where it sits (no such label) is in no domain."""
+    free = free_hosts(node_type, excluded=excluded)
+    order = host_order(list(tried_last))
+    by_domain = defaultdict(list)
+    for pk, labels in free.order_by(*order).values_list("pk", "labels"):
+        topology = host_topology(labels)
+        domain = tuple(getattr(topology, key) for key in shares)
+        if all(domain):
+            by_domain[domain].append(pk)
+    return by_domain
+
+
+def group_free_domains(node_type: NodeType, shares: tuple[str, ...]) -> dict[str, int]:
+    """Free hosts of a type per rail group (or what `shares` names), by name: {"rail r2": 3}. What a dynamic
+    pool's decision reads before it asks for a group (the allocator decides where the group goes)."""
+    return {domain_name(shares, domain): len(pks) for domain, pks in free_by_domain(node_type, shares).items()}
+
+
+def pool_free_domain(pool: NodePool, node_type: NodeType) -> tuple[str, int] | None:
+    """A pool with `topology` (no group): where its next nodes of the type go and how many free hosts are there
+    (the domain its serving nodes are in, else the one with the most free: at most what the allocator finds).
+    None for a pool without topology; ("", 0) when no free host of the type says where it sits."""
+    shares = pool.shared_topology()
+    if not shares:
+        return None
+    by_domain = free_by_domain(node_type, shares)
+    domain = pool_domain(pool, shares)
+    if domain is None:
+        if not by_domain:
+            return "", 0
+        domain = max((len(pks), d) for d, pks in by_domain.items())[1]
+    return domain_name(shares, domain), len(by_domain.get(domain, []))
+
+
+def pool_domain(pool: NodePool, shares: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Where the pool's nodes are: the domain of most of its serving hosts (then the first by name)."""
+    counts: dict[tuple, int] = defaultdict(int)
+    serving = (NodeClaim.objects.filter(pool=pool, host__isnull=False)
+               .exclude(phase__in=[ClaimPhase.RELEASING, ClaimPhase.RELEASED])
+               .values_list("host__labels", flat=True))
+    for labels in serving:
+        topology = host_topology(labels)
+        domain = tuple(getattr(topology, key) for key in shares)
+        if all(domain):
+            counts[domain] += 1
+    if not counts:
+        return None
+    return min(counts, key=lambda d: (-counts[d], d))
+
+
+# --- launch deadlines ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class LaunchDeadline:
@@ -171,6 +267,16 @@ def launch_deadline_unknown_type() -> LaunchDeadline:
     """A claim whose NodeType is not chosen yet: the cap."""
     cap = settings.AUTONODES_LAUNCH_CAP_S
     return LaunchDeadline(seconds=cap, p95_s=None, samples=0, why=f"no NodeType chosen: the cap, {_minutes(cap)}")
+
+
+# --- what still uses a NodeType or a tenant (pools.usage: refused deletes, a tenant's deletion) -------------
+
+def claims_unreleased(*, node_type=None, tenant=None, first: int = 4) -> tuple[list[str], int]:
+    """The claims of a NodeType or of a tenant that are not released yet: (the first names, by name; how many)."""
+    holding = NodeClaim.objects.exclude(phase=ClaimPhase.RELEASED)
+    holding = holding.filter(node_type=node_type) if node_type is not None else holding.filter(tenant=tenant)
+    names = list(holding.order_by("name").values_list("name", flat=True)[:first]) if first else []
+    return names, (holding.count() if len(names) == first else len(names))
 
 
 # --- what each user may see (the rule: core.scoping) ----------------------------------------------

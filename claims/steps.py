@@ -1,7 +1,8 @@
-"""The flows that serve a claim, provision and deprovision: the claim's steps (image, cloud-init seed with the
-tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
-composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
-the step engine (hosts.engine) when the claims app is ready."""
+"""The flows that serve a claim, provision and deprovision: the claim's steps composed with the host's own."""
+# The flows that serve a claim, provision and deprovision: the claim's steps (image, cloud-init seed with the
+# tenant's join command, the node in the tenant's API: Ready, labels, taints; on release drain and delete)
+# composed with the host's own (hosts.flows: power, the agent's ramdisk, the release gate) and registered with
+# the step engine (hosts.engine) when the claims app is ready.
 import dataclasses
 import logging
 import math
@@ -40,7 +41,7 @@ from .choices import ClaimPhase as P
 from .ipam import claim_address, claim_environment, network_data_override
 from .models import NodeClaim
 from .selectors import claim_image
-from .services import claims_transition
+from .phases import claims_transition
 from .tenant_api import TenantAPI, TenantAPIError
 from .tenant_check import (
     CHECK_STEP,
@@ -283,7 +284,7 @@ def join_token_revoke(api: TenantAPI, claim: NodeClaim) -> str:
 
 
 def claim_revoke_join_token(*, claim_id: int, token_id: str) -> None:
-    """A token left behind by a claim that lost its host (claims.services.claim_host_lost), deleted by a task."""
+    """A token left behind by a claim that lost its host (claims.phases.claim_host_lost), deleted by a task."""
     claim = NodeClaim.objects.select_related("tenant").filter(pk=claim_id).first()
     if claim is None or not claim.tenant.kubeconfig:
         return

@@ -1,10 +1,8 @@
-"""The console's side of a tenant's Kubernetes API: join tokens, node readiness, labels and taints, drain.
-
-Everything goes through the official `kubernetes` client, built from the tenant's stored kubeconfig
-text: one ApiClient per call, closed after it, a timeout on every request. No Django imports:
-Celery tasks call this with plain arguments, outside any transaction. Nothing here logs the
-kubeconfig or a token; error messages name the API server and the object, never a credential.
-"""
+"""The console's side of a tenant's Kubernetes API: join tokens, node readiness, labels and taints, drain."""
+# Everything goes through the official `kubernetes` client, built from the tenant's stored kubeconfig
+# text: one ApiClient per call, closed after it, a timeout on every request. No Django imports:
+# Celery tasks call this with plain arguments, outside any transaction. Nothing here logs the
+# kubeconfig or a token; error messages name the API server and the object, never a credential.
 from __future__ import annotations
 
 import base64

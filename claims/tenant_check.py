@@ -1,9 +1,11 @@
-"""The tenant API's VIP, checked from both sides: from the server's network by the agent before the image is
-written (the provision flow's `check_tenant_api` step, claims.steps), and from the console's when the tenant page
-or the API asks. A failed server-side check is the tenant's fault, not the host's: the host is back in the pool
-(without an erase: nothing was written on it, hosts.flows.steps.untouched_begin), the claim waits (claims_allocate asks
-`tenant_api_holds`) until the tenant's API settings change or TENANT_API_RETRY_S passes. Results name the
-endpoint and what failed, never the kubeconfig or a token."""
+"""The tenant API's VIP, checked from both sides: from the server's network before the image is written, and
+from the console's when the tenant page or the API asks."""
+# The tenant API's VIP, checked from both sides: from the server's network by the agent before the image is
+# written (the provision flow's `check_tenant_api` step, claims.steps), and from the console's when the tenant page
+# or the API asks. A failed server-side check is the tenant's fault, not the host's: the host is back in the pool
+# (without an erase: nothing was written on it, hosts.flows.steps.untouched_begin), the claim waits (claims_allocate asks
+# `tenant_api_holds`) until the tenant's API settings change or TENANT_API_RETRY_S passes. Results name the
+# endpoint and what failed, never the kubeconfig or a token.
 import hashlib
 import re
 from datetime import timedelta

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from claims.lifecycle import LIVE
-from claims.services import claims_release
+from claims.phases import claims_release
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, list_filter, page
@@ -26,7 +26,7 @@ from hosts.lifecycle import ConcurrentTransition, IllegalTransition
 from hosts.models import BareMetalHost
 from hosts.views import ACTIONS, action_run
 
-# What the board's selection may do, in the order its menu shows them. Release is the claim's (claims.services):
+# What the board's selection may do, in the order its menu shows them. Release is the claim's (claims.phases):
 # the host page has no such action, a host serving a tenant is freed by releasing its claim.
 BULK_ACTIONS = tuple(slug for slug, _ in presenters.BULK_ACTIONS)
 RELEASE = ("Release", ("Release the claims these hosts serve: each node is drained and deleted from its tenant's "

@@ -1,6 +1,8 @@
-"""Console forms for providers, NodeTypes, NodeEnvironments, OS images and tenants, the pool quantity and
-the YAML apply page. Validation is the models' own (`clean()`, the same that apply runs); writes go
-through events.services.object_update, which records each change in the Event log."""
+"""Console forms for the catalogue, tenants, a pool's quantity and the YAML apply page, validated by the models'
+own clean() and written through events.services.object_update."""
+# Console forms for providers, NodeTypes, NodeEnvironments, OS images and tenants, the pool quantity and
+# the YAML apply page. Validation is the models' own (`clean()`, the same that apply runs); writes go
+# through events.services.object_update, which records each change in the Event log.
 import yaml
 from django import forms
 from django.core.exceptions import ValidationError

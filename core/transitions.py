@@ -2,7 +2,7 @@
 
 A batch of rows that share one state moves to another with one UPDATE ... WHERE state = <expected>; if
 fewer rows changed than asked, another writer moved one first and nothing is changed (the caller's
-transaction rolls back). hosts.services.hosts_transition_batch and claims.services.claims_transition build on it."""
+transaction rolls back). hosts.services.hosts_transition_batch and claims.phases.claims_transition build on it."""
 from collections.abc import Mapping
 
 

@@ -608,7 +608,7 @@ def hosts_idle_check_start(*, actor: str = "system:idle-check") -> IdleCheckTick
     selects that are due (never checked first, then the longest unchecked), at most hostsAtOnce of them under a
     check at a time, go to `checking` (the idle_check flow).
 
-    Low priority, so it backs off: a claim takes a host under its check all the same (claims.services.free_hosts);
+    Low priority, so it backs off: a claim takes a host under its check all the same (claims.selectors.free_hosts);
     no check starts on a NodeType while claims it could serve wait for a host (_idle_check_holds); and a host is
     due only when its last health run AND the start of its last idle check are both older than the tier's
     interval: a check that was started counts, whatever became of it, so a check pre-empted by a claim or ended

@@ -1,8 +1,9 @@
-"""Admin for providers, node types, environments, images, tenants and pools: data fixes, each
-recorded in the Event log; pools are created and changed only through pools.services (pool_create,
-pool_update), as the API and the console change them.
-Also users and groups (staff, superuser, the auditors group) and who belongs to which tenant: the roles
-of core.scoping, so every change to them is recorded too."""
+"""Admin for the catalogue, tenants and pools, users and groups: data fixes, each recorded in the Event log."""
+# Admin for providers, node types, environments, images, tenants and pools: data fixes, each
+# recorded in the Event log; pools are created and changed only through pools.services (pool_create,
+# pool_update), as the API and the console change them.
+# Also users and groups (staff, superuser, the auditors group) and who belongs to which tenant: the roles
+# of core.scoping, so every change to them is recorded too.
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList

@@ -1,5 +1,7 @@
-"""NodeType capacity (total, available, provisioned hosts per type), derived from hosts, never stored. The
-catalogue asks here; the hosts app, which knows the hosts, registers the source (hosts.capacity)."""
+"""NodeType capacity (total, available, provisioned hosts per type), derived from hosts, never stored, and the
+NodeEnvironments' addresses. The catalogue asks here; the apps that know register the sources at start."""
+from django.core.exceptions import ImproperlyConfigured
+
 _source = None
 
 
@@ -10,7 +12,10 @@ def capacity_source(fn) -> None:
 
 def node_type_capacity(node_types: list) -> dict[int, dict[str, int]]:
     """{type id: {total, available, provisioned}} in one query, whatever the number of types."""
-    if _source is None or not node_types:
+    if _source is None:
+        raise ImproperlyConfigured("pools.capacity: no capacity source registered (the hosts app registers "
+                                   "hosts.capacity.node_type_capacity when it starts)")
+    if not node_types:
         return {}
     return _source(node_types)
 
@@ -26,6 +31,9 @@ def address_usage_source(fn) -> None:
 
 
 def environment_addresses(environments: list) -> dict[int, dict]:
-    if _address_usage is None or not environments:
+    if _address_usage is None:
+        raise ImproperlyConfigured("pools.capacity: no address usage source registered (the claims app registers "
+                                   "claims.ipam.environments_usage when it starts)")
+    if not environments:
         return {}
     return _address_usage(environments)

@@ -50,7 +50,7 @@ class CleaningPolicy(models.TextChoices):
 
 
 class GroupFailurePolicy(models.TextChoices):
-    """What an all-or-nothing group does when one member fails provisioning (claims.services)."""
+    """What an all-or-nothing group does when one member fails provisioning (claims.phases, claims.allocation)."""
     REPLACE = "Replace", "Replace (a new host from the group's rail group, or the group waits)"
     RELEASE_GROUP = "ReleaseGroup", "ReleaseGroup (every member released, the group placed again)"
 

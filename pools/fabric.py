@@ -1,7 +1,9 @@
-"""Fabric partitions: each tenant's VLAN id or InfiniBand partition key, taken from the range its NodeEnvironment
-(or, where the environment says nothing, its NodeProvider) configures, when its first node is provisioned, and
-kept until the tenant is deleted (the row goes with it). The console records, shows and exports them
-(`manage.py export`, the API); the network side's tool configures the switches."""
+"""Fabric partitions: each tenant's VLAN id or InfiniBand partition key, from its environment's (or provider's)
+range, taken when its first node is provisioned and kept until the tenant is deleted."""
+# Fabric partitions: each tenant's VLAN id or InfiniBand partition key, taken from the range its NodeEnvironment
+# (or, where the environment says nothing, its NodeProvider) configures, when its first node is provisioned, and
+# kept until the tenant is deleted (the row goes with it). The console records, shows and exports them
+# (`manage.py export`, the API); the network side's tool configures the switches.
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -132,7 +134,7 @@ def _assign(tenant: Tenant, fabric_range: FabricRange, actor: str) -> FabricPart
 
 
 def fabric_partitions_release(*, tenant: Tenant, actor: str) -> list[str]:
-    """The tenant is being deleted with no node left (claims.services.tenants_finalize): its partitions are
+    """The tenant is being deleted with no node left (claims.phases.tenants_finalize): its partitions are
     free again, each with an Event, so the network side can tell when a VLAN stopped being the tenant's."""
     freed = []
     for partition in FabricPartition.objects.filter(tenant=tenant).order_by("kind"):

@@ -1,20 +1,19 @@
 """A NodeType's health tiers: which GPU checks a host of the type passes, when, against which thresholds and
-within which time budget (NodeType.health, `spec.health` in its manifest).
-
-    health:
-      handover: {dcgmLevel: 1, gpus: true, links: true, budget: 5m}        every provision, before the node
-                                                                           is handed over
-      release:  {dcgmLevel: 2, ncclMinBusbwGBps: 400, budget: 15m}         between tenants, after the erase
-      intake:   {dcgmLevel: 3, burnIn: 2h, budget: 4h}                    a host's first inspection,
-                                                                           and every retest after repair
-      idle:     {dcgmLevel: 1, gpus: true, links: true, interval: 24h, hostsAtOnce: 2, budget: 10m}
-                                                                           available hosts, now and then
-
-`release` always runs: its defaults are the NodeType's older fields (health_dcgm_level,
-health_nccl_min_busbw_gbps, a manifest's `healthCheck`), which a `health.release` value overrides. The other
-tiers run only when declared (`handover: {}` runs it with the defaults above). `gpus`: GPU count and model
-against the SKU (pools/sku.py); `links`: every NVLink active. `burnIn`: the intake's `dcgmi diag -r LEVEL`
-repeated for that long (once for 0s). `budget`: the tier's checks together; a tier past its budget fails."""
+within which time budget (NodeType.health, `spec.health` in its manifest)."""
+#     health:
+#       handover: {dcgmLevel: 1, gpus: true, links: true, budget: 5m}        every provision, before the node
+#                                                                            is handed over
+#       release:  {dcgmLevel: 2, ncclMinBusbwGBps: 400, budget: 15m}         between tenants, after the erase
+#       intake:   {dcgmLevel: 3, burnIn: 2h, budget: 4h}                    a host's first inspection,
+#                                                                            and every retest after repair
+#       idle:     {dcgmLevel: 1, gpus: true, links: true, interval: 24h, hostsAtOnce: 2, budget: 10m}
+#                                                                            available hosts, now and then
+#
+# `release` always runs: its defaults are the NodeType's older fields (health_dcgm_level,
+# health_nccl_min_busbw_gbps, a manifest's `healthCheck`), which a `health.release` value overrides. The other
+# tiers run only when declared (`handover: {}` runs it with the defaults above). `gpus`: GPU count and model
+# against the SKU (pools/sku.py); `links`: every NVLink active. `burnIn`: the intake's `dcgmi diag -r LEVEL`
+# repeated for that long (once for 0s). `budget`: the tier's checks together; a tier past its budget fails.
 from __future__ import annotations
 
 import math

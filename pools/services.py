@@ -8,13 +8,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from core.errors import InUse, StaleVersion
-from core.tasks import task_send
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
 from events.services import event_record, object_delete, object_update
 
 from .choices import PoolKind
 from .models import NodePool, NodeProvider, NodeType, Tenant, TenantMembership
+from .usage import claims_unreleased
 
 
 @dataclass
@@ -192,10 +192,10 @@ def pool_delete(*, pool: NodePool, actor: str) -> None:
 
 def node_type_use(node_type: NodeType) -> str:
     """What still uses a NodeType ("" when nothing): the claims of it that are not yet released."""
-    names = list(node_type.claims.exclude(phase="Released").order_by("name").values_list("name", flat=True)[:4])
+    names, total = claims_unreleased(node_type=node_type, first=4)
     if not names:
         return ""
-    more = node_type.claims.exclude(phase="Released").count() - len(names) if len(names) == 4 else 0
+    more = total - len(names)
     return (f"node type {node_type.name} is in use by claim(s) {', '.join(names)}" + (f" and {more} more" if more else "")
             + ": release them (shrink or delete their pools) first")
 
@@ -240,7 +240,7 @@ def tenant_delete(*, tenant: Tenant, actor: str) -> bool:
     if locked.deleting_since is None:
         locked.deleting_since = timezone.now()
         locked.save(update_fields=["deleting_since", "updated_at"])
-        releasing = locked.claims.exclude(phase="Released").count()
+        releasing = claims_unreleased(tenant=locked, first=0)[1]
         event_record(kind=EventKind.CHANGE, object_type=ObjectType.TENANT, object_name=locked.name, tenant=locked,
                      actor=actor, message=f"deletion requested; {releasing} claim(s) to release first" if releasing
                      else "deletion requested")
@@ -268,13 +268,19 @@ def membership_remove(*, tenant: Tenant, user, actor: str) -> bool:
     return True
 
 
-# The claims app's reconciler, asked for by name: pools know nothing of claims.
-RECONCILE_TASK = "claims.tasks.reconcile_pools"
+# Who reconciles pools that changed: the claims app registers its sender at start (claims.reconcile); pools know
+# nothing of claims. fn(pool_ids=[...]), called once the change commits.
+POOLS_CHANGED_RECEIVERS: list[Callable[..., None]] = []
+
+
+def on_pools_changed(receiver: Callable[..., None]) -> None:
+    if receiver not in POOLS_CHANGED_RECEIVERS:
+        POOLS_CHANGED_RECEIVERS.append(receiver)
 
 
 def pools_changed(*, pool_ids: list[int]) -> None:
     """Pools changed (apply, console, API, a failed host): reconcile them as soon as the change commits,
-    rather than at the next beat. Every change of one transaction goes out as one task."""
+    rather than at the next beat. Every change of one transaction goes out as one call of each receiver."""
     connection = transaction.get_connection()  # one per thread: changes of other threads stay apart
     if not hasattr(connection, "vmetal_changed_pools"):
         connection.vmetal_changed_pools = set()
@@ -287,4 +293,5 @@ def _send_changed_pools(connection) -> None:
         return  # an earlier callback of the same commit sent them
     pool_ids = sorted(connection.vmetal_changed_pools)
     connection.vmetal_changed_pools.clear()
-    task_send(RECONCILE_TASK, pool_ids=pool_ids)
+    for receiver in POOLS_CHANGED_RECEIVERS:
+        receiver(pool_ids=pool_ids)

@@ -1,15 +1,14 @@
-"""A NodeType's SKU: what each of its servers must have, checked against a host's inspected inventory.
-
-The SKU (NodeType.sku, `spec.sku` in its manifest), every part optional:
-    gpu:      {model: "NVIDIA H200", count: 8}      exactly `count` GPUs, each named `model`
-    memory:   "2Ti"                                 at least this much RAM (a quantity: 2048Gi, 2Ti)
-    nvme:     {count: 8, minSize: "3.84T"}          at least `count` NVMe drives of at least `minSize` each
-    nics:     {count: 2, minSpeedGbps: 100}         at least `count` NICs at `minSpeedGbps` or faster
-    firmware: {bios: "2.3.1", gpuVbios: "96.00.9F.00.01"}   exactly these versions, when known
-
-`sku_deviations` is pure (dicts in, sentences out): the flows, the host page and the API all call it, so a
-host shows the same differences everywhere. `derived_labels` is the other use of an inventory: labels such as
-GPU Feature Discovery writes on a Kubernetes node (nvidia.com/gpu.product), for NodeType host selectors."""
+"""A NodeType's SKU: what each of its servers must have, checked against a host's inspected inventory."""
+# The SKU (NodeType.sku, `spec.sku` in its manifest), every part optional:
+#     gpu:      {model: "NVIDIA H200", count: 8}      exactly `count` GPUs, each named `model`
+#     memory:   "2Ti"                                 at least this much RAM (a quantity: 2048Gi, 2Ti)
+#     nvme:     {count: 8, minSize: "3.84T"}          at least `count` NVMe drives of at least `minSize` each
+#     nics:     {count: 2, minSpeedGbps: 100}         at least `count` NICs at `minSpeedGbps` or faster
+#     firmware: {bios: "2.3.1", gpuVbios: "96.00.9F.00.01"}   exactly these versions, when known
+#
+# `sku_deviations` is pure (dicts in, sentences out): the flows, the host page and the API all call it, so a
+# host shows the same differences everywhere. `derived_labels` is the other use of an inventory: labels such as
+# GPU Feature Discovery writes on a Kubernetes node (nvidia.com/gpu.product), for NodeType host selectors.
 from __future__ import annotations
 
 import math
@@ -17,6 +16,8 @@ import math
 from django.core.exceptions import ValidationError
 
 from core.labels import field_error
+
+from .validators import parse_quantity
 
 SKU_FIELDS = {"gpu": {"model", "count"}, "memory": None, "nvme": {"count", "minSize"},
               "nics": {"count", "minSpeedGbps"}, "firmware": {"bios", "gpuVbios"}}
@@ -79,8 +80,6 @@ def _number(value) -> bool:
 
 
 def _bytes(value) -> float | None:
-    from .models import parse_quantity
-
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return None
     try:

@@ -1,12 +1,16 @@
-"""Field validators shared by models, forms, the API and `apply`."""
+"""Every check of a catalogue field, its shape and its meaning, and the parsers they share: the models' clean()
+calls them, so forms, the API and `apply` check alike."""
 import ipaddress
 import re
+from math import isfinite
 from datetime import timedelta
 
 import durationpy
 from django.core.exceptions import ValidationError
 
-from .choices import REPAIR_LADDER_MAX, FailureKind, RepairRemedy
+from core.limits import check_node_count
+
+from .choices import REPAIR_LADDER_MAX, ConsolidationPolicy, FailureKind, GroupFailurePolicy, RepairRemedy
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -33,6 +37,19 @@ def parse_duration(value: str) -> timedelta | None:
     if not DURATION.match(value or ""):
         raise ValueError(f"{value!r} is not a duration such as 30s, 5m, 720h or Never")
     return durationpy.from_str(value)
+
+
+_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3}
+
+
+def parse_quantity(value) -> float:
+    """A Kubernetes resource quantity ('64', '500m', '2Ti') as a number."""
+    text = str(value).strip()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
+    return float(text)
 
 
 def validate_duration(value: str) -> None:
@@ -120,10 +137,6 @@ def _scalar(value) -> bool:
 
 
 def _finite_quantity(value) -> bool:
-    from math import isfinite
-
-    from .models import parse_quantity
-
     try:
         return _scalar(value) and isfinite(parse_quantity(value))
     except (ValueError, OverflowError):
@@ -292,3 +305,115 @@ def check_repair(value) -> None:
             raise ValidationError(f"ladders.{kind}: a remedy is listed twice")
         if len(remedies) > REPAIR_LADDER_MAX:
             raise ValidationError(f"ladders.{kind}: at most {REPAIR_LADDER_MAX} remedies")
+
+
+# --- a NodePool's limits, topology, groups and disruption -----------------------------------------------
+
+def validate_limits(limits) -> None:
+    if not isinstance(limits, dict):
+        raise ValidationError("limits must be a mapping such as {cpu: '1000', nodes: '4'}")
+    for key, value in limits.items():
+        try:
+            if parse_quantity(value) < 0:
+                raise ValueError
+        except ValueError:
+            raise ValidationError(f"limits.{key}: {value!r} is not a quantity ≥ 0") from None
+        if key == "nodes":
+            check_node_count(parse_quantity(value), "limits.nodes")
+
+
+TOPOLOGY_FIELDS = ("sameRack", "sameRailGroup")
+GROUP_FIELDS = ("size", "onMemberFailure")
+GROUP_MAX_SIZE = 1000
+
+
+def validate_topology(topology) -> None:
+    """{sameRailGroup: true} (every node of the pool on one rail group), {sameRack: true} (in one rack), or both."""
+    if not isinstance(topology, dict):
+        raise ValidationError("topology must be a mapping such as {sameRailGroup: true}")
+    unknown = set(topology) - set(TOPOLOGY_FIELDS)
+    if unknown:
+        raise ValidationError(f"topology: unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"expected {' or '.join(TOPOLOGY_FIELDS)}")
+    for key, value in topology.items():
+        if not isinstance(value, bool):
+            raise ValidationError(f"topology.{key} must be true or false, not {value!r}")
+
+
+def validate_group(group) -> None:
+    """{size: N, onMemberFailure: Replace | ReleaseGroup}: the pool's nodes come in groups of N hosts of one
+    rail group (or of what `topology` names), all placed at once or none."""
+    if not isinstance(group, dict):
+        raise ValidationError("group must be a mapping such as {size: 4, onMemberFailure: Replace}")
+    if not group:
+        return
+    unknown = set(group) - set(GROUP_FIELDS)
+    if unknown:
+        raise ValidationError(f"group: unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"expected {', '.join(GROUP_FIELDS)}")
+    size = group.get("size")
+    if size is None:
+        raise ValidationError("group.size is required: how many hosts each group takes at once")
+    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= GROUP_MAX_SIZE:
+        raise ValidationError(f"group.size must be a whole number from 2 to {GROUP_MAX_SIZE}, not {size!r} "
+                              "(a group of 1 is a plain pool)")
+    check_node_count(size, "group.size")
+    policy = group.get("onMemberFailure", GroupFailurePolicy.REPLACE)
+    if policy not in GroupFailurePolicy.values:
+        raise ValidationError(f"group.onMemberFailure must be {' or '.join(GroupFailurePolicy.values)}, "
+                              f"not {policy!r}")
+
+
+DISRUPTION_FIELDS = {"consolidationPolicy", "consolidateAfter", "minNodeLifetime", "budgets"}
+BUDGET_FIELDS = {"nodes", "schedule", "duration", "reasons"}
+# Karpenter's reasons (v1: Empty, Underutilized, Drifted) and Expired: our expiry replaces a node before it goes,
+# so a budget may pace it too.
+BUDGET_REASONS = ("Empty", "Underutilized", "Drifted", "Expired")
+
+
+def validate_disruption(disruption) -> None:
+    if not isinstance(disruption, dict):
+        raise ValidationError("disruption must be a mapping")
+    unknown = set(disruption) - DISRUPTION_FIELDS
+    if unknown:
+        raise ValidationError(f"disruption: unknown field(s) {', '.join(sorted(unknown))}")
+    policy = disruption.get("consolidationPolicy")
+    if policy is not None and policy not in ConsolidationPolicy.values:
+        raise ValidationError(f"disruption.consolidationPolicy must be WhenEmpty or WhenEmptyOrUnderutilized, not {policy!r}")
+    if disruption.get("consolidateAfter") is not None:
+        validate_duration(str(disruption["consolidateAfter"]))
+    # Ours, not Karpenter's: a node is never consolidated younger than this (autonodes.disruption).
+    if disruption.get("minNodeLifetime") is not None:
+        if str(disruption["minNodeLifetime"]) == "Never":
+            raise ValidationError("disruption.minNodeLifetime must be a duration such as 30m (to keep nodes for "
+                                  "good, set consolidateAfter: Never)")
+        validate_duration(str(disruption["minNodeLifetime"]))
+    for i, budget in enumerate(disruption.get("budgets") or []):
+        where = f"disruption.budgets[{i}]"
+        unknown = set(budget or {}) - BUDGET_FIELDS
+        if unknown:
+            raise ValidationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        nodes = str((budget or {}).get("nodes", ""))
+        if not (nodes.isdigit() or (nodes.endswith("%") and nodes[:-1].isdigit() and int(nodes[:-1]) <= 100)):
+            raise ValidationError(f"{where}.nodes must be a count or a percentage such as '20%'")
+        schedule, duration = budget.get("schedule"), budget.get("duration")
+        if (schedule is None) != (duration is None):
+            raise ValidationError(f"{where}: schedule and duration go together (the budget is in force for "
+                                  "duration after each time the schedule fires)")
+        if schedule is not None:
+            try:
+                parse_cron(str(schedule))
+            except ValueError as exc:
+                raise ValidationError(f"{where}.schedule: {exc}") from None
+            if str(duration) == "Never" or not str(duration):
+                raise ValidationError(f"{where}.duration must be a duration such as 8h")
+            try:
+                validate_duration(str(duration))
+            except ValidationError as exc:
+                raise ValidationError(f"{where}.duration: {exc.messages[0]}") from None
+        reasons = budget.get("reasons")
+        if reasons is not None:
+            wrong = [r for r in reasons if r not in BUDGET_REASONS]
+            if wrong or not reasons:
+                raise ValidationError(f"{where}.reasons: each one of {', '.join(BUDGET_REASONS)}"
+                                      + (f", not {', '.join(map(repr, wrong))}" if wrong else ""))

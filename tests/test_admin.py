@@ -455,7 +455,7 @@ def test_a_hosts_event_log_link_lists_its_events(admin_client, site):
     events = admin_client.get(link).context["cl"].result_list
     assert events and {e.host_id for e in events} == {host.pk}
 
-# --- Claims: release through claims.services -----------------------------------------------------------------
+# --- Claims: release through claims.phases ------------------------------------------------------------------
 
 def test_release_action_releases_through_the_service(admin_client, site):
     claim = NodeClaim.objects.get(pool_name="gpu")

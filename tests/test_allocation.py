@@ -6,9 +6,10 @@ from django.core.management import call_command
 from django.db import close_old_connections, connection
 from django.test.utils import CaptureQueriesContext
 
+from claims.allocation import AllocationResult, claims_allocate
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
-from claims.services import claims_allocate, pools_reconcile
+from claims.reconcile import pools_reconcile
 from hosts.models import BareMetalHost
 from pools.models import NodePool, NodeProvider, Tenant
 
@@ -127,14 +128,14 @@ def test_200_concurrent_allocations_over_50_hosts_give_exactly_50_and_never_one_
     roomy_network()
     make_pool("one", 200)
     # Create the claims without allocating, then allocate them one by one from 20 threads at once.
-    from claims import services
+    from claims import reconcile
 
-    original = services.claims_allocate
-    services.claims_allocate = lambda **kw: services.AllocationResult()
+    original = reconcile.claims_allocate
+    reconcile.claims_allocate = lambda **kw: AllocationResult()
     try:
         pools_reconcile()
     finally:
-        services.claims_allocate = original
+        reconcile.claims_allocate = original
     ids = list(NodeClaim.objects.values_list("pk", flat=True))
     assert len(ids) == 200
     errors = []

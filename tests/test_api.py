@@ -17,7 +17,7 @@ from django.urls import resolve, reverse  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
 from claims.models import NodeClaim  # noqa: E402
-from claims.services import claims_transition  # noqa: E402
+from claims.phases import claims_transition  # noqa: E402
 from events.models import Event  # noqa: E402
 from hosts.choices import HostState  # noqa: E402
 from hosts.models import BareMetalHost  # noqa: E402

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 import pytest  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-import claims.services  # noqa: E402
+import claims.reconcile  # noqa: E402
 from claims.lifecycle import LIVE  # noqa: E402
-from claims.services import pools_reconcile  # noqa: E402
+from claims.reconcile import pools_reconcile  # noqa: E402
 from pools.models import NodePool, Tenant  # noqa: E402
 from core.transactions import retry_on_deadlock  # noqa: E402
 
@@ -61,7 +61,7 @@ def test_a_quantity_change_during_a_reconcile_of_the_same_pool_both_succeed(worl
     # FOR UPDATE, the two wait for each other and PostgreSQL kills one.
     NodePool.objects.filter(pk=world.pool_a.pk).update(quantity=2)
     holding, release = threading.Event(), threading.Event()
-    new_names = claims.services._new_claim_names
+    new_names = claims.reconcile._new_claim_names
 
     def held_new_names(tenant_names):
         if threading.current_thread().name == "reconcile":
@@ -69,7 +69,7 @@ def test_a_quantity_change_during_a_reconcile_of_the_same_pool_both_succeed(worl
             assert release.wait(timeout=30), "the test never let the reconcile go on"
         return new_names(tenant_names)
 
-    monkeypatch.setattr(claims.services, "_new_claim_names", held_new_names)
+    monkeypatch.setattr(claims.reconcile, "_new_claim_names", held_new_names)
     outcome = {}
 
     def reconcile():

@@ -12,7 +12,7 @@ from autonodes.models import PendingPod, TenantWatch
 from autonodes.services import tenant_decide
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
-from claims.services import claims_release, claims_transition
+from claims.phases import claims_release, claims_transition
 from conftest import wait_for
 from events.choices import EventKind
 from events.models import Event

@@ -12,7 +12,7 @@ from autonodes.models import PendingPod
 from autonodes.selectors import pending_pods_shown, pod_state
 from autonodes.services import tenant_decide
 from claims.models import ClaimGroup, NodeClaim
-from claims.services import pools_reconcile
+from claims.reconcile import pools_reconcile
 from events.choices import EventKind
 from events.models import Event
 from hosts.models import BareMetalHost

@@ -11,11 +11,11 @@ from autonodes.choices import DecisionReason, DemandStatus
 from autonodes.launches import launches_check
 from autonodes.models import PendingPod
 from autonodes.services import tenant_decide
-from claims.charts import percentile
+from claims.stats import percentile
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from claims.selectors import launch_deadlines
-from claims.services import claims_create
+from claims.reconcile import claims_create
 from conftest import DEMO, wait_for
 from events.choices import EventKind
 from events.models import Event

@@ -170,7 +170,7 @@ def test_a_flows_bmc_calls_record_the_answer_and_a_red_bmc_holds_an_available_ho
 @pytest.mark.django_db
 def test_the_allocator_gives_the_next_claim_an_allocatable_host_before_one_whose_bmc_is_red(users, console_site):
     from claims.models import NodeClaim
-    from claims.services import pools_reconcile
+    from claims.reconcile import pools_reconcile
     from pools.services import pool_set_quantity
 
     from .console_conftest import pool

@@ -38,7 +38,8 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
     own functions, yielding after each change so that the test can watch the page. The provisioning lab
     (a real worker, Redfish BMCs, agents) can stand in for this function, yielding at the same points."""
     from claims import steps as claim_steps
-    from claims.services import claims_allocate, pools_reconcile
+    from claims.allocation import claims_allocate
+    from claims.reconcile import pools_reconcile
     from hosts.engine import drive
     from hosts.engine.flow import Run
     from hosts.services import publish_progress

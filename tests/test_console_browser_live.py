@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_claim_created_by_apply_appears_on_an_open_filtered_claims_page_within_a_second(
         browser_page, users, apply, seed_block):
-    from claims.services import pools_reconcile
+    from claims.reconcile import pools_reconcile
 
     page = browser_page
     log_in(page, "root-admin")

@@ -142,7 +142,7 @@ async def test_with_messages_lost_the_event_log_tail_still_brings_every_change(c
 
 
 async def test_the_tenant_page_follows_its_claims(client, users, console_site):
-    from claims.services import pools_reconcile
+    from claims.reconcile import pools_reconcile
     from pools.services import pool_set_quantity
 
     cookie = await sync_to_async(session_cookie)(client, users["alice"])

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 def apply_and_reconcile(apply, text: str, tenant: str, pools: list[str]) -> dict[str, NodeClaim]:
     """`manage.py apply`, then the reconcile its pool changes ask the worker for: pool name → the new claim."""
-    from claims.services import pools_reconcile
+    from claims.reconcile import pools_reconcile
 
     apply(text, tenant=tenant)
     ids = [pool(tenant, name).pk for name in pools]
@@ -164,7 +164,7 @@ async def test_a_members_tenant_list_is_not_told_of_another_tenants_changes(clie
 async def test_the_claims_lists_group_table_follows_its_groups_live_and_a_member_never_gets_another_tenants(
         client, users, apply, seed_block):
     from claims.models import ClaimGroup
-    from claims.services import pools_reconcile
+    from claims.reconcile import pools_reconcile
     from hosts.models import BareMetalHost
     from hosts.topology import RAIL_GROUP_LABEL
 

@@ -11,9 +11,10 @@ from django.core.management import CommandError, call_command
 from django.db import close_old_connections, connection
 
 from claims import tasks
+from claims.allocation import AllocationResult, claims_allocate
 from claims.choices import ClaimPhase
 from claims.models import ClaimGroup, NodeClaim
-from claims.services import claims_allocate, pools_reconcile
+from claims.reconcile import pools_reconcile
 from events.models import Event
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
@@ -314,16 +315,16 @@ def test_200_concurrent_group_requests_hold_nothing_partial_and_never_take_a_hos
     NodeEnvironment.objects.update(properties={NodeEnvironment.CIDR: "10.0.0.1/16",
                                                NodeEnvironment.IP_RANGE: "10.0.1.0-10.0.3.255"})  # addresses enough
     make_pool(800, group={"size": 4})
-    from claims import services
+    from claims import reconcile
 
-    original = services.claims_allocate
-    services.claims_allocate = lambda **kw: services.AllocationResult()
+    original = reconcile.claims_allocate
+    reconcile.claims_allocate = lambda **kw: AllocationResult()
     try:
         for _ in range(10):  # 200 groups of 4, none placed yet: a batch of them a pass
             if not pools_reconcile().created:
                 break
     finally:
-        services.claims_allocate = original
+        reconcile.claims_allocate = original
     groups = list(ClaimGroup.objects.values_list("pk", flat=True))
     assert len(groups) == 200
     members = {g: list(NodeClaim.objects.filter(group_id=g).values_list("pk", flat=True)) for g in groups}
@@ -366,7 +367,7 @@ def test_200_concurrent_group_requests_hold_nothing_partial_and_never_take_a_hos
 def test_a_dynamic_pools_decision_can_ask_for_a_group_which_is_placed_whole(site):
     from django.db import transaction
 
-    from claims.services import claim_group_create
+    from claims.reconcile import claim_group_create
     from pools.models import NodeType
 
     make_rails({"r1": 2, "r2": 3})

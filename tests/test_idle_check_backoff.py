@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
-from claims.services import claims_release
+from claims.phases import claims_release
 from events.models import Event
 from hosts.models import BareMetalHost, HealthCheckRun
 from hosts.services import hosts_idle_check_start, hosts_transition_batch

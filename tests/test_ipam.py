@@ -8,10 +8,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import close_old_connections, connection
 
-from claims import services
+from claims import reconcile
+from claims.allocation import AllocationResult, claims_allocate
 from claims.choices import ClaimPhase
 from claims.models import AddressAllocation, NodeClaim
-from claims.services import claims_allocate, claims_release, pools_reconcile
+from claims.phases import claims_release
+from claims.reconcile import pools_reconcile
 from claims.tasks import free_leaked_addresses
 from events.models import Event
 from hosts.choices import HostState
@@ -44,12 +46,12 @@ def site(apply):
 
 
 def create_claims_without_allocating(pool_ids=None):
-    original = services.claims_allocate
-    services.claims_allocate = lambda **kw: services.AllocationResult()
+    original = reconcile.claims_allocate
+    reconcile.claims_allocate = lambda **kw: AllocationResult()
     try:
         pools_reconcile(pool_ids=pool_ids)
     finally:
-        services.claims_allocate = original
+        reconcile.claims_allocate = original
 
 
 def rows() -> dict[str, str]:

@@ -274,7 +274,7 @@ def test_a_dynamic_pools_server_joins_with_its_gpus_and_no_sample_pods_and_takes
 
     from claims.choices import ClaimPhase
     from claims.models import NodeClaim
-    from claims.services import claims_create
+    from claims.reconcile import claims_create
     from conftest import DEMO, wait_for
     from pools.models import NodePool
 

@@ -93,3 +93,41 @@ def test_a_pool_deletion_reaches_claims_through_its_receivers_only(provisioning_
     provisioning_claim.refresh_from_db()
     assert not NodePool.objects.filter(pk=pool.pk).exists()
     assert provisioning_claim.phase == ClaimPhase.PROVISIONING  # pools released nothing themselves
+
+
+def test_a_pool_change_reaches_the_reconciler_through_its_receivers_once_it_commits(django_capture_on_commit_callbacks,
+                                                                                    provisioning_claim, monkeypatch):
+    heard = []
+    monkeypatch.setattr(pool_services, "POOLS_CHANGED_RECEIVERS", [lambda *, pool_ids: heard.append(pool_ids)])
+    pool = NodePool.objects.get(pk=provisioning_claim.pool_id)
+    with django_capture_on_commit_callbacks(execute=True):
+        pool_services.pool_update(pool=pool, values={"quantity": 2}, actor="test")
+        assert heard == []  # not before the change commits
+    assert len(heard) == 1 and pool.pk in heard[0]  # one call for the transaction's changes (the fixture's too)
+
+
+def test_a_node_type_in_use_is_named_by_the_claims_source(provisioning_claim):
+    from core.errors import InUse
+    from pools.models import NodeType
+
+    with pytest.raises(InUse, match=f"in use by claim\\(s\\) {provisioning_claim.name}"):
+        pool_services.node_type_delete(node_type=NodeType.objects.get(pk=provisioning_claim.node_type_id), actor="test")
+
+
+@pytest.mark.parametrize("module, register, call, source", [
+    ("pools.capacity", "capacity_source", lambda m: m.node_type_capacity([]), "hosts.capacity"),
+    ("pools.capacity", "address_usage_source", lambda m: m.environment_addresses([]), "claims.ipam"),
+    ("pools.usage", "claims_unreleased_source", lambda m: m.claims_unreleased(tenant=None), "claims.selectors"),
+    ("pools.api_check", "tenant_api_check_source", lambda m: m.tenant_api_check(None, probe_now=False),
+     "claims.tenant_check"),
+])
+def test_a_registry_without_its_source_says_which_one_is_missing(module, register, call, source, monkeypatch):
+    import importlib
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    registry = importlib.import_module(module)
+    attribute = {"capacity_source": "_source", "address_usage_source": "_address_usage"}.get(register, "_source")
+    monkeypatch.setattr(registry, attribute, None)
+    with pytest.raises(ImproperlyConfigured, match=source):
+        call(registry)

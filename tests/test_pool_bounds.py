@@ -12,11 +12,12 @@ from django.urls import reverse
 
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
-from claims.services import pools_reconcile
+from claims.reconcile import pools_reconcile
+from claims.task_names import RECONCILE_POOLS
 from conftest import DEMO, is_postgres, wait_for
 from events.models import Event
 from pools.models import NodePool, NodeType
-from pools.services import RECONCILE_TASK, pool_create
+from pools.services import pool_create
 
 from .test_admin import form_data
 
@@ -38,8 +39,8 @@ def reconciles(monkeypatch):
 def passes_asked(monkeypatch):
     """The pool ids each pass asked to be reconciled again (instead of sending the Celery task)."""
     calls = []
-    monkeypatch.setattr("claims.services.task_send_on_commit",
-                        lambda name, **kwargs: calls.append(kwargs["pool_ids"]) if name == RECONCILE_TASK else None)
+    monkeypatch.setattr("claims.reconcile.task_send_on_commit",
+                        lambda name, **kwargs: calls.append(kwargs["pool_ids"]) if name == RECONCILE_POOLS else None)
     return calls
 
 
@@ -264,9 +265,9 @@ def test_another_tenant_s_write_succeeds_while_a_big_pool_is_reconciled(world, a
     monkeypatch.setattr("pools.services.pools_changed", lambda *, pool_ids: None)
     settings.RECONCILE_BATCH = 50
     NodePool.objects.filter(pk=world.pool_a.pk).update(quantity=settings.POOL_MAX_NODES)
-    from claims import services
+    from claims import reconcile
 
-    original, inside, go_on = services._claims_create, threading.Event(), threading.Event()
+    original, inside, go_on = reconcile._claims_create, threading.Event(), threading.Event()
 
     def held(growing, actor, **kwargs):
         if any(pool.pk == world.pool_a.pk for pool, _ in growing):
@@ -274,7 +275,7 @@ def test_another_tenant_s_write_succeeds_while_a_big_pool_is_reconciled(world, a
             go_on.wait(30)
         return original(growing, actor, **kwargs)
 
-    monkeypatch.setattr(services, "_claims_create", held)
+    monkeypatch.setattr(reconcile, "_claims_create", held)
     passed, written = {}, {}
 
     def reconcile():

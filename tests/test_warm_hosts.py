@@ -9,9 +9,10 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from claims.allocation import claims_allocate
 from claims.choices import ClaimPhase
 from claims.models import NodeClaim
-from claims.services import claims_allocate, pools_reconcile
+from claims.reconcile import pools_reconcile
 from conftest import wait_for
 from events.models import Event
 from hosts.models import AgentSession, BareMetalHost

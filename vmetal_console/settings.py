@@ -246,7 +246,7 @@ CLAIM_MAX_ATTEMPTS = int(os.environ.get("CLAIM_MAX_ATTEMPTS", "3"))
 # NodeType's warm hosts (core.limits.check_node_count; 400 past it, in the API, apply, forms and the admin alike).
 POOL_MAX_NODES = int(os.environ.get("POOL_MAX_NODES", "10000"))
 # The most claims one reconcile pass creates or releases for a pool (and whole groups of it, at least one), each
-# pool in its own short transaction; a pool with more to do is reconciled again at once (claims.services).
+# pool in its own short transaction; a pool with more to do is reconciled again at once (claims.reconcile).
 RECONCILE_BATCH = max(1, int(os.environ.get("RECONCILE_BATCH", "200")))
 # A host with this many host-side provisioning failures within the window goes to repair after its cleaning.
 HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))

@@ -1,5 +1,5 @@
 """Claims over HTTP: read (a member its tenants' claims), and release (a member of the claim's tenant, or
-an admin) through claims.services.claims_release."""
+an admin) through claims.phases.claims_release."""
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import viewsets
 from rest_framework.decorators import action
@@ -10,7 +10,7 @@ from claims.lifecycle import LIVE
 from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
 from claims.selectors import claim_groups_visible, claims_visible
-from claims.services import claims_release
+from claims.phases import claims_release
 from core.api import Conflict, ScopedViewMixin, actor
 
 from .serializers import ClaimGroupSerializer, NodeClaimSerializer, ReleaseSerializer

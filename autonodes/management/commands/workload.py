@@ -1,11 +1,9 @@
-"""python manage.py workload submit|delete|list --tenant NAME: a tenant's batch/v1 Job, for demos of Auto Nodes.
-
-`submit --name train-7 --pods 3 --gpus 8` creates a Job of 3 pods that each ask for 8 nvidia.com/gpu (and run
-until the Job is deleted: the pause image), in the tenant's own Kubernetes API through the official client,
-with the kubeconfig the console keeps for the tenant: the same call works on the lab and on a real cluster.
-`list` shows each pod's node, or Pending with the scheduler's message; `delete` removes the Job and its pods.
-Nothing here prints the kubeconfig or its token.
-"""
+"""python manage.py workload submit|delete|list --tenant NAME: a tenant's batch/v1 Job, for demos of Auto Nodes."""
+# `submit --name train-7 --pods 3 --gpus 8` creates a Job of 3 pods that each ask for 8 nvidia.com/gpu (and run
+# until the Job is deleted: the pause image), in the tenant's own Kubernetes API through the official client,
+# with the kubeconfig the console keeps for the tenant: the same call works on the lab and on a real cluster.
+# `list` shows each pod's node, or Pending with the scheduler's message; `delete` removes the Job and its pods.
+# Nothing here prints the kubeconfig or its token.
 import re
 
 from django.core.management.base import BaseCommand, CommandError
@@ -13,7 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 from autonodes.fit import DO_NOT_DISRUPT
 from claims.tenant_api import TAINT_EFFECTS, TenantAPI, TenantAPIError
 from core.labels import label_value_problems, qualified_name_problems
-from pools.models import Tenant, parse_quantity
+from pools.models import Tenant
+from pools.validators import parse_quantity
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a Job's name becomes a label value: 63 at most
 GPU = "nvidia.com/gpu"

@@ -1,7 +1,7 @@
 """python manage.py reconcile: one pass of the pool reconciler and the allocator."""
 from django.core.management.base import BaseCommand
 
-from claims.services import pools_reconcile
+from claims.reconcile import pools_reconcile
 from hosts.services import hosts_sweep_overdue
 
 

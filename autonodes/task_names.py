@@ -1,0 +1,5 @@
+"""The names of the Celery tasks Auto Nodes offers: string constants only, importing nothing."""
+DISRUPT = "autonodes.tasks.disrupt"
+DECIDE = "autonodes.tasks.decide"
+DECIDE_WAITING = "autonodes.tasks.decide_waiting"
+CHECK_LAUNCHES = "autonodes.tasks.check_launches"

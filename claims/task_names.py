@@ -1,0 +1,5 @@
+"""The names of the Celery tasks the claims app offers: string constants only, importing nothing."""
+RECONCILE_POOLS = "claims.tasks.reconcile_pools"
+REVOKE_JOIN_TOKEN = "claims.tasks.revoke_join_token"
+PLACE_GROUP_AGAIN = "claims.tasks.place_group_again"
+FREE_LEAKED_ADDRESSES = "claims.tasks.free_leaked_addresses"

@@ -1,0 +1,26 @@
+"""The console's own pages: home, the fleet board's bulk actions, tenants and their pools, the catalogue and
+YAML apply."""
+from django.urls import path
+
+import core.converters  # noqa: F401 (registers the <name:...> converter)
+
+from . import fleet_actions, views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("fleet/bulk/", fleet_actions.fleet_bulk, name="fleet-bulk"),
+    path("fleet/export.csv", fleet_actions.fleet_export, name="fleet-export"),
+    path("tenants/", views.tenant_list, name="tenants"),
+    path("tenants/<name:name>/", views.tenant_page, name="tenant"),
+    path("tenants/<name:name>/pools/<name:pool>/", views.pool_page, name="pool"),
+    path("tenants/<name:name>/pools/<name:pool>/quantity/", views.pool_quantity, name="pool-quantity"),
+    path("tenants/<name:name>/join/", views.join_command, name="tenant-join"),
+    path("tenants/<name:name>/api-check/", views.tenant_api_check, name="tenant-api-check"),
+    path("providers/", views.provider_list, name="providers"),
+    path("node-types/", views.node_type_list, name="node-types"),
+    path("environments/", views.environment_list, name="environments"),
+    path("images/", views.image_list, name="images"),
+    path("catalogue/<slug:kind>/new/", views.catalogue_edit, name="catalogue-create"),
+    path("catalogue/<slug:kind>/<name:key>/edit/", views.catalogue_edit, name="catalogue-edit"),
+    path("apply/", views.apply_page, name="apply"),
+]
