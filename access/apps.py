@@ -1,5 +1,5 @@
-"""Access's app config. Its label names the API tokens' table (vmetal_api_apitoken) and their migrations, as
-when tokens were part of the REST API app."""
+"""Access's app config. Its label, vmetal_api, names the API tokens' table (vmetal_api_apitoken) and their
+migrations: a new label would need both moved."""
 from django.apps import AppConfig
 
 
