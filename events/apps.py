@@ -1,3 +1,4 @@
+"""The Event log's app config."""
 from django.apps import AppConfig
 
 

@@ -1,3 +1,4 @@
+"""The declared kinds of event and the kinds of object an event is about."""
 from django.db import models
 
 

@@ -1,3 +1,4 @@
+"""The Event log's websocket routes: the audit log page and the live lists."""
 from django.urls import path
 
 from . import consumers

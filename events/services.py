@@ -4,10 +4,12 @@ import getpass
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import models, transaction
 from django.utils import timezone
 
 from core import live
+from core.crypto import EncryptedTextField
 
 from .choices import EventKind, ObjectType
 from .models import Event
@@ -126,11 +128,16 @@ def seconds_since(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else max(0.0, (now - moment).total_seconds())
 
 
-SECRET_FIELDS = frozenset({"bmc_username", "bmc_password", "kubeconfig", "password"})  # password: a user's hash
+def is_secret(field: models.Field) -> bool:
+    """A secret at rest (core.crypto's encrypted field, on any model) or a user's password hash (Django's own
+    field): the Event log says only whether one is set."""
+    return isinstance(field, EncryptedTextField) or (issubclass(field.model, AbstractBaseUser)
+                                                     and field.name == "password")
 
 
-def _shown(field: str, value):
-    if field in SECRET_FIELDS:
+def _recorded_value(field: models.Field, value):
+    """A value as the Event log keeps it: a secret masked, anything else as JSON can hold it."""
+    if is_secret(field):
         return "(set)" if value else "(empty)"
     return value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value)
 
@@ -143,11 +150,13 @@ def object_update(obj, values: dict, *, actor: str, object_type: str, tenant=Non
     created = obj.pk is None
     changes = {}
     for name, new in values.items():
-        attname = obj._meta.get_field(name).attname
+        field = obj._meta.get_field(name)
+        attname = field.attname
         new_raw = getattr(new, "pk", new) if attname.endswith("_id") else new
         old = getattr(obj, attname)
         if created or old != new_raw:
-            changes[name] = (_shown(name, old), _shown(name, new_raw if not attname.endswith("_id") else str(new)))
+            changes[name] = (_recorded_value(field, old),
+                             _recorded_value(field, new_raw if not attname.endswith("_id") else str(new)))
         setattr(obj, name, new)
     obj.full_clean()
     if not (created or changes):

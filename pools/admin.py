@@ -288,7 +288,7 @@ admin.site.unregister(Group)
 @admin.register(User)
 class RecordedUserAdmin(MembershipsRecorded, RecordedAdmin, UserAdmin):
     """Django's user admin, each change recorded with the admin's name: staff and superuser flags, groups
-    (auditors), tenants, and that the password changed (never the hash: events.services.SECRET_FIELDS)."""
+    (auditors), tenants, and that the password changed (never the hash: events.services.is_secret)."""
 
     event_object_type = ObjectType.USER
     inlines = (TenantMembershipInline,)

@@ -371,7 +371,7 @@ def no_secrets_leak(request, monkeypatch):
 
 def issue_token(user) -> str:
     """A new API token for `user` (through the service, as the API makes them); its key, known to the check."""
-    from pools.api.services import token_create
+    from access.services import token_create
 
     _, key = token_create(user=user, actor="system:test")
     ISSUED_KEYS.add(key)

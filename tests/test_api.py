@@ -16,13 +16,13 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.urls import resolve, reverse  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
+from access.models import ApiToken  # noqa: E402
 from claims.models import NodeClaim  # noqa: E402
 from claims.phases import claims_transition  # noqa: E402
 from events.models import Event  # noqa: E402
 from hosts.choices import HostState  # noqa: E402
 from hosts.models import BareMetalHost  # noqa: E402
 from hosts.services import host_transition  # noqa: E402
-from pools.api.models import ApiToken  # noqa: E402
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant  # noqa: E402
 from tests.api_conftest import ISSUED_KEYS  # noqa: E402
 

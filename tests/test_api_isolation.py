@@ -5,11 +5,11 @@ pytest_plugins = ["tests.api_conftest"]
 
 import pytest  # noqa: E402
 
+from access.models import ApiToken  # noqa: E402
 from claims.models import NodeClaim  # noqa: E402
 from events.models import Event  # noqa: E402
 from hosts.models import EraseCertificate, HealthCheckRun  # noqa: E402
 from hosts.models import BareMetalHost  # noqa: E402
-from pools.api.models import ApiToken  # noqa: E402
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant  # noqa: E402
 from tests.api_conftest import ALPHA_POOLS  # noqa: E402
 

@@ -6,9 +6,9 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from access.models import ApiToken
 from core import scoping
 from events.models import Event
-from pools.api.models import ApiToken
 
 from .api_conftest import ISSUED_KEYS
 

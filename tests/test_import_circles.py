@@ -2,7 +2,7 @@
 the one import-linter reads), beside the sibling contract in .importlinter that checks sub-packages."""
 import grimp
 
-APPS = ["core", "events", "pools", "hosts", "claims", "autonodes", "manifests", "console", "lab", "agent",
+APPS = ["core", "events", "pools", "access", "hosts", "claims", "autonodes", "manifests", "console", "lab", "agent",
         "vmetal_console"]
 
 

@@ -4,12 +4,12 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
+from access.api.views import TokenViewSet
 from autonodes.api.views import DecisionViewSet, PoolStatusView
 from claims.api.views import ClaimGroupViewSet, NodeClaimViewSet
 from events.api.views import EventViewSet
 from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet, RepairView
 from manifests.api import ApplyView
-from pools.api.tokens import TokenViewSet
 from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
                              OSImageViewSet, TenantViewSet)
 

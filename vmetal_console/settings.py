@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "core",
     "events",
     "pools",
+    "access",  # API tokens (stored hashed) and the service users that hold them
     "hosts",
     "claims",
     "autonodes",

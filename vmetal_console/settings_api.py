@@ -7,7 +7,6 @@ _redis_url = os.environ.get("REDIS_URL", "")
 
 APPS = [
     "rest_framework",
-    "pools.api.apps.ApiConfig",  # API tokens (pools.api.models), stored hashed
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not from a CDN
@@ -22,7 +21,7 @@ AUTH_BACKENDS = ["axes.backends.AxesStandaloneBackend"]
 REST_FRAMEWORK = {
     # Token first: an anonymous caller gets 401 with `WWW-Authenticate: Token`, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "pools.api.authentication.TokenAuthentication",  # `Authorization: Token <key>`
+        "access.authentication.TokenAuthentication",  # `Authorization: Token <key>`
         "rest_framework.authentication.SessionAuthentication",  # the browser; enforces CSRF on writes
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -1,2 +1,1 @@
-"""REST API (DRF) for tenants, pools, NodeProviders, NodeTypes, NodeEnvironments, OS images, tokens and apply;
-`base` holds what every app's API shares."""
+"""REST API (DRF) for tenants, pools, NodeProviders, NodeTypes, NodeEnvironments and OS images."""

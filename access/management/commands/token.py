@@ -3,9 +3,9 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from access.selectors import token_by_prefix
+from access.services import SERVICE_ROLES, service_user_create, token_create, token_revoke
 from events.services import cli_actor
-from pools.api.models import ApiToken
-from pools.api.services import SERVICE_ROLES, service_user_create, token_create, token_revoke
 
 
 class Command(BaseCommand):
@@ -42,7 +42,7 @@ class Command(BaseCommand):
             _, key = token_create(user=user, actor=actor)
             self.stdout.write(key)
         else:
-            token = ApiToken.objects.select_related("user").filter(prefix=options["prefix"]).first()
+            token = token_by_prefix(options["prefix"])
             if token is None:
                 raise CommandError(f"no token {options['prefix']!r}")
             token_revoke(token=token, actor=actor)

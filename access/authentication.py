@@ -2,14 +2,15 @@
 from django.utils.translation import gettext_lazy as _
 from rest_framework import authentication, exceptions
 
-from .models import PREFIX_LENGTH, ApiToken
+from .models import PREFIX_LENGTH
+from .selectors import token_by_prefix
 
 
 class TokenAuthentication(authentication.TokenAuthentication):
     """DRF's header parsing and `WWW-Authenticate: Token`, with our hashed tokens."""
 
     def authenticate_credentials(self, key):
-        token = ApiToken.objects.select_related("user").filter(prefix=key[:PREFIX_LENGTH]).first()
+        token = token_by_prefix(key[:PREFIX_LENGTH])
         if token is None or not token.matches(key):
             raise exceptions.AuthenticationFailed(_("Invalid token."))
         if not token.user.is_active:

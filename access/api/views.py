@@ -1,37 +1,20 @@
 """API tokens: one per user, shown once when made, listed by prefix only, revocable.
 
 POST makes a new key for the caller (replacing any earlier one, which stops working at once) and returns
-it this one time; the database keeps only its hash (pools.api.models). Admins list and revoke anyone's token,
+it this one time; the database keeps only its hash (access.models). Admins list and revoke anyone's token,
 others their own."""
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from core import scoping
+from access.models import PREFIX_LENGTH, ApiToken
+from access.selectors import tokens_visible
+from access.services import token_create, token_revoke
 from core.api import actor
 
-from .models import PREFIX_LENGTH, ApiToken
-from .services import token_create, token_revoke
-
-
-class TokenSerializer(serializers.Serializer):
-    prefix = serializers.CharField(read_only=True)
-    user = serializers.CharField(source="user.username", read_only=True)
-    created = serializers.DateTimeField(read_only=True)
-
-
-class NewTokenSerializer(TokenSerializer):
-    token = serializers.SerializerMethodField(
-        help_text="the key: shown this once; send it as `Authorization: Token <key>`")
-
-    def get_token(self, obj) -> str:
-        return self.context["key"]
-
-
-class NoInputSerializer(serializers.Serializer):
-    """A new token takes no input."""
+from .serializers import NewTokenSerializer, NoInputSerializer, TokenSerializer
 
 
 class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,
@@ -46,8 +29,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return ApiToken.objects.none()
-        tokens = ApiToken.objects.select_related("user").order_by("user__username")
-        return tokens if scoping.is_admin(self.request.user) else tokens.filter(user=self.request.user)
+        return tokens_visible(self.request.user)
 
     def get_object(self):
         token = self.get_queryset().filter(prefix=self.kwargs["prefix"]).first()

@@ -10,9 +10,9 @@ from django.db import transaction
 from core import scoping
 from events.choices import EventKind, ObjectType
 from events.services import event_record
+from pools.models import Tenant
+from pools.services import membership_add
 
-from ..models import Tenant
-from ..services import membership_add
 from .models import PREFIX_LENGTH, ApiToken
 
 SERVICE_ROLES = (scoping.ADMIN, scoping.AUDITOR, scoping.MEMBER)

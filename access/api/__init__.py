@@ -1,0 +1,1 @@
+"""REST API (DRF) for API tokens."""

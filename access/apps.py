@@ -1,0 +1,9 @@
+"""Access's app config. Its label, vmetal_api, names the API tokens' table (vmetal_api_apitoken) and their
+migrations: a new label would need both moved."""
+from django.apps import AppConfig
+
+
+class AccessConfig(AppConfig):
+    name = "access"
+    label = "vmetal_api"
+    verbose_name = "REST API"

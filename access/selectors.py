@@ -1,0 +1,14 @@
+"""Reading API tokens: by prefix (how a key and the CLI name one) and those a user may see."""
+from core import scoping
+
+from .models import ApiToken
+
+
+def token_by_prefix(prefix: str) -> ApiToken | None:
+    return ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+
+
+def tokens_visible(user):
+    """Everyone's tokens to an admin, a user's own to anyone else."""
+    tokens = ApiToken.objects.select_related("user").order_by("user__username")
+    return tokens if scoping.is_admin(user) else tokens.filter(user=user)
