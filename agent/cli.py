@@ -8,7 +8,7 @@ import signal
 import sys
 
 from agent import __version__, bootconfig
-from agent.commands import Context
+from agent.commands.base import Context
 from agent.commands.inspection import inspect
 from agent.hardware import HardwareError, load_hardware
 from agent.runner import Agent

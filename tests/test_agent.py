@@ -21,7 +21,8 @@ import pytest
 
 from agent import bootconfig, seed
 from agent.client import Backoff
-from agent.commands import Context, execute
+from agent.commands.base import Context
+from agent.commands.registry import execute
 from agent.commands import image as image_cmd
 from agent.disks import GiB, MiB, DiskError, choose_root_disk
 from agent.hardware import Disk, LabHardware, LinuxHardware, parse_nvidia_smi_csv

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent import sanitize, verify
-from agent.commands import Context, execute
+from agent.commands.base import Context
+from agent.commands.registry import execute
 from agent.hardware import LabHardware
 from lab.fake_tools import install
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from agent.commands import Context
+from agent.commands.base import Context
 
 
 def reboot_to_disk(args: dict, ctx: Context) -> dict:
