@@ -15,8 +15,8 @@ import pytest
 from agent import sanitize, verify
 from agent.commands.base import Context
 from agent.commands.registry import execute
-from agent.hardware import LabHardware
 from lab.fake_tools import install
+from lab.hardware import LabHardware
 
 MiB = 1024 * 1024
 KEY = "5e" * 32
