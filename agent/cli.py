@@ -1,4 +1,4 @@
-"""Command line of the agent: `python -m agent --console URL [--hardware linux|lab:PROFILE] [--log-file F] [--once]`."""
+"""Command line of the agent: `python -m agent --console URL [--hardware linux|MODULE:CALLABLE] [--log-file F] [--once]`."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import signal
 import sys
 
 from agent import __version__, bootconfig
-from agent.commands import Context
+from agent.commands.base import Context
 from agent.commands.inspection import inspect
 from agent.hardware import HardwareError, load_hardware
 from agent.runner import Agent
@@ -23,7 +23,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--boot-config", default="/proc/cmdline",
                         help="where the boot path left vmetal.console= and vmetal.boot_secret= (default /proc/cmdline; "
                              "virtual media: VMETAL.CFG on the CD)")
-    parser.add_argument("--hardware", default="linux", help="'linux' (default) or 'lab:/path/profile.json'")
+    parser.add_argument("--hardware", default="linux",
+                        help="'linux' (default), or MODULE:CALLABLE: a Hardware supplied by the caller, e.g. a simulated "
+                             "server (agent/hardware.py)")
+    parser.add_argument("--hardware-arg", help="the one argument CALLABLE of --hardware MODULE:CALLABLE is called with")
     parser.add_argument("--log-file", help="also log to this file")
     parser.add_argument("--once", action="store_true", help="exit after the first command's result is reported")
     parser.add_argument("--allow-reboot", action="store_true",
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_file, args.verbose)
     log = logging.getLogger("agent")
     try:
-        hardware = load_hardware(args.hardware)
+        hardware = load_hardware(args.hardware, args.hardware_arg)
     except HardwareError as exc:
         log.error("%s", exc)
         return 2

@@ -1,13 +1,16 @@
 """What the agent knows about the machine it runs on: CPU, memory, disks, NICs, GPUs, system.
 
-`LinuxHardware` reads the running kernel's view (/proc, /sys, `nvidia-smi`); `LabHardware`
-reads a JSON profile whose disks are plain files, so a simulated server needs no root.
+`Hardware` is the interface every command uses; `LinuxHardware`, the real one, reads the running kernel's view
+(/proc, /sys, `nvidia-smi`). A caller may supply another implementation, e.g. a simulated server: pass it to
+`Agent(console, hardware)`, or name it on the command line as `python -m agent --hardware MODULE:CALLABLE
+[--hardware-arg ARG]`, where CALLABLE (a dotted path inside MODULE) is called with ARG, or with nothing, and
+returns a Hardware (`load_hardware`).
 """
 from __future__ import annotations
 
 import csv
+import importlib
 import io
-import json
 import logging
 import os
 import platform
@@ -16,6 +19,7 @@ import stat
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("agent.hardware")
 
@@ -29,7 +33,7 @@ _VIRTUAL_BLOCK_PREFIXES = ("loop", "ram", "zram", "dm-", "md", "sr", "fd", "nbd"
 
 
 class HardwareError(Exception):
-    """The hardware description cannot be read (bad profile, missing file)."""
+    """The hardware cannot be read or named (a bad description, a missing file, an unknown implementation)."""
 
 
 @dataclass
@@ -73,10 +77,14 @@ class Nic:
         return asdict(self)
 
 
-class Hardware:
-    """The interface every command uses; subclasses say where the facts come from."""
+# One write of the erase's zeros: os.pwritev's signature (fd, buffers, offset) -> bytes written.
+DiskWrite = Callable[[int, list, int], int]
 
-    is_lab = False
+
+class Hardware:
+    """The interface every command uses; an implementation says where the facts come from."""
+
+    reboots = True  # whether `reboot` restarts this machine (a simulated one is powered by its BMC instead)
 
     def cpu(self) -> dict:
         raise NotImplementedError
@@ -99,9 +107,9 @@ class Hardware:
     def macs(self) -> list[str]:
         return [nic.mac for nic in self.nics() if nic.mac]
 
-    def erase_fault(self, disk: Disk) -> str | None:
-        """A simulated fault of the agent's own erase writes (the lab's); real hardware has none to declare."""
-        return None
+    def disk_writer(self, disk: Disk, regions: list[tuple[int, int]]) -> DiskWrite:
+        """The write call for one erase of `regions` on `disk` (agent/sanitize.py): the device's own answer."""
+        return os.pwritev
 
     def tool_env(self) -> dict | None:
         """The environment for the tools the agent runs (nvme, hdparm, nvidia-smi, dcgmi…); None: the agent's."""
@@ -261,113 +269,6 @@ class LinuxHardware(Hardware):
         }
 
 
-class LabHardware(Hardware):
-    """A simulated server described by a JSON profile; its disks are plain (sparse) files.
-
-    Profile: {"system": {vendor, product, serial}, "cpu": {arch, model, count}, "ram_mib": N,
-    "nics": [{name, mac, speed_gbps}], "gpus": [{index, name, uuid, memory_mib, pci_bus}],
-    "disks": [{name, path, size_bytes, type, model, serial, rotational?, fault?}]}.
-    Relative disk paths are relative to the profile's folder. A disk file that does not exist
-    yet is created sparse with `size_bytes`; an existing one reports its real size. Without a
-    "gpus" key the GPUs come from `nvidia-smi` on PATH (the lab's fake one), as on real hardware.
-    """
-
-    is_lab = True
-
-    def __init__(self, profile: dict, base_dir: str | os.PathLike = "."):
-        if not isinstance(profile, dict):
-            raise HardwareError("hardware profile must be a JSON object")
-        self.profile = profile
-        self.base_dir = Path(base_dir)
-        self.path: Path | None = None  # the profile file, when read from one
-        for key in ("nics", "disks"):
-            if not isinstance(profile.get(key), list):
-                raise HardwareError(f"hardware profile needs a list {key!r}")
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike) -> LabHardware:
-        path = Path(path)
-        try:
-            profile = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise HardwareError(f"cannot read hardware profile {path}: {exc}") from exc
-        hardware = cls(profile, base_dir=path.resolve().parent)
-        hardware.path = path.resolve()
-        return hardware
-
-    def cpu(self) -> dict:
-        cpu = self.profile.get("cpu") or {}
-        return {"arch": cpu.get("arch", platform.machine()), "model": cpu.get("model"), "count": cpu.get("count", 1)}
-
-    def ram_mib(self) -> int:
-        return int(self.profile.get("ram_mib", 0))
-
-    def disks(self) -> list[Disk]:
-        disks = []
-        for i, spec in enumerate(self.profile["disks"]):
-            if "name" not in spec or "path" not in spec:
-                raise HardwareError(f"disk #{i} in the hardware profile needs 'name' and 'path'")
-            path = Path(spec["path"])
-            if not path.is_absolute():
-                path = self.base_dir / path
-            if not path.exists():
-                if "size_bytes" not in spec:
-                    raise HardwareError(f"disk {spec['name']}: {path} does not exist and has no size_bytes")
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as fh:
-                    fh.truncate(int(spec["size_bytes"]))  # sparse: costs no space until written
-                log.info("created sparse disk file %s (%d bytes)", path, int(spec["size_bytes"]))
-            kind = spec.get("type", "ssd")
-            if kind not in DISK_TYPES:
-                raise HardwareError(f"disk {spec['name']}: type must be one of {', '.join(DISK_TYPES)}")
-            disks.append(Disk(
-                name=spec["name"],
-                path=str(path),
-                size_bytes=device_size(str(path)),
-                type=kind,
-                model=spec.get("model"),
-                serial=spec.get("serial"),
-                rotational=bool(spec.get("rotational", kind == "hdd")),
-                vendor=spec.get("vendor"),
-                wwn=spec.get("wwn"),
-            ))
-        return disks
-
-    def tool_env(self) -> dict | None:
-        """The lab's fake tools (lab/fake_tools.py) first on PATH, told which server they play."""
-        tools = (self.profile.get("lab") or {}).get("tools")
-        if not tools:
-            return None
-        env = dict(os.environ)
-        env["PATH"] = f"{tools}{os.pathsep}{env.get('PATH', '')}"
-        if self.path is not None:
-            env["VMETAL_LAB_PROFILE"] = str(self.path)
-        return env
-
-    def erase_fault(self, disk: Disk) -> str | None:
-        """`erase-skips-region` or `erase-fails` from the disk's "fault" in the profile (the lab's faults)."""
-        for spec in self.profile["disks"]:
-            if spec.get("name") == disk.name:
-                return spec.get("fault") or None
-        return None
-
-    def nics(self) -> list[Nic]:
-        return [
-            Nic(name=n.get("name", f"eth{i}"), mac=normalise_mac(n["mac"]), speed_gbps=n.get("speed_gbps"))
-            for i, n in enumerate(self.profile["nics"])
-        ]
-
-    def gpus(self) -> list[dict]:
-        if "gpus" in self.profile:
-            return [dict(g) for g in self.profile["gpus"]]
-        return query_nvidia_smi()
-
-    def system(self) -> dict:
-        system = self.profile.get("system") or {}
-        return {"vendor": system.get("vendor"), "product": system.get("product"), "serial": system.get("serial"),
-                "bios_version": system.get("bios_version")}
-
-
 def device_size(path: str) -> int:
     """Size in bytes of a block device or a plain file (seeking to the end works for both)."""
     fd = os.open(path, os.O_RDONLY)
@@ -377,10 +278,20 @@ def device_size(path: str) -> int:
         os.close(fd)
 
 
-def load_hardware(spec: str) -> Hardware:
-    """`linux` → LinuxHardware; `lab:/path/profile.json` → LabHardware."""
+def load_hardware(spec: str, arg: str | None = None) -> Hardware:
+    """`linux` → LinuxHardware; `MODULE:CALLABLE` → what CALLABLE(arg) (or CALLABLE() without arg) returns."""
     if spec == "linux":
         return LinuxHardware()
-    if spec.startswith("lab:"):
-        return LabHardware.from_file(spec[4:])
-    raise HardwareError(f"unknown hardware {spec!r}: use 'linux' or 'lab:/path/profile.json'")
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise HardwareError(f"unknown hardware {spec!r}: use 'linux' or MODULE:CALLABLE")
+    try:
+        factory = importlib.import_module(module_name)
+        for name in attribute.split("."):
+            factory = getattr(factory, name)
+    except (ImportError, AttributeError) as exc:
+        raise HardwareError(f"hardware {spec!r}: {exc}") from exc
+    hardware = factory() if arg is None else factory(arg)
+    if not isinstance(hardware, Hardware):
+        raise HardwareError(f"hardware {spec!r} gave {type(hardware).__name__}, not a Hardware")
+    return hardware

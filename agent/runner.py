@@ -16,7 +16,8 @@ from typing import Callable
 from agent.client import (
     Backoff, ConsoleClient, NotFound, ProtocolError, Session, TokenRejected, TransientError,
 )
-from agent.commands import Context, Outcome, execute
+from agent.commands.base import Context
+from agent.commands.registry import Outcome, execute
 from agent.hardware import Hardware
 
 log = logging.getLogger("agent")

@@ -14,8 +14,8 @@ A method that cannot run (no tool, not supported, frozen) or that fails moves to
 names one, and the result says so (`fallback_from`, `fallback_reason`, every attempt); without a fallback
 the erase fails. Nothing is ever silently weaker than asked.
 
-The lab simulates the drive commands with fake `nvme` / `hdparm` tools on PATH acting on the disk files;
-faults of the agent's own writes come from the lab hardware profile (`Hardware.erase_fault`)."""
+The drive commands run with the hardware's tool environment (`Hardware.tool_env`), and the agent's own writes
+go through the hardware's write call (`Hardware.disk_writer`): on real hardware, the kernel's."""
 from __future__ import annotations
 
 import errno
@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from agent.hardware import Disk, Hardware
+from agent import __version__
+from agent.hardware import Disk, DiskWrite, Hardware
 from agent.verify import BLOCK, MiB, metadata_regions
 
 WRITE_CHUNK = 4 * MiB  # the usual max_sectors_kb: one request each, not split by the block layer
@@ -102,7 +103,7 @@ def erase_disk(disk: Disk, policy: Policy, hardware: Hardware, progress: Progres
 
 def erase_metadata(disk: Disk, policy: Policy, hardware: Hardware, progress: Progress) -> dict:
     regions = metadata_regions(disk.size_bytes, policy.metadata_mib)
-    written = write_zeros(disk.path, regions, hardware.erase_fault(disk), progress)
+    written = write_zeros(disk.path, regions, progress, pwritev=hardware.disk_writer(disk, regions))
     return {"method": "metadata", "method_type": "None",
             "method_details": f"zeros over the first and last {policy.metadata_mib} MiB (partition tables, GPT "
                               "backup, RAID/LVM/filesystem signatures); not a sanitisation: the rest of the disk "
@@ -113,7 +114,8 @@ def erase_metadata(disk: Disk, policy: Policy, hardware: Hardware, progress: Pro
 
 
 def erase_full(disk: Disk, policy: Policy, hardware: Hardware, progress: Progress) -> dict:
-    written = write_zeros(disk.path, [(0, disk.size_bytes)], hardware.erase_fault(disk), progress)
+    regions = [(0, disk.size_bytes)]
+    written = write_zeros(disk.path, regions, progress, pwritev=hardware.disk_writer(disk, regions))
     return {"method": "full", "method_type": "Clear",
             "method_details": "one pass of zeros over every user-addressable block (O_DIRECT writes of 4 MiB, 8 in "
                               "flight), then fsync",
@@ -123,34 +125,18 @@ def erase_full(disk: Disk, policy: Policy, hardware: Hardware, progress: Progres
 
 
 def _agent_version() -> str:
-    from agent import __version__
-
     return __version__
 
 
-def skipped_region(regions: list[tuple[int, int]]) -> tuple[int, int]:
-    """The lab's erase-skips-region fault: the middle quarter (3/8 to 5/8) of the largest range written."""
-    start, length = max(regions, key=lambda r: r[1])
-    lo = (start + length * 3 // 8) // BLOCK * BLOCK
-    hi = (start + length * 5 // 8) // BLOCK * BLOCK
-    return lo, hi
-
-
-def write_zeros(path: str, regions: list[tuple[int, int]], fault: str | None = None,
-                progress: Progress = lambda f, m: None, queue_depth: int = WRITE_QUEUE_DEPTH,
-                direct: bool | None = None) -> int:
+def write_zeros(path: str, regions: list[tuple[int, int]], progress: Progress = lambda f, m: None,
+                queue_depth: int = WRITE_QUEUE_DEPTH, direct: bool | None = None,
+                pwritev: DiskWrite = os.pwritev) -> int:
     """Zeros over the ranges with O_DIRECT, several 4 MiB writes in flight (a device is fastest with a queue),
     then fsync; buffered where O_DIRECT is refused or for an unaligned tail. The read-back that verifies the
-    erase is always O_DIRECT (agent/verify.py), whichever way the zeros went.
-
-    `fault` is the lab's: `erase-skips-region` leaves the middle quarter of the largest range untouched while
-    reporting it written; `erase-fails` makes the device answer EIO a quarter of the way in."""
+    erase is always O_DIRECT (agent/verify.py), whichever way the zeros went. Every write goes through `pwritev`
+    (the hardware's `disk_writer`), and the bytes counted are those it says it wrote."""
     pieces = [(o, o + n) for o, n in regions if n > 0]
-    if fault == "erase-skips-region":
-        lo, hi = skipped_region(regions)
-        pieces = [p for s, e in pieces for p in ((s, min(e, lo)), (max(s, hi), e)) if p[0] < p[1]]
     total = sum(n for _, n in regions) or 1
-    fail_at = total // 4 if fault == "erase-fails" else None
     # O_DIRECT with a queue of 4 MiB writes: measured faster than `dd` (buffered or O_DIRECT) on both the
     # project's machines (bench/README.md), and a whole disk never passes through the ramdisk's memory.
     direct = True if direct is None else direct
@@ -165,21 +151,17 @@ def write_zeros(path: str, regions: list[tuple[int, int]], fault: str | None = N
     items = [(o, min(WRITE_CHUNK, end - o)) for start, end in pieces for o in range(start, end, WRITE_CHUNK)]
     buf = mmap.mmap(-1, WRITE_CHUNK)  # page-aligned zeros, only ever read: shared by the writers
     zeros = memoryview(buf)
-    state = {"written": 0, "issued": 0, "reported": 0.0}
+    state = {"written": 0, "reported": 0.0}
     lock = threading.Lock()
 
     def write(item: tuple[int, int]) -> None:
         offset, n = item
-        with lock:
-            if fail_at is not None and state["issued"] >= fail_at:
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-            state["issued"] += n
         if direct and (offset % BLOCK or n % BLOCK):
-            _buffered_zeros(path, offset, n)
+            _buffered_zeros(path, offset, n, pwritev)
         else:
             done = 0
             while done < n:
-                done += os.pwritev(fd, [zeros[done:n]], offset + done)
+                done += pwritev(fd, [zeros[done:n]], offset + done)
         with lock:
             state["written"] += n
             now = time.monotonic()
@@ -187,6 +169,7 @@ def write_zeros(path: str, regions: list[tuple[int, int]], fault: str | None = N
                 state["reported"] = now
                 progress(state["written"] / total, "writing zeros")
 
+    failure = None
     try:
         with ThreadPoolExecutor(max_workers=max(1, queue_depth), thread_name_prefix="zeros") as pool:
             for _ in pool.map(write, items):
@@ -195,20 +178,24 @@ def write_zeros(path: str, regions: list[tuple[int, int]], fault: str | None = N
         if not direct:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # written and synced: leave no cache behind
     except OSError as exc:
-        raise EraseFailed(f"writing zeros to {path} failed at offset {state['written']}: "
-                          f"{exc.strerror or exc}") from None
+        # Raised after the buffer is closed: a traceback through a Python pwritev still holds views of it.
+        failure = f"writing zeros to {path} failed at offset {state['written']}: {exc.strerror or exc}"
     finally:
         zeros.release()
         buf.close()
         os.close(fd)
+    if failure:
+        raise EraseFailed(failure)
     progress(1.0, "zeros written")
-    return total if fault == "erase-skips-region" else state["written"]  # the fault reports success
+    return state["written"]
 
 
-def _buffered_zeros(path: str, offset: int, length: int) -> None:
+def _buffered_zeros(path: str, offset: int, length: int, pwritev: DiskWrite = os.pwritev) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, bytes(length), offset)
+        done = 0
+        while done < length:
+            done += pwritev(fd, [bytes(length - done)], offset + done)
         os.fsync(fd)
     finally:
         os.close(fd)

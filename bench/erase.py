@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent import sanitize  # noqa: E402
-from agent.commands import Context, execute  # noqa: E402
-from agent.hardware import LabHardware  # noqa: E402
+from agent.commands.base import Context  # noqa: E402
+from agent.commands.registry import execute  # noqa: E402
+from lab.hardware import LabHardware  # noqa: E402
 
 MiB = 1024 * 1024
 KEY = "b3" * 32

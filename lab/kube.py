@@ -17,7 +17,8 @@ console and the official client rely on it and kmock (0.8) does not do it:
   ignores them), and a watch that cannot lose an event between its snapshot and its stream;
 - the `pods/eviction` subresource (policy/v1 Eviction), with graceful termination and a switch
   that answers 429 as a PodDisruptionBudget would;
-- pod garbage collection when a node is deleted.
+- pod garbage collection when a node is deleted;
+- a scheduler and the Job controller, in small (the scheduler's filters: lab/scheduling.py).
 
 It is served by aiohttp's own runner, not by `kmock.Server`: that one patches aiohttp's resolver
 process-wide and must be stopped in LIFO order, which two tenants stopped in any order break.
@@ -45,6 +46,8 @@ import attrs
 import kmock
 import yaml
 from kmock._internal import parsing, rendering  # Request parsing, Response(status=...) for a handler's own status
+
+from . import scheduling
 
 log = logging.getLogger(__name__)
 
@@ -633,8 +636,8 @@ class TenantEmulator(kmock.KubernetesEmulator):
 
     def _schedule(self, pods: list[tuple[tuple, dict]], nodes: list[tuple[tuple, dict]]) -> list[tuple]:
         """kube-scheduler, in small: each Pending pod without a node (oldest first) is bound to the first node, by
-        name, that passes the filters (cordon, taints and Ready, node affinity and nodeSelector, requests against
-        allocatable less what the node's pods request: autonodes.fit's predicates); otherwise it gets
+        name, that passes the filters (lab/scheduling.py: cordon, node name, taints and Ready, node affinity and
+        nodeSelector, requests against allocatable less what the node's pods request); otherwise it gets
         PodScheduled=False, reason Unschedulable, and kube-scheduler's message. A pod is written only when its
         verdict changes, so a pass that decides nothing new publishes nothing."""
         pending = [(k, p) for k, p in pods if not (p.get("spec") or {}).get("nodeName")
@@ -643,29 +646,26 @@ class TenantEmulator(kmock.KubernetesEmulator):
                    and (p.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"]
         if not pending:
             return []
-        from autonodes.fit import Demand, pod_requests, quantities
-
         nodes = sorted(nodes, key=lambda kn: kn[0][2])
-        free = {key[2]: quantities((node.get("status") or {}).get("allocatable")) for key, node in nodes}
+        bound: dict[str, list[dict]] = {}
         for _, pod in pods:
-            node_name = (pod.get("spec") or {}).get("nodeName")
-            if node_name in free and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                _take(free[node_name], {**pod_requests(pod), "pods": 1.0})
+            if (pod.get("spec") or {}).get("nodeName") and (pod.get("status") or {}).get("phase") not in (
+                    "Succeeded", "Failed"):
+                bound.setdefault(pod["spec"]["nodeName"], []).append(pod)
+        free = {key[2]: scheduling.node_free(node, bound.get(key[2], [])) for key, node in nodes}
         events = []
         for key, pod in sorted(pending, key=lambda kp: (self._created_rv.get(kp[0], 0), kp[0][1:])):
-            demand = Demand.of_pod(pod)
-            asked = {**demand.requests, "pods": 1.0}
             reasons: dict[str, int] = {}
             chosen = None
             for node_key, node in nodes:
-                why = _filter_node(demand, asked, node, free[node_key[2]])
+                why = scheduling.filter_node(pod, node, free[node_key[2]])
                 if not why:
                     chosen = node
                     break
                 for reason in why:
                     reasons[reason] = reasons.get(reason, 0) + 1
             if chosen is not None:
-                _take(free[chosen["metadata"]["name"]], asked)
+                scheduling.take(free[chosen["metadata"]["name"]], pod)
                 events.append(self._patch(key, _bound(chosen)))
                 continue
             message = (f"0/{len(nodes)} nodes are available: "
@@ -678,40 +678,6 @@ class TenantEmulator(kmock.KubernetesEmulator):
                              "message": message, "lastProbeTime": None, "lastTransitionTime": _rfc3339(_now())}
                 events.append(self._patch(key, {"status": {"phase": "Pending", "conditions": [condition]}}))
         return events
-
-
-def _take(free: dict[str, float], asked: dict[str, float]) -> None:
-    for resource, value in asked.items():
-        if resource in free or resource != "pods":
-            free[resource] = free.get(resource, 0.0) - value
-
-
-NOT_READY_TAINTS = {"False": "node.kubernetes.io/not-ready", "Unknown": "node.kubernetes.io/unreachable"}
-
-
-def _filter_node(demand, asked: dict[str, float], node: dict, free: dict[str, float]) -> list[str]:
-    """Why the pod does not fit the node, in kube-scheduler's words (its filters in its order, the first that fails;
-    the resources filter names every resource that is short), or [] when it fits. A node that is not Ready has the
-    not-ready (or unreachable) NoSchedule taint the node lifecycle controller puts on it."""
-    from autonodes import fit
-
-    spec, status = node.get("spec") or {}, node.get("status") or {}
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if spec.get("unschedulable") and fit.untolerated_taint(demand.tolerations, [
-            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]):
-        return ["node(s) were unschedulable"]
-    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), "False")
-    taints = list(spec.get("taints") or [])
-    if ready != "True":
-        taints.insert(0, {"key": NOT_READY_TAINTS.get(ready, NOT_READY_TAINTS["False"]), "effect": "NoSchedule"})
-    if (taint := fit.untolerated_taint(demand.tolerations, taints)) is not None:
-        return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"]
-    if not fit.selector_matches(demand.node_selector, labels) or not fit.affinity_matches(demand.node_affinity, labels):
-        return ["node(s) didn't match Pod's node affinity/selector"]
-    if "pods" not in free:  # a node that posted no allocatable pods count is not limited by it
-        asked = {k: v for k, v in asked.items() if k != "pods"}
-    short = fit.short_of(asked, free)
-    return [("Too many pods" if resource == "pods" else f"Insufficient {resource}") for resource in sorted(short)]
 
 
 def _bound(node: dict) -> dict:

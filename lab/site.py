@@ -4,7 +4,7 @@
   seconds later, per-server credentials and injected faults.
 - Servers: file-backed disks under var/lab/<host>/, a hardware profile per server (gpu-server: 8 GPUs,
   NVMe disks, 2 TiB of RAM reported; cpu-server), and the real agent (agent/) started as a process when a
-  server powers on into PXE, as the ramdisk would be. Powering on from disk "boots the installed OS":
+  server powers on into PXE, as the ramdisk would be, with the lab's hardware (lab/hardware.py) in place of Linux's. Powering on from disk "boots the installed OS":
   the lab reads the cloud-init NoCloud seed that the agent wrote on the disk and runs its join command
   (the kubelet joining the tenant's API with the bootstrap token).
 - VM servers (`vms=N`, hosts vm-01…): a QEMU virtual machine per server (lab/vm.py) behind the same kind of
@@ -72,13 +72,13 @@ from pathlib import Path
 
 from agent.seed import SeedError, read_seed
 
+from .hardware import ERASE_FAULTS, LAB_HARDWARE, LabHardware
 from .kube import TenantAPIServer, kubelet_join, parse_join_command
 from .redfish import GUEST_HOST, RedfishLab, port_free
 from .vm import VMServer
 
 log = logging.getLogger("lab")
 ROOT = Path(__file__).resolve().parent.parent
-ERASE_FAULTS = ("erase-skips-region", "erase-fails")
 GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
               "burnin-fail")
 SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from the SKU
@@ -203,7 +203,7 @@ class LabHost:
             "ram_mib": 2 * 1024 * 1024 if self.role == "gpu" else 512 * 1024,
             "nics": [{"name": "eth0", "mac": self.mac, "speed_gbps": 100 if self.role == "gpu" else 25}],
             "gpus": gpus, "disks": disks,
-            # For the fake tools (lab/fake_tools.py) and the agent's LabHardware.tool_env, never real hardware.
+            # For the fake tools (lab/fake_tools.py) and LabHardware.tool_env (lab/hardware.py).
             "lab": {"faults": gpu_faults, "dcgm_version": self.dcgm_version, "tools": self.tools_dir},
         }
 
@@ -606,8 +606,8 @@ class LabSite:
         # agent-crash: the same agent, started through a wrapper that kills it when it gets its first command.
         program = "lab.crashing_agent" if host.has_fault("agent-crash") else "agent"
         host.agent = subprocess.Popen(
-            [sys.executable, "-m", program, "--boot-config", str(cmdline), "--hardware", f"lab:{host.profile_path}",
-             "--log-file", str(log_file), "--tmp-dir", str(ramdisk)],
+            [sys.executable, "-m", program, "--boot-config", str(cmdline), "--hardware", LAB_HARDWARE,
+             "--hardware-arg", str(host.profile_path), "--log-file", str(log_file), "--tmp-dir", str(ramdisk)],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         log.info("%s: powered on into PXE, agent started (pid %s)", host.name, host.agent.pid)
@@ -772,7 +772,6 @@ class _AgentThread:
 
     def __init__(self, profile: Path, ramdisk: Path, cmdline: Path):
         from agent import bootconfig
-        from agent.hardware import LabHardware
         from agent.runner import Agent
 
         boot = bootconfig.read(str(cmdline))

@@ -21,11 +21,13 @@ import pytest
 
 from agent import bootconfig, seed
 from agent.client import Backoff
-from agent.commands import Context, execute
 from agent.commands import image as image_cmd
+from agent.commands.base import Context
+from agent.commands.registry import execute
 from agent.disks import GiB, MiB, DiskError, choose_root_disk
-from agent.hardware import Disk, LabHardware, LinuxHardware, parse_nvidia_smi_csv
+from agent.hardware import Disk, LinuxHardware, parse_nvidia_smi_csv
 from agent.runner import Agent
+from lab.hardware import LAB_HARDWARE, LabHardware
 
 ROOT = Path(__file__).resolve().parent.parent
 MAC = "52:54:00:aa:bb:01"
@@ -729,8 +731,8 @@ def test_command_line_runs_one_command_and_logs_to_a_file(tmp_path, console):
     console.commands.append({"id": "c-1", "name": "inspect", "args": {}})
     log_file = tmp_path / "agent.log"
     proc = subprocess.run(
-        [sys.executable, "-m", "agent", "--console", console.url, "--hardware", f"lab:{profile}",
-         "--log-file", str(log_file), "--once"],
+        [sys.executable, "-m", "agent", "--console", console.url, "--hardware", LAB_HARDWARE,
+         "--hardware-arg", str(profile), "--log-file", str(log_file), "--once"],
         cwd=ROOT, capture_output=True, text=True, timeout=30,
     )
     assert proc.returncode == 0, proc.stderr

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from agent import sanitize, verify
-from agent.commands import Context, execute
-from agent.hardware import LabHardware
+from agent.commands.base import Context
+from agent.commands.registry import execute
 from lab.fake_tools import install
+from lab.hardware import LabHardware
 
 MiB = 1024 * 1024
 KEY = "5e" * 32

@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.commands import Context, execute
+from agent.commands.base import Context
+from agent.commands.registry import execute
 from agent.hardware import Hardware
 
 # --- a real TLS endpoint: a CA per tenant, a server certificate for 127.0.0.1 -------------------------------

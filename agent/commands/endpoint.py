@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agent import endpoint
-from agent.commands import CommandError, Context, require
+from agent.commands.base import CommandError, Context, require
 
 
 def check_endpoint(args: dict, ctx: Context) -> dict:

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agent import sanitize, verify
-from agent.commands import CommandError, Context, require
+from agent.commands.base import CommandError, Context, require
 from agent.disks import MiB, zero_regions
 
 

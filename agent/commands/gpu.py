@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import time
 
-from agent.commands import CommandError, Context
+from agent.commands.base import CommandError, Context
 
 MAX_OUTPUT = 512 * 1024
 # nvidia-smi's documented return codes.

@@ -26,7 +26,7 @@ from typing import Callable
 
 from agent import client
 from agent.client import direct_opener
-from agent.commands import CommandError, Context, require
+from agent.commands.base import CommandError, Context, require
 from agent.disks import MiB, DiskError, choose_root_disk, write_all, zero_regions
 from agent.hardware import Disk
 

@@ -1,7 +1,7 @@
 """`inspect`: the hardware inventory the console stores on the host (CPU, RAM, disks, NICs, GPUs, system)."""
 from __future__ import annotations
 
-from agent.commands import Context
+from agent.commands.base import Context
 from agent.hardware import HardwareError
 
 

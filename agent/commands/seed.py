@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from agent import seed
-from agent.commands import CommandError, Context
+from agent.commands.base import CommandError, Context
 from agent.disks import DiskError, choose_root_disk
 
 

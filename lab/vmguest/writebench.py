@@ -10,7 +10,8 @@ import sys
 import time
 import urllib.request
 
-from agent.commands import Context, execute
+from agent.commands.base import Context
+from agent.commands.registry import execute
 from agent.hardware import LinuxHardware
 
 
