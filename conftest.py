@@ -4,8 +4,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
-from django.db import connection
+
+pytest.register_assert_rewrite("tests.factories")  # its builders' asserts explain themselves, as a test's do
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 # Every response, websocket frame and log record of every test (and what the browser, daphne and Celery

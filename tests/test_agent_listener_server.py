@@ -231,7 +231,7 @@ def test_a_warm_agents_held_ask_outlives_the_idle_timeout_and_gets_its_command(l
     from hosts.models import BareMetalHost
     from hosts.services import host_transition
 
-    from .test_warm_hosts import ask_in_thread, warm_agent
+    from .factories import ask_in_thread, warm_agent
 
     server = listener(AGENT_LISTENER_IDLE_S="1", WARM_POLL_S="60")
     host, client, session = warm_agent(f"http://127.0.0.1:{server.port}")
