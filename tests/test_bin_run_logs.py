@@ -80,7 +80,8 @@ def stop_bin_run(run: subprocess.Popen) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_a_database_url_bin_run_still_starts_the_lab_and_its_files_are_the_owners_only(subprocess_env, tmp_path, spawn):
+def test_with_a_database_url_bin_run_still_starts_the_lab_and_its_files_are_the_owners_only(
+        subprocess_env, tmp_path, spawn):
     var = tmp_path / "var"
     env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL", "VMETAL_LAB",
                                                                    "ALLOWED_HOSTS"}}
