@@ -4,8 +4,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
-from django.db import connection
+
+pytest.register_assert_rewrite("tests.factories")  # its builders' asserts explain themselves, as a test's do
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 # Every response, websocket frame and log record of every test (and what the browser, daphne and Celery
@@ -25,9 +27,35 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+# The lanes: a test that uses one of these fixtures (directly or through another fixture) gets the marker, and
+# `./bin/test --fast` (pytest --fast) leaves it out. Fixtures of test modules count too (vm_lab, listener's spawn).
+LANE_FIXTURES = {
+    "slow": {"celery_worker_process", "console_server", "watcher", "spawn", "production_venv"},  # child processes
+    "lab": {"lab_factory", "lab_sites"},  # the lab's simulated servers, agents and tenant APIs
+    "browser": {"browser"},  # Chromium
+    "vm": {"images", "vm_lab", "vm_console"},  # QEMU VMs and their images
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="the fast lane: leave out the tests marked " + ", ".join(LANE_FIXTURES))
+
+
 def pytest_collection_modifyitems(config, items):
-    """`postgres` tests skip on SQLite for a newcomer's quick run, and `vm` tests where QEMU is not installed, but
-    never in CI: there they must run (.ci/run installs QEMU)."""
+    """Each test is put in its lane by the fixtures it uses (LANE_FIXTURES); --fast deselects all but the fast
+    lane. `postgres` tests skip on SQLite for a newcomer's quick run, and `vm` tests where QEMU is not installed,
+    but never in CI: there they must run (.ci/run installs QEMU)."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in LANE_FIXTURES.items():
+            if used & fixtures and marker not in item.keywords:
+                item.add_marker(marker)
+    if config.getoption("fast"):
+        slow = [item for item in items if any(marker in item.keywords for marker in LANE_FIXTURES)]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item not in set(slow)]
     if os.environ.get("CI"):
         return
     skips = {}
@@ -207,6 +235,44 @@ def agent_server(transactional_db, settings, worker_settings):
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "10.0.2.2"]
     yield SimpleNamespace(url=url)
     thread.terminate()
+
+
+@pytest.fixture
+def spawn():
+    """spawn(args, **Popen arguments) → a long-running child process (a server, a watcher, `bin/run`) in a session
+    of its own; whatever of it still runs when the test ends is killed. Its tests run in the slow lane."""
+    import signal
+    import subprocess
+
+    started = []
+
+    def start(args, **kwargs):
+        started.append(subprocess.Popen(args, start_new_session=True, **kwargs))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+@pytest.fixture
+def lab_sites(tmp_path):
+    """lab_sites(**LabSite arguments) → a lab (not started yet) that is stopped when the test ends, if it runs."""
+    from lab.site import LabSite
+
+    made = []
+
+    def make(**kwargs):
+        made.append(LabSite(**kwargs))
+        return made[-1]
+
+    yield make
+    for site in made:
+        site.stop()
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):

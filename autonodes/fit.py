@@ -1,17 +1,9 @@
 """Whether a pod fits a node, as kube-scheduler's filters and Karpenter's simulation decide it: requests against
-<<<<<<< HEAD
 what is free, nodeSelector and required node affinity against labels, tolerations against taints."""
-# One place for these rules: the console's scheduling simulation (which pool and NodeType serve a Pending pod),
-# disruption (would this node's pods fit elsewhere) and the lab's scheduler all call them. Plain dicts in, so
-# that pods read from the API, PendingPod rows and simulated nodes are all the same thing here.
-=======
-what is free, nodeSelector and required node affinity against labels, tolerations against taints.
-
-One place for these rules: the console's scheduling simulation (which pool and NodeType serve a Pending pod)
-and disruption (would this node's pods fit elsewhere) call them; the lab's scheduler has its own (lab/scheduling.py). Plain dicts in, so
-that pods read from the API, PendingPod rows and simulated nodes are all the same thing here.
-"""
->>>>>>> i26-agentlab
+# One place for these rules: the console's scheduling simulation (which pool and NodeType serve a Pending pod)
+# and disruption (would this node's pods fit elsewhere) call them; the lab's scheduler has its own
+# (lab/scheduling.py), so that a wrong rule here fails a lab test. Plain dicts in, so that pods read from the API,
+# PendingPod rows and simulated nodes are all the same thing here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field

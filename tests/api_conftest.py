@@ -50,7 +50,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import client as django_client
 from rest_framework.test import APIClient
 
@@ -527,3 +527,11 @@ def rolled_back():
             return self.atomic.__exit__(*exc)
 
     return Block
+
+
+def waiting_for_a_lock() -> bool:
+    """Some other connection to this database waits for a lock (the second request, on the pool's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+        return cursor.fetchone()[0] > 0

@@ -1,17 +1,25 @@
 """Fixtures of the console's tests: named users (an admin, an auditor, a member of `one`, a member of
 `two`), a site with both tenants, the console served by a real ASGI server (daphne) and Chromium.
 Load with `pytest_plugins = ["tests.console_conftest"]`."""
+import asyncio
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from channels.db import database_sync_to_async as sync_to_async  # closes the connections it opens
+from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group, User
 from django.db import connection
 
+from events.models import Event
+from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from pools.models import NodePool, Tenant, TenantMembership
 
@@ -203,3 +211,75 @@ def screenshot(page, name: str) -> Path:
     path = SCREENSHOTS / name
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+# --- the live views, spoken to as a browser does (a websocket with the session cookie), and drives run beside
+# Playwright's event loop ---
+
+def stages(generator) -> Iterator[str]:
+    """Run the drive in a thread of its own: Playwright's event loop runs in this one, and the services'
+    on-commit publishing (async_to_sync into the channel layer) may not run inside an event loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        try:
+            while True:
+                try:
+                    yield thread.submit(next, generator).result(timeout=60)
+                except StopIteration:
+                    return
+        finally:
+            thread.submit(connections.close_all).result()
+
+
+def with_thread(fn, **kwargs):
+    def gen():
+        fn(**kwargs)
+        yield "done"
+
+    return list(stages(gen()))
+
+
+def session_cookie(client, user) -> bytes:
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def connect(path: str, cookie: bytes | None):
+    from vmetal_console.asgi import application
+
+    headers = [(b"origin", b"http://127.0.0.1")]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def resync(communicator, since: int, ids=()) -> str:
+    """What the page gets when it (re)connects: the changed parts, then the cursor, last."""
+    await communicator.send_to(text_data=json.dumps({"type": "resync", "since": since, "ids": list(ids)}))
+    return await receive_until(communicator, 'id="live-cursor"')
+
+
+async def receive_until(communicator, pattern: str, timeout: float = 5.0) -> str:
+    """Messages until what arrived matches (a change may take a few messages, or come after another)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    received = ""
+    while True:
+        received += await communicator.receive_from(timeout=max(0.05, deadline - asyncio.get_running_loop().time()))
+        if re.search(pattern, received):
+            return received
+
+
+@sync_to_async
+def latest_event() -> int:
+    return Event.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+
+@sync_to_async
+def first_available() -> BareMetalHost:
+    return BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()

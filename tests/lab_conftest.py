@@ -1,6 +1,9 @@
 """Fixtures for end-to-end tests in the lab: the live agent listener (boot path, agent protocol), a real Celery worker on
 the real broker, the Redfish emulator, agents on file-backed disks and tenant Kubernetes APIs."""
+import socket
+
 import pytest
+import yaml
 from django.core.management import call_command
 
 from conftest import DEMO, wait_for
@@ -89,3 +92,24 @@ def lab_report() -> str:
     lines += [f"  {e.created_at:%H:%M:%S.%f} {e.object_name} {e.from_state}>{e.to_state} {e.step} {e.message}"
               for e in Event.objects.order_by("-id")[:25][::-1]]
     return "\n".join(lines)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again on return: nothing listens there
+
+
+def lab_tenant_api(site, name, *, endpoint=None, server=None, ca=None):
+    """Point tenant `name` at `endpoint` (its VIP) with the lab's kubeconfig, its server and CA changed."""
+    from pools.models import Tenant
+    from pools.services import tenant_set_api
+
+    config = yaml.safe_load(site.tenants[name].kubeconfig())
+    cluster = config["clusters"][0]["cluster"]
+    if server:
+        cluster["server"] = server
+    if ca:
+        cluster["certificate-authority-data"] = ca
+    tenant_set_api(tenant=Tenant.objects.get(name=name), api_endpoint=endpoint or site.tenants[name].endpoint,
+                   kubeconfig=yaml.safe_dump(config), actor="user:test")

@@ -6,10 +6,8 @@ import json
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Group, Permission, User
-from django.contrib.messages import get_messages
 from django.core.management import call_command
 from django.db import connection
-from django.forms import CheckboxInput
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -18,6 +16,8 @@ from events.models import Event
 from hosts.models import BareMetalHost
 from hosts.services import host_transition
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
+
+from .factories import form_data, messages_of
 
 pytestmark = pytest.mark.django_db
 
@@ -35,26 +35,6 @@ def site(demo_site, apply, seed_block):
 def url(model, view, *args):
     opts = model._meta
     return reverse(f"admin:{opts.app_label}_{opts.model_name}_{view}", args=args)
-
-
-def form_data(page) -> dict:
-    """The change form's fields, and its inlines' rows, as the browser would post them back unchanged."""
-    forms = [page.context["adminform"].form]
-    for inline in page.context["inline_admin_formsets"]:
-        forms += [inline.formset.management_form, *inline.formset.initial_forms]
-    data = {}
-    for field in (field for form in forms for field in form if not field.field.disabled):
-        value = field.value()
-        if isinstance(field.field.widget, CheckboxInput):
-            if value:
-                data[field.html_name] = "on"
-        else:
-            data[field.html_name] = "" if value is None else value
-    return data
-
-
-def messages_of(response) -> list[tuple[str, str]]:
-    return [(m.level_tag, m.message) for m in get_messages(response.wsgi_request)]
 
 
 def host_action(client, action, hosts):

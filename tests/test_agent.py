@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from agent import bootconfig, seed
 from agent.client import Backoff
 from agent.commands import image as image_cmd
@@ -652,7 +653,7 @@ def test_the_console_being_down_at_first_is_retried(tmp_path, caplog):
     caplog.set_level("INFO")
     port = free_port()
     agent, thread, box = start_agent(f"http://127.0.0.1:{port}", lab_hardware(tmp_path), once=True)
-    time.sleep(0.4)
+    wait_for(lambda: "lookup failed" in caplog.text, timeout=10)  # it tried while nothing listened, and waits
     assert thread.is_alive()
     fake = FakeConsole(port=port)
     try:
@@ -667,7 +668,7 @@ def test_the_console_being_down_at_first_is_retried(tmp_path, caplog):
 def test_an_unregistered_host_keeps_looking_up(tmp_path, console):
     console.hosts = {}
     agent, thread, box = start_agent(console.url, lab_hardware(tmp_path), once=True)
-    time.sleep(0.3)
+    wait_for(lambda: console.lookups, timeout=10)  # looked up while unregistered
     console.hosts = {MAC: (7, "gpu-07")}
     console.commands.append({"id": "c-9", "name": "inspect", "args": {}})
     assert finish(agent, thread, box) == 0

@@ -38,13 +38,13 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
 
 
 class Listener:
-    def __init__(self, env: dict, log: Path, **settings: str):
+    def __init__(self, spawn, env: dict, log: Path, **settings: str):
         self.port = free_port()
         self.log = log
         env = {**{k: v for k, v in env.items() if k != "AGENT_BOOT_URL"}, "AGENT_LISTEN": f"127.0.0.1:{self.port}",
                "PYTHONUNBUFFERED": "1", "AGENT_LISTENER_THREADS": str(THREADS), **settings}
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "agent-listener"], cwd=ROOT, env=env,
-                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = spawn([sys.executable, "manage.py", "agent-listener"], cwd=ROOT, env=env, stdout=open(log, "w"),
+                          stderr=subprocess.STDOUT)
         watch_child_log(log)
         wait_until(lambda: self.proc.poll() is not None or self._listening(), what="the listener listens")
         assert self.proc.poll() is None, log.read_text()
@@ -108,11 +108,11 @@ def read_answer(s: socket.socket) -> bytes:
 
 
 @pytest.fixture
-def listener(subprocess_env, tmp_path):
+def listener(subprocess_env, tmp_path, spawn):
     started = []
 
     def start(**settings):
-        started.append(Listener(subprocess_env, tmp_path / f"listener-{len(started)}.log", **settings))
+        started.append(Listener(spawn, subprocess_env, tmp_path / f"listener-{len(started)}.log", **settings))
         return started[-1]
 
     yield start
@@ -232,7 +232,7 @@ def test_a_warm_agents_held_ask_outlives_the_idle_timeout_and_gets_its_command(l
     from hosts.models import BareMetalHost
     from hosts.services import host_transition
 
-    from .test_warm_hosts import ask_in_thread, warm_agent
+    from .factories import ask_in_thread, warm_agent
 
     server = listener(AGENT_LISTENER_IDLE_S="1", WARM_POLL_S="60")
     host, client, session = warm_agent(f"http://127.0.0.1:{server.port}")

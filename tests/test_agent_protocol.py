@@ -4,16 +4,12 @@ import json
 
 import pytest
 
-from hosts.boot.ramdisk import ramdisk_boot_start
 from hosts.models import AgentSession, BareMetalHost, CommandStatus, HostCommand
 from hosts.services import host_transition
 
+from .factories import boot, lookup, post
+
 pytestmark = pytest.mark.django_db
-
-
-def boot(host) -> str:
-    """The console powers the host into the ramdisk: a new boot, whose secret the boot path delivers."""
-    return ramdisk_boot_start(host=host, flow_id=f"flow-{host.name}").secret
 
 
 @pytest.fixture
@@ -30,19 +26,6 @@ def inspecting(demo_site):
         host.boot_secret = boot(host)
         hosts.append(host)
     return hosts
-
-
-def post(client, path, body, token=None):
-    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-    response = client.post(path, json.dumps(body), content_type="application/json", **headers)
-    return response.status_code, response.json()
-
-
-def lookup(client, host, secret=None):
-    status, body = post(client, "/agent/lookup", {"macs": [host.boot_mac.upper()], "boot_id": "boot-1",
-                                                  "boot_secret": secret or host.boot_secret})
-    assert status == 200, body
-    return body
 
 
 def test_lookup_by_mac_gives_the_host_and_a_token_kept_only_as_a_hash(agent_client, inspecting):

@@ -11,28 +11,9 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from claims.reconcile import pools_reconcile
 from hosts.models import BareMetalHost
-from pools.models import NodePool, NodeProvider, Tenant
+from pools.models import Tenant
 
-IMAGE = "ubuntu2404-20260926"  # the demo site's OSImage: a claim needs one before it gets a host
-
-
-def make_hosts(n: int, role: str = "gpu", start: int = 0):
-    BareMetalHost.objects.bulk_create([
-        BareMetalHost(name=f"{role}-{i:05d}", bmc_address=f"redfish://10.0.{i // 250}.{i % 250}/redfish/v1/Systems/1",
-                      boot_mac=f"52:54:{(i >> 24) & 255:02x}:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}"
-                      if role == "gpu" else f"52:55:00:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}",
-                      labels={"role": role}, state="available")
-        for i in range(start, start + n)
-    ])
-
-
-def make_pool(tenant_name: str, quantity: int, node_type: str = "gpu-server", pool_name: str = "gpu") -> NodePool:
-    tenant, _ = Tenant.objects.get_or_create(
-        name=tenant_name, defaults={"provider_properties": {"metal3": {"vcluster.com/os-image": IMAGE}}})
-    return NodePool.objects.create(tenant=tenant, name=pool_name, provider=NodeProvider.objects.get(name="metal3"),
-                                   quantity=quantity,
-                                   node_type_selector=[{"property": "vcluster.com/node-type", "value": node_type}])
-
+from .factories import IMAGE, make_hosts, make_pool
 
 @pytest.fixture
 def site(apply):

@@ -14,15 +14,9 @@ import pools.services  # noqa: E402
 from events.models import Event  # noqa: E402
 from pools.models import NodePool  # noqa: E402
 
+from .api_conftest import waiting_for_a_lock  # noqa: E402
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def waiting_for_a_lock() -> bool:
-    """Some other connection to this database waits for a lock (the second request, on the pool's row)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
-        return cursor.fetchone()[0] > 0
 
 
 @pytest.mark.parametrize("via", ["if-match", "version"])

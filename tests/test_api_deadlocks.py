@@ -17,7 +17,7 @@ from claims.reconcile import pools_reconcile  # noqa: E402
 from pools.models import NodePool, Tenant  # noqa: E402
 from core.transactions import retry_on_deadlock  # noqa: E402
 
-from .test_api_concurrency import waiting_for_a_lock  # noqa: E402
+from .api_conftest import waiting_for_a_lock  # noqa: E402
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 

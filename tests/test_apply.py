@@ -8,6 +8,8 @@ from events.models import Event
 from hosts.models import BareMetalHost
 from pools.models import NodePool, NodeType, OSImage, Tenant
 
+from .factories import BMH, GATED_PROVIDER, GATED_TYPE, LIST_FORM, gate
+
 pytestmark = pytest.mark.django_db
 
 
@@ -103,48 +105,6 @@ def test_a_dry_run_shows_the_change_and_changes_nothing(apply, demo_site, seed_b
     lines = apply(seed_block.replace("quantity: 1", "quantity: 3"), tenant="one", dry_run=True)
     assert "nodepool/one/gpu configured (quantity: 1 → 3) (dry run)" in lines
     assert set(NodePool.objects.values_list("quantity", flat=True)) == {1}
-
-
-LIST_FORM = """\
-privateNodes:
-  enabled: true
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: ubuntu2404-20260926
-      static:
-        - name: gpu-rack1
-          quantity: 2
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              operator: In
-              values: [gpu-server]
-            - property: topology.kubernetes.io/zone
-              operator: DoesNotExist
-          nodeLabels:
-            workload: gpu
-          taints:
-            - key: nvidia.com/gpu
-              value: "true"
-              effect: NoSchedule
-          terminationGracePeriod: 30s
-      dynamic:
-        - name: burst
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              operator: NotIn
-              values: [cpu-server]
-          limits:
-            nodes: "4"
-            nvidia.com/gpu: "32"
-          disruption:
-            consolidationPolicy: WhenEmpty
-            consolidateAfter: 10m
-            budgets:
-              - nodes: "20%"
-          expireAfter: 720h
-          weight: 10
-"""
 
 
 def test_the_current_list_form_with_operators_taints_limits_and_disruption(apply, demo_site):
@@ -282,47 +242,6 @@ spec:
 
 # --- the release gate: a NodeType's spec.cleaning and spec.healthCheck, a host's own cleaning method ----------
 
-GATED_TYPE = """\
-apiVersion: management.loft.sh/v1
-kind: NodeType
-metadata:
-  name: gpu-secure
-spec:
-  providerRef: metal3
-  bareMetalHosts:
-    selector:
-      matchLabels: {role: gpu}
-  cleaning:
-    policy: secure
-    fallback: full
-    eraseConcurrency: 8
-    eraseVerifyShare: 0.05
-    eraseVerifyFull: true
-  healthCheck:
-    dcgmLevel: 3
-    ncclMinBusbwGBps: 400
-"""
-
-GATED_PROVIDER = """\
-apiVersion: management.loft.sh/v1
-kind: NodeProvider
-metadata:
-  name: rack2
-spec:
-  metal3:
-    nodeTypes:
-      - name: rack2-gpu
-        cleaning: {policy: metadata}
-        healthCheck: {dcgmLevel: 0, ncclMinBusbwGBps: 350.5}
-"""
-
-
-def gate(name: str) -> tuple:
-    return tuple(NodeType.objects.filter(name=name).values_list(
-        "cleaning_policy", "cleaning_fallback", "erase_concurrency", "erase_verify_share", "erase_verify_full",
-        "health_dcgm_level", "health_nccl_min_busbw_gbps").get())
-
-
 def test_a_node_types_cleaning_and_health_check_come_from_its_manifest(apply, demo_site):
     apply(GATED_TYPE, GATED_PROVIDER)
     assert gate("gpu-secure") == ("secure", "full", 8, 0.05, True, 3, 400.0)
@@ -396,8 +315,6 @@ def test_exists_gt_and_lt_choose_the_node_type_by_its_properties(apply, demo_sit
 ])
 def test_every_redfish_scheme_metal3_writes_is_accepted(apply, address, scheme):
     from hosts.bmc.client import parse_address
-    from tests.test_apply_errors import BMH
-
     apply(BMH.format(address=address, credentials="new-bmc"))
     host = BareMetalHost.objects.get(name="new-host")
     assert host.bmc_address == address and parse_address(host.bmc_address)[0] == scheme

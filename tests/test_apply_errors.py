@@ -10,6 +10,8 @@ from events.models import Event
 from hosts.models import BareMetalHost
 from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
 
+from .factories import BMH
+
 pytestmark = pytest.mark.django_db
 
 MODELS = [NodeProvider, NodeType, NodeEnvironment, OSImage, Tenant, NodePool, BareMetalHost, NodeClaim, Event]
@@ -41,26 +43,6 @@ def refused(apply, demo_site, seed_block):
         return message
 
     return check
-
-
-BMH = """\
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: new-bmc, namespace: metal3}}
-data: {{username: YWRtaW4=, password: c2VjcmV0}}
----
-apiVersion: metal3.io/v1alpha1
-kind: BareMetalHost
-metadata:
-  name: new-host
-  namespace: metal3
-spec:
-  bmc:
-    address: {address}
-    credentialsName: {credentials}
-  bootMACAddress: 52:54:00:aa:bb:cc
-"""
 
 
 def test_not_yaml(refused):

@@ -3,7 +3,6 @@ pods fit elsewhere, expired and drifted ones replaced first; budgets, do-not-dis
 them. Claims of a dynamic pool are made Available in PostgreSQL; each tenant's pods live in a lab tenant API
 (lab.kube.TenantAPIServer), read by the disruption pass through the kubernetes client as in production."""
 import datetime
-import time
 
 import pytest
 import yaml
@@ -26,6 +25,11 @@ GPU = {"cpu": "192", "memory": "2Ti", "nvidia.com/gpu": "8"}
 CPU = {"cpu": "64", "memory": "512Gi"}
 IMAGE = "vcluster.com/os-image"
 LONG_AGO = datetime.timedelta(hours=2)
+
+
+def later(seconds: float) -> datetime.datetime:
+    """The pass's clock that many seconds from now (injected: the test does not wait for it)."""
+    return timezone.now() + datetime.timedelta(seconds=seconds)
 
 
 class Tenants:
@@ -161,8 +165,7 @@ def test_an_empty_node_is_released_after_consolidate_after_and_not_before(site):
     assert usage(busy).pods == 1 and usage(busy).empty_since is None
     assert usage(busy).requested == {"cpu": "1", "nvidia.com/gpu": "8"}
 
-    time.sleep(2.2)
-    second = disruption.pools_disrupt()
+    second = disruption.pools_disrupt(now=later(2.2))
 
     assert second.released == {empty.name: "Empty"}
     assert phase(empty) == "Releasing" and phase(busy) == "Available"
@@ -181,17 +184,15 @@ def test_a_pod_arriving_on_an_empty_node_starts_its_clock_again(site):
     disruption.pools_disrupt()
     assert usage(node).empty_since is not None
 
-    time.sleep(2.2)
     site.pod("one", node, "late", gpus=1)
-    disruption.pools_disrupt()
+    disruption.pools_disrupt(now=later(2.2))
     assert phase(node) == "Available" and usage(node).empty_since is None
     assert usage(node).next_action == "in use: 1 pod(s)"
 
     site.delete_pod("one", "late")
     disruption.pools_disrupt()
     assert phase(node) == "Available"  # empty again, but only just
-    time.sleep(2.2)
-    disruption.pools_disrupt()
+    disruption.pools_disrupt(now=later(2.2))
     assert phase(node) == "Releasing"
 
 
@@ -694,8 +695,7 @@ def test_an_all_or_nothing_group_is_released_whole_once_every_member_is_empty_an
     site.pod("one", busy, "train-0", gpus=1)  # underutilized: would fit on `empty`
 
     disruption.pools_disrupt()
-    time.sleep(1.2)
-    result = disruption.pools_disrupt()
+    result = disruption.pools_disrupt(now=later(1.2))
 
     assert result.released == {alone.name: "Empty"}  # the group's empty member is kept with its group
     assert phase(empty) == phase(busy) == "Available"
@@ -706,14 +706,13 @@ def test_an_all_or_nothing_group_is_released_whole_once_every_member_is_empty_an
     site.delete_pod("one", "train-0")
     disruption.pools_disrupt()  # busy is empty from now
     assert phase(busy) == "Available" and "released whole at" in usage(busy).next_action
-    time.sleep(1.2)
-    result = disruption.pools_disrupt()
+    result = disruption.pools_disrupt(now=later(1.2))
     # The default budget (10%: 1 node of 3 at once) cannot take a group of 2: kept whole, and it says so.
     assert result.released == {} and phase(empty) == phase(busy) == "Available"
     assert usage(busy).next_action == ("kept: group one-gabcde needs 2 disruptions at once; the budget allows 0 "
                                        "now (Empty)")
     NodePool.objects.filter(pk=pool.pk).update(disruption={**pool.disruption, "budgets": [{"nodes": "100%"}]})
-    result = disruption.pools_disrupt()
+    result = disruption.pools_disrupt(now=later(1.2))
     assert result.released == {empty.name: "Empty", busy.name: "Empty"}
     assert phase(empty) == phase(busy) == "Releasing"
     [event] = [e for e in decisions("Empty") if e.data.get("group") == "one-gabcde"]

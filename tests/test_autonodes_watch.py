@@ -473,10 +473,8 @@ def test_manage_py_watch_pods_runs_as_a_process_sends_one_decide_and_stops_on_si
                     pending_pod(kubectl, f"train-7-{i}")
                 wait_for(lambda: PendingPod.objects.filter(tenant=tenant).count() == 5, timeout=15)
                 wait_for(lambda: "autonodes.tasks.decide" in celery_worker_process.log.read_text(), timeout=15)
-            began = time.monotonic()
             proc.send_signal(sig)
-            assert proc.wait(15) == 0, log.read_text()[-3000:]
-            assert time.monotonic() - began < 10
+            assert proc.wait(10) == 0, log.read_text()[-3000:]  # it stops at once: a hang is TimeoutExpired
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

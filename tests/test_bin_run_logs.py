@@ -20,7 +20,7 @@ def free_port() -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_start_rotates_the_logs_and_a_taken_port_ends_the_run_with_the_web_log(subprocess_env, tmp_path):
+def test_a_start_rotates_the_logs_and_a_taken_port_ends_the_run_with_the_web_log(subprocess_env, tmp_path, spawn):
     var = tmp_path / "var"
     logs = var / "log"
     logs.mkdir(parents=True)
@@ -34,8 +34,7 @@ def test_a_start_rotates_the_logs_and_a_taken_port_ends_the_run_with_the_web_log
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         env["PORT"] = str(taken.getsockname()[1])
-        run = subprocess.Popen([str(ROOT / "bin" / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+        run = spawn([str(ROOT / "bin" / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _, stderr = run.communicate(timeout=240)
         finally:
@@ -67,9 +66,8 @@ def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float 
         time.sleep(0.2)
 
 
-def start_bin_run(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([str(ROOT / "bin" / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+def start_bin_run(spawn, env: dict) -> subprocess.Popen:
+    return spawn([str(ROOT / "bin" / "run")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def stop_bin_run(run: subprocess.Popen) -> str:
@@ -82,14 +80,15 @@ def stop_bin_run(run: subprocess.Popen) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_a_database_url_bin_run_still_starts_the_lab_and_its_files_are_the_owners_only(subprocess_env, tmp_path):
+def test_with_a_database_url_bin_run_still_starts_the_lab_and_its_files_are_the_owners_only(
+        subprocess_env, tmp_path, spawn):
     var = tmp_path / "var"
     env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL", "VMETAL_LAB",
                                                                    "ALLOWED_HOSTS"}}
     assert env["DATABASE_URL"].startswith(("postgres", "sqlite"))
     env.update(VMETAL_VAR_DIR=str(var), PORT=str(free_port()), AGENT_PORT=str(free_port()), LAB_HOSTS="1",
                PYTHONUNBUFFERED="1")
-    run = start_bin_run(env)
+    run = start_bin_run(spawn, env)
     try:
         lab_log = wait_for_text(var / "log" / "lab.log", "lab running: 1 servers", run)
         assert "Unknown command" not in lab_log
@@ -104,11 +103,11 @@ def test_with_a_database_url_bin_run_still_starts_the_lab_and_its_files_are_the_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_bin_run_without_the_lab_says_so(subprocess_env, tmp_path):
+def test_bin_run_without_the_lab_says_so(subprocess_env, tmp_path, spawn):
     var = tmp_path / "var"
     env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL"}}
     env.update(VMETAL_VAR_DIR=str(var), PORT=str(free_port()), AGENT_PORT=str(free_port()), VMETAL_LAB="0")
-    run = start_bin_run(env)
+    run = start_bin_run(spawn, env)
     try:
         lab_log = wait_for_text(var / "log" / "lab.log", "the lab is off", run)
         assert "no simulated servers" in lab_log

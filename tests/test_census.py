@@ -16,7 +16,7 @@ from hosts.models import BareMetalHost
 from hosts.selectors import RECORD, host_sku_deviations
 from lab.redfish import RedfishLab
 
-from .test_certificates import GATE, erased, verified
+from .factories import GATE, erased, verified
 
 MiB = 1024 * 1024
 SIZE = 96 * MiB

@@ -21,31 +21,9 @@ from hosts.gate.census import census_take
 from hosts.models import BareMetalHost, EraseCertificate
 from pools.models import Tenant, TenantMembership
 
+from .factories import GATE, erased, verified
+
 pytestmark = pytest.mark.django_db
-
-GATE = {"node_type": "gpu-server", "policy": {"method": "secure", "fallback": "full", "source": "NodeType gpu-server"}}
-
-
-def erased(**changes) -> dict:
-    """One disk as the agent's `erase` reports it: NVMe crypto erase."""
-    disk = {"name": "nvme0n1", "ok": True, "serial": "S7GPU011", "model": "SAMSUNG MZWLO3T8HCLS", "vendor": None,
-            "type": "nvme", "size_bytes": 3840755982336, "requested": "secure", "method": "secure",
-            "method_type": "Purge", "method_details": "NVMe Format NVM, Secure Erase Setting 2: cryptographic erase",
-            "tool": "nvme-cli", "tool_version": "nvme version 2.8", "attempts": [], "fallback_from": None,
-            "commands": ["nvme id-ctrl /dev/nvme0n1 -o json", "nvme format /dev/nvme0n1 --ses=2 --force"],
-            "started_at": "2026-11-29T10:00:00Z", "ended_at": "2026-11-29T10:00:09Z", "expectation": "changed"}
-    disk.update(changes)
-    return {"disks": [disk]}
-
-
-def verified(**changes) -> dict:
-    disk = {"name": "nvme0n1", "serial": "S7GPU011", "expectation": "changed", "mode": "sampled", "direct_io": True,
-            "canaries": {"planted": 64, "checked": 64, "survived": 0, "survivors": []},
-            "samples": {"count": 586, "chunk": 65536, "share": 0.01, "dirty": 0, "unchanged": 0},
-            "bytes_read": 38666240, "passed": True, "findings": []}
-    disk.update(changes)
-    return {"disks": [disk], "passed": disk["passed"]}
-
 
 @pytest.fixture
 def host(db):

@@ -13,7 +13,7 @@ from hosts.models import BareMetalHost, HostCommand
 from hosts.services import host_set_maintenance
 
 pytest.register_assert_rewrite("tests.console_conftest")
-from .console_conftest import bmc_addresses, log_in, pool, screenshot, wait_live  # noqa: E402
+from .console_conftest import bmc_addresses, log_in, pool, screenshot, stages, wait_live, with_thread  # noqa: E402
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,32 +73,6 @@ def drive_claim_to_available(pool_id: int) -> Iterator[str]:
     # the claim's reaction to its host's move (claims.reactions) makes it Available
     host_transition(host=run.host, to_state=HostState.PROVISIONED, actor="system:flow", reason="provision done")
     yield ClaimPhase.AVAILABLE
-
-
-def stages(generator) -> Iterator[str]:
-    """Run the drive in a thread of its own: Playwright's event loop runs in this one, and the services'
-    on-commit publishing (async_to_sync into the channel layer) may not run inside an event loop."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connections
-
-    with ThreadPoolExecutor(max_workers=1) as thread:
-        try:
-            while True:
-                try:
-                    yield thread.submit(next, generator).result(timeout=60)
-                except StopIteration:
-                    return
-        finally:
-            thread.submit(connections.close_all).result()
-
-
-def with_thread(fn, **kwargs):
-    def gen():
-        fn(**kwargs)
-        yield "done"
-
-    return list(stages(gen()))
 
 
 def test_admin_sets_a_pool_and_watches_the_claim_become_available_without_a_reload(browser_page, gpu_hosts_busy):

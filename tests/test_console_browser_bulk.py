@@ -8,7 +8,7 @@ from hosts.services import host_transition
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import log_in, wait_live  # noqa: E402
-from .test_console_browser import with_thread  # noqa: E402
+from .console_conftest import with_thread  # noqa: E402
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = pytest.mark.django_db(transaction=True)

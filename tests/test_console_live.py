@@ -1,71 +1,25 @@
 """The live views' consumers, spoken to as a browser does (a websocket with the session cookie): who may
 join, what a change sends, and how a page that missed messages catches up from the Event log."""
-import asyncio
-import json
 import re
 
 import pytest
 from channels.db import database_sync_to_async as sync_to_async  # closes the connections it opens
-from channels.testing import WebsocketCommunicator
 
-from events.models import Event
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
 from hosts.services import host_set_maintenance
 from pools.models import Tenant
 
 pytest.register_assert_rewrite("tests.console_conftest")
-from .console_conftest import pool  # noqa: E402
+from .console_conftest import (  # noqa: E402
+    connect, first_available, latest_event, pool, receive_until, resync, session_cookie)
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
-def session_cookie(client, user) -> bytes:
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-async def connect(path: str, cookie: bytes | None):
-    from vmetal_console.asgi import application
-
-    headers = [(b"origin", b"http://127.0.0.1")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    communicator = WebsocketCommunicator(application, path, headers=headers)
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
-
-
-async def resync(communicator, since: int, ids=()) -> str:
-    """What the page gets when it (re)connects: the changed parts, then the cursor, last."""
-    await communicator.send_to(text_data=json.dumps({"type": "resync", "since": since, "ids": list(ids)}))
-    return await receive_until(communicator, 'id="live-cursor"')
-
-
-async def receive_until(communicator, pattern: str, timeout: float = 5.0) -> str:
-    """Messages until what arrived matches (a change may take a few messages, or come after another)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    received = ""
-    while True:
-        received += await communicator.receive_from(timeout=max(0.05, deadline - asyncio.get_running_loop().time()))
-        if re.search(pattern, received):
-            return received
-
-
 def cursor_of(frame: str) -> int:
     return int(re.search(r'id="live-cursor" data-cursor="(\d+)"', frame).group(1))
-
-
-@sync_to_async
-def latest_event() -> int:
-    return Event.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
-
-
-@sync_to_async
-def first_available() -> BareMetalHost:
-    return BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()
 
 
 async def test_a_member_may_not_join_another_tenant_or_the_fleet(client, users, console_site):

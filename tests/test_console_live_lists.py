@@ -10,7 +10,7 @@ from pools.models import NodePool
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import pool  # noqa: E402
-from .test_console_live import connect, latest_event, receive_until, resync, session_cookie  # noqa: E402
+from .console_conftest import connect, latest_event, receive_until, resync, session_cookie  # noqa: E402
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -88,7 +88,7 @@ async def test_a_members_claims_list_never_receives_another_tenants_new_claims(c
 async def test_new_events_appear_at_the_top_of_the_event_log_with_its_filters(client, users, apply, seed_block):
     from hosts.services import host_set_maintenance
 
-    from .test_console_live import first_available
+    from .console_conftest import first_available
 
     cookie = await sync_to_async(session_cookie)(client, users["auditor"])
     communicator = await connect("/ws/events/?object_type=pool", cookie)
@@ -127,7 +127,7 @@ async def test_a_rarely_changing_list_is_told_it_is_stale_when_its_objects_chang
     from hosts.choices import HostState
     from hosts.services import host_transition
 
-    from .test_console_live import first_available
+    from .console_conftest import first_available
 
     cookie = await sync_to_async(session_cookie)(client, users["auditor"])
     communicator = await connect("/ws/lists/repair/", cookie)

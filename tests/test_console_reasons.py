@@ -207,7 +207,7 @@ async def test_the_host_page_is_told_of_each_try_live_even_when_the_error_repeat
     on commit, as for agent progress)."""
     from channels.db import database_sync_to_async as sync_to_async
 
-    from .test_console_live import connect, latest_event, receive_until, resync, session_cookie
+    from .console_conftest import connect, latest_event, receive_until, resync, session_cookie
 
     def retrying_host():
         host = BareMetalHost.objects.filter(state="available").order_by("name").first()

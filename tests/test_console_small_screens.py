@@ -11,7 +11,7 @@ from hosts.models import BareMetalHost
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import log_in  # noqa: E402
-from .test_console_browser import with_thread  # noqa: E402
+from .console_conftest import with_thread  # noqa: E402
 
 pytest_plugins = ["tests.console_conftest"]
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ from claims.models import NodeClaim
 from hosts.boot.dhcp import DHCPConfigError, host_entry, ipxe_chain_script, render_config
 from hosts.models import BareMetalHost
 
-from .test_allocation import make_hosts, make_pool
+from .factories import make_hosts, make_pool
 
 DNSMASQ = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin:/sbin")
 

@@ -5,12 +5,11 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from claims.models import NodeClaim
 from events.models import Event
 from hosts.models import BareMetalHost
-from pools.models import NodeEnvironment, NodePool, NodeProvider, NodeType, OSImage, Tenant
+from pools.models import NodePool, Tenant
 
-from .test_apply import GATED_PROVIDER, GATED_TYPE, LIST_FORM, gate
+from .factories import GATED_PROVIDER, GATED_TYPE, LIST_FORM, empty_the_database, gate
 
 pytestmark = pytest.mark.django_db
 
@@ -59,13 +58,6 @@ def export(*args) -> str:
     out = io.StringIO()
     call_command("export", *args, stdout=out)
     return out.getvalue()
-
-
-def empty_the_database():
-    for model in (NodeClaim, NodePool, BareMetalHost, NodeEnvironment, Tenant, NodeType, OSImage, NodeProvider):
-        model.objects.all().delete()
-    Event.objects.all().delete()  # QuerySet.delete: the append-only guard is on the instance
-    assert not any(m.objects.exists() for m in (NodeProvider, Tenant, BareMetalHost))
 
 
 def test_export_then_apply_on_an_empty_database_then_export_gives_the_same_text(apply, demo_site, seed_block):

@@ -229,7 +229,7 @@ def test_concurrent_first_nodes_of_many_tenants_never_share_a_value(demo_site, a
 
 @pytest.mark.django_db
 def test_export_lists_the_assignments_and_applying_the_export_round_trips(demo_site, apply):
-    from tests.test_export import empty_the_database
+    from tests.factories import empty_the_database
 
     apply(ENVIRONMENT.format(vlans="100-199"))
     apply(CPU_POOL, tenant="one")

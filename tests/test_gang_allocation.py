@@ -18,8 +18,10 @@ from claims.reconcile import pools_reconcile
 from events.models import Event
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
-from hosts.topology import RACK_LABEL, RAIL_GROUP_LABEL, host_topology
+from hosts.topology import RAIL_GROUP_LABEL, host_topology
 from pools.models import NodeEnvironment, NodePool, NodeProvider, Tenant
+
+from .factories import make_rails
 
 IMAGE = "ubuntu2404-20260926"
 
@@ -27,22 +29,6 @@ IMAGE = "ubuntu2404-20260926"
 @pytest.fixture
 def site(apply):
     apply(Path("demo/site.yaml").read_text())
-
-
-def make_rails(sizes: dict[str, int], *, rack: dict[str, str] | None = None, start: int = 0,
-               bmc: str = "redfish://10.1.{a}.{b}/redfish/v1/Systems/1") -> None:
-    """Free gpu hosts on each rail group: {"r1": 3, ...}; `rack`: a rack label per rail."""
-    hosts, i = [], start
-    for rail, n in sizes.items():
-        for _ in range(n):
-            labels = {"role": "gpu", RAIL_GROUP_LABEL: rail}
-            if rack:
-                labels[RACK_LABEL] = rack[rail]
-            hosts.append(BareMetalHost(name=f"gpu-{i:05d}", labels=labels, state="available",
-                                       bmc_address=bmc.format(a=i // 250, b=i % 250, i=i),
-                                       boot_mac=f"52:54:01:{(i >> 16) & 255:02x}:{(i >> 8) & 255:02x}:{i & 255:02x}"))
-            i += 1
-    BareMetalHost.objects.bulk_create(hosts)
 
 
 def make_pool(quantity: int, *, group: dict | None = None, topology: dict | None = None, name: str = "gpu"):

@@ -1,10 +1,7 @@
 """One way to register a host: apply (a Metal3 BareMetalHost), the API and the admin all call
 hosts.services.host_create, so every new host has the same first Event (a TRANSITION into its first state)
 and is driven once its row is committed. A Metal3 status annotation comes in through the same path."""
-import json
-
 import pytest
-import yaml
 from django.test import Client
 from django.urls import reverse
 
@@ -14,21 +11,11 @@ from hosts.models import BareMetalHost
 from hosts.task_names import DRIVE_HOST
 from vmetal_console.celery import app as celery_app
 
+from .factories import bmh
+
 pytestmark = pytest.mark.django_db
 
 HARDWARE = {"cpu": {"arch": "x86_64", "count": 64}, "ramMebibytes": 524288, "gpus": 8}
-
-
-def bmh(name: str, mac: str, status: dict | None = None) -> str:
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-bmc", "namespace": "metal3"},
-              "stringData": {"username": f"user-{name}", "password": f"pw-{name}-7c1d"}}
-    host = {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-            "metadata": {"name": name, "namespace": "metal3", "labels": {"role": "gpu"}},
-            "spec": {"bmc": {"address": f"redfish+http://127.0.0.1:8099/redfish/v1/Systems/{name}",
-                             "credentialsName": f"{name}-bmc"}, "bootMACAddress": mac}}
-    if status is not None:
-        host["metadata"]["annotations"] = {"baremetalhost.metal3.io/status": json.dumps(status)}
-    return yaml.safe_dump_all([secret, host])
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from hosts.models import BareMetalHost, HealthCheckRun
 from hosts.services import hosts_idle_check_start, hosts_transition_batch
 from pools.models import NodePool, NodeProvider, NodeType, Tenant
 
-from .test_gang_allocation import make_rails
+from .factories import make_rails
 
 IMAGE = "ubuntu2404-20260926"
 

@@ -21,7 +21,7 @@ from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
 from pools.models import NodeEnvironment
 
-from .test_allocation import make_hosts, make_pool
+from .factories import make_hosts, make_pool
 
 pytest_plugins = ["tests.lab_conftest"]
 SERVERS = "p-default/servers"

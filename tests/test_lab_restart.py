@@ -3,11 +3,7 @@ re-registering them changes nothing in the console and `manage.py export` stays 
 in between is given up for a free one, never a failed start."""
 import socket
 
-import pytest
-
 from lab.site import LabSite
-
-pytestmark = pytest.mark.slow
 
 
 def addresses(site: LabSite) -> dict:
@@ -16,13 +12,13 @@ def addresses(site: LabSite) -> dict:
             "images": [site.image_url(image) for image in site.images]}
 
 
-def test_a_restarted_lab_has_the_addresses_it_had_and_gives_up_a_taken_port(tmp_path):
+def test_a_restarted_lab_has_the_addresses_it_had_and_gives_up_a_taken_port(tmp_path, lab_sites):
     kwargs = {"hosts": 2, "gpu_hosts": 1, "tenants": ["one"], "var_dir": tmp_path / "lab", "disk_bytes": 1 << 20}
-    first = LabSite(**kwargs).start()
+    first = lab_sites(**kwargs).start()
     before = addresses(first)
     first.stop()
 
-    second = LabSite(**kwargs).start()
+    second = lab_sites(**kwargs).start()
     assert addresses(second) == before
     taken_port = second.redfish.system_port("gpu-01")
     second.stop()
@@ -30,7 +26,7 @@ def test_a_restarted_lab_has_the_addresses_it_had_and_gives_up_a_taken_port(tmp_
     with socket.socket() as squatter:  # something else took gpu-01's BMC port meanwhile
         squatter.bind(("127.0.0.1", taken_port))
         squatter.listen()
-        third = LabSite(**kwargs).start()
+        third = lab_sites(**kwargs).start()
         try:
             after = addresses(third)
             assert third.redfish.system_port("gpu-01") != taken_port

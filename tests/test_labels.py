@@ -11,8 +11,7 @@ from claims.models import NodeClaim
 from events.models import Event
 from hosts.models import BareMetalHost
 from pools.models import NodePool, NodeType
-from tests.test_admin import form_data
-from tests.test_host_registration import bmh
+from tests.factories import bmh, form_data
 
 pytestmark = pytest.mark.django_db
 

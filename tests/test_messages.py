@@ -7,7 +7,7 @@ from django.test import Client
 from django.urls import reverse
 
 from hosts.models import BareMetalHost
-from tests.test_host_registration import bmh
+from tests.factories import bmh
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from events.models import Event
 from pools.models import NodePool, NodeType
 from pools.services import pool_create
 
-from .test_admin import form_data
+from .factories import form_data
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from events.models import Event
 from pools.models import NodePool, Tenant
 from pools.services import pool_create
 
-from .test_admin import form_data
+from .factories import form_data
 
 pytestmark = pytest.mark.django_db
 

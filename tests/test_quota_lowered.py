@@ -6,7 +6,7 @@ from django.test import Client
 from django.urls import reverse
 
 from pools.models import NodePool, Tenant
-from tests.test_admin import form_data, messages_of
+from tests.factories import form_data, messages_of
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-import yaml
 
 pytest_plugins = ["tests.lab_conftest"]
 from cryptography import x509
@@ -22,6 +21,8 @@ from cryptography.x509.oid import NameOID
 from agent.commands.base import Context
 from agent.commands.registry import execute
 from agent.hardware import Hardware
+
+from .lab_conftest import closed_port, lab_tenant_api
 
 # --- a real TLS endpoint: a CA per tenant, a server certificate for 127.0.0.1 -------------------------------
 
@@ -99,12 +100,6 @@ class TLSServer:
     def close(self):
         self._stop = True
         self.sock.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again on return: nothing listens there
 
 
 def check(**args) -> tuple[bool, dict, str | None]:
@@ -187,21 +182,6 @@ def test_a_plain_http_api_is_checked_for_tcp_only():
 
 # --- in the lab: the provision flow stops at check_tenant_api, the host is not blamed, fixing the VIP works ---
 
-def _lab_tenant_api(site, name, *, endpoint=None, server=None, ca=None):
-    """Point tenant `name` at `endpoint` (its VIP) with the lab's kubeconfig, its server and CA changed."""
-    from pools.models import Tenant
-    from pools.services import tenant_set_api
-
-    config = yaml.safe_load(site.tenants[name].kubeconfig())
-    cluster = config["clusters"][0]["cluster"]
-    if server:
-        cluster["server"] = server
-    if ca:
-        cluster["certificate-authority-data"] = ca
-    tenant_set_api(tenant=Tenant.objects.get(name=name), api_endpoint=endpoint or site.tenants[name].endpoint,
-                   kubeconfig=yaml.safe_dump(config), actor="user:test")
-
-
 def _checks(message_start: str):
     from events.models import Event
 
@@ -224,7 +204,7 @@ def test_a_wrong_vip_stops_the_claim_at_the_check_and_fixing_it_lets_the_claim_b
     site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"], agent_mode="thread")
     wait_hosts("available", 1)
     port = closed_port()
-    _lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{port}")  # the VIP: nothing listens there
+    lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{port}")  # the VIP: nothing listens there
     started = time.monotonic()
     apply(gpu_pool(1), tenant="one")
 
@@ -266,7 +246,7 @@ def test_a_wrong_vip_stops_the_claim_at_the_check_and_fixing_it_lets_the_claim_b
     # Another tenant's CA on a TLS VIP: the same stop, with the TLS reason.
     server = TLSServer(tmp_path, tenant_cas["one"])
     try:
-        _lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{server.port}", server=f"https://127.0.0.1:{server.port}",
+        lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{server.port}", server=f"https://127.0.0.1:{server.port}",
                         ca=ca_data(tenant_cas["two"][0]))
         wait_for(lambda: _checks("failed: ").count() == 2, timeout=60)
         tls_failure = _checks("failed: ").order_by("-id").first()

@@ -16,7 +16,7 @@ from hosts.lifecycle import FLOWS
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate
 
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
-from .test_tenant_api_preflight import _lab_tenant_api, closed_port
+from .lab_conftest import closed_port, lab_tenant_api
 
 pytest_plugins = ["tests.lab_conftest"]
 
@@ -63,7 +63,7 @@ def test_a_wrong_vip_sends_the_host_back_without_an_erase_and_fixing_it_lets_the
     wait_for(lambda: powered(site, host.name) == "Off", timeout=10)
     seq = last_power_seq(site)
 
-    _lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{closed_port()}")  # nothing listens at the VIP
+    lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{closed_port()}")  # nothing listens at the VIP
     apply(gpu_pool(1), tenant="one")
     back = spared_release(host)
 
@@ -93,7 +93,7 @@ def test_a_wrong_vip_sends_the_host_back_without_an_erase_and_fixing_it_lets_the
     claim = NodeClaim.objects.get()
     assert (claim.phase, claim.reason, claim.host_id) == (ClaimPhase.PENDING, "TenantAPIUnreachable", None)
 
-    _lab_tenant_api(site, "one")  # the VIP fixed: the claim is allocated again and goes all the way
+    lab_tenant_api(site, "one")  # the VIP fixed: the claim is allocated again and goes all the way
     wait_for(lambda: NodeClaim.objects.get().phase == ClaimPhase.AVAILABLE, timeout=180)
     assert Event.objects.filter(host=host, step="write_image", message="done").exists()
     assert certificate_ids(host) == standing
@@ -110,7 +110,7 @@ def test_a_warm_host_whose_claim_fails_at_the_vip_check_stays_warm_without_a_pow
     standing = certificate_ids(host)
     seq = last_power_seq(site)
 
-    _lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{closed_port()}")
+    lab_tenant_api(site, "one", endpoint=f"127.0.0.1:{closed_port()}")
     apply(gpu_pool(1), tenant="one")
     spared_release(host)
 
@@ -122,7 +122,7 @@ def test_a_warm_host_whose_claim_fails_at_the_vip_check_stays_warm_without_a_pow
     assert powered(site, host.name) == "On" and power_events(site, seq) == []  # never powered off or booted
     assert certificate_ids(host) == standing
 
-    _lab_tenant_api(site, "one")
+    lab_tenant_api(site, "one")
     wait_for(lambda: NodeClaim.objects.get().phase == ClaimPhase.AVAILABLE, timeout=180)
     provision = list(Event.objects.filter(host=host, kind="step", message="started", data__flow="provision")
                      .order_by("-id").values_list("step", flat=True))

@@ -20,7 +20,7 @@ from manifests.export import export_documents
 from pools.models import NodeType
 
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
-from .test_allocation import make_hosts, make_pool
+from .factories import ask_in_thread, boot, lookup, make_hosts, make_pool, post, warm_agent
 
 pytest_plugins = ["tests.lab_conftest"]
 
@@ -135,8 +135,6 @@ def test_a_warm_hosts_agent_keeps_its_session_and_is_told_to_ask_in_a_long_poll_
         agent_client, demo_site, settings):
     from hosts.services import host_transition
 
-    from .test_agent_protocol import boot, lookup, post
-
     settings.WARM_POLL_S = 3
     warm, cold = BareMetalHost.objects.get(name="gpu-01"), BareMetalHost.objects.get(name="gpu-02")
     tokens = {}
@@ -157,41 +155,6 @@ def test_a_warm_hosts_agent_keeps_its_session_and_is_told_to_ask_in_a_long_poll_
     assert AgentSession.objects.get(host=warm).active
     status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
     assert (status, answer) == (200, {"command": None, "heartbeat_s": 1})
-
-
-def warm_agent(url: str, name: str = "gpu-01"):
-    """gpu-01 booted into the ramdisk, its agent's session open (the real agent client), then available and warm,
-    as the gate's keep_warm step leaves it. Returns the host and the agent's client and session."""
-    from agent.client import ConsoleClient
-    from hosts.services import host_transition
-
-    from .test_agent_protocol import boot
-
-    host = BareMetalHost.objects.get(name=name)
-    host_transition(host=host, to_state="inspecting", actor="test")
-    client = ConsoleClient(url, timeout=5)
-    session = client.lookup([host.boot_mac], "boot-1", boot(host))
-    BareMetalHost.objects.filter(pk=host.pk).update(warm_since=timezone.now(),
-                                                    warm_until=timezone.now() + timedelta(minutes=30))
-    host_transition(host=BareMetalHost.objects.get(pk=host.pk), to_state="available", actor="test")
-    return BareMetalHost.objects.get(pk=host.pk), client, session
-
-
-def ask_in_thread(client, session) -> dict:
-    """The agent's idle ask, in a thread: {"answer": ..., "error": ...} once it is answered."""
-    import threading
-
-    box = {}
-
-    def ask():
-        try:
-            box["answer"] = client.heartbeat(session, status="idle")
-        except Exception as exc:  # noqa: BLE001 - the test reads it
-            box["error"] = exc
-
-    box["thread"] = threading.Thread(target=ask, daemon=True)
-    box["thread"].start()
-    return box
 
 
 def held_ask(url: str):

@@ -1,0 +1,80 @@
+"""Production installs only what production runs: `requirements.txt` alone, in a fresh virtual environment, is
+enough for `manage.py check --deploy` with production settings and every product module, and it brings no test
+or lab package (those are requirements-test.txt's and requirements-lab.txt's)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT_APPS = ["core", "events", "pools", "hosts", "claims", "autonodes", "manifests", "console", "agent",
+                "vmetal_console"]
+NOT_IN_PRODUCTION = ["pytest", "playwright", "schemathesis", "hypothesis", "importlinter", "sushy_tools", "kmock",
+                     "flask"]
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="session")
+def production_venv(tmp_path_factory, worker_id) -> Path:
+    """A fresh virtual environment with requirements.txt alone, made once per run (shared by the xdist workers);
+    pip reads the machine's own configuration (its index), as an operator's install would."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # one folder above every worker's own
+    venv = shared / "production-venv"
+    python = venv / "bin" / "python"
+    with open(shared / "production-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / "installed").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+            install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt")],
+                                     capture_output=True, text=True, timeout=1500)
+            assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+            (venv / "installed").touch()
+    return python
+
+
+def production_environment(subprocess_env: dict) -> dict:
+    """What a production process is given: its database, broker and Redis, its keys (this run's: the test
+    database was written with them) and its names; no DEBUG, no lab, nothing else of the test run."""
+    given = ["DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "SECRET_KEY", "FIELD_ENCRYPTION_KEY",
+             "CERTIFICATE_SIGNING_KEY"]
+    return {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **{name: subprocess_env[name] for name in given},
+            "ALLOWED_HOSTS": "console.example.com", "SECURE_SSL_REDIRECT": "1"}
+
+
+def test_requirements_txt_alone_passes_the_deploy_checks_with_production_settings(production_venv, subprocess_env):
+    env = production_environment(subprocess_env)
+    assert env["DATABASE_URL"].startswith("postgres")
+
+    check = subprocess.run([str(production_venv), "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "System check identified no issues" in check.stdout
+
+
+def test_requirements_txt_alone_imports_every_product_module(production_venv, subprocess_env):
+    code = ("import django, importlib, pkgutil; django.setup(); "
+            f"[importlib.import_module(m.name) for p in {PRODUCT_APPS!r} for m in pkgutil.walk_packages([p], p + '.')]")
+    env = {**production_environment(subprocess_env), "DJANGO_SETTINGS_MODULE": "vmetal_console.settings"}
+
+    imported = subprocess.run([str(production_venv), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    assert imported.returncode == 0, imported.stderr[-3000:]
+
+
+def test_requirements_txt_brings_neither_the_tests_nor_the_labs_packages(production_venv):
+    code = f"import importlib.util; print([m for m in {NOT_IN_PRODUCTION!r} if importlib.util.find_spec(m)])"
+
+    found = subprocess.run([str(production_venv), "-c", code], cwd="/", env={"PATH": os.environ["PATH"]},
+                           capture_output=True, text=True, timeout=60)
+
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "[]"
