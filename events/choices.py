@@ -1,3 +1,4 @@
+"""The Event log's declared kinds and object types, with their labels."""
 from django.db import models
 
 

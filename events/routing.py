@@ -1,3 +1,4 @@
+"""The event log's live views: websocket routes for the audit page and the live lists."""
 from django.urls import path
 
 from . import consumers

@@ -1,4 +1,4 @@
-"""The web console's pages (issue: the console). Live views: the apps' routing.py, under /ws/."""
+"""The web console's pages. Live views: the apps' routing.py, under /ws/."""
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 from django.urls.converters import StringConverter

@@ -1,4 +1,4 @@
-"""Auto Nodes over HTTP, read only and tenant-scoped: a pool's status and the decisions (issue 12, point 5)."""
+"""Auto Nodes over HTTP, read only and tenant-scoped: a pool's status and the decisions."""
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
