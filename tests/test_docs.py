@@ -1,0 +1,104 @@
+"""docs/ and the README say what the code does: every setting documented, every link inside the repository and
+resolving, every command real, the host life cycle and the flows as the code declares them."""
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import get_commands
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+SETTINGS = [ROOT / "vmetal_console" / name for name in ("settings.py", "settings_api.py", "settings_console.py")]
+# Names made in the lab's QEMU user network, the example proxy name and loopback: addresses, not sites.
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "10.0.2.2", "10.0.2.3", "console.example.com", ""}
+
+
+def text(page: Path) -> str:
+    return page.read_text()
+
+
+def settings_read() -> set[str]:
+    """Every environment variable the settings modules read, by any of the ways they read one."""
+    source = "\n".join(path.read_text() for path in SETTINGS)
+    names = set(re.findall(r"""(?:environ\.get|env_float|env_bool|from_environment)\(\s*["']([A-Z][A-Z0-9_]+)["']""",
+                           source))
+    names |= set(re.findall(r"""environ\[["']([A-Z][A-Z0-9_]+)["']\]""", source))
+    keys = (ROOT / "core" / "keys.py").read_text()
+    names |= set(re.findall(r'"([A-Z_]+)"', keys.split("REQUIRED = ", 1)[1].split("\n", 1)[0]))
+    return names
+
+
+def test_every_environment_variable_the_settings_read_is_documented_in_operations():
+    names = settings_read()
+    assert {"DATABASE_URL", "SECRET_KEY", "AGENT_LISTEN", "MAX_REQUEST_BODY_MB", "CONSOLE_PAGE_SIZE"} <= names
+    operations = text(DOCS / "operations.md")
+    assert not sorted(name for name in names if f"`{name}`" not in operations)
+
+
+def test_the_docs_index_names_every_page_of_docs():
+    index = text(DOCS / "README.md")
+    pages = {page.name for page in DOCS.glob("*.md")} - {"README.md"}
+    assert pages >= {"architecture.md", "operations.md", "lab.md", "security.md", "api.md", "manifests.md",
+                     "benchmarks.md"}
+    assert not sorted(name for name in pages if f"]({name})" not in index)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_link_leaves_the_repository_and_every_relative_link_resolves(page):
+    body = text(page)
+    links = re.findall(r"\]\(([^)\s]+)\)", body) + re.findall(r"<(https?://[^>]+)>", body)
+    assert links or page.name != "README.md"
+    outside = [link for link in links if re.match(r"[a-z][a-z0-9+.-]*:", link)]
+    assert not outside, f"{page.name} links out of the repository"
+    broken = [link for link in links if not (page.parent / link.split("#", 1)[0]).exists()]
+    assert not broken, f"{page.name}: links to nothing"
+    # A URL written out (in a command, an example) names this machine, the lab's VMs or the example proxy only.
+    hosts = re.findall(r"https?://([^/:\s`'\"<>)]*)", body)
+    assert not sorted({host for host in hosts if host not in LOCAL_HOSTS})
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_manage_py_command_the_docs_show_exists(page):
+    named = set(re.findall(r"manage\.py ([a-z][a-z-]*)", text(page)))
+    assert not sorted(named - set(get_commands()))
+
+
+def markdown_table(body: str, header: str) -> list[list[str]]:
+    """The rows of the table whose header line is `header`, each a list of its cells."""
+    lines = body.splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def ticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_the_life_cycle_table_is_the_transition_table():
+    from hosts.lifecycle import TRANSITIONS
+
+    rows = markdown_table(text(DOCS / "architecture.md"), "| from | to |")
+    documented = {ticked(state)[0]: set(ticked(to)) for state, to in rows}
+    assert documented == {str(state): {str(to) for to in targets} for state, targets in TRANSITIONS.items()}
+
+
+def test_the_flows_table_lists_every_flow_with_its_steps_in_order():
+    from hosts.engine import FLOWS
+
+    rows = markdown_table(text(DOCS / "architecture.md"), "| flow | state | steps, in order |")
+    documented = {ticked(name)[0]: (ticked(state)[0], ticked(steps)) for name, state, steps in rows}
+    assert documented == {name: (str(flow.state), [step.name for step in flow.steps]) for name, flow in FLOWS.items()}
+
+
+def test_every_in_progress_state_has_its_deadline_row_with_its_failure_state():
+    from hosts.lifecycle import STATE_FAILURE
+
+    rows = markdown_table(text(DOCS / "architecture.md"), "| state | flow | deadline | then |")
+    documented = {ticked(state)[0]: ticked(then)[0] for state, _flow, _deadline, then in rows}
+    assert documented == {str(state): str(failure) for state, failure in STATE_FAILURE.items()}
