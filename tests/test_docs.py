@@ -102,3 +102,14 @@ def test_every_in_progress_state_has_its_deadline_row_with_its_failure_state():
     rows = markdown_table(text(DOCS / "architecture.md"), "| state | flow | deadline | then |")
     documented = {ticked(state)[0]: ticked(then)[0] for state, _flow, _deadline, then in rows}
     assert documented == {str(state): str(failure) for state, failure in STATE_FAILURE.items()}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_of_the_repository_the_docs_name_exists(page):
+    """A file named in `code` (agent/seed.py, claims/steps.py) is there. Lines quoted with `>` are the paths the
+    lead corrects at a merge, and what lives under var/ is made at run time."""
+    tops = {path.name for path in ROOT.iterdir() if path.is_dir()} - {"var", ".venv"}
+    lines = [line for line in text(page).splitlines() if not line.lstrip().startswith(">")]
+    named = set(re.findall(r"`([a-z_]+/[A-Za-z0-9_./-]+\.(?:py|md|yaml|txt|toml|sh|ini))`", "\n".join(lines)))
+    named = {path for path in named if path.split("/", 1)[0] in tops}
+    assert not sorted(path for path in named if not (ROOT / path).exists())
