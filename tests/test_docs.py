@@ -113,3 +113,10 @@ def test_every_file_of_the_repository_the_docs_name_exists(page):
     named = set(re.findall(r"`([a-z_]+/[A-Za-z0-9_./-]+\.(?:py|md|yaml|txt|toml|sh|ini))`", "\n".join(lines)))
     named = {path for path in named if path.split("/", 1)[0] in tops}
     assert not sorted(path for path in named if not (ROOT / path).exists())
+
+
+def test_every_fault_the_lab_offers_is_in_the_lab_page():
+    from lab.site import FAULTS
+
+    rows = markdown_table(text(DOCS / "lab.md"), "| fault | what the server does | target |")
+    assert sorted(ticked(row[0])[0] for row in rows) == sorted(FAULTS)
