@@ -120,3 +120,16 @@ def test_every_fault_the_lab_offers_is_in_the_lab_page():
 
     rows = markdown_table(text(DOCS / "lab.md"), "| fault | what the server does | target |")
     assert sorted(ticked(row[0])[0] for row in rows) == sorted(FAULTS)
+
+
+def test_every_kind_apply_accepts_is_in_the_manifests_page_with_its_fields():
+    from manifests.apply import BMH_SPEC, DYNAMIC_FIELDS, KINDS, NODE_TYPE_FIELDS, STATIC_FIELDS
+
+    rows = markdown_table(text(DOCS / "manifests.md"), "| apiVersion | kind | spec fields |")
+    documented = {(ticked(version)[0], ticked(kind)[0]) for version, kind, _fields in rows if ticked(version)}
+    assert documented == KINDS
+    fields = {ticked(kind)[0]: set(ticked(cell)) for _version, kind, cell in rows}
+    assert fields["NodeType"] >= NODE_TYPE_FIELDS - {"name"}
+    assert fields["BareMetalHost"] >= BMH_SPEC & {"bmc", "bootMACAddress", "online", "rootDeviceHints",
+                                                   "automatedCleaningMode", "description"}
+    assert fields["vcluster.yaml"] >= STATIC_FIELDS | DYNAMIC_FIELDS
