@@ -59,3 +59,9 @@ def test_the_readme_shows_the_two_commands_and_both_test_lanes():
     assert commands == ["./bin/run", "./bin/test"]
     lanes = README.split("## Test lanes", 1)[1].split("\n## ", 1)[0]
     assert "`./bin/test`" in lanes and "`./bin/test --fast`" in lanes
+
+
+def test_the_lanes_example_names_a_test_file_and_a_test_in_it():
+    example = re.search(r"`\./bin/test (tests/\S+\.py) -k (\w+)`", README)
+    path, keyword = ROOT / example.group(1), example.group(2)
+    assert re.search(rf"def test_\w*{keyword}\w*\(", path.read_text())
