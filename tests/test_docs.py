@@ -1,5 +1,6 @@
 """docs/ and the README say what the code does: every setting documented, every link inside the repository and
 resolving, every command real, the host life cycle and the flows as the code declares them."""
+import argparse
 import re
 from pathlib import Path
 
@@ -133,3 +134,40 @@ def test_every_kind_apply_accepts_is_in_the_manifests_page_with_its_fields():
     assert fields["BareMetalHost"] >= BMH_SPEC & {"bmc", "bootMACAddress", "online", "rootDeviceHints",
                                                    "automatedCleaningMode", "description"}
     assert fields["vcluster.yaml"] >= STATIC_FIELDS | DYNAMIC_FIELDS
+
+
+def shown_invocations(body: str) -> list[tuple[str, str]]:
+    """Each `manage.py COMMAND …` the page shows (in `code` or a code block), with what follows it on its line."""
+    spans = [span.replace("\n", " ") for span in re.findall(r"`([^`]*manage\.py [^`]*)`", body)]
+    spans += [line for line in body.splitlines() if "manage.py " in line and not line.lstrip().startswith("|")]
+    shown = []
+    for span in spans:
+        for part in span.split("manage.py ")[1:]:
+            name, _, rest = part.partition(" ")
+            shown.append((name.strip("`),.;:"), rest.split("`")[0].split(" #")[0]))
+    return shown
+
+
+def parser_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The options a command takes, its sub-commands' (`token create`, `workload submit`) included."""
+    options = set()
+    for action in parser._actions:
+        options.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options |= parser_options(sub)
+    return options
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_option_the_docs_give_a_manage_py_command_is_one_it_takes(page):
+    from django.core.management import load_command_class
+
+    commands = get_commands()
+    unknown = []
+    for name, rest in shown_invocations(text(page)):
+        if name not in commands:
+            continue  # the test above names it
+        options = parser_options(load_command_class(commands[name], name).create_parser("manage.py", name))
+        unknown += [f"{name} {flag}" for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest) if flag not in options]
+    assert not sorted(set(unknown))
