@@ -171,3 +171,14 @@ def test_every_option_the_docs_give_a_manage_py_command_is_one_it_takes(page):
         options = parser_options(load_command_class(commands[name], name).create_parser("manage.py", name))
         unknown += [f"{name} {flag}" for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest) if flag not in options]
     assert not sorted(set(unknown))
+
+
+def test_the_layering_in_architecture_names_every_app_and_every_layer_of_the_contract():
+    block = text(DOCS / "architecture.md").split("## The apps and the layering", 1)[1].split("```", 2)[1]
+    named = {line.split()[0] for line in block.splitlines() if line.strip()} | set(re.findall(r"^\w+ : (\w+)", block,
+                                                                                               flags=re.M))
+    apps = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert not sorted(apps - named)
+    contract = (ROOT / ".importlinter").read_text().split("[importlinter:contract:layers]", 1)[1].split("\n[", 1)[0]
+    layers = contract.split("layers =", 1)[1].split()
+    assert not sorted({layer for layer in layers if layer != ":"} - named)
