@@ -182,3 +182,27 @@ def test_the_layering_in_architecture_names_every_app_and_every_layer_of_the_con
     contract = (ROOT / ".importlinter").read_text().split("[importlinter:contract:layers]", 1)[1].split("\n[", 1)[0]
     layers = contract.split("layers =", 1)[1].split()
     assert not sorted({layer for layer in layers if layer != ":"} - named)
+
+
+def test_the_numeric_defaults_in_operations_are_the_ones_the_settings_give():
+    source = "\n".join(path.read_text() for path in SETTINGS)
+    defaults = dict(re.findall(r"""(?:environ\.get|env_float)\(\s*"([A-Z][A-Z0-9_]+)",\s*"?([0-9.]+)"?\)""", source))
+    assert {"AGENT_LISTENER_THREADS", "POOL_MAX_NODES", "DRAIN_DEADLINE_S"} <= set(defaults)
+    checked, wrong = 0, []
+    for row in markdown_table_all(text(DOCS / "operations.md"), "| variable | default | what |"):
+        names, default = ticked(row[0]), row[1]
+        if len(names) == 1 and names[0] in defaults and re.fullmatch(r"[0-9.]+", default):
+            checked += 1
+            if float(default) != float(defaults[names[0]]):
+                wrong.append(f"{names[0]}: {default}, not {defaults[names[0]]}")
+    assert checked > 50  # the tables are read at all
+    assert not wrong
+
+
+def markdown_table_all(body: str, header: str) -> list[list[str]]:
+    """The rows of every table whose header line is `header`."""
+    rows, rest = [], body
+    while f"\n{header}\n" in rest:
+        rest = rest.split(f"\n{header}\n", 1)[1]
+        rows += markdown_table(f"{header}\n{rest}", header)
+    return rows
