@@ -1,3 +1,4 @@
+"""The Auto Nodes app's registration (dynamic pools: demand, decisions, disruption)."""
 from django.apps import AppConfig
 
 

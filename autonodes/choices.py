@@ -1,3 +1,4 @@
+"""Auto Nodes' declared statuses, with their labels and badge colours."""
 from core.choices import ColouredChoices
 
 

@@ -93,7 +93,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 UNLIMITED = 2**31 - 1
 # A replacement that failed is not made again at once: a broken image or no server of the type would otherwise
-# launch and fail a claim on every pass (never relaunched in a loop).
+# launch and fail a claim on every pass: never relaunched in a loop.
 REPLACEMENT_RETRY = timedelta(minutes=30)
 
 
@@ -371,7 +371,7 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
         for claim in available:
             usage = usages.get(claim.pk) or NodeUsage(claim=claim)
             nodes.append(_node(claim, usage, by_node.get(claim.node_name, [])))
-        before = {n.claim.pk: _shown(n.usage) for n in nodes}
+        before = {n.claim.pk: _usage_as_pages_show(n.usage) for n in nodes}
         _upkeep(nodes, now)
         quota = _Quota(tenant=tenant, dynamic_ids=set(locked))
         for pool in pools:
@@ -381,13 +381,14 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
         NodeUsage.objects.bulk_create([n.usage for n in nodes if n.usage.pk is None])
         NodeUsage.objects.bulk_update([n.usage for n in nodes if n.usage.pk is not None and n.usage.claim_id in usages],
                                       USAGE_FIELDS)
-        changed = {n.claim.pool_id for n in nodes if before[n.claim.pk] != _shown(n.usage)}
+        changed = {n.claim.pool_id for n in nodes if before[n.claim.pk] != _usage_as_pages_show(n.usage)}
         if changed:  # what the pool pages show (checked_at alone is not news)
             demand_changed(tenant_id=tenant_id, pool_ids=changed)
     return result
 
 
-def _shown(usage: NodeUsage) -> tuple:
+def _usage_as_pages_show(usage: NodeUsage) -> tuple:
+    """The parts of a node's usage the pool pages show: a change in them is news (checked_at alone is not)."""
     return (usage.pk, usage.pods, usage.requested, usage.empty_since, usage.do_not_disrupt, usage.next_action,
             usage.next_action_at, usage.replacement_id)
 
@@ -413,7 +414,8 @@ def _hhmm(moment: datetime) -> str:
     return timezone.localtime(moment).strftime("%H:%M")
 
 
-def _for(delta: timedelta) -> str:
+def _go_duration(delta: timedelta) -> str:
+    """A duration as the pool's manifest writes it (Go's form): 2h, 30m, 45s."""
     seconds = int(delta.total_seconds())
     if seconds % 3600 == 0 and seconds:
         return f"{seconds // 3600}h"
@@ -617,7 +619,7 @@ class _Pass:
         if self._blocked(node, R.EMPTY):
             return
         self._release([node], R.EMPTY, f"released {node.claim.name}: empty since {_hhmm(since)} "
-                                       f"(consolidateAfter {_for(after)})")
+                                       f"(consolidateAfter {_go_duration(after)})")
 
     def _group(self, group_id: int, nodes: list[Node]) -> None:
         """An all-or-nothing group's nodes: released together once all are empty long enough, or all kept."""
@@ -664,7 +666,7 @@ class _Pass:
             return
         self._release(nodes, R.EMPTY, f"released group {name} whole ({len(nodes)} nodes: "
                                       f"{', '.join(n.claim.name for n in nodes)}): every member empty since "
-                                      f"{_hhmm(since)} (consolidateAfter {_for(after)})", extra={"group": name})
+                                      f"{_hhmm(since)} (consolidateAfter {_go_duration(after)})", extra={"group": name})
 
     def _underutilized(self, node: Node, policy: str) -> None:
         pods = f"in use: {len(node.pods)} pod(s)"

@@ -55,7 +55,7 @@ def pool_decisions(pool: NodePool) -> QuerySet:
                                  kind=EventKind.DECISION, tenant_id=pool.tenant_id).order_by("-created_at", "-pk"))
 
 
-# --- one Pending pod's state, for people --------------------------------------------------------
+# --- one Pending pod's state, for people ---------------------------------------------------------
 
 @dataclass
 class PodState:

@@ -1,3 +1,4 @@
+"""The console app's registration: pages that compose several apps."""
 from django.apps import AppConfig
 
 

@@ -1,3 +1,4 @@
+"""The console's live views: websocket routes for the tenant and pool pages."""
 from django.urls import path
 
 from . import consumers

@@ -1,3 +1,4 @@
+"""The core app's registration: the leaf every app may import."""
 from django.apps import AppConfig
 
 

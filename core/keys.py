@@ -72,8 +72,8 @@ def load(*, var_dir: Path, embedded: bool, debug: bool, environ=os.environ) -> d
         if debug:
             problems.append("DEBUG is on: a production console shows nobody Django's debug pages (unset DEBUG).")
     if problems:
-        raise StartupRefused("\n  ".join([*problems, "The README's 'Keys and erase certificates' says how to make "
-                                                       "each key."]))
+        raise StartupRefused("\n  ".join([*problems, "docs/operations.md ('Keys and erase certificates') says how "
+                                                       "to make each key."]))
     return found
 
 

@@ -8,8 +8,8 @@ The lock order, everywhere rows of these tables are locked in one transaction:
 locks its claims' hosts before it moves the claims). A tenant is locked FOR NO KEY UPDATE
 (`select_for_update(no_key=True)`), never FOR UPDATE unless it is deleted: every insert of a row that points
 at a tenant (a claim, an Event) checks the foreign key with FOR KEY SHARE, which FOR UPDATE blocks and
-FOR NO KEY UPDATE does not. A tenant locked FOR UPDATE by a quantity change while a reconcile that holds
-the pool inserts a claim of that tenant was the deadlock of issue 10.
+FOR NO KEY UPDATE does not: a tenant locked FOR UPDATE by a quantity change, while a reconcile that holds
+the pool inserts a claim of that tenant, deadlocks the two.
 
 Lock order makes deadlocks rare; it cannot make them impossible (an apply of several tenants locks them
 in document order; PostgreSQL's own locks on index pages). `retry_on_deadlock` runs a service again when

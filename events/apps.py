@@ -1,4 +1,4 @@
-"""The Event log's app config."""
+"""The events app's registration: the append-only Event log every app records to."""
 from django.apps import AppConfig
 
 

@@ -1,4 +1,4 @@
-"""The declared kinds of event and the kinds of object an event is about."""
+"""The Event log's declared kinds and object types, with their labels."""
 from django.db import models
 
 

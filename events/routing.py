@@ -1,4 +1,4 @@
-"""The Event log's websocket routes: the audit log page and the live lists."""
+"""The event log's live views: websocket routes for the audit page and the live lists."""
 from django.urls import path
 
 from . import consumers

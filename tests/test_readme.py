@@ -38,3 +38,30 @@ def test_every_setting_bin_run_reads_is_documented():
     names = set(re.findall(r"\$\{([A-Z_]+):-", (ROOT / "bin" / "run").read_text())) - {"VMETAL_VAR_DIR"}
     assert names >= {"PORT", "AGENT_PORT", "LAB_HOSTS"}
     assert not [name for name in names if f"`{name}`" not in README]
+
+
+def test_the_readme_fits_on_a_page():
+    assert len(README.splitlines()) <= 200
+
+
+def test_the_readme_layout_names_every_app_directory():
+    layout = README.split("## Layout", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"^([a-z_]+)/", layout, flags=re.M)) | set(re.findall(r"\b([a-z_]+)/", layout))
+    apps = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert apps >= {"core", "events", "pools", "hosts", "claims", "autonodes", "manifests", "console", "lab", "agent",
+                    "vmetal_console"}
+    assert not sorted(apps - named), "every app directory is in the README's layout"
+    assert "access" in named  # API tokens and their authentication, a room of their own
+
+
+def test_the_readme_shows_the_two_commands_and_both_test_lanes():
+    commands = README.split("## Two commands", 1)[1].split("```", 2)[1].split()
+    assert commands == ["./bin/run", "./bin/test"]
+    lanes = README.split("## Test lanes", 1)[1].split("\n## ", 1)[0]
+    assert "`./bin/test`" in lanes and "`./bin/test --fast`" in lanes
+
+
+def test_the_lanes_example_names_a_test_file_and_a_test_in_it():
+    example = re.search(r"`\./bin/test (tests/\S+\.py) -k (\w+)`", README)
+    path, keyword = ROOT / example.group(1), example.group(2)
+    assert re.search(rf"def test_\w*{keyword}\w*\(", path.read_text())

@@ -1,4 +1,4 @@
-"""REST API under /api/v1/ (issue: REST API, tenant isolation), its OpenAPI 3 schema at /api/schema/ and
+"""The REST API under /api/v1/ (tenant-scoped), its OpenAPI 3 schema at /api/schema/ and
 browsable docs at /api/docs/ (Swagger UI) and /api/redoc/."""
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView

@@ -1,3 +1,4 @@
+"""The composition root's app registration, and the key canary written after migrate."""
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 

@@ -182,8 +182,8 @@ CELERY_TASK_IGNORE_RESULT = True
 # timeout, set below; the file-system broker loses them (the periodic re-drive and reconcile make up for it).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# Redis: longer than any task may run (drive_host's hard limit, 300 s) and any countdown waits (a recheck:
-# 30 s at most), or a task still running or waiting would be handed to a second worker. Kombu's default is an
+# Redis: longer than any task runs (a drive's steps do not wait; each outside call has its timeout) and any
+# countdown waits (a recheck: 30 s at most), or a task still running or waiting would be handed to a second worker. Kombu's default is an
 # hour, swept every 100 s; here a killed worker's tasks come back within BROKER_VISIBILITY_TIMEOUT_S plus a
 # sweep (every tenth of it, at most 10 s).
 BROKER_VISIBILITY_TIMEOUT_S = float(os.environ.get("BROKER_VISIBILITY_TIMEOUT_S", "600"))
@@ -253,7 +253,7 @@ RECONCILE_BATCH = max(1, int(os.environ.get("RECONCILE_BATCH", "200")))
 HOST_FAILURE_LIMIT = int(os.environ.get("HOST_FAILURE_LIMIT", "3"))
 HOST_FAILURE_WINDOW_S = int(os.environ.get("HOST_FAILURE_WINDOW_S", "3600"))
 # The repair ladder (hosts/flows/repair.py): a host set aside in repair climbs its NodeType's remedies by itself (off:
-# it waits for a person, as before the ladder). A power-cycle remedy keeps the host off this long (a cold cycle).
+# it waits for a person). A power-cycle remedy keeps the host off this long (a cold cycle).
 REPAIR_LADDER = env_bool("REPAIR_LADDER", True)
 REPAIR_COLD_OFF_S = float(os.environ.get("REPAIR_COLD_OFF_S", "30"))
 # An OS image whose write fails on this many distinct hosts (same url and checksum, within the window) is the

@@ -1,3 +1,4 @@
+"""The public listener's URLs: the admin, the API, the hosts' pages and the console's pages."""
 from django.contrib import admin
 from django.urls import include, path
 

@@ -1,3 +1,4 @@
+"""WSGI entry point of the public listener (daphne's ASGI application is in asgi.py)."""
 import os
 
 from django.core.wsgi import get_wsgi_application
