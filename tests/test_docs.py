@@ -90,7 +90,7 @@ def test_the_life_cycle_table_is_the_transition_table():
 
 
 def test_the_flows_table_lists_every_flow_with_its_steps_in_order():
-    from hosts.engine import FLOWS
+    from hosts.lifecycle import FLOWS
 
     rows = markdown_table(text(DOCS / "architecture.md"), "| flow | state | steps, in order |")
     documented = {ticked(name)[0]: (ticked(state)[0], ticked(steps)) for name, state, steps in rows}
