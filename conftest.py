@@ -31,7 +31,9 @@ def is_postgres() -> bool:
 # `./bin/test --fast` (pytest --fast) leaves it out. Fixtures of test modules count too (vm_lab, listener's spawn).
 LANE_FIXTURES = {
     "slow": {"celery_worker_process", "console_server", "watcher", "spawn", "production_venv"},  # child processes
-    "lab": {"lab_factory", "lab_sites"},  # the lab's simulated servers, agents and tenant APIs
+    # The lab's simulated servers, agents and tenant APIs; its BMC emulator (sushy-tools, a child process), also as
+    # the test modules' own fixtures that start it (lab, redfish).
+    "lab": {"lab_factory", "lab_sites", "redfish_labs", "lab", "redfish"},
     "browser": {"browser"},  # Chromium
     "vm": {"images", "vm_lab", "vm_console"},  # QEMU VMs and their images
 }
@@ -273,6 +275,24 @@ def lab_sites(tmp_path):
     yield make
     for site in made:
         site.stop()
+
+
+@pytest.fixture
+def redfish_labs():
+    """redfish_labs(systems, user, password, **RedfishLab arguments) → the lab's BMC emulator (not started yet:
+    start it, or use it as a context manager), stopped when the test ends if it still runs."""
+    from lab.redfish import RedfishLab
+
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(RedfishLab(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for lab in made:
+        if lab.running:
+            lab.stop()
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):

@@ -310,8 +310,8 @@ def test_a_port_that_accepts_but_never_reads_times_out():
     assert time.monotonic() - started < 2
 
 
-def test_the_emulator_is_gone_after_the_lab_stops():
-    lab = RedfishLab(SYSTEMS[:1], USER, PASSWORD, power_delay=(0.2, 0.5)).start()
+def test_the_emulator_is_gone_after_the_lab_stops(redfish_labs):
+    lab = redfish_labs(SYSTEMS[:1], USER, PASSWORD, power_delay=(0.2, 0.5)).start()
     address = lab.system_address("gpu-01")
     assert BMC(address, USER, PASSWORD).power_state() == "off"
     lab.stop()

@@ -14,7 +14,6 @@ from hosts.gate import cleaning
 from hosts.gate.census import census_take, record_from
 from hosts.models import BareMetalHost
 from hosts.selectors import RECORD, host_sku_deviations
-from lab.redfish import RedfishLab
 
 from .factories import GATE, erased, verified
 
@@ -165,14 +164,14 @@ def test_a_later_inspection_that_finds_other_disks_deviates_until_an_admin_accep
     assert event.data["disk_record"]["before"]["disks"][1]["serial"] == "S7GPU011"
 
 
-def test_the_lab_s_bmcs_report_their_drives_through_redfish_and_one_without_storage_reports_none():
+def test_the_lab_s_bmcs_report_their_drives_through_redfish_and_one_without_storage_reports_none(redfish_labs):
     drives = [{"id": "Disk.Bay.0", "serial": "S7GPU010", "model": "SAMSUNG MZWLO3T8HCLS", "size_bytes": SIZE,
                "manufacturer": "SAMSUNG", "media_type": "SSD"},
               {"id": "Disk.Bay.1", "serial": "S7GPU011", "model": "SAMSUNG MZWLO3T8HCLS", "size_bytes": SIZE,
                "manufacturer": "SAMSUNG", "media_type": "SSD"}]
     systems = [{"name": "gpu-01", "mac": "52:54:00:00:00:01", "drives": drives},
                {"name": "gpu-02", "mac": "52:54:00:00:00:02"}]
-    with RedfishLab(systems, "admin", "pw", power_delay=(0.1, 0.2)) as lab:
+    with redfish_labs(systems, "admin", "pw", power_delay=(0.1, 0.2)) as lab:
         with BMC(lab.system_address("gpu-01"), "admin", "pw") as bmc:
             assert bmc.drives() == [
                 {"name": "Disk.Bay.0", "serial": "S7GPU010", "model": "SAMSUNG MZWLO3T8HCLS", "size_bytes": SIZE,

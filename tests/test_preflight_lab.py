@@ -10,7 +10,6 @@ from claims.models import NodeClaim
 from events.models import Event
 from hosts.choices import HostState
 from hosts.models import BareMetalHost
-from lab.redfish import RedfishLab
 
 pytest.register_assert_rewrite("tests.console_conftest")
 from .console_conftest import PASSWORD, pool
@@ -22,7 +21,7 @@ WRONG_PASSWORD = "not-the-bmc-password"
 
 
 @pytest.fixture
-def site(console_site, agent_server, settings, tmp_path):
+def site(console_site, agent_server, settings, tmp_path, redfish_labs):
     """gpu-01: a good BMC over HTTP; gpu-02: HTTPS with a self-signed certificate; gpu-03: its system lacks
     the host's boot MAC; gpu-04: the host has a wrong BMC password. The cpu hosts keep their dead addresses."""
     settings.IMAGE_DIR = tmp_path / "images"
@@ -37,7 +36,7 @@ def site(console_site, agent_server, settings, tmp_path):
                {"name": "gpu-02", "mac": hosts["gpu-02"].boot_mac, "tls": True},
                {"name": "gpu-03", "mac": "52:54:00:99:99:03"},
                {"name": "gpu-04", "mac": hosts["gpu-04"].boot_mac}]
-    with RedfishLab(systems, USER, BMC_PASSWORD, power_delay=(0.1, 0.2)) as lab:
+    with redfish_labs(systems, USER, BMC_PASSWORD, power_delay=(0.1, 0.2)) as lab:
         for name, host in hosts.items():
             scheme = "redfish+https" if name == "gpu-02" else "redfish+http"
             BareMetalHost.objects.filter(pk=host.pk).update(

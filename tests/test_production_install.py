@@ -18,13 +18,13 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pyt
 
 
 @pytest.fixture(scope="session")
-def production_venv(tmp_path_factory, worker_id) -> Path:
+def production_venv(tmp_path_factory) -> Path:
     """A fresh virtual environment with requirements.txt alone, made once per run (shared by the xdist workers);
     pip reads the machine's own configuration (its index), as an operator's install would."""
     import fcntl
 
     shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # one folder above every worker's own
     venv = shared / "production-venv"
     python = venv / "bin" / "python"
