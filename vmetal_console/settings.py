@@ -11,6 +11,9 @@ from pathlib import Path
 import dj_database_url
 
 from core import keys
+from autonodes import task_names as autonodes_tasks
+from claims import task_names as claims_tasks
+from hosts import task_names as hosts_tasks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VMETAL_VAR_DIR", BASE_DIR / "var"))
@@ -197,34 +200,34 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))
 CELERY_BEAT_SCHEDULE = {
-    "reconcile-pools": {"task": "claims.tasks.reconcile_pools", "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
-    "sweep-overdue-hosts": {"task": "hosts.tasks.sweep_overdue_hosts", "schedule": 30.0},
-    "drive-stale-hosts": {"task": "hosts.tasks.drive_stale_hosts",
+    "reconcile-pools": {"task": claims_tasks.RECONCILE_POOLS, "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
+    "sweep-overdue-hosts": {"task": hosts_tasks.SWEEP_OVERDUE_HOSTS, "schedule": 30.0},
+    "drive-stale-hosts": {"task": hosts_tasks.DRIVE_STALE_HOSTS,
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).
     # The idle health tier (pools/health_tiers.py): the longest-unchecked available hosts, a few at a time.
-    "idle-health-checks": {"task": "hosts.tasks.idle_checks_start",
+    "idle-health-checks": {"task": hosts_tasks.IDLE_CHECKS_START,
                            "schedule": float(os.environ.get("IDLE_CHECK_EVERY_S", "60"))},
-    "check-bmcs": {"task": "hosts.tasks.check_bmcs", "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
+    "check-bmcs": {"task": hosts_tasks.CHECK_BMCS, "schedule": float(os.environ.get("BMC_CHECK_EVERY_S", "60"))},
     # Preflight (hosts/preflight.py): every host's BMC and boot path, each at most every PREFLIGHT_EVERY_S.
-    "preflight-due": {"task": "hosts.tasks.preflight_due", "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
+    "preflight-due": {"task": hosts_tasks.PREFLIGHT_DUE, "schedule": float(os.environ.get("PREFLIGHT_DUE_EVERY_S", "60"))},
     # Warm hosts (hosts/flows/warm.py): one idle past its NodeType's idleMinutes, or whose agent is silent, is powered off.
-    "sweep-warm-hosts": {"task": "hosts.tasks.sweep_warm_hosts",
+    "sweep-warm-hosts": {"task": hosts_tasks.SWEEP_WARM_HOSTS,
                          "schedule": float(os.environ.get("WARM_SWEEP_EVERY_S", "30"))},
     # The repair ladder's catch-up: hosts in repair whose next rung was asked for and never started (hosts/flows/repair.py).
-    "repair-due": {"task": "hosts.tasks.repair_due", "schedule": float(os.environ.get("REPAIR_DUE_EVERY_S", "60"))},
+    "repair-due": {"task": hosts_tasks.REPAIR_DUE, "schedule": float(os.environ.get("REPAIR_DUE_EVERY_S", "60"))},
     # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
-    "free-leaked-addresses": {"task": "claims.tasks.free_leaked_addresses",
+    "free-leaked-addresses": {"task": claims_tasks.FREE_LEAKED_ADDRESSES,
                               "schedule": float(os.environ.get("IPAM_LEAK_CHECK_EVERY_S", "300"))},
     # Dynamic pools' claims past their launch deadline: reported once, never relaunched (autonodes/launches.py).
-    "check-launches": {"task": "autonodes.tasks.check_launches",
+    "check-launches": {"task": autonodes_tasks.CHECK_LAUNCHES,
                        "schedule": float(os.environ.get("AUTONODES_LAUNCH_CHECK_EVERY_S", "30"))},
     # Dynamic pools give back empty, underutilized, expired and drifted nodes (autonodes/disruption.py): one list
     # of each tenant's pods per pass.
-    "autonodes-disrupt": {"task": "autonodes.tasks.disrupt",
+    "autonodes-disrupt": {"task": autonodes_tasks.DISRUPT,
                           "schedule": float(os.environ.get("AUTONODES_DISRUPT_EVERY_S", "10"))},
     # Auto Nodes: pods that wait (a limit, the quota, no free host) are decided again now and then.
-    "autonodes-decide-waiting": {"task": "autonodes.tasks.decide_waiting",
+    "autonodes-decide-waiting": {"task": autonodes_tasks.DECIDE_WAITING,
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
 }
 
