@@ -30,7 +30,8 @@ def is_postgres() -> bool:
 # The lanes: a test that uses one of these fixtures (directly or through another fixture) gets the marker, and
 # `./bin/test --fast` (pytest --fast) leaves it out. Fixtures of test modules count too (vm_lab, listener's spawn).
 LANE_FIXTURES = {
-    "slow": {"celery_worker_process", "console_server", "watcher", "spawn", "production_venv"},  # child processes
+    # Child processes, and schemathesis's generated requests through the WSGI application (minutes of CPU).
+    "slow": {"celery_worker_process", "console_server", "watcher", "spawn", "production_venv", "wsgi_app"},
     # The lab's simulated servers, agents and tenant APIs; its BMC emulator (sushy-tools, a child process), also as
     # the test modules' own fixtures that start it (lab, redfish).
     "lab": {"lab_factory", "lab_sites", "redfish_labs", "lab", "redfish"},

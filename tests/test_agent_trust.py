@@ -213,7 +213,6 @@ def test_tenant_members_get_no_mac_addresses_of_their_nodes(world):
     assert host.boot_mac.lower() in admin
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_caller_who_knows_the_mac_cannot_take_over_a_provisioning_agent(
         lab_factory, celery_worker_process, agent_client, apply):

@@ -33,7 +33,7 @@ from events.models import Event  # noqa: E402
 from pools.models import TenantMembership  # noqa: E402
 from tests.api_conftest import issue_token  # noqa: E402
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+pytestmark = pytest.mark.django_db
 
 EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "5"))  # per operation and per kind of input
 SESSION_SET = re.compile(r"(^|\s)sessionid=[^;\s\"]")  # a session cookie with a value (not the deletion of one)

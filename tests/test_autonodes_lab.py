@@ -21,7 +21,7 @@ from .autonodes_lab_conftest import dynamic_pool, job_pods, node_names
 from .lab_conftest import lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest", "tests.autonodes_lab_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 # "Add GPU servers when training jobs are Pending, up to 4", and give them back 2 s after they are empty.
 POOL = dynamic_pool(nodes=4, policy="WhenEmpty", after="2s")

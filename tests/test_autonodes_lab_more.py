@@ -23,7 +23,7 @@ from .autonodes_lab_conftest import dynamic_pool, job_pods, node_names, running
 from .lab_conftest import lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest", "tests.autonodes_lab_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 LIMIT_REASON = "not added: limit nodes 4 reached"
 

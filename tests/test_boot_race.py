@@ -21,7 +21,7 @@ from hosts.selectors import host_recent_failures
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 TENANT_SECRET_COMMANDS = {"check_endpoint", "write_seed"}
 

@@ -21,7 +21,7 @@ from pools.services import pool_set_quantity
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 DISK = 96 * 1024 * 1024
 

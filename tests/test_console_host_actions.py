@@ -220,7 +220,6 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_an_admin_power_cycles_hosts_through_the_console_and_the_worker_resets_them(
         people, redfish, fast_worker, celery_worker_process):
@@ -257,7 +256,6 @@ def test_an_admin_power_cycles_hosts_through_the_console_and_the_worker_resets_t
     assert "power cycle done: reset; power on again" in page and "user:root-admin" in page
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_power_cycle_the_bmc_refuses_is_in_the_event_log_with_the_reason(
         people, redfish, fast_worker, celery_worker_process):
@@ -288,7 +286,6 @@ def power_outcome(host: BareMetalHost, step: str, timeout: float = 30) -> Event:
     return Event.objects.get(host_id=host.pk, step=step, data__has_key="request_id")
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_an_admin_powers_hosts_off_and_on_through_the_console_and_the_worker_sends_it(
         people, redfish, fast_worker, celery_worker_process):

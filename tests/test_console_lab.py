@@ -16,7 +16,7 @@ from .console_conftest import PASSWORD, log_in, pool, wait_live  # noqa: F401
 from .lab_conftest import FAST, gpu_pool, wait_hosts
 
 pytest_plugins = ["tests.console_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -81,7 +81,6 @@ def seed_of(site, host: str) -> dict:
 
 # --- end to end in the lab ------------------------------------------------------------------------------------
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_tenants_get_different_vlans_and_a_tenants_second_node_reuses_its_own_in_the_seed(
         lab_factory, celery_worker_process, apply):

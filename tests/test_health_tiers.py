@@ -123,7 +123,6 @@ def test_a_bad_health_block_is_refused_with_its_place_and_changes_nothing(apply,
 
 # --- in the lab -------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_handover_runs_on_every_provision_and_a_failure_gives_the_claim_another_host_at_once(
         lab_factory, celery_worker_process, apply):
@@ -168,7 +167,6 @@ def test_handover_runs_on_every_provision_and_a_failure_gives_the_claim_another_
     assert 'data-tier="handover"' in page and 'data-tier="release"' in page
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_intake_runs_a_burn_in_on_a_new_host_and_after_repair_and_burnin_fail_fails_only_the_intake(
         lab_factory, celery_worker_process):
@@ -199,7 +197,6 @@ def test_intake_runs_a_burn_in_on_a_new_host_and_after_repair_and_burnin_fail_fa
     assert tiers_of(gpu02, retest.data["flow_id"])[("intake", "burn-in")] == "pass"
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_idle_checks_run_on_a_beat_tick_and_a_claim_pre_empts_one_within_seconds(
         lab_factory, celery_worker_process, apply):

@@ -13,7 +13,7 @@ from hosts.services import host_last_repair_verdict, host_set_maintenance
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_host_whose_image_writes_keep_failing_goes_to_repair_and_the_claim_ends_on_a_healthy_host(

@@ -44,7 +44,6 @@ def drive_all_until(state: str, timeout: float) -> BareMetalHost:
         raise AssertionError(f"no host {state} within {timeout}s\n{lab_report()}") from None
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_host_registers_is_inspected_and_passes_its_release_gate_without_the_claims_flows(hosts_alone,
                                                                                              lab_factory):

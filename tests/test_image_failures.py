@@ -12,7 +12,7 @@ from hosts.models import BareMetalHost
 from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_an_image_that_fails_on_every_host_fails_the_claim_and_the_hosts_return_to_the_pool(

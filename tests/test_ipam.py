@@ -234,7 +234,6 @@ spec:
     assert "metal3.vcluster.com/network-data" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_in_the_lab_an_overridden_hosts_seed_carries_its_network_data_as_written(
         lab_factory, celery_worker_process, apply):

@@ -265,7 +265,6 @@ def test_deleting_a_job_deletes_its_pods(join, kubectl, batch):
 # -- the whole loop in the lab: a dynamic pool's claim becomes a node that takes the Pending pod
 
 
-@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_dynamic_pools_server_joins_with_its_gpus_and_no_sample_pods_and_takes_the_pending_pod(
         lab_factory, celery_worker_process, apply):

@@ -18,7 +18,7 @@ from pools.services import pool_set_quantity, tenant_delete
 from .lab_conftest import gpu_pool, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 PROVISION_STEPS = ["power_on_pxe", "agent_lookup", "inspect", "check_tenant_api", "write_image", "write_seed",
                    "reboot_to_disk", "boot_from_disk", "node_ready", "node_labels"]

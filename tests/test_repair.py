@@ -81,7 +81,6 @@ def test_the_repair_command_lists_the_pool_and_refuses_a_return_without_retest(b
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_mended_host_passes_its_retest_and_then_may_return_to_service(lab_factory, celery_worker_process):
     site = lab_factory(hosts=1, gpu_hosts=1, faults={"gpu-01": "gpu-xid:3"}, disk_bytes=96 * 1024 * 1024)
     wait_hosts("repair", 1, timeout=60)

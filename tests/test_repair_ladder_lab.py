@@ -34,7 +34,6 @@ def _transitions(host) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_an_intermittent_xid_is_repaired_by_a_gpu_reset_and_the_host_returns_with_its_history(
         ladder_lab, celery_worker_process, client, admin_user):
     ladder_lab(hosts=1, gpu_hosts=1, faults={"gpu-01": "xid-intermittent:3"}, disk_bytes=96 * 1024 * 1024)
@@ -70,7 +69,6 @@ def test_an_intermittent_xid_is_repaired_by_a_gpu_reset_and_the_host_returns_wit
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_permanent_fault_climbs_the_whole_ladder_and_waits_for_a_person_whose_retest_still_works(
         ladder_lab, celery_worker_process, capsys):
     from django.core.management import call_command
@@ -112,7 +110,6 @@ def test_a_permanent_fault_climbs_the_whole_ladder_and_waits_for_a_person_whose_
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_missing_gpu_is_a_sku_case_that_a_cold_power_cycle_does_not_mend(ladder_lab, celery_worker_process):
     ladder_lab(hosts=1, gpu_hosts=1, faults={"gpu-01": "gpu-missing"}, disk_bytes=96 * 1024 * 1024)
     _wait(lambda: RepairCase.objects.filter(outcome="waiting").exists(), timeout=120)

@@ -298,7 +298,6 @@ def to_repair(host: BareMetalHost) -> Event:
     return Event.objects.filter(host_id=host.pk, kind="transition", to_state="repair").latest("id")
 
 
-@pytest.mark.slow
 @pytest.mark.django_db
 def test_hosts_with_a_missing_gpu_or_a_small_disk_go_to_repair_and_never_become_available_as_gpu_servers(
         lab_factory, celery_worker_process, apply):
@@ -331,7 +330,6 @@ def test_hosts_with_a_missing_gpu_or_a_small_disk_go_to_repair_and_never_become_
     assert BareMetalHost.objects.get(pk=gpu01.pk).labels["nvidia.com/gpu.count"] == "7"
 
 
-@pytest.mark.slow
 @pytest.mark.django_db
 def test_an_intermittent_xid_sends_a_host_to_repair_once_and_a_burnin_fault_passes_the_release_gate(
         lab_factory, celery_worker_process):

@@ -189,7 +189,6 @@ def _checks(message_start: str):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_wrong_vip_stops_the_claim_at_the_check_and_fixing_it_lets_the_claim_become_available(
         lab_factory, celery_worker_process, apply, tmp_path, tenant_cas, client, django_user_model):
     from claims.choices import ClaimPhase

@@ -51,7 +51,6 @@ def certificate_ids(host: BareMetalHost) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_wrong_vip_sends_the_host_back_without_an_erase_and_fixing_it_lets_the_claim_become_available(
         lab_factory, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"])
@@ -101,7 +100,6 @@ def test_a_wrong_vip_sends_the_host_back_without_an_erase_and_fixing_it_lets_the
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_warm_host_whose_claim_fails_at_the_vip_check_stays_warm_without_a_power_cycle_or_an_erase(
         lab_factory, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"], warm=1)

@@ -30,7 +30,7 @@ from .lab_conftest import FAST, lab_report
 
 pytest_plugins = ["tests.lab_conftest", "tests.vm_conftest"]
 pytestmark = [
-    pytest.mark.vm, pytest.mark.slow, pytest.mark.django_db(transaction=True),
+    pytest.mark.vm, pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not shutil.which("qemu-system-x86_64"),
                        reason="qemu-system-x86_64 is not installed (Debian: qemu-system-x86, ipxe-qemu): no VM servers"),
 ]

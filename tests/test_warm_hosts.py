@@ -341,7 +341,6 @@ def powered(site, host: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_of_a_warm_and_a_cold_host_the_warm_one_is_ready_first_without_power_on_boot_or_lookup(
         lab_factory, long_poll, celery_worker_process, apply):
     site = lab_factory(hosts=2, gpu_hosts=2, tenants=["one"], warm=1, power_delay=(1.5, 1.5))
@@ -373,7 +372,6 @@ def test_of_a_warm_and_a_cold_host_the_warm_one_is_ready_first_without_power_on_
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_warm_host_idle_past_its_time_is_powered_off_and_then_provisioned_cold(
         lab_factory, warm_worker, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"], warm=1)
@@ -394,7 +392,6 @@ def test_a_warm_host_idle_past_its_time_is_powered_off_and_then_provisioned_cold
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow
 def test_a_warm_host_whose_agent_dies_is_no_longer_warm_and_its_claim_succeeds_cold(
         lab_factory, warm_worker, celery_worker_process, apply):
     site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one"], warm=1)
