@@ -52,7 +52,7 @@ def test_debug_on_with_a_production_database_is_refused():
 
 def test_the_keys_may_come_from_files_and_a_file_that_cannot_be_read_is_named(tmp_path):
     (tmp_path / "signing.pem").write_text(os.environ["CERTIFICATE_SIGNING_KEY"])
-    code = "import django; django.setup(); from hosts import certificates; print(certificates.sign({})[1])"
+    code = "import django; django.setup(); from hosts.gate import certificates; print(certificates.sign({})[1])"
     env = without("CERTIFICATE_SIGNING_KEY", DATABASE_URL=PRODUCTION_DB,
                   CERTIFICATE_SIGNING_KEY_FILE=str(tmp_path / "signing.pem"))
     assert run(["-c", code], env).returncode == 0
