@@ -45,6 +45,21 @@ def pytest_addoption(parser):
                      help="the fast lane: leave out the tests marked " + ", ".join(LANE_FIXTURES))
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashes(request):
+    """Tests of the fast lane hash passwords with MD5: the fixtures make several users per test, and PBKDF2's
+    million rounds cost about 0.4 s each. A test with a child process (a console, a worker) keeps the
+    production hasher, which that process must read too; PBKDF2 stays second so its hashes still check."""
+    if any(request.node.get_closest_marker(marker) for marker in LANE_FIXTURES):
+        yield
+        return
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher",
+                                             "django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test is put in its lane by the fixtures it uses (LANE_FIXTURES); --fast deselects all but the fast
     lane. `postgres` tests skip on SQLite for a newcomer's quick run, and `vm` tests where QEMU is not installed,
