@@ -8,7 +8,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from core import live
-from core.tasks import task_send_on_commit
+from core.tasks import task_send, task_send_on_commit
 from hosts.capacity import node_type_capacity, preflight_held_back
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
@@ -161,9 +161,14 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
 
 
 def allocate_soon() -> None:
-    """A host joined the free pool: pending claims may take it now rather than at the next beat."""
-    if NodeClaim.objects.filter(phase=P.PENDING).exists():
-        task_send_on_commit(task_names.RECONCILE_POOLS, pool_ids=None)
+    """A host joined the free pool: pending claims may take it now rather than at the next beat. The look for
+    a pending claim is made after the commit: a claim that turns Pending in a transaction this one cannot see
+    yet then commits later, and its own reconcile sees this host free (looked for inside, both would miss)."""
+    def send_if_pending():
+        if NodeClaim.objects.filter(phase=P.PENDING).exists():
+            task_send(task_names.RECONCILE_POOLS, pool_ids=None)
+
+    transaction.on_commit(send_if_pending)
 
 
 def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, actor: str, tries: int = 3,

@@ -175,3 +175,27 @@ def test_status_json_is_stable(site, apply, seed_block, capsys):
     assert gpu_type["capacity"] == {"total": 3, "available": 2, "provisioned": 1}
     call_command("status")
     assert "gpu-server" in capsys.readouterr().out
+
+
+@pytest.mark.django_db
+def test_a_host_freed_while_a_claim_turns_pending_unseen_still_wakes_the_allocator(
+        site, monkeypatch, django_capture_on_commit_callbacks):
+    # Two transactions cross: a host becomes available while, in another, its claim loses a host and turns
+    # Pending. Neither sees the other before it commits; the one that commits first must still wake the allocator.
+    from claims import task_names
+    from hosts.services import host_transition
+
+    make_hosts(1)
+    BareMetalHost.objects.update(state="maintenance")
+    make_pool("one", 1)
+    call_command("reconcile")
+    NodeClaim.objects.update(phase=ClaimPhase.PROVISIONING)  # serving another host, about to lose it
+    BareMetalHost.objects.update(state="inspecting")
+    sent = []
+    monkeypatch.setattr("claims.allocation.task_send", lambda name, **kwargs: sent.append(name))
+    with django_capture_on_commit_callbacks(execute=False) as on_commit:
+        host_transition(host=BareMetalHost.objects.get(), to_state="available", actor="test")
+    NodeClaim.objects.update(phase=ClaimPhase.PENDING)  # the other transaction commits first
+    for callback in on_commit:
+        callback()
+    assert task_names.RECONCILE_POOLS in sent
