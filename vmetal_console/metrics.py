@@ -208,8 +208,9 @@ def _evidence() -> list:
     raced = CounterMetricFamily("vmetal_boots_raced", "ramdisk boots whose configuration went out twice (voided)")
     raced.add_metric([], RamdiskBoot.objects.filter(raced_at__isnull=False).count())
     silent_since = timezone.now() - timedelta(seconds=settings.AGENT_SILENCE_S)
-    live = AgentSession.objects.filter(active=True).aggregate(
-        live=Count("pk", filter=Q(last_seen_at__gte=silent_since)), silent=Count("pk", filter=Q(last_seen_at__lt=silent_since)))
+    heard = Q(last_seen_at__gte=silent_since)
+    live = AgentSession.objects.filter(active=True).aggregate(live=Count("pk", filter=heard),
+                                                             silent=Count("pk", filter=~heard))
     sessions = GaugeMetricFamily("vmetal_agent_sessions", "active agent sessions: live (heard from within "
                                  "AGENT_SILENCE_S) or silent", labels=["status"])
     for status in ("live", "silent"):
