@@ -155,7 +155,9 @@ event_counters = _EventCounters()
 def _hosts() -> list:
     types = list(NodeType.objects.order_by("name").values_list("name", "host_selector"))
     # A host counts under the first NodeType (by name) whose selector takes it, "" under none: each host once.
-    node_type = Case(*[When(label_selector_q(selector or {}), then=Value(name)) for name, selector in types],
+    # An empty selector takes every host (an empty Q cannot be a When's condition).
+    node_type = Case(*[When(label_selector_q(selector or {}) or Q(pk__isnull=False), then=Value(name))
+                       for name, selector in types],
                      default=Value(""), output_field=TextField()) if types else Value("", output_field=TextField())
     now = timezone.now()
     rows = list(BareMetalHost.objects.annotate(node_type=node_type)
