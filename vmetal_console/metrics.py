@@ -103,7 +103,7 @@ def _tally(events) -> _Tally:
                                   output_field=IntegerField()))
             .values("kind", "flow", "step_name", "reason", "attention", "pool", "tenant")
             .annotate(n=Count("pk"), seconds=Sum("duration_s"),
-                      repeats=Sum(Cast(KeyTextTransform("count", "data"), IntegerField())),
+                      repeats=Sum(Coalesce(Cast(KeyTextTransform("count", "data"), IntegerField()), Value(1))),
                       claims=Sum(_JSONArrayLength(KeyTransform("claims", "data"))), **buckets)
             .order_by())
     tally = _Tally()
@@ -113,7 +113,7 @@ def _tally(events) -> _Tally:
                 row["n"], row["seconds"] or 0.0, *(row[f"le{i}"] for i in range(len(STEP_BUCKETS_S)))]
         elif row["kind"] == EventKind.SECURITY:
             key = (row["reason"], "false" if row["attention"] in ("false", "False", "0") else "true")
-            tally.security[key] = tally.security.get(key, 0) + (row["repeats"] or row["n"])
+            tally.security[key] = tally.security.get(key, 0) + row["repeats"]
         else:
             tally.decisions[row["reason"]] = tally.decisions.get(row["reason"], 0) + row["n"]
             if row["reason"] == DecisionReason.LAUNCHED and row["claims"]:
