@@ -179,6 +179,10 @@ def test_promtool_accepts_a_scrape_of_the_console(evidence):
 def test_promtool_accepts_the_alert_rules_and_they_name_only_metrics_the_console_serves(evidence):
     checked = promtool("check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Its unit tests: a host past its deadline, a raced boot, a BMC red share, a security event that needs a person.
+    tested = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=RULES.parent, capture_output=True,
+                            text=True, timeout=60)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
     served = set(scrape(evidence.client("auditor"))) | {"up"}
     import re
 
