@@ -7,9 +7,11 @@ class HostsConfig(AppConfig):
 
     def ready(self):
         # At ready, not at import: the models must be loaded before these modules are.
+        from core import counters
         from pools.capacity import capacity_source
 
         from . import consumers  # noqa: F401 (registers who may join a host's live group)
+        from .bmc import client as bmc_client
         from .capacity import node_type_capacity
         from .flows import host  # noqa: F401 (registers the host's own flows with the step engine)
         from .flows import repair  # registers the repair flow
@@ -17,5 +19,6 @@ class HostsConfig(AppConfig):
         from .preflight import connect_receivers
 
         capacity_source(node_type_capacity)
+        bmc_client.CALL_OBSERVERS.append(lambda result: counters.counter_add(counters.BMC_REQUESTS, result))  # /metrics
         on_host_transition(repair.host_moved)  # a move into or out of repair opens or closes its repair case
         connect_receivers()  # a host's BMC or MAC changed: preflight it again on commit

@@ -1,10 +1,14 @@
 """The README's commands work as written on a fresh install, and it documents what bin/run reads."""
+import io
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from rest_framework.test import APIClient
+
+from hosts.models import BareMetalHost
 
 from .api_conftest import ISSUED_KEYS
 
@@ -29,9 +33,19 @@ def test_the_token_example_works_on_a_fresh_database_and_prints_no_axes_line(sub
     ISSUED_KEYS.add(key)  # the leak check knows it from here on
     assert re.fullmatch(r"[0-9a-f]{64}", key)
     assert "AXES" not in done.stderr  # django-axes is quiet on every manage.py command
-    client = APIClient()  # the README's curl line
+    client = APIClient()  # the README's curl lines: the pools, the metrics
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    assert client.get(readme_line("curl ").split()[-1].replace("http://127.0.0.1:8000", "")).status_code == 200
+    paths = [re.search(r"http://127\.0\.0\.1:8000(\S+)", line).group(1)
+             for line in README.splitlines() if line.startswith("curl ")]
+    assert paths == ["/api/v1/pools/", "/metrics"]
+    assert client.get(paths[0]).status_code == 200
+    call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), "-f", str(ROOT / "demo" / "hosts.yaml"),
+                 stdout=io.StringIO())
+    metrics = client.get(paths[1])
+    assert metrics.status_code == 200
+    hosts = [float(line.rsplit(" ", 1)[1]) for line in metrics.content.decode().splitlines()
+             if line.startswith("vmetal_hosts{")]
+    assert sum(hosts) == BareMetalHost.objects.count() == 8
 
 
 def test_every_setting_bin_run_reads_is_documented():

@@ -19,3 +19,25 @@ def _keys_fit(**kwargs):
 
     django.setup()
     refuse_to_start_unless_keys_fit("worker")
+
+
+@signals.beat_init.connect
+def _heartbeat(sender, **kwargs):
+    """Touch BEAT_HEARTBEAT_FILE at each tick of the scheduler (at least every few seconds: the shortest entry's
+    period), so that `manage.py probe beat` sees a beat whose loop stopped, not only one whose process died."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    path = Path(settings.BEAT_HEARTBEAT_FILE)
+    scheduler = sender.scheduler
+    tick = scheduler.tick
+
+    def ticking(*args, **kw):
+        try:
+            path.touch()
+        except OSError:  # a probe that cannot read it says so; beat goes on
+            pass
+        return tick(*args, **kw)
+
+    scheduler.tick = ticking

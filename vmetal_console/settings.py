@@ -199,6 +199,8 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "sentinel://")):
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))
+# Touched at every tick of beat's scheduler (vmetal_console/celery.py); `manage.py probe beat` reads its age.
+BEAT_HEARTBEAT_FILE = os.environ.get("BEAT_HEARTBEAT_FILE", str(VAR_DIR / "beat-heartbeat"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile-pools": {"task": claims_tasks.RECONCILE_POOLS, "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
     "sweep-overdue-hosts": {"task": hosts_tasks.SWEEP_OVERDUE_HOSTS, "schedule": 30.0},
@@ -416,6 +418,8 @@ for _module in (settings_api, settings_console):
         if _name.isupper() and _name not in ("APPS", "MIDDLEWARE_FIRST", "MIDDLEWARE_AFTER_AUTH", "MIDDLEWARE_LAST",
                                               "AUTH_BACKENDS"):
             globals()[_name] = getattr(_module, _name)
+# /healthz and /readyz before everything else, on both listeners (vmetal_console/probes.py).
+MIDDLEWARE.insert(0, "vmetal_console.probes.ProbeMiddleware")
 
 # The release gate (hosts/gate/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
 # with Ed25519 under CERTIFICATE_SIGNING_KEY (above).

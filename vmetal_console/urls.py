@@ -2,9 +2,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from vmetal_console.metrics import MetricsView
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("vmetal_console.api_urls")),
+    path("metrics", MetricsView.as_view(), name="metrics"),  # Prometheus (vmetal_console/metrics.py)
     path("", include("hosts.urls")),
     path("", include("vmetal_console.console_urls")),
 ]
