@@ -100,8 +100,8 @@ class Console:
             stderr=subprocess.STDOUT, start_new_session=True)]
         for i in range(workers):
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
-                 os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", str(threads), "-n", f"w{i}@%h",
+                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads",
+                 "-c", str(threads), "-n", f"w{i}@%h",
                  "--without-heartbeat", "--without-gossip", "--without-mingle",
                  "-l", os.environ.get("FLEET_WORKER_LOG", "warning"),
                  *(["-B"] if i == 0 else [])],
