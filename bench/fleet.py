@@ -79,9 +79,9 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -98,7 +98,7 @@ class Console:
         self.balancer = None
         if balanced:
             # Another loopback address: a boot URL on the listeners' own address with another port is refused.
-            front = f"127.0.0.2:{free_port()}"
+            front = "127.0.0.2:" + str(free_port("127.0.0.2"))
             self.balancer = subprocess.Popen(
                 [sys.executable, str(ROOT / "bench" / "_balancer.py"), front,
                  ",".join(f"127.0.0.1:{p}" for p in ports)], stdout=open(self.logs / "balancer.log", "w"),
