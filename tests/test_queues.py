@@ -135,7 +135,7 @@ def test_a_pool_change_is_reconciled_while_hundreds_of_bmc_calls_that_never_answ
     done = client.post(reverse("fleet-bulk"), {"action": "power-off", "host": flooded_fleet, "reason": "row 9 work"})
     assert done.status_code == 302
     assert Event.objects.filter(step="power_off", message="power off requested: row 9 work").count() == FLOOD
-    wait_for(lambda: "hosts.tasks.power_host" in celery_worker_process.log.read_text(), timeout=30)
+    wait_for(lambda: "Task hosts.tasks.power_host[" in celery_worker_process.log.read_text(), timeout=30)  # taken
 
     apply(seed_block, tenant="one")  # tenant one's pools gpu 1 and cpu 1: a reconcile on commit
 
