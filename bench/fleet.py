@@ -463,7 +463,8 @@ def main_pair(args) -> None:
     args.sizes = [n]
     results: dict[str, list[dict]] = {name: [] for name in layouts}
     for round_ in range(args.pair_runs):
-        order = list(layouts) if round_ % 2 == 0 else list(reversed(layouts))
+        first = list(layouts) if args.pair_first == "one" else list(reversed(layouts))
+        order = first if round_ % 2 == 0 else list(reversed(first))
         for name in order:
             count = layouts[name]
             try:
@@ -538,6 +539,8 @@ def main():
                         help="side by side at N = --hosts: one worker + one listener, then two workers + two listeners")
     parser.add_argument("--pair-runs", type=int, default=1,
                         help="with --pair: rounds, each both layouts (in turn one then two, two then one)")
+    parser.add_argument("--pair-first", choices=["one", "two"], default="one",
+                        help="with --pair: the layout the first round starts with")
     parser.add_argument("--warm", action="store_true", help="claim → Ready of warm hosts against cold ones")
     parser.add_argument("--warm-sizes", default="1,20,50", help="with --warm: the N to run, comma separated")
     parser.add_argument("--idle", type=float, default=60, help="with --warm: the quiet window, seconds")
