@@ -2,7 +2,7 @@
 
   .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
                                   [--web-pool 10] [--profile DIR]
-  .venv/bin/python bench/fleet.py --pair [--hosts 20] [--pair-runs 2]
+  .venv/bin/python bench/fleet.py --pair [--hosts 20] [--pair-runs 2] [--pair-first one|two]
   .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-polls 5,600,600db] [--power-delay 2] [--idle 60]
 
 --warm (hosts/flows/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
