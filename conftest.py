@@ -140,9 +140,13 @@ def worker_settings() -> dict:
 
 
 @pytest.fixture
-def celery_worker_process(subprocess_env, tmp_path, worker_settings):
-    """A real Celery worker (a child process) on the configured broker, on a queue of its own, so tests
-    running in parallel never take each other's tasks. Yields a handle with .restart() and .kill()."""
+def celery_worker_process(subprocess_env, tmp_path, worker_settings, settings):
+    """A real Celery worker (a child process) on the configured broker, on queues of its own: every queue name of
+    this test starts with a prefix of its own (CELERY_QUEUE_PREFIX, read by the worker and by this process's sends
+    alike), so tests running in parallel never take each other's tasks. It consumes every queue of the prefix, or
+    the kinds in worker_settings["QUEUE_KINDS"] (comma separated), plus every queue of each prefix in
+    worker_settings["EXTRA_QUEUE_PREFIXES"]. Yields a handle with .restart(), .kill() and .another(kinds), a
+    second worker of the same test on other kinds."""
     import signal
     import subprocess
     import sys
@@ -150,25 +154,39 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
     import uuid
 
     from tests.api_conftest import watch_child_log
+    from vmetal_console import queues as celery_queues
     from vmetal_console.celery import app
 
-    queue = f"test-{uuid.uuid4().hex[:12]}"
+    prefix = f"test-{uuid.uuid4().hex[:12]}."
+    settings.CELERY_QUEUE_PREFIX = prefix  # this process's sends (vmetal_console.queues.route reads it at each)
     previous = app.conf.task_default_queue
-    app.conf.task_default_queue = queue
+    app.conf.task_default_queue = celery_queues.queue_name(prefix, celery_queues.DEFAULT)
+    consumed = set()
 
     class Worker:
         proc = None
-        log = tmp_path / "worker.log"
+
+        def __init__(self, name: str = "worker", kinds: str | None = None):
+            self.log, self.kinds = tmp_path / f"{name}.log", kinds
+
+        def queues(self) -> list[str]:
+            kinds = [k for k in (self.kinds or worker_settings.get("QUEUE_KINDS") or "").split(",") if k]
+            names = [celery_queues.queue_name(prefix, kind) for kind in kinds or celery_queues.KINDS]
+            for extra in filter(None, worker_settings.get("EXTRA_QUEUE_PREFIXES", "").split(",")):
+                names += [celery_queues.queue_name(extra, kind) for kind in celery_queues.KINDS]
+            return names
 
         def start(self):
             # Read worker_settings now: a test may change them and restart the worker.
-            env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
+            env = {**subprocess_env, "CELERY_QUEUE_PREFIX": prefix, "PYTHONUNBUFFERED": "1",
                    "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
             beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
-            queues = ",".join([queue, *filter(None, worker_settings.get("EXTRA_QUEUES", "").split(","))])
+            names = self.queues()
+            consumed.update(names)
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", queues, "-P", "threads",
-                 "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info", *beat],
+                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q", ",".join(names),
+                 "-P", "threads", "-c", "4", "-n", f"{self.log.stem}@%h", "--without-heartbeat",
+                 "--without-gossip", "--without-mingle", "-l", "info", *beat],
                 cwd=ROOT, env=env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + 30
             while "ready." not in self.log.read_text():
@@ -179,16 +197,41 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
         def kill(self, sig=signal.SIGKILL):
             if self.proc and self.proc.poll() is None:
                 os.killpg(self.proc.pid, sig)
-                self.proc.wait(10)
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:  # a warm shutdown waits for its tasks (a BMC that never answers)
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(10)
+
+        def another(self, kinds: str) -> "Worker":
+            other = Worker(f"worker-{len(workers)}", kinds)
+            watch_child_log(other.log)
+            workers.append(other)
+            other.start()
+            return other
 
     worker = Worker()
+    workers = [worker]
     watch_child_log(worker.log)  # no secret in what the worker logs (tests/api_conftest.py)
     worker.start()
     yield worker
-    worker.kill(signal.SIGTERM)
+    for each in workers:
+        each.kill(signal.SIGTERM)
     app.conf.task_default_queue = previous
+    # What is left in this test's queues (a killed worker's, a flood's) would lie in the shared broker for good.
+    from kombu.exceptions import OperationalError
+
+    try:
+        with app.connection_for_write() as connection:
+            for name in sorted(consumed):
+                if name.startswith(prefix):
+                    celery_queues.queue(name)(connection.default_channel).purge()
+    except (OperationalError, OSError):  # a broker a test stopped: nothing to purge it of
+        pass
     # Shown by pytest only when the test failed ("Captured stdout teardown"): what the worker did last.
-    print("--- the Celery worker's log, last lines ---\n" + "\n".join(worker.log.read_text().splitlines()[-80:]))
+    for each in workers:
+        print(f"--- the Celery {each.log.stem}'s log, last lines ---\n"
+              + "\n".join(each.log.read_text().splitlines()[-80:]))
 
 
 def agent_client_class():

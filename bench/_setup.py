@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://root@127.0.0.1:5432/vmetal_bench")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/2")
-os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"bench-{uuid.uuid4().hex[:8]}")
+# Queues of the bench's own (vmetal_console/queues.py): its workers, started without -Q, consume every one of them.
+os.environ.setdefault("CELERY_QUEUE_PREFIX", f"bench-{uuid.uuid4().hex[:8]}.")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vmetal_console.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 from core.keys import throwaway_keys  # noqa: E402
@@ -51,8 +52,7 @@ class Worker:
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
-             os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", str(self.concurrency),
+            [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads", "-c", str(self.concurrency),
              "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"],
             cwd=ROOT, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30

@@ -250,8 +250,8 @@ class Console:
         self.env = env
         commands = {
             "web": [sys.executable, "manage.py", "agent-listener", "--bind", f"127.0.0.1:{self.port}"],
-            "worker": [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
-                       os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", "8", "--without-heartbeat",
+            "worker": [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads", "-c", "8",
+                       "--without-heartbeat",
                        "--without-gossip", "--without-mingle", "-l", "info", "-B"],
         }
         self.procs = {name: subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(self.logs / f"{name}.log", "w"),

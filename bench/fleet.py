@@ -2,6 +2,7 @@
 
   .venv/bin/python bench/fleet.py --hosts 200 [--power-delay 5] [--workers 2] [--sweep 20,50,100]
                                   [--web-pool 10] [--profile DIR]
+  .venv/bin/python bench/fleet.py --pair [--hosts 20] [--pair-runs 2] [--pair-first one|two]
   .venv/bin/python bench/fleet.py --warm [--warm-sizes 1,20,50] [--warm-polls 5,600,600db] [--power-delay 2] [--idle 60]
 
 --warm (hosts/flows/warm.py): for each N, cold (the NodeType keeps no warm host) and warm (it keeps all N warm, once
@@ -25,6 +26,10 @@ The console runs as in production: the agent listener (manage.py agent-listener)
 each process with a bounded PostgreSQL pool (DATABASE_POOL_MAX: --web-pool for the listener, threads + 1 for
 a worker), so N agents heartbeating never open more than --max-connections connections.
 --profile DIR samples the console's processes and the lab's with py-spy (`pip install py-spy`) at the largest N.
+
+--pair: at N = --hosts, side by side in one run, one worker + one listener against two workers + two listeners
+(the HA topology), the listeners behind a round-robin TCP balancer in both (bench/_balancer.py): console CPU-s and
+DB transactions per provisioned host of each.
 """
 import argparse
 import os
@@ -74,49 +79,67 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class Console:
-    """The console's own processes, served as in production: the agent listener (`manage.py agent-listener`,
-    the agent protocol and the boot path), Celery workers with beat, each process with its own bounded
-    PostgreSQL connection pool (DATABASE_POOL_MAX)."""
+    """The console's own processes, served as in production: agent listeners (`manage.py agent-listener`, the agent
+    protocol and the boot path), Celery workers with beat, each process with its own bounded PostgreSQL connection
+    pool (DATABASE_POOL_MAX). `balanced`: the servers reach the listeners through a round-robin TCP balancer
+    (bench/_balancer.py, as a load balancer in production; its CPU is not the console's), whatever their number."""
 
-    def __init__(self, workers: int, threads: int, web_pool: int):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(self, workers: int, threads: int, web_pool: int, listeners: int = 1, balanced: bool = False):
+        ports = [free_port() for _ in range(listeners)]
+        self.port = ports[0]
         self.logs = Path(tempfile.mkdtemp(prefix="vmetal-fleet-"))
+        self.balancer = None
+        if balanced:
+            # Another loopback address: a boot URL on the listeners' own address with another port is refused.
+            front = "127.0.0.2:" + str(free_port("127.0.0.2"))
+            self.balancer = subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / "_balancer.py"), front,
+                 ",".join(f"127.0.0.1:{p}" for p in ports)], stdout=open(self.logs / "balancer.log", "w"),
+                stderr=subprocess.STDOUT, start_new_session=True)
+            self.url = f"http://{front}"
+        else:
+            self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "LOG_LEVEL": "WARNING", "CELERY_BEAT_SCHEDULE_FILENAME": str(self.logs / "beat"),
                "DEBUG": "False",  # as in production: no query log kept per connection
                "AGENT_LISTEN": f"127.0.0.1:{self.port}", "AGENT_BOOT_URL": self.url}
-        # Connections: web_pool for the web server, threads + 1 per worker; the bench's own one on top.
-        self.connections = web_pool + workers * (threads + 1) + 1
+        # Connections: web_pool for each listener, threads + 1 per worker; the bench's own one on top.
+        self.connections = listeners * web_pool + workers * (threads + 1) + 1
+        self.listeners = listeners
         self.procs = [subprocess.Popen(
-            [sys.executable, "manage.py", "agent-listener", "--bind", f"127.0.0.1:{self.port}"],
-            cwd=ROOT, env={**env, "DATABASE_POOL_MAX": str(web_pool)}, stdout=open(self.logs / "web.log", "w"),
-            stderr=subprocess.STDOUT, start_new_session=True)]
+            [sys.executable, "manage.py", "agent-listener", "--bind", f"127.0.0.1:{port}"],
+            cwd=ROOT, env={**env, "AGENT_LISTEN": f"127.0.0.1:{port}", "DATABASE_POOL_MAX": str(web_pool)},
+            stdout=open(self.logs / f"web{i}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            for i, port in enumerate(ports)]
         for i in range(workers):
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
-                 os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", str(threads), "-n", f"w{i}@%h",
+                [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads",
+                 "-c", str(threads), "-n", f"w{i}@%h",
                  "--without-heartbeat", "--without-gossip", "--without-mingle",
                  "-l", os.environ.get("FLEET_WORKER_LOG", "warning"),
                  *(["-B"] if i == 0 else [])],
                 cwd=ROOT, env={**env, "DATABASE_POOL_MAX": str(threads + 1)},
                 stdout=open(self.logs / f"worker{i}.log", "w"), stderr=subprocess.STDOUT,
                 start_new_session=True))
+        endpoints = [("127.0.0.1", port) for port in ports]
+        if balanced:
+            endpoints.append(("127.0.0.2", int(self.url.rsplit(":", 1)[1])))
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.procs[0].poll() is not None:
-                    raise RuntimeError((self.logs / "web.log").read_text())
-                time.sleep(0.2)
+        for host, port in endpoints:
+            while True:
+                try:
+                    socket.create_connection((host, port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs[:listeners]):
+                        raise RuntimeError("\n".join((self.logs / f"web{i}.log").read_text() for i in range(listeners)))
+                    time.sleep(0.2)
         time.sleep(2)  # workers connect
         self.profilers = []
 
@@ -127,8 +150,8 @@ class Console:
         if not spy:
             raise SystemExit("--profile needs py-spy on PATH (or PY_SPY=/path/to/py-spy)")
         directory.mkdir(parents=True, exist_ok=True)
-        console = {name: p.pid for name, p in zip(["web"] + [f"worker{i}" for i in range(len(self.procs) - 1)],
-                                                   self.procs)}
+        names = [f"web{i}" for i in range(self.listeners)] + [f"worker{i}" for i in range(len(self.procs) - self.listeners)]
+        console = {name: p.pid for name, p in zip(names, self.procs)}
         for name, pid in {**console, **lab}.items():
             self.profilers.append(subprocess.Popen(
                 [spy, "record", "--nonblocking", "--gil", "--subprocesses", "-r", "50", "-f", "raw",
@@ -146,22 +169,22 @@ class Console:
         return cpu_seconds([p.pid for p in self.procs])
 
     def web_cpu(self) -> float:
-        return cpu_seconds([self.procs[0].pid])
+        return cpu_seconds([p.pid for p in self.procs[:self.listeners]])
 
     def stop(self):
-        for p in self.procs:
+        for p in self.procs + ([self.balancer] if self.balancer else []):
             try:
                 os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        for p in self.procs:
+        for p in self.procs + ([self.balancer] if self.balancer else []):
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
-def run_once(n: int, args) -> dict:
+def run_once(n: int, args, workers: int | None = None, listeners: int = 1, balanced: bool = False) -> dict:
     fresh_database()
     from django.core.management import call_command
     from django.db.models import Count
@@ -173,7 +196,7 @@ def run_once(n: int, args) -> dict:
     from manifests.apply import apply_files
     from pools.models import NodePool
 
-    console = Console(args.workers, args.threads, args.web_pool)
+    console = Console(workers or args.workers, args.threads, args.web_pool, listeners, balanced)
     if console.connections > args.max_connections:
         raise SystemExit(f"{console.connections} PostgreSQL connections needed, more than --max-connections")
     site = LabSite(hosts=n, gpu_hosts=n, tenants=["bench"], console_url=console.url, agent_mode="thread",
@@ -431,6 +454,49 @@ def main_warm(args) -> None:
             print(f"  {step:<18}" + "".join(f"{c:>24}" for c in cells))
 
 
+def main_pair(args) -> None:
+    """One worker + one listener against two workers + two listeners (as the HA topology runs them), at N = --hosts,
+    in one run: each layout with a fresh database and lab, the listeners behind the same round-robin balancer, every
+    worker on every queue (beat on the first). Rounds alternate the order, so that a machine growing busier
+    favours neither."""
+    n, layouts = args.hosts, {"one": 1, "two": 2}
+    args.sizes = [n]
+    results: dict[str, list[dict]] = {name: [] for name in layouts}
+    for round_ in range(args.pair_runs):
+        first = list(layouts) if args.pair_first == "one" else list(reversed(layouts))
+        order = first if round_ % 2 == 0 else list(reversed(first))
+        for name in order:
+            count = layouts[name]
+            try:
+                r = run_once(n, args, workers=count, listeners=count, balanced=True)
+            except RuntimeError as exc:
+                print(f"{name}: did not finish: {exc}", flush=True)
+                continue
+            results[name].append(r)
+            c = r["cpu_s"]
+            print(f"{name} (workers {count}, listeners {count}), N={n}: provisioned in {r['makespan_s']:.1f}s; console "
+                  f"{r['cpu_per_host']:.3f} CPU-s per host (listeners {c['web'] / n:.3f}, workers "
+                  f"{(c['console'] - c['web']) / n:.3f}), {r['xact_per_host']:.0f} DB transactions per host; machine "
+                  f"{100 * r['machine_busy']:.0f}% busy", flush=True)
+    print(f"\nside by side, N = {n}, power changes land after {args.power_delay:g}s, {args.threads} threads a worker, "
+          f"listeners behind one round-robin balancer (mean of {args.pair_runs} round(s))")
+    print(f"  {'layout':<30} {'CPU-s per host':>15} {'transactions per host':>22} {'makespan':>9}")
+    means = {}
+    for name, count in layouts.items():
+        runs = results[name]
+        if not runs:
+            print(f"  {name:<30} (did not finish)")
+            continue
+        means[name] = {key: sum(r[key] for r in runs) / len(runs) for key in ("cpu_per_host", "xact_per_host",
+                                                                             "makespan_s")}
+        m = means[name]
+        label = f"{count} worker(s) + {count} listener(s)"
+        print(f"  {label:<30} {m['cpu_per_host']:>15.3f} {m['xact_per_host']:>22.0f} {m['makespan_s']:>8.1f}s")
+    if len(means) == 2:
+        print(f"  two / one: CPU-s per host {means['two']['cpu_per_host'] / means['one']['cpu_per_host']:.2f}, "
+              f"transactions per host {means['two']['xact_per_host'] / means['one']['xact_per_host']:.2f}")
+
+
 def backends() -> dict[int, float]:
     """CPU seconds so far of each PostgreSQL backend serving the bench database (the console's pools)."""
     from django.db import connection
@@ -469,6 +535,12 @@ def main():
     parser.add_argument("--max-connections", type=int, default=40, help="refuse to start a console needing more")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--profile", default="", help="a folder: py-spy samples of the console at the largest N")
+    parser.add_argument("--pair", action="store_true",
+                        help="side by side at N = --hosts: one worker + one listener, then two workers + two listeners")
+    parser.add_argument("--pair-runs", type=int, default=1,
+                        help="with --pair: rounds, each both layouts (in turn one then two, two then one)")
+    parser.add_argument("--pair-first", choices=["one", "two"], default="one",
+                        help="with --pair: the layout the first round starts with")
     parser.add_argument("--warm", action="store_true", help="claim → Ready of warm hosts against cold ones")
     parser.add_argument("--warm-sizes", default="1,20,50", help="with --warm: the N to run, comma separated")
     parser.add_argument("--idle", type=float, default=60, help="with --warm: the quiet window, seconds")
@@ -483,6 +555,9 @@ def main():
     os.environ.setdefault("BOOT_SETTLE_S", f"{(args.power_delay + 0.5) * 1.5 + margin:g}")
     if args.warm:
         main_warm(args)
+        return
+    if args.pair:
+        main_pair(args)
         return
     sizes = [1, args.hosts] + [int(x) for x in args.sweep.split(",") if x]
     args.sizes = sizes

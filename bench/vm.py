@@ -96,8 +96,8 @@ class Console:
             subprocess.Popen([sys.executable, "manage.py", "agent-listener", "--bind", f"127.0.0.1:{self.port}"],
                              cwd=ROOT, env=env, stdout=open(self.logs / "web.log", "w"),  # noqa: SIM115
                              stderr=subprocess.STDOUT, start_new_session=True),
-            subprocess.Popen([sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-Q",
-                              os.environ["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", "8", "-B",
+            subprocess.Popen([sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads",
+                              "-c", "8", "-B",
                               "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"],
                              cwd=ROOT, env=env, stdout=open(self.logs / "worker.log", "w"),  # noqa: SIM115
                              stderr=subprocess.STDOUT, start_new_session=True)]

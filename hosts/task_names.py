@@ -1,6 +1,7 @@
 """The names of the Celery tasks hosts offers: callers send them by these (core.tasks.task_send)."""
 SWEEP_OVERDUE_HOSTS = "hosts.tasks.sweep_overdue_hosts"
 DRIVE_HOST = "hosts.tasks.drive_host"
+DRIVE_HOST_FOR_AGENT = "hosts.tasks.drive_host_for_agent"  # asked for by an agent's call: a queue of its own
 DRIVE_STALE_HOSTS = "hosts.tasks.drive_stale_hosts"
 POWER_CYCLE_HOST = "hosts.tasks.power_cycle_host"
 POWER_HOST = "hosts.tasks.power_host"

@@ -21,6 +21,13 @@ def drive_host(host_id: int) -> None:
     engine.drive(host_id)
 
 
+# The same drive, asked for by an agent's call (its lookup, a result) or a boot fetch: sent by its own name so that it
+# goes to the agent queue (vmetal_console/queues.py), where drives that wait on BMCs do not hold it up.
+@shared_task(name=task_names.DRIVE_HOST_FOR_AGENT, acks_late=True)
+def drive_host_for_agent(host_id: int) -> None:
+    engine.drive(host_id)
+
+
 @shared_task(name=task_names.DRIVE_STALE_HOSTS)
 def drive_stale_hosts() -> int:
     return len(engine.drive_stale())

@@ -40,7 +40,7 @@ def watcher(subprocess_env, tmp_path):
     """`manage.py watch-pods`, as bin/run starts it, sending its decisions to the test worker's queue.
     watcher(**env): started with these settings on top (e.g. a shorter back-off)."""
     from tests.api_conftest import watch_child_log
-    from vmetal_console.celery import app
+    from django.conf import settings
 
     log = tmp_path / "watch-pods.log"
     watch_child_log(log)
@@ -48,7 +48,7 @@ def watcher(subprocess_env, tmp_path):
 
     def start(**more: str):
         env = {**subprocess_env, "AUTONODES_WATCH_POLL_S": "0.3", "PYTHONUNBUFFERED": "1",
-               "CELERY_TASK_DEFAULT_QUEUE": app.conf.task_default_queue, **more}
+               "CELERY_QUEUE_PREFIX": settings.CELERY_QUEUE_PREFIX, **more}
         with open(log, "a") as out:
             procs.append(subprocess.Popen([sys.executable, "manage.py", "watch-pods"], cwd=ROOT, env=env, stdout=out,
                                           stderr=subprocess.STDOUT, start_new_session=True))

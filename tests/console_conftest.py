@@ -131,8 +131,8 @@ def console_server(django_db_setup, django_db_blocker, tmp_path_factory):
         url = database_url()
     env = {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
            "DJANGO_SETTINGS_MODULE": "vmetal_console.settings",
-           # Pool changes enqueue a reconcile; no worker listens on this queue: the tests drive the claims.
-           "CELERY_TASK_DEFAULT_QUEUE": f"console-test-{os.getpid()}",
+           # Pool changes enqueue a reconcile; no worker listens on these queues: the tests drive the claims.
+           "CELERY_QUEUE_PREFIX": f"console-test-{os.getpid()}.",
            "CONSOLE_LIVE_TAIL_S": "0.3", "CONSOLE_LIVE_FLUSH_S": "0.05", "AXES_ENABLED": "False",
            # The agent endpoints and the worker judging an agent's silence must agree on it, as one deployment's
            # processes do: the lab's workers run with FAST's silence limit.

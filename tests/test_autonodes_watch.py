@@ -454,12 +454,12 @@ def test_back_off_doubles_with_jitter_up_to_its_cap():
 def test_manage_py_watch_pods_runs_as_a_process_sends_one_decide_and_stops_on_sigterm_and_sigint(
         apply, acme, kubectl_of, subprocess_env, celery_worker_process, tmp_path):
     from tests.api_conftest import watch_child_log
-    from vmetal_console.celery import app
+    from django.conf import settings
 
     tenant = tenant_with_dynamic_pool(apply, "acme", acme)
     kubectl = kubectl_of(acme)
     env = {**subprocess_env, "AUTONODES_WATCH_POLL_S": "0.3", "PYTHONUNBUFFERED": "1",
-           "CELERY_TASK_DEFAULT_QUEUE": app.conf.task_default_queue}  # the test worker's queue
+           "CELERY_QUEUE_PREFIX": settings.CELERY_QUEUE_PREFIX}  # the test worker's queues
     for sig in (signal.SIGTERM, signal.SIGINT):
         log = tmp_path / f"watch-pods-{sig.name}.log"
         watch_child_log(log)

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def lab(console_server, agent_server, worker_settings, settings, tmp_path, apply, django_user_model, request):
-    # The daphne console enqueues the pool's reconcile on its own queue: the worker listens there too.
-    worker_settings.update(FAST, EXTRA_QUEUES=f"console-test-{os.getpid()}")
+    # The daphne console enqueues the pool's reconcile on its own queues: the worker listens there too.
+    worker_settings.update(FAST, EXTRA_QUEUE_PREFIXES=f"console-test-{os.getpid()}.")
     for key, value in FAST.items():  # the agent listener runs in this process
         if key.startswith("AGENT_"):
             setattr(settings, key, float(value))

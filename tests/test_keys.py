@@ -141,7 +141,7 @@ def test_a_404_with_a_production_configuration_shows_a_tenant_member_no_debug_pa
 @pytest.mark.django_db(transaction=True)
 def test_a_celery_worker_whose_field_key_cannot_read_the_database_stops_at_once_with_the_reason(subprocess_env):
     env = {**subprocess_env, "FIELD_ENCRYPTION_KEY": Fernet.generate_key().decode(),
-           "CELERY_TASK_DEFAULT_QUEUE": f"keys-test-{os.getpid()}"}
+           "CELERY_QUEUE_PREFIX": f"keys-test-{os.getpid()}."}
     worker = run(["-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads", "-c", "1", "--without-heartbeat",
                   "--without-gossip", "--without-mingle"], env)
     assert worker.returncode == 1

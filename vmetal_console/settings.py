@@ -15,6 +15,8 @@ from autonodes import task_names as autonodes_tasks
 from claims import task_names as claims_tasks
 from hosts import task_names as hosts_tasks
 
+from . import queues
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VMETAL_VAR_DIR", BASE_DIR / "var"))
 # var/ holds what only the console may read (the embedded database with its sessions and boot secrets, the keys,
@@ -176,7 +178,19 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
+# Queues by kind of work (vmetal_console/queues.py; docs/operations.md, "Queues"): BMC and flow drives, drives an agent's
+# call asked for, Auto Nodes, and everything else, each named CELERY_QUEUE_PREFIX + its kind. Consoles (or tests) that
+# share one broker keep apart by the prefix: a worker consumes only its own prefix's queues (all of them without -Q).
+CELERY_QUEUE_PREFIX = os.environ.get("CELERY_QUEUE_PREFIX", "")
+if "CELERY_TASK_DEFAULT_QUEUE" in os.environ:  # the one-queue setting it replaced: refused, not silently ignored
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("CELERY_TASK_DEFAULT_QUEUE is no longer read: tasks go to a queue per kind of work, "
+                               "named CELERY_QUEUE_PREFIX + drives, agent, autonodes or celery (docs/operations.md, "
+                               "\"Queues\"); set CELERY_QUEUE_PREFIX instead")
+CELERY_TASK_QUEUES = queues.declared(CELERY_QUEUE_PREFIX)
+CELERY_TASK_DEFAULT_QUEUE = queues.queue_name(CELERY_QUEUE_PREFIX, queues.DEFAULT)
+CELERY_TASK_ROUTES = ("vmetal_console.queues.route",)
 CELERY_TASK_IGNORE_RESULT = True
 # A task is acknowledged after it ran (acks_late), so a worker that dies mid-task leaves it unacknowledged and
 # it runs again elsewhere; every task is idempotent, so running twice is safe. A pool child lost mid-task is

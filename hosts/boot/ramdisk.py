@@ -145,7 +145,7 @@ def boot_race(*, host: BareMetalHost, boot: RamdiskBoot) -> None:
     boot.raced_at = boot.ended_at = now
     boot_void(host=host, boot=boot)
     BareMetalHost.objects.filter(pk=host.pk).update(raced_boot_id=boot.pk)
-    task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
+    task_send_on_commit(task_names.DRIVE_HOST_FOR_AGENT, host_id=host.pk)
 
 
 def race_text(boot: RamdiskBoot) -> str:

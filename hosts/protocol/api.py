@@ -184,7 +184,7 @@ def lookup(request, body):
     with transaction.atomic():
         AgentSession.objects.create(host=host, boot_id=str(body.get("boot_id", ""))[:64], token_hash=hash_token(token),
                                     ramdisk_boot=boot, address=_address(address))
-        task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
+        task_send_on_commit(task_names.DRIVE_HOST_FOR_AGENT, host_id=host.pk)
     return {"host_id": host.pk, "host": host.name, "token": token, "heartbeat_s": HEARTBEAT_S, "progress_s": PROGRESS_S}
 
 
@@ -305,7 +305,7 @@ def result(request, body):
             status=CommandStatus.DONE if ok else CommandStatus.FAILED, result=result, progress=100.0 if ok else None,
             error="" if ok else str(body.get("error") or "agent reported a failure")[:2000],
             finished_at=timezone.now())
-        task_send_on_commit(task_names.DRIVE_HOST, host_id=session.host_id)
+        task_send_on_commit(task_names.DRIVE_HOST_FOR_AGENT, host_id=session.host_id)
     return {}
 
 
