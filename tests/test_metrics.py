@@ -192,3 +192,24 @@ def test_promtool_accepts_the_alert_rules_and_they_name_only_metrics_the_console
     # Families with no sample yet (no BMC request, no security event) are declared all the same.
     declared = served | {"vmetal_bmc_requests_total", "vmetal_security_events_total", "vmetal_boots_raced_total"}
     assert named <= declared, named - declared
+
+
+def test_queue_lengths_are_read_from_the_broker_for_every_kind_of_work(world, settings):
+    # A prefix of this test's own: its queues are read by no worker, so what is sent stays there.
+    import uuid
+
+    from core.tasks import task_send
+    from hosts import task_names
+    from vmetal_console.celery import app
+
+    settings.CELERY_QUEUE_PREFIX = f"metrics-{uuid.uuid4().hex[:8]}."
+    for _ in range(3):
+        task_send(task_names.DRIVE_HOST, host_id=0)
+    try:
+        found = scrape(world.client("auditor"))["vmetal_queue_messages"]
+        queues = {dict(labels)["queue"]: value for labels, value in found.items()}
+        assert queues == {settings.CELERY_QUEUE_PREFIX + kind: (3 if kind == "drives" else 0)
+                          for kind in ("drives", "agent", "autonodes", "celery")}
+    finally:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(settings.CELERY_QUEUE_PREFIX + "drives")

@@ -34,6 +34,7 @@ from events.models import Event
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HealthCheckRun, RamdiskBoot
 from pools.matching import label_selector_q
 from pools.models import NodeType
+from vmetal_console.queues import KINDS, queue_name
 
 # Step durations run from under a second (the lab) to hours (an erase, a burn-in).
 STEP_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200)
@@ -242,12 +243,8 @@ def _from_events(tenant_names: dict[int, str]) -> list:
     return [steps, security, decisions, launches]
 
 
-def _queue_names(app) -> list[str]:
-    names = {app.conf.task_default_queue, *app.amqp.queues.keys()}
-    routes = app.conf.task_routes
-    if isinstance(routes, dict):
-        names |= {r["queue"] for r in routes.values() if isinstance(r, dict) and r.get("queue")}
-    return sorted(n for n in names if n)
+def _queue_names() -> list[str]:
+    return [queue_name(settings.CELERY_QUEUE_PREFIX, kind) for kind in KINDS]
 
 
 def _broker() -> list:
@@ -260,7 +257,7 @@ def _broker() -> list:
         with app.connection_for_read(connect_timeout=BROKER_TIMEOUT_S) as connection:
             connection.ensure_connection(max_retries=0, timeout=BROKER_TIMEOUT_S)
             channel = connection.default_channel
-            for name in _queue_names(app):
+            for name in _queue_names():
                 try:
                     n = channel.queue_declare(queue=name, passive=True).message_count
                 except connection.channel_errors:  # never declared, or empty and so gone (Redis)
