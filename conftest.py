@@ -162,8 +162,11 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
 
         def start(self):
             # Read worker_settings now: a test may change them and restart the worker.
+            # BEAT_LOCK_S: with Redis, a beat killed by one test holds beat's lock at most this long from the
+            # next test's beat (both name the same test database).
             env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
-                   "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
+                   "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), "BEAT_LOCK_S": "6",
+                   **worker_settings}
             beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
             queues = ",".join([queue, *filter(None, worker_settings.get("EXTRA_QUEUES", "").split(","))])
             self.proc = subprocess.Popen(

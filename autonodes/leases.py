@@ -26,12 +26,13 @@ def _until(lease_s: float):
     return Now() + timedelta(seconds=lease_s)
 
 
-def watcher_alive(*, name: str, lease_s: float) -> int:
-    """Say that this process lives for lease_s more; → how many watcher processes live now (this one included)."""
+def watcher_alive(*, name: str, shard: str, lease_s: float) -> int:
+    """Say that this process lives for lease_s more; → how many watcher processes of its shard live now (this one
+    included)."""
     if not PodWatcher.objects.filter(name=name).update(seen_until=_until(lease_s)):
-        PodWatcher.objects.create(name=name, seen_until=_until(lease_s))
+        PodWatcher.objects.create(name=name, shard=shard, seen_until=_until(lease_s))
     PodWatcher.objects.filter(seen_until__lt=Now() - timedelta(seconds=lease_s)).delete()  # long gone
-    return max(1, PodWatcher.objects.filter(seen_until__gt=Now()).count())
+    return max(1, PodWatcher.objects.filter(shard=shard, seen_until__gt=Now()).count())
 
 
 def watcher_gone(*, name: str) -> None:

@@ -66,7 +66,8 @@ class TenantWatch(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # The lease: which watcher process holds this tenant's watch, until when (renewed by compare-and-swap;
     # autonodes/leases.py). Another process takes it once it has lapsed.
-    holder = models.CharField(max_length=128, blank=True)
+    # db_default: the previous release's code, running beside this one during an upgrade, inserts rows too.
+    holder = models.CharField(max_length=128, blank=True, default="", db_default="")
     held_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
@@ -81,6 +82,7 @@ class PodWatcher(models.Model):
     """A running `manage.py watch-pods` process, as long as it says it lives: the live ones share the tenants."""
 
     name = models.CharField(max_length=128, unique=True)  # host:pid:random, the holder its leases name
+    shard = models.CharField(max_length=24, default="0/1")  # its --shard: processes of one shard share its tenants
     seen_until = models.DateTimeField()
 
     def __str__(self) -> str:

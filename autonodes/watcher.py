@@ -332,7 +332,7 @@ class Supervisor:
 
     def reconcile(self) -> None:
         wanted = self.wanted()
-        live = watcher_alive(name=self.name, lease_s=self.lease_s)
+        live = watcher_alive(name=self.name, shard="{}/{}".format(*self.shard), lease_s=self.lease_s)
         held = leases_renew(holder=self.name, tenant_ids=self.watchers, lease_s=self.lease_s)
         self._renewed = time.monotonic()
         for tenant_id in set(self.watchers) - held:

@@ -1,5 +1,5 @@
-"""Several beat processes on Redis: one sends the periodic tasks, the others wait; the holder killed with SIGKILL, another
-takes over within the lock's lease and resumes the same schedule, so no period is sent twice."""
+"""Several beat processes on Redis: one sends the periodic tasks, the others wait; the holder killed with SIGKILL,
+another takes over within the lock's lease and resumes the same schedule, so no period is sent twice."""
 import os
 import re
 import signal
