@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import logging
+import math
 import queue
 import random
 import threading
