@@ -130,6 +130,9 @@ def subprocess_env(settings):
         env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    # With Redis, beat's lock is named by the database: a beat killed by one test keeps the next test's beat
+    # (same test database) waiting at most this long.
+    env.setdefault("BEAT_LOCK_S", "6")
     return env
 
 
@@ -162,11 +165,8 @@ def celery_worker_process(subprocess_env, tmp_path, worker_settings):
 
         def start(self):
             # Read worker_settings now: a test may change them and restart the worker.
-            # BEAT_LOCK_S: with Redis, a beat killed by one test holds beat's lock at most this long from the
-            # next test's beat (both name the same test database).
             env = {**subprocess_env, "CELERY_TASK_DEFAULT_QUEUE": queue, "PYTHONUNBUFFERED": "1",
-                   "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), "BEAT_LOCK_S": "6",
-                   **worker_settings}
+                   "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "celerybeat-schedule"), **worker_settings}
             beat = ["-B"] if worker_settings.get("WITH_BEAT") else []
             queues = ",".join([queue, *filter(None, worker_settings.get("EXTRA_QUEUES", "").split(","))])
             self.proc = subprocess.Popen(

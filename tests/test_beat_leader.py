@@ -35,8 +35,9 @@ def sends(log: Path, entry: str = "drive-stale-hosts") -> list[datetime]:
 def start_beats(spawn, subprocess_env, tmp_path, count: int = 2) -> list[tuple]:
     from tests.api_conftest import watch_child_log
 
-    queue = f"test-beat-{uuid.uuid4().hex[:12]}"  # what they send goes to a queue nobody reads
+    queue = f"test-beat-{uuid.uuid4().hex[:12]}"  # what they send goes to queues nobody reads
     env = {**subprocess_env, "PYTHONUNBUFFERED": "1", "CELERY_TASK_DEFAULT_QUEUE": queue,
+           "CELERY_QUEUE_PREFIX": f"{queue}.",
            "DRIVE_STALE_EVERY_S": str(EVERY_S), "BEAT_LOCK_S": str(LOCK_S)}
     beats = []
     for i in range(count):

@@ -25,6 +25,11 @@ from conftest import DEMO, ROOT, wait_for
 from .autonodes_lab_conftest import dynamic_pool
 from .lab_conftest import FAST, gpu_pool, lab_report
 
+try:  # Celery's queues per kind of work, where the console has them
+    from vmetal_console import queues as celery_queues
+except ImportError:
+    celery_queues = None
+
 pytest_plugins = ["tests.lab_conftest", "tests.autonodes_lab_conftest"]
 pytestmark = [
     pytest.mark.django_db(transaction=True), pytest.mark.postgres,
@@ -114,8 +119,8 @@ class Proxy:
 class Topology:
     """Two of each console process, started (and started again after a kill) with the same environment."""
 
-    def __init__(self, spawn, env: dict, logs: Path, listeners: list[tuple[str, int]]):
-        self.spawn, self.env, self.logs = spawn, env, logs
+    def __init__(self, spawn, env: dict, logs: Path, listeners: list[tuple[str, int]], queues: list[str]):
+        self.spawn, self.env, self.logs, self.queues = spawn, env, logs, queues
         self.listeners = listeners
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.log_of: dict[tuple[str, int], Path] = {}
@@ -124,7 +129,7 @@ class Topology:
     def command(self, kind: str, i: int) -> list[str]:
         celery = [sys.executable, "-m", "celery", "-A", "vmetal_console"]
         return {
-            "worker": [*celery, "worker", "-Q", self.env["CELERY_TASK_DEFAULT_QUEUE"], "-P", "threads", "-c", "4",
+            "worker": [*celery, "worker", "-Q", ",".join(self.queues), "-P", "threads", "-c", "4",
                        "-n", f"w{i}-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat", "--without-gossip",
                        "--without-mingle", "-l", "info"],
             "beat": [*celery, "beat", "-l", "info", "-s", str(self.logs / f"beat-{i}-schedule")],
@@ -214,19 +219,27 @@ def test_two_of_every_process_provision_and_release_while_one_of_each_kind_is_ki
     for key, value in FAST.items():
         if hasattr(settings, key):
             setattr(settings, key, type(getattr(settings, key))(float(value)))
-    queue = f"test-{uuid.uuid4().hex[:12]}"
-    previous_queue, app.conf.task_default_queue = app.conf.task_default_queue, queue
+    # Queues of this test's own, consumed by its two workers, sent to by every process (this one included).
+    prefix = f"test-{uuid.uuid4().hex[:12]}."
+    if celery_queues is not None:
+        settings.CELERY_QUEUE_PREFIX = prefix
+        queues = [celery_queues.queue_name(prefix, kind) for kind in celery_queues.KINDS]
+        default_queue = celery_queues.queue_name(prefix, celery_queues.DEFAULT)
+    else:
+        queues = [default_queue := prefix + "celery"]
+    previous_queue, app.conf.task_default_queue = app.conf.task_default_queue, default_queue
     # The listeners on addresses of their own (the proxy's is the servers' boot URL), as on two machines.
     listeners = [free_address("127.0.0.2"), free_address("127.0.0.3")]
     proxy = Proxy(listeners)
-    env = {**subprocess_env, **FAST, "PYTHONUNBUFFERED": "1", "CELERY_TASK_DEFAULT_QUEUE": queue,
+    env = {**subprocess_env, **FAST, "PYTHONUNBUFFERED": "1", "CELERY_TASK_DEFAULT_QUEUE": default_queue,
+           "CELERY_QUEUE_PREFIX": prefix,
            "AGENT_BOOT_URL": proxy.url, "BEAT_LOCK_S": "6", "AUTONODES_WATCH_LEASE_S": "6",
            "AUTONODES_WATCH_POLL_S": "1", "BROKER_VISIBILITY_TIMEOUT_S": "40",
            "AGENT_CALL_ADDRESS_LIMIT": "1000000",  # every lab agent calls from 127.0.0.1
            # Twenty agents in threads of this process on a loaded machine: silences and power waits of seconds
            # are load, not faults (this test kills processes, it plays no fault of a server).
            "AGENT_SILENCE_S": "30", "POWER_DEADLINE_S": "30", "POWER_STEP_DEADLINE_S": "90", "BMC_TIMEOUT_S": "10"}
-    topology = Topology(spawn, env, tmp_path, listeners)
+    topology = Topology(spawn, env, tmp_path, listeners, queues)
     try:
         for kind in ("listener", "worker", "beat", "watcher"):
             for i in range(2):
