@@ -523,12 +523,12 @@ def test_two_watch_pods_processes_share_the_tenants_and_a_killed_ones_tenants_mo
         apply, acme, globex, kubectl_of, spawn, subprocess_env, tmp_path):
     from autonodes.models import PodWatcher
     from tests.api_conftest import watch_child_log
+    from tests.test_beat_leader import unread_queues
 
     first_tenant = tenant_with_dynamic_pool(apply, "acme", acme)
     second_tenant = tenant_with_dynamic_pool(apply, "globex", globex)
     env = {**subprocess_env, "AUTONODES_WATCH_POLL_S": "0.5", "AUTONODES_WATCH_LEASE_S": "6",
-           "PYTHONUNBUFFERED": "1", "CELERY_TASK_DEFAULT_QUEUE": f"test-unread-{os.getpid()}",
-           "CELERY_QUEUE_PREFIX": f"test-unread-{os.getpid()}."}  # decisions go to queues nobody reads
+           "PYTHONUNBUFFERED": "1", **unread_queues()}  # decisions go to queues nobody reads
     procs, logs = [], []
     for i in range(2):
         logs.append(tmp_path / f"watch-pods-{i}.log")

@@ -231,8 +231,8 @@ def test_two_of_every_process_provision_and_release_while_one_of_each_kind_is_ki
     # The listeners on addresses of their own (the proxy's is the servers' boot URL), as on two machines.
     listeners = [free_address("127.0.0.2"), free_address("127.0.0.3")]
     proxy = Proxy(listeners)
-    env = {**subprocess_env, **FAST, "PYTHONUNBUFFERED": "1", "CELERY_TASK_DEFAULT_QUEUE": default_queue,
-           "CELERY_QUEUE_PREFIX": prefix,
+    env = {**subprocess_env, **FAST, "PYTHONUNBUFFERED": "1",
+           **({"CELERY_QUEUE_PREFIX": prefix} if celery_queues else {"CELERY_TASK_DEFAULT_QUEUE": default_queue}),
            "AGENT_BOOT_URL": proxy.url, "BEAT_LOCK_S": "6", "AUTONODES_WATCH_LEASE_S": "6",
            "AUTONODES_WATCH_POLL_S": "1", "BROKER_VISIBILITY_TIMEOUT_S": "40",
            "AGENT_CALL_ADDRESS_LIMIT": "1000000",  # every lab agent calls from 127.0.0.1
