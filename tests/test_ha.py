@@ -238,7 +238,8 @@ def test_two_of_every_process_provision_and_release_while_one_of_each_kind_is_ki
            "AGENT_CALL_ADDRESS_LIMIT": "1000000",  # every lab agent calls from 127.0.0.1
            # Twenty agents in threads of this process on a loaded machine: silences and power waits of seconds
            # are load, not faults (this test kills processes, it plays no fault of a server).
-           "AGENT_SILENCE_S": "30", "POWER_DEADLINE_S": "30", "POWER_STEP_DEADLINE_S": "90", "BMC_TIMEOUT_S": "10"}
+           "AGENT_SILENCE_S": "30", "POWER_DEADLINE_S": "30", "POWER_STEP_DEADLINE_S": "90", "BMC_TIMEOUT_S": "10",
+           "AGENT_LOOKUP_DEADLINE_S": "180", "AGENT_COMMAND_DEADLINE_S": "300"}  # 20 GPU resets at once: about 60 s
     topology = Topology(spawn, env, tmp_path, listeners, queues)
     try:
         for kind in ("listener", "worker", "beat", "watcher"):
