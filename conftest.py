@@ -130,6 +130,9 @@ def subprocess_env(settings):
         env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    # With Redis, beat's lock is named by the database: a beat killed by one test keeps the next test's beat
+    # (same test database) waiting at most this long.
+    env.setdefault("BEAT_LOCK_S", "6")
     return env
 
 

@@ -64,6 +64,11 @@ class TenantWatch(models.Model):
     failures = models.PositiveIntegerField(default=0)  # in a row; drives the back-off
     retry_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The lease: which watcher process holds this tenant's watch, until when (renewed by compare-and-swap;
+    # autonodes/leases.py). Another process takes it once it has lapsed.
+    # db_default: the previous release's code, running beside this one during an upgrade, inserts rows too.
+    holder = models.CharField(max_length=128, blank=True, default="", db_default="")
+    held_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"watch of {self.tenant_id}: {self.state}"
@@ -71,6 +76,17 @@ class TenantWatch(models.Model):
     @property
     def state_colour(self) -> str:
         return WatchState.colour(self.state)
+
+
+class PodWatcher(models.Model):
+    """A running `manage.py watch-pods` process, as long as it says it lives: the live ones share the tenants."""
+
+    name = models.CharField(max_length=128, unique=True)  # host:pid:random, the holder its leases name
+    shard = models.CharField(max_length=24, default="0/1")  # its --shard: processes of one shard share its tenants
+    seen_until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class NodeUsage(models.Model):

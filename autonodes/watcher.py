@@ -16,11 +16,17 @@ and the supervisor that starts, stops and restarts them."""
 # and no transaction ever spans a tenant API call. Batching is Karpenter's: a tenant's batch opens at its first
 # new demand and closes AUTONODES_BATCH_IDLE_S after the last, or AUTONODES_BATCH_MAX_S after it opened; closing
 # it sends one `autonodes.tasks.decide` for the tenant. A (re)list that finds demand pending sends one as well.
+#
+# Several processes may run: each tenant's watch is held by one of them under a lease (autonodes/leases.py), renewed
+# at every poll; the live processes share the tenants, and a dead one's tenants move to the others once its leases
+# lapse (AUTONODES_WATCH_LEASE_S). A process that cannot renew for a whole lease (the database away) stops its
+# watchers, since another may have taken them.
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import logging
+import math
 import queue
 import random
 import threading
@@ -47,8 +53,16 @@ from .demand import (
     demand_uids,
     is_demand,
 )
+from .leases import (
+    held_watch,
+    lease_release,
+    lease_take,
+    leases_renew,
+    watcher_alive,
+    watcher_gone,
+    watcher_name,
+)
 from .live import demand_changed
-from .models import TenantWatch
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +242,14 @@ class Supervisor:
     `send(tenant_id)` enqueues a decision (by default the Celery task autonodes.tasks.decide)."""
 
     def __init__(self, *, shard: tuple[int, int] = (0, 1), send: Callable[[int], None] = send_decide,
-                 poll_s: float | None = None) -> None:
+                 poll_s: float | None = None, name: str | None = None) -> None:
         self.shard = shard
         self.send = send
-        self.poll_s = settings.AUTONODES_WATCH_POLL_S if poll_s is None else poll_s
+        self.name = name or watcher_name()  # the holder its leases name
+        self.lease_s = settings.AUTONODES_WATCH_LEASE_S
+        # Leases are renewed at each poll: at least three times per lease.
+        self.poll_s = min(settings.AUTONODES_WATCH_POLL_S if poll_s is None else poll_s, self.lease_s / 3)
+        self._renewed = time.monotonic()
         self.inbox: queue.Queue = queue.Queue(maxsize=10_000)
         self.watchers: dict[int, TenantWatcher] = {}
         self.batches: dict[int, Batch] = {}
@@ -262,7 +280,8 @@ class Supervisor:
         return self._stopping.is_set()
 
     def run(self) -> None:
-        log.info("pod watchers: shard %d/%d, tenants re-read every %gs", *self.shard, self.poll_s)
+        log.info("pod watchers %s: shard %d/%d, tenants re-read every %gs, leases of %gs", self.name, *self.shard,
+                 self.poll_s, self.lease_s)
         try:
             while not self._stopping.is_set():
                 self.step()
@@ -281,6 +300,11 @@ class Supervisor:
                 self.reconcile()
             except Exception:  # the database away, a kubeconfig that cannot be decrypted: the watchers keep going
                 log.exception("pod watchers: could not read the tenants; trying again in %gs", self.poll_s)
+            if self.watchers and time.monotonic() - self._renewed > self.lease_s:
+                log.warning("pod watchers: leases not renewed for %gs; another process may hold them now: stopping "
+                            "every watch until they are renewed", self.lease_s)
+                for tenant_id in list(self.watchers):
+                    self._stop_watcher(tenant_id, forget=False, lost=True)
         self._close_due_batches()
         dues = [due for batch in self.batches.values() if (due := batch.due_at()) is not None]
         wait = max(0.0, min([self._next_poll, *dues]) - time.monotonic())
@@ -308,6 +332,13 @@ class Supervisor:
 
     def reconcile(self) -> None:
         wanted = self.wanted()
+        live = watcher_alive(name=self.name, shard="{}/{}".format(*self.shard), lease_s=self.lease_s)
+        held = leases_renew(holder=self.name, tenant_ids=self.watchers, lease_s=self.lease_s)
+        self._renewed = time.monotonic()
+        for tenant_id in set(self.watchers) - held:
+            log.warning("pod watch of tenant %s: its lease lapsed and another watcher holds it; stopping here",
+                        self.watchers[tenant_id].tenant_name)
+            self._stop_watcher(tenant_id, forget=False, lost=True)
         for tenant_id, watcher in list(self.watchers.items()):
             tenant = wanted.get(tenant_id)
             if tenant is None:
@@ -319,13 +350,23 @@ class Supervisor:
                 log.info("pod watch of tenant %s: restarting (%s)", watcher.tenant_name,
                          "its thread ended" if not watcher.is_alive() else "its kubeconfig changed")
                 self._stop_watcher(tenant_id, forget=False)
-        for tenant_id, tenant in wanted.items():
-            if tenant_id not in self.watchers:
+        # This process's share of the tenants, the live processes counted: one past it gives tenants back (a
+        # process that joined takes them at its next poll), one under it takes free or lapsed ones.
+        share = math.ceil(len(wanted) / live)
+        for tenant_id in sorted(self.watchers, reverse=True)[:max(0, len(self.watchers) - share)]:
+            log.info("pod watch of tenant %s: given to another watcher (%d live share %d tenants)",
+                     self.watchers[tenant_id].tenant_name, live, len(wanted))
+            self._stop_watcher(tenant_id, forget=False)
+        for tenant_id, tenant in sorted(wanted.items()):
+            if len(self.watchers) >= share:
+                break
+            if tenant_id not in self.watchers and lease_take(holder=self.name, tenant_id=tenant_id,
+                                                             lease_s=self.lease_s):
                 self._start_watcher(tenant)
 
     def _start_watcher(self, tenant: Tenant) -> None:
-        TenantWatch.objects.update_or_create(tenant_id=tenant.pk, defaults={
-            "state": WatchState.STARTING, "error": "", "retry_at": None, "failures": 0})
+        held_watch(holder=self.name, tenant_id=tenant.pk).update(
+            state=WatchState.STARTING, error="", retry_at=None, failures=0, updated_at=timezone.now())
         watcher = TenantWatcher(tenant_id=tenant.pk, tenant_name=tenant.name, kubeconfig=str(tenant.kubeconfig),
                                 inbox=self.inbox)
         self.watchers[tenant.pk] = watcher
@@ -333,17 +374,23 @@ class Supervisor:
         watcher.start()
         log.info("pod watch of tenant %s: started", tenant.name)
 
-    def _stop_watcher(self, tenant_id: int, *, forget: bool) -> None:
+    def _stop_watcher(self, tenant_id: int, *, forget: bool, lost: bool = False) -> None:
+        """Stop the tenant's watcher and give its lease up; `lost`: the lease is another's already (nothing is
+        written, the open batch is left to the new holder's first list)."""
         watcher = self.watchers.pop(tenant_id)
         watcher.stop()
         watcher.join(5)
         self._state.pop(tenant_id, None)
+        if lost:
+            self.batches.pop(tenant_id, None)
+            self.known.pop(tenant_id, None)
+            self._changed.add(tenant_id)
+            return
         if forget:  # nobody watches this tenant's pods now: its demand would only go stale
             self.batches.pop(tenant_id, None)
             self.known.pop(tenant_id, None)
             demand_forget(tenant_id=tenant_id)
-        TenantWatch.objects.filter(tenant_id=tenant_id).update(state=WatchState.STOPPED, retry_at=None,
-                                                               updated_at=timezone.now())
+        lease_release(holder=self.name, tenant_id=tenant_id)
         self._changed.add(tenant_id)
 
     def _shutdown(self) -> None:
@@ -357,6 +404,10 @@ class Supervisor:
                 self._stop_watcher(tenant_id, forget=False)
             except DatabaseError:
                 log.exception("pod watchers: could not record the stop of tenant %s's watcher", tenant_id)
+        try:
+            watcher_gone(name=self.name)
+        except DatabaseError:
+            log.exception("pod watchers: could not record this process's stop (its leases lapse by themselves)")
         self._tell_pages()
         log.info("pod watchers: stopped")
 
@@ -406,9 +457,9 @@ class Supervisor:
         self._state.pop(tenant_id, None)
         self._changed.add(tenant_id)
         now = timezone.now()
-        TenantWatch.objects.update_or_create(tenant_id=tenant_id, defaults={
-            "state": WatchState.WATCHING, "error": "", "failures": 0, "retry_at": None, "connected_at": now,
-            "resource_version": listed.resource_version[:64]})
+        held_watch(holder=self.name, tenant_id=tenant_id).update(
+            state=WatchState.WATCHING, error="", failures=0, retry_at=None, connected_at=now,
+            resource_version=listed.resource_version[:64], updated_at=now)
         log.info("pod watch of tenant %s: watching from resourceVersion %s (%d pods listed, %d pending, %d new)",
                  watcher.tenant_name, listed.resource_version, len(listed.pods), pending, new)
         # New demand, or a (re)connect with demand pending (decisions wait while the tenant API is away): one
@@ -419,9 +470,9 @@ class Supervisor:
     def _failed(self, tenant_id: int, failed: _Failed) -> None:
         self._state.pop(tenant_id, None)
         self._changed.add(tenant_id)
-        TenantWatch.objects.update_or_create(tenant_id=tenant_id, defaults={
-            "state": WatchState.BACKING_OFF, "error": failed.error[:2000], "failures": failed.failures,
-            "retry_at": timezone.now() + timedelta(seconds=failed.delay_s)})
+        held_watch(holder=self.name, tenant_id=tenant_id).update(
+            state=WatchState.BACKING_OFF, error=failed.error[:2000], failures=failed.failures,
+            retry_at=timezone.now() + timedelta(seconds=failed.delay_s), updated_at=timezone.now())
 
     def _flush_state(self, every_s: float = 2.0) -> None:
         """Last event time and resourceVersion, written every few seconds rather than for every event."""
@@ -432,7 +483,7 @@ class Supervisor:
         pending, self._state = self._state, {}
         for tenant_id, fields in pending.items():
             try:
-                TenantWatch.objects.filter(tenant_id=tenant_id).update(
+                held_watch(holder=self.name, tenant_id=tenant_id).update(
                     last_event_at=fields["last_event_at"], resource_version=fields["resource_version"][:64],
                     updated_at=timezone.now())
             except DatabaseError:

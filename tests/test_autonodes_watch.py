@@ -498,3 +498,69 @@ def test_manage_py_watch_pods_runs_as_a_process_sends_one_decide_and_stops_on_si
     bad = subprocess.run([sys.executable, "manage.py", "watch-pods", "--shard", "2/2"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 1 and "want 0 <= I < N" in bad.stderr
+
+
+# -- several processes: leases
+
+
+def watch_count(logs: list[Path], tenant_name: str) -> list[int]:
+    """Per process, its running watches of the tenant, from what it logged: started, less given up or lost."""
+    counts = []
+    for log in logs:
+        text = log.read_text()
+        counts.append(text.count(f"pod watch of tenant {tenant_name}: started")
+                      - text.count(f"pod watch of tenant {tenant_name}: given to another watcher")
+                      - text.count(f"pod watch of tenant {tenant_name}: its lease lapsed"))
+    return counts
+
+
+def holder_pid(tenant) -> int | None:
+    watch = watch_of(tenant)
+    return int(watch.holder.split(":")[1]) if watch is not None and watch.holder else None
+
+
+def test_two_watch_pods_processes_share_the_tenants_and_a_killed_ones_tenants_move_to_the_other(
+        apply, acme, globex, kubectl_of, spawn, subprocess_env, tmp_path):
+    from autonodes.models import PodWatcher
+    from tests.api_conftest import watch_child_log
+    from tests.test_beat_leader import unread_queues
+
+    first_tenant = tenant_with_dynamic_pool(apply, "acme", acme)
+    second_tenant = tenant_with_dynamic_pool(apply, "globex", globex)
+    env = {**subprocess_env, "AUTONODES_WATCH_POLL_S": "0.5", "AUTONODES_WATCH_LEASE_S": "6",
+           "PYTHONUNBUFFERED": "1", **unread_queues()}  # decisions go to queues nobody reads
+    procs, logs = [], []
+    for i in range(2):
+        logs.append(tmp_path / f"watch-pods-{i}.log")
+        watch_child_log(logs[-1])
+        with open(logs[-1], "w") as out:
+            procs.append(spawn([sys.executable, "manage.py", "watch-pods"], cwd=ROOT, env=env, stdout=out,
+                               stderr=subprocess.STDOUT))
+        if i == 0:  # the first one alone takes both; the second's arrival gives it its share
+            wait_for(lambda: watching(first_tenant) and watching(second_tenant), timeout=30)
+
+    def shared() -> bool:
+        pids = {holder_pid(first_tenant), holder_pid(second_tenant)}
+        return pids == {p.pid for p in procs} and watching(first_tenant) and watching(second_tenant)
+
+    wait_for(shared, timeout=30)
+    for name in ("acme", "globex"):
+        assert sorted(watch_count(logs, name)) == [0, 1], (name, watch_count(logs, name))  # watched once
+    assert PodWatcher.objects.count() == 2
+
+    # The holder of acme's watch dies without a word: its lease lapses and the other takes acme too.
+    victim = next(p for p in procs if p.pid == holder_pid(first_tenant))
+    survivor = next(p for p in procs if p is not victim)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    killed = time.monotonic()
+    wait_for(lambda: holder_pid(first_tenant) == survivor.pid and watching(first_tenant), timeout=30)
+    assert time.monotonic() - killed <= 30  # the lease's promise: AUTONODES_WATCH_LEASE_S plus a poll
+    assert holder_pid(second_tenant) == survivor.pid
+    pending_pod(kubectl_of(acme), "after-the-move")
+    wait_for(lambda: "default/after-the-move" in rows(first_tenant), timeout=15)  # the new holder records demand
+
+    survivor.send_signal(signal.SIGTERM)
+    assert survivor.wait(15) == 0
+    assert holder_pid(first_tenant) is None and holder_pid(second_tenant) is None  # a clean stop gives them back
+    assert "Traceback" not in "".join(log.read_text() for log in logs)

@@ -104,7 +104,7 @@ def test_probe_worker_is_ok_while_the_worker_answers_pings_and_not_once_it_is_ki
 def test_probe_beat_is_ok_while_beat_ticks_and_not_once_it_stopped(spawn, subprocess_env, tmp_path):
     queue = f"probe-beat-{uuid.uuid4().hex[:8]}"  # what it sends goes nowhere any worker reads
     env = {**subprocess_env, "BEAT_HEARTBEAT_FILE": str(tmp_path / "beat-heartbeat"),
-           "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "schedule"), "CELERY_TASK_DEFAULT_QUEUE": queue}
+           "CELERY_BEAT_SCHEDULE_FILENAME": str(tmp_path / "schedule"), "CELERY_QUEUE_PREFIX": queue + "."}
     assert probe("beat", env=env).returncode == 1  # never ticked
     beat = spawn([sys.executable, "-m", "celery", "-A", "vmetal_console", "beat", "-l", "info"], cwd=ROOT, env=env,
                  stdout=open(tmp_path / "beat.log", "w"), stderr=subprocess.STDOUT)

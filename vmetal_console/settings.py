@@ -215,6 +215,20 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))
 # Touched at every tick of beat's scheduler (vmetal_console/celery.py); `manage.py probe beat` reads its age.
 BEAT_HEARTBEAT_FILE = os.environ.get("BEAT_HEARTBEAT_FILE", str(VAR_DIR / "beat-heartbeat"))
+# Beat. With Redis (REDIS_URL), any number of beat processes may run: celery-redbeat keeps the schedule's last runs
+# in Redis and lets one beat send, the holder of a lock it renews at every tick (at least every BEAT_LOCK_S / 4);
+# the others wait for it, and one of them takes over within BEAT_LOCK_S of the holder's death, resuming the same
+# schedule (no period is sent twice). Without Redis (the embedded mode) Celery's own scheduler, with its state in a
+# file, for the one beat there is.
+BEAT_LOCK_S = max(4, int(float(os.environ.get("BEAT_LOCK_S", "20"))))
+if REDIS_URL:
+    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_BEAT_MAX_LOOP_INTERVAL = BEAT_LOCK_S // 4
+    CELERY_REDBEAT_REDIS_URL = REDIS_URL
+    CELERY_REDBEAT_REDIS_OPTIONS = {"socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 30}
+    CELERY_REDBEAT_LOCK_TIMEOUT = BEAT_LOCK_S
+    # Redis' keys span the consoles (and test runs) that share a Redis database: the console's database names them.
+    CELERY_REDBEAT_KEY_PREFIX = "vmetal:{}:beat".format(DATABASES["default"]["NAME"])
 CELERY_BEAT_SCHEDULE = {
     "reconcile-pools": {"task": claims_tasks.RECONCILE_POOLS, "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
     "sweep-overdue-hosts": {"task": hosts_tasks.SWEEP_OVERDUE_HOSTS, "schedule": 30.0},
@@ -355,6 +369,9 @@ AUTONODES_WATCH_POLL_S = env_float("AUTONODES_WATCH_POLL_S", 5)  # the superviso
 AUTONODES_WATCH_TIMEOUT_S = env_float("AUTONODES_WATCH_TIMEOUT_S", 300)  # one watch request's life (×1-2, jittered)
 AUTONODES_WATCH_BACKOFF_S = env_float("AUTONODES_WATCH_BACKOFF_S", 1)  # after a failure, doubling per failure...
 AUTONODES_WATCH_BACKOFF_MAX_S = env_float("AUTONODES_WATCH_BACKOFF_MAX_S", 60)  # ...up to this
+# Each tenant's watch is held by one watch-pods process under a lease this long, renewed at every poll (at least
+# three times per lease); a dead process's tenants move to the others within it (autonodes/leases.py).
+AUTONODES_WATCH_LEASE_S = env_float("AUTONODES_WATCH_LEASE_S", 20)
 IMAGE_DIR = Path(os.environ.get("IMAGE_DIR", VAR_DIR / "images"))  # OS images the console serves at /images/
 # The agent listener (hosts/protocol/listener.py, `manage.py agent-listener`): the agent protocol, the boot path and the
 # OS images, on an address of the provisioning network (a separate port in the embedded mode and the lab). The

@@ -7,8 +7,9 @@ from django.core.management.base import BaseCommand, CommandError
 class Command(BaseCommand):
     help = ("Watch the Pending pods of every tenant that has a dynamic pool (one watch per tenant, through its "
             "kubeconfig), record them as demand and ask for a decision per batch. Runs until SIGTERM or SIGINT. "
-            "More processes can share the tenants: give each --shard I/N (it watches the tenants whose id modulo N "
-            "is I; run one process for each I from 0 to N-1).")
+            "Several processes share the tenants by themselves, each tenant's watch held by one of them under a "
+            "lease (AUTONODES_WATCH_LEASE_S) that moves to another when its holder dies. --shard I/N also splits "
+            "them by id: a process watches only the tenants whose id modulo N is I.")
 
     def add_arguments(self, parser):
         parser.add_argument("--shard", default="0/1", metavar="I/N",
