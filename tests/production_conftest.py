@@ -21,8 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
-
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "deploy" / "systemd"
 INSTALL_DIR = "/opt/vmetal"  # where the units and docs/production.md install the console
@@ -111,6 +109,8 @@ class PrivateRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(self.dir)], stdout=open(self.dir / "redis.log", "a"), stderr=subprocess.STDOUT,
             start_new_session=True)
+        from conftest import wait_for
+
         wait_for(lambda: port_open(self.port), timeout=20)
 
     def stop(self) -> None:
@@ -159,11 +159,11 @@ def unit_names() -> list[str]:
     return sorted(path.stem for path in UNITS.glob("*.service"))
 
 
-def unit_service(name: str) -> dict[str, list[str]]:
+def unit_service(name: str, units: Path = UNITS) -> dict[str, list[str]]:
     """The [Service] section of deploy/systemd/NAME.service: each key with every value it is given, in order (systemd
     keeps repeated keys such as Environment=)."""
     service, section = {}, None
-    for line in (UNITS / f"{name}.service").read_text().splitlines():
+    for line in (units / f"{name}.service").read_text().splitlines():
         line = line.strip()
         if line.startswith("["):
             section = line
@@ -173,9 +173,9 @@ def unit_service(name: str) -> dict[str, list[str]]:
     return service
 
 
-def unit_environment(name: str, environment_file: Path) -> dict[str, str]:
+def unit_environment(name: str, environment_file: Path, units: Path = UNITS) -> dict[str, str]:
     """What systemd gives the unit's process: its Environment= defaults, overridden by its EnvironmentFile."""
-    service = unit_service(name)
+    service = unit_service(name, units)
     env = {}
     for line in service.get("Environment", []):
         for item in shlex.split(line):
@@ -196,10 +196,10 @@ def read_environment_file(path: Path) -> dict[str, str]:
     return env
 
 
-def unit_command(name: str, env: dict[str, str], venv_bin: Path) -> list[str]:
+def unit_command(name: str, env: dict[str, str], venv_bin: Path, units: Path = UNITS) -> list[str]:
     """The unit's ExecStart, with ${VAR} expanded as systemd does and the install's virtual environment replaced by
     `venv_bin`; run it in ROOT (the unit's WorkingDirectory)."""
-    service = unit_service(name)
+    service = unit_service(name, units)
     assert service["WorkingDirectory"] == [INSTALL_DIR], name
     (line,) = service["ExecStart"]
     words = [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], word) for word in shlex.split(line)]
@@ -212,19 +212,20 @@ class Console:
     """The console's processes, each started from its unit (unit_command) with the unit's environment, logging
     to `logs/NAME.log`; stop() ends them all."""
 
-    def __init__(self, *, environment_file: Path, venv_bin: Path, logs: Path, extra: dict[str, str] | None = None):
-        self.environment_file, self.venv_bin, self.logs = environment_file, venv_bin, logs
+    def __init__(self, *, environment_file: Path, venv_bin: Path, logs: Path, extra: dict[str, str] | None = None,
+                 units: Path = UNITS):
+        self.environment_file, self.venv_bin, self.logs, self.units = environment_file, venv_bin, logs, units
         self.extra = extra or {}
         self.procs: dict[str, subprocess.Popen] = {}
         logs.mkdir(parents=True, exist_ok=True)
 
     def env(self, name: str) -> dict[str, str]:
         return {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
-                **unit_environment(name, self.environment_file), **self.extra}
+                **unit_environment(name, self.environment_file, self.units), **self.extra}
 
     def start(self, name: str) -> subprocess.Popen:
         env = self.env(name)
-        command = unit_command(name, env, self.venv_bin)
+        command = unit_command(name, env, self.venv_bin, self.units)
         Path(env["VMETAL_VAR_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)  # systemd's StateDirectory=
         self.procs[name] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(self.log(name), "a"),
                                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -270,3 +271,18 @@ def lab_power_requests(lab_dir: Path) -> dict[str, list[str]]:
     ports = json.loads((lab_dir / "ports.json").read_text())
     _, _, text = http(f"http://127.0.0.1:{ports['shared']}/lab/systems")
     return {name: system["power_requests"] for name, system in json.loads(text).items()}
+
+
+def main(argv: list[str]) -> None:
+    """`python -m tests.production_conftest UNITS ENV_FILE VENV_BIN LOGS PIDS NAME...`: start units as a detached
+    child process each and append their pids to PIDS (the production guide's test: its `systemctl enable --now`)."""
+    units, environment_file, venv_bin, logs, pids, *names = argv
+    console = Console(environment_file=Path(environment_file), venv_bin=Path(venv_bin), logs=Path(logs),
+                      units=Path(units))
+    with open(pids, "a") as out:
+        for name in names:
+            out.write(f"{console.start(name.removesuffix('.service')).pid}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -11,6 +11,7 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, redis
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 
 class Channel(filesystem.Channel):
@@ -31,19 +32,19 @@ class Transport(filesystem.Transport):
 
 
 class RedisChannel(redis.Channel):
-    """Redis's channel, surviving a Redis restart. When the broker goes away, Celery collects the lost connection
-    (which forgets its address) and then closes it again; that second close tries to requeue the worker's
-    unacknowledged tasks through a connection to no address and raised AttributeError, which Celery took for an
-    unrecoverable error: the worker exited instead of reconnecting. Those tasks are still in Redis's unacked set,
-    which gives them back after the visibility timeout (and a Redis restart without persistence lost them anyway:
-    the periodic re-drive and reconcile take their hosts and pools on)."""
+    """Redis's channel, surviving a Redis restart. When the broker goes away, Celery closes the lost connection,
+    which forgets its address; what touches the channel after that (the close requeueing the worker's
+    unacknowledged tasks, a task finishing during the outage and acknowledging its message) then built a
+    connection to no address and raised AttributeError, which Celery took for an unrecoverable error: the worker
+    exited instead of reconnecting. Here it is the connection error it is, which Celery recovers from; those
+    messages stay in Redis's unacked set, which hands them out again after the visibility timeout (and a Redis
+    restart without persistence lost them anyway: the periodic re-drive and reconcile take their hosts and pools
+    on)."""
 
-    def close(self):
-        try:
-            super().close()
-        except AttributeError:
-            if self.connection.client is not None:
-                raise
+    def _connparams(self, asynchronous=False):
+        if self.connection.client is None:
+            raise RedisConnectionError("the broker connection is closed")
+        return super()._connparams(asynchronous=asynchronous)
 
 
 class RedisTransport(redis.Transport):
