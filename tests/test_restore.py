@@ -99,6 +99,7 @@ def reconciled(host_name: str) -> Event:
     return Event.objects.filter(kind=EventKind.TRANSITION, object_name=host_name, from_state=HostState.HELD).first()
 
 
+@pytest.mark.timeout(600)  # measured 2-3 min on 2 loaded cores: five servers registered, four claims, one release
 def test_a_restore_touches_no_server_before_it_read_it_and_adopts_what_still_serves_a_tenant(
         archive, lab_factory, celery_worker_process, apply, tmp_path):
     site = lab_factory(hosts=5, gpu_hosts=5, tenants=["one"])
