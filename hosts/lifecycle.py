@@ -42,8 +42,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 # Every state but retired may be held after a restore (hosts.restore.hosts_hold).
 HOLDABLE = frozenset(state for state in S if state not in (S.RETIRED, S.HELD))
-for _state in HOLDABLE:
-    TRANSITIONS[_state] = TRANSITIONS[_state] | {S.HELD}
+TRANSITIONS.update({state: TRANSITIONS[state] | {S.HELD} for state in HOLDABLE})
 
 # Each in-progress state and where its deadline sends a host (MAAS's failure states). The deadline is no
 # setting of its own: it is the state's flow's step deadlines added up, with STEP_SLACK_S per step for a drive to

@@ -107,6 +107,8 @@ def certificates_reimport() -> Reimport:
         if path.name.startswith(".") or path.name == EPOCH_FILE or not path.is_file():
             continue
         result.files += 1
+        if FILE_NAME.match(path.name) and path.name[:-5] in known:
+            continue  # the database has it: not read again at every start
         why, body, text = _read(path, keys)
         if why:
             result.refused.append((path.name, why))
