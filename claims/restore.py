@@ -5,10 +5,11 @@ it acts on a host, and takes in a server that already serves a tenant without re
 # said (`held_from`) and what the world is:
 #
 #   the host serves a node (a node named as the host, in some tenant):
-#     its database claim is of that tenant        → provisioned, the claim Available ("left alone" / "adopted")
+#     its database claim is of that tenant (and the node's vmetal.dev/claim label, if any, names it)
+#                                                 → provisioned, the claim Available ("left alone" / "adopted")
 #     the node's vmetal.dev/claim label names a claim of that tenant waiting for a host
 #                                                 → provisioned, bound to that claim ("adopted")
-#     the database was releasing it               → deprovisioning: the release goes on (drain, delete, erase)
+#     the database was releasing it, for that claim → deprovisioning: the release goes on (drain, delete, erase)
 #     otherwise                                   → maintenance, with the reason ("adopted: in maintenance")
 #   it serves no node, and the database had it provisioning or provisioned
 #                                                 → deprovisioning: released through the gate (erase, certificate,
@@ -117,14 +118,17 @@ def decide(host: BareMetalHost, world: World, claim: NodeClaim | None) -> Decisi
                         reason=f"its BMC did not answer: {world.power_errors.get(host.pk, '')}")
     if found:
         tenant, labels = found
-        if was == S.DEPROVISIONING or (claim is not None and claim.phase == P.RELEASING):
+        named = labels.get(CLAIM_LABEL, "")
+        # Its database claim's node: that tenant's, and not labelled for another claim (then it is not this claim's).
+        own = claim is not None and claim.tenant_id == tenant.pk and named in ("", claim.name)
+        if own and (was == S.DEPROVISIONING or claim.phase == P.RELEASING):
             return Decision(**base, verdict="release resumed", to_state=S.DEPROVISIONING,
-                            reason=f"the database was releasing it; it still serves node {node}")
-        if claim is not None and claim.tenant_id == tenant.pk and claim.phase != P.RELEASED:
+                            reason=f"the database was releasing it and its claim {claim.name}; it still serves that "
+                                   f"claim's node {node}")
+        if own and claim.phase != P.RELEASED:
             verdict = "left alone" if was == S.PROVISIONED and claim.phase == P.AVAILABLE else "adopted"
             return Decision(**base, verdict=verdict, to_state=S.PROVISIONED,
                             reason=f"it serves node {node}, of its claim {claim.name}: not powered, not re-imaged")
-        named = labels.get(CLAIM_LABEL, "")
         waiting = (NodeClaim.objects.filter(tenant=tenant, name=named, phase__in=WAITING)
                    .filter(host__isnull=True).first() if named else None)
         if waiting is not None and claim is None:
