@@ -5,9 +5,9 @@ class ClaimsConfig(AppConfig):
     name = "claims"
 
     def ready(self):
-        from hosts.boot.dhcp import address_source
         from celery.signals import worker_ready
 
+        from hosts.boot.dhcp import address_source
         from hosts.lifecycle import on_host_transition
         from hosts.restore import world_reconciler
         from hosts.services import idle_check_hold_source
@@ -17,9 +17,9 @@ class ClaimsConfig(AppConfig):
         from pools.usage import claims_unreleased_source
 
         from . import (
-            task_names,
             consumers,  # noqa: F401 (registers who may join a claim's live group)
             steps,  # noqa: F401 (registers the provision and deprovision flows with the step engine)
+            task_names,
         )
         from .ipam import environments_usage, host_addresses
         from .phases import pool_claims_release, tenants_finalize
