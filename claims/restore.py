@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from hosts.bmc.client import BMCError
 from hosts.bmc.factory import host_bmc
@@ -57,8 +57,6 @@ class World:
     power_errors: dict[int, str] = field(default_factory=dict)
     nodes: dict[str, tuple[Tenant, dict]] = field(default_factory=dict)  # node name → (its tenant, its labels)
     unread: dict[str, str] = field(default_factory=dict)  # tenant name → why its API was not read
-    # Node names that more than one tenant shows: a tenant names its own nodes, so at most one of them is true.
-    contested: dict[str, list[str]] = field(default_factory=dict)  # node name → the tenants that show it
 
 
 @dataclass
@@ -73,9 +71,8 @@ class Decision:
     bind: NodeClaim | None = None
 
 
-def tenants_nodes(tenants: list[Tenant]) -> tuple[dict[str, tuple[Tenant, dict]], dict[str, str],
-                                                  dict[str, list[str]]]:
-    nodes, unread, shown_by = {}, {}, {}
+def tenants_nodes(tenants: list[Tenant]) -> tuple[dict[str, tuple[Tenant, dict]], dict[str, str]]:
+    nodes, unread = {}, {}
     for tenant in tenants:
         if not tenant.kubeconfig:
             continue
@@ -86,13 +83,12 @@ def tenants_nodes(tenants: list[Tenant]) -> tuple[dict[str, tuple[Tenant, dict]]
             continue
         for name, labels in found.items():
             nodes.setdefault(name, (tenant, labels))
-            shown_by.setdefault(name, []).append(tenant.name)
-    return nodes, unread, {name: by for name, by in shown_by.items() if len(by) > 1}
+    return nodes, unread
 
 
 def world_read(hosts: list[BareMetalHost]) -> World:
     world = World()
-    world.nodes, world.unread, world.contested = tenants_nodes(list(Tenant.objects.order_by("name")))
+    world.nodes, world.unread = tenants_nodes(list(Tenant.objects.order_by("name")))
 
     def power(host):
         try:
@@ -120,11 +116,6 @@ def decide(host: BareMetalHost, world: World, claim: NodeClaim | None) -> Decisi
     if power is None:
         return Decision(**base, verdict="still held", to_state=None,
                         reason=f"its BMC did not answer: {world.power_errors.get(host.pk, '')}")
-    if host.name in world.contested:
-        return Decision(**base, verdict="adopted: in maintenance", to_state=S.MAINTENANCE,
-                        reason=f"tenants {', '.join(world.contested[host.name])} each show a node {host.name}: at "
-                               "most one of them is true; not powered, not re-imaged, bound to no claim; a person "
-                               "decides")
     if found:
         tenant, labels = found
         named = labels.get(CLAIM_LABEL, "")
@@ -262,10 +253,7 @@ def host_adopt(*, values: dict, actor: str, tenant: str = "", claim: str = "") -
         raise AdoptRefused(f"{host.name} is powered {power}: nothing runs on it to adopt; register it instead "
                            "(it is inspected and cleaned)")
     tenants = list(Tenant.objects.order_by("name"))
-    nodes, unread, contested = tenants_nodes(tenants)
-    if host.name in contested:
-        raise AdoptRefused(f"tenants {', '.join(contested[host.name])} each show a node {host.name}: at most one of "
-                           "them runs on this server; the others must delete theirs first")
+    nodes, unread = tenants_nodes(tenants)
     found = nodes.get(host.name)
     if found is None and unread:
         raise AdoptRefused("cannot tell which tenant runs node " + host.name + ": "
@@ -286,19 +274,12 @@ def host_adopt(*, values: dict, actor: str, tenant: str = "", claim: str = "") -
     if target.host_id is not None or target.phase not in WAITING:
         raise AdoptRefused(f"claim {name} is {target.phase}" + (f" on {target.host_name}" if target.host_id else "")
                            + ": only a claim waiting for a host can take an adopted server")
-    try:
-        return _adopt(values=values, actor=actor, owner=owner, target=target)
-    except IntegrityError:  # the same server adopted or registered at the same moment: the other one won
-        raise AdoptRefused(f"a host named {host.name}, or with its BMC or boot MAC, was registered meanwhile") from None
-
-
-@transaction.atomic
-def _adopt(*, values: dict, actor: str, owner: Tenant, target: NodeClaim) -> BareMetalHost:
-    name = values["name"]
-    adopted = host_create(values=values, actor=actor, adopted=f"already serves node {name} of tenant {owner.name}")
-    locked = NodeClaim.objects.select_for_update().get(pk=target.pk)
-    if locked.host_id is not None or locked.phase not in WAITING:
-        raise AdoptRefused(f"claim {target.name} took another host meanwhile")
-    claim_bind(claim=locked, host=adopted, actor=actor, message=f"adopted {name}: its node already runs")
-    claims_adopted(host_ids=[adopted.pk], actor=actor, reason=f"{name} adopted by {actor}")
+    with transaction.atomic():
+        adopted = host_create(values=values, actor=actor,
+                              adopted=f"already serves node {host.name} of tenant {owner.name}")
+        locked = NodeClaim.objects.select_for_update().get(pk=target.pk)
+        if locked.host_id is not None or locked.phase not in WAITING:
+            raise AdoptRefused(f"claim {name} took another host meanwhile")
+        claim_bind(claim=locked, host=adopted, actor=actor, message=f"adopted {host.name}: its node already runs")
+        claims_adopted(host_ids=[adopted.pk], actor=actor, reason=f"{host.name} adopted by {actor}")
     return adopted

@@ -18,8 +18,8 @@ def held(host, was: str):
     return host
 
 
-def world_of(host, *, power="on", node=None, labels=None, unread=None, contested=None) -> World:
-    world = World(unread=unread or {}, contested={host.name: contested} if contested else {})
+def world_of(host, *, power="on", node=None, labels=None, unread=None) -> World:
+    world = World(unread=unread or {})
     if power:
         world.power[host.pk] = power
     else:
@@ -65,14 +65,3 @@ def test_each_row_of_the_table(world):
     # A tenant API that did not answer: the host may serve a node there; it stays held.
     assert verdict(world, host, S.AVAILABLE, None, unread={"bravo": "tenant API unreachable"}) == (
         "still held", None, None)
-
-
-def test_a_node_name_two_tenants_show_binds_no_claim_and_the_host_waits_for_a_person(world):
-    # A tenant writes its own API: one that names a node after a free host, labelled for its own waiting claim, must
-    # not be handed the server another tenant really runs on it.
-    host, waiting = world.host_a, world.claim_b
-    NodeClaim.objects.filter(pk=waiting.pk).update(phase=P.PENDING, host=None)
-    decision = decide(held(host, S.AVAILABLE), world_of(host, node=world.bravo, contested=["alpha", "bravo"],
-                                                        labels={"vmetal.dev/claim": waiting.name}), None)
-    assert (decision.verdict, decision.to_state, decision.bind) == ("adopted: in maintenance", S.MAINTENANCE, None)
-    assert decision.reason.startswith(f"tenants alpha, bravo each show a node {host.name}")
