@@ -93,7 +93,6 @@ def test_the_guide_takes_an_empty_database_to_a_claim_available(private_postgres
     values = {
         "DATABASE_URL": private_postgres.url, "CELERY_BROKER_URL": f"{private_redis.url}/0",
         "REDIS_URL": f"{private_redis.url}/1", "VMETAL_VAR_DIR": str(var), "IMAGE_DIR": str(var / "images"),
-        "CERTIFICATE_ARCHIVE_DIR": str(var / "certificates"),
         "ALLOWED_HOSTS": "127.0.0.1,localhost", "CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{web_port}",
         "TRUSTED_PROXIES": "127.0.0.1", "SECURE_PROXY_SSL_HEADER": "true", "AGENT_LISTEN": f"127.0.0.1:{agent_port}",
         "AGENT_BOOT_URL": f"http://127.0.0.1:{agent_port}",
