@@ -33,16 +33,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.RETIRED: frozenset(),
     S.ERROR: frozenset({S.REGISTERING, S.DEPROVISIONING, S.REPAIR, S.RETIRED, S.MAINTENANCE}),
     S.MAINTENANCE: frozenset({S.REGISTERING, S.RETIRED}),
-    # Held after a restore (hosts/restore.py): the world reconcile (claims/restore.py) sends each host where its real
-    # state says: provisioned (adopted), maintenance (a node no claim matches), deprovisioning (released through the
-    # gate), or back to the state the database gave it. Never to provisioning or an idle check: neither is resumed
-    # blindly (a provision would write the image again).
-    S.HELD: frozenset({S.REGISTERING, S.INSPECTING, S.AVAILABLE, S.PROVISIONED, S.DEPROVISIONING, S.REPAIR,
-                       S.RETESTING, S.REPAIRING, S.ERROR, S.MAINTENANCE}),
 }
-# Every state but retired may be held after a restore (hosts.restore.hosts_hold).
-HOLDABLE = frozenset(state for state in S if state not in (S.RETIRED, S.HELD))
-TRANSITIONS.update({state: TRANSITIONS[state] | {S.HELD} for state in HOLDABLE})
 
 # Each in-progress state and where its deadline sends a host (MAAS's failure states). The deadline is no
 # setting of its own: it is the state's flow's step deadlines added up, with STEP_SLACK_S per step for a drive to

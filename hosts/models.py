@@ -60,9 +60,6 @@ class BareMetalHost(models.Model):
     state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
                              db_index=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
-    # Held after a restore (HostState.HELD): the state the restored database gave the host, which the world reconcile
-    # holds against the host's real state (claims/restore.py). Empty otherwise.
-    held_from = models.CharField(max_length=16, choices=HostState.choices, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True, db_index=True)
     error_type = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
@@ -361,15 +358,3 @@ class RepairAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host_name} #{self.position} {self.step}: {self.outcome}"
-
-
-class WorldEpoch(models.Model):
-    """One row: the epoch of the database, as `manage.py backup` last turned it (hosts/restore.py). Its twin lives
-    outside the database, in CERTIFICATE_ARCHIVE_DIR; a database whose epoch differs from the world's was restored
-    from a backup, and nothing acts on a host until the world reconcile read the host's real state."""
-
-    epoch = models.CharField(max_length=64)
-    changed_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self) -> str:
-        return self.epoch

@@ -579,7 +579,7 @@ def test_maintenance_and_retry_go_through_the_host_services(world, api):
     busy = api("admin", "post", f"/api/v1/hosts/{world.host_a.pk}/maintenance/", {"on": True})
     assert busy.status_code == 409
     assert busy.json()["detail"] == (f"{world.host_a.name}: provisioning → maintenance is not allowed "
-                                     "(from provisioning: deprovisioning, error, held, provisioned, repair)")
+                                     "(from provisioning: deprovisioning, error, provisioned, repair)")
     assert api("admin", "post", f"/api/v1/hosts/{free.pk}/retry/").status_code == 409
 
     broken = BareMetalHost.objects.get(name="gpu-03")

@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from access.api.views import TokenViewSet
 from autonodes.api.views import DecisionViewSet, PoolStatusView
-from claims.api.views import ClaimGroupViewSet, HostAdoptView, NodeClaimViewSet
+from claims.api.views import ClaimGroupViewSet, NodeClaimViewSet
 from events.api.views import EventViewSet
 from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet, RepairView
 from manifests.api import ApplyView
@@ -34,7 +34,6 @@ v1 = [
     re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
     re_path(r"^capacity/?$", CapacityView.as_view(), name="capacity"),
     re_path(r"^repair/?$", RepairView.as_view(), name="repair"),
-    re_path(r"^hosts/adopt/?$", HostAdoptView.as_view(), name="host-adopt"),  # before the router's hosts/<pk>
     re_path(r"^pools/(?P<id>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
     *router.urls,
 ]

@@ -463,12 +463,6 @@ MIDDLEWARE.insert(0, "vmetal_console.probes.ProbeMiddleware")
 
 # The release gate (hosts/gate/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
 # with Ed25519 under CERTIFICATE_SIGNING_KEY (above).
-# Backup and restore (hosts/restore.py, hosts/gate/archive.py): a directory outside the database (shared by every
-# worker, on storage the database's backups do not restore over) where every erase certificate is also written, once,
-# and where the world's epoch lives; empty: no archive, and a restore is known only through `manage.py restore`.
-CERTIFICATE_ARCHIVE_DIR = os.environ.get("CERTIFICATE_ARCHIVE_DIR", "")
-# How soon the world reconcile after a restore tries again the hosts whose BMC or tenant API did not answer.
-RESTORE_RETRY_S = env_float("RESTORE_RETRY_S", 15)
 CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # for a host no NodeType matches
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)

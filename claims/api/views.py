@@ -1,11 +1,9 @@
 """Claims over HTTP: read (a member its tenants' claims), and release (a member of the claim's tenant, or
 an admin) through claims.phases.claims_release."""
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, status, viewsets
+from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from claims.filtersets import ClaimGroupFilterSet, NodeClaimFilterSet
 from claims.lifecycle import LIVE
@@ -13,12 +11,9 @@ from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
 from claims.selectors import claim_groups_visible, claims_visible
 from claims.phases import claims_release
-from claims.restore import AdoptRefused, host_adopt
-from core import scoping
-from core.api import Conflict, ScopedPermission, ScopedViewMixin, actor, field_errors
-from hosts.api.serializers import HostSerializer
+from core.api import Conflict, ScopedViewMixin, actor
 
-from .serializers import AdoptSerializer, ClaimGroupSerializer, NodeClaimSerializer, ReleaseSerializer
+from .serializers import ClaimGroupSerializer, NodeClaimSerializer, ReleaseSerializer
 
 
 class NodeClaimViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
@@ -73,30 +68,3 @@ class ClaimGroupViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
             rows = claim_groups_rows(instance if isinstance(instance, list) else [instance])
             args = (rows if isinstance(instance, list) else rows[0], *args[1:])
         return super().get_serializer(*args, **kwargs)
-
-
-class HostAdoptView(APIView):
-    """POST /api/v1/hosts/adopt/: adopt a server that already runs an OS and serves a tenant's node (admins), as
-    `manage.py adopt` does: registered as provisioned, neither powered nor re-imaged, bound to its node's claim."""
-
-    permission_classes = [ScopedPermission]
-
-    @extend_schema(request=AdoptSerializer, responses={
-        201: HostSerializer,
-        400: OpenApiResponse(description="not adopted, and nothing changed: a field, the BMC (unreachable, wrong "
-                                         "credentials, no such MAC, powered off), no such node, a node of another "
-                                         "tenant, no claim waiting for it")})
-    def post(self, request):
-        if not scoping.is_admin(request.user):
-            raise exceptions.PermissionDenied("adopting a server is for admins")
-        body = AdoptSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        values = dict(body.validated_data)
-        tenant, claim = values.pop("tenant"), values.pop("claim")
-        try:
-            host = host_adopt(values=values, actor=actor(request), tenant=tenant, claim=claim)
-        except AdoptRefused as exc:
-            raise exceptions.ValidationError({"non_field_errors": [str(exc)]}) from None
-        except DjangoValidationError as exc:
-            raise exceptions.ValidationError(field_errors(exc)) from None
-        return Response(HostSerializer(host, context={"request": request}).data, status=status.HTTP_201_CREATED)
