@@ -6,10 +6,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse
 from django.shortcuts import render
-from django.views import defaults
 
 from core import scoping
-from core.outage import outage_now, unavailable, wants_json
 
 
 def role_of(request) -> str:
@@ -63,14 +61,6 @@ def page_not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=404)
     return page(request, "404.html", status=404)
-
-
-def server_error(request):
-    """The 500 answer (handler500): 503 with Retry-After while the database or Redis is away (core/outage.py);
-    else Django's own plain page, which needs neither."""
-    if outage_now():
-        return unavailable(request, json=wants_json(request))
-    return defaults.server_error(request)
 
 
 def is_htmx(request) -> bool:

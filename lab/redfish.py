@@ -420,9 +420,6 @@ class _Site:
         self.workdir = os.path.dirname(config["LAB_READY_FILE"])
         self.faults: dict[str, dict] = {}
         self.pending: dict[str, float] = {}
-        # Every power request each system got, in order ("On", "ForceOff", "ForceRestart", ...): what a test counts
-        # to show that no change was sent twice (a repeated power-on of a server already on lands as nothing).
-        self.power_requests: dict[str, list[str]] = {}
         self.events: list[dict] = []
         self.seq = 0
         self.servers: dict[str, object] = {}
@@ -638,7 +635,6 @@ class _Site:
                     "uuid": uuid, "port": self.ports.get(uuid),
                     "power_state": system["power_state"],
                     "pending_power": system.get("pending_power"),
-                    "power_requests": list(self.power_requests.get(uuid, ())),
                     "boot_target": system.get("boot_device", "Hdd"),
                     "boot_enabled": system.get("boot_enabled", "Continuous"),
                     "virtual_media": self.virtual_media(uuid),
@@ -833,7 +829,6 @@ def _lab_driver_class(base, site: _Site, error):
         def set_power_state(self, identity, state):
             system = self._get(identity)
             uuid = system["uuid"]
-            site.power_requests.setdefault(uuid, []).append(state)
             if "Restart" in state:
                 if system["power_state"] != "Off":
                     self._update(system, power_state="Off")

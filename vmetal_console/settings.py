@@ -113,10 +113,6 @@ DATABASES = {
     "default": dj_database_url.parse(
         _database_url,
         conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
-        # A kept connection (DB_CONN_MAX_AGE, or the pool's: Django passes this on as the pool's check) is checked
-        # before a request or task reuses it: after PostgreSQL restarts, each process gets new connections
-        # instead of errors.
-        conn_health_checks=True,
     )
 }
 # PostgreSQL connection pool per process (Django's native psycopg pool): DATABASE_POOL_MAX connections at most,
@@ -130,9 +126,7 @@ if DATABASE_POOL_MAX and DATABASES["default"]["ENGINE"].endswith("postgresql"):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(int(os.environ.get("DATABASE_POOL_MIN", "1")), DATABASE_POOL_MAX),
         "max_size": DATABASE_POOL_MAX,
-        # Also how long a request waits while PostgreSQL is away (the pool cannot connect): then it answers 503
-        # with Retry-After (core/outage.py), before a proxy's or an agent's own timeout.
-        "timeout": float(os.environ.get("DATABASE_POOL_TIMEOUT_S", "10")),
+        "timeout": float(os.environ.get("DATABASE_POOL_TIMEOUT_S", "30")),
         "max_idle": 60,  # give back what a burst opened
     }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -216,9 +210,6 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "sentinel://")):
         "unacked_restore_interval": max(1, min(10, int(BROKER_VISIBILITY_TIMEOUT_S / 10))),
         "unacked_restore_throttle": 1,  # every interval scans (kombu's default: every tenth)
     }
-if CELERY_BROKER_URL.startswith("redis://"):
-    # Redis's transport with a worker that survives a Redis restart (vmetal_console/broker.py).
-    CELERY_BROKER_TRANSPORT = "vmetal_console.broker:RedisTransport"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))

@@ -15,4 +15,3 @@ urlpatterns = [
 # The console's refusals are its own pages, with the navigation of the user's role (core.views).
 handler403 = "core.views.permission_denied"
 handler404 = "core.views.page_not_found"
-handler500 = "core.views.server_error"  # 503 while the database or Redis is away (core/outage.py)

@@ -118,16 +118,9 @@ def _send_once(run: Run, scratch: dict, key: str, fn) -> None:
         # Counted as a try, without waiting: the request goes again now.
         error = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
         step_retry(run, error, recheck_s=None)
-    # Recorded before it goes: a drive that dies after the BMC took the change but before the record was written
-    # (PostgreSQL restarting, a killed worker) would otherwise send it again on the host's next drive.
+    _bmc_call(fn, run)
     scratch[key] = timezone.now().isoformat()
     run.save_flow()
-    try:
-        _bmc_call(fn, run)
-    except (Waiting, StepFailed):  # the BMC did not take it (away, refused): the next try sends it
-        scratch.pop(key, None)
-        run.save_flow()
-        raise
 
 
 def step_power_on_ramdisk(run: Run) -> dict:

@@ -9,8 +9,6 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.http import JsonResponse
 
-from core.outage import outage_now, unavailable
-
 
 class AgentListener(WSGIHandler):
     def get_response(self, request):
@@ -33,8 +31,6 @@ def not_found(request, exception=None):
 
 
 def server_error(request):
-    if outage_now():  # the database or Redis restarting: the agents back off and try again
-        return unavailable(request, json=True)
     return JsonResponse({"error": "server error"}, status=500)
 
 
