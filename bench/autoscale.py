@@ -286,16 +286,6 @@ class Console:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
-NETWORK = """\
-apiVersion: management.loft.sh/v1
-kind: NodeEnvironment
-metadata: {name: servers, namespace: p-default}
-spec:
-  providerRef: metal3
-  properties:
-    metal3.vcluster.com/network-cidr: 10.10.0.1/16
-    metal3.vcluster.com/network-ip-range: 10.10.1.0-10.10.250.255
-"""
 
 LAB_POOL = """\
 privateNodes:
@@ -343,7 +333,7 @@ def run_batch(n: int, args) -> dict:
     from claims.models import NodeClaim
     from events.models import Event
     from hosts.models import BareMetalHost
-    from lab.site import IMAGE_NAME, LabSite
+    from lab.site import IMAGE_NAME, ROOMY_NETWORK, LabSite
     from manifests.apply import apply_files
 
     servers = -(-n // 8)  # 8 one-GPU pods per 8-GPU server
@@ -353,7 +343,7 @@ def run_batch(n: int, args) -> dict:
                    var_dir=Path(tempfile.mkdtemp(prefix="vmetal-autoscale-lab-"))).start()
     try:
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
-        apply_files([("network", NETWORK)], actor="bench")
+        apply_files([("network", ROOMY_NETWORK)], actor="bench")
         site.register()
         t0 = time.monotonic()
         while BareMetalHost.objects.filter(state="available").count() < servers:

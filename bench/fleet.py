@@ -54,16 +54,6 @@ os.environ.setdefault("AGENT_SILENCE_S", "30")
 os.environ.setdefault("AGENT_CALL_ADDRESS_LIMIT", "1000000")
 os.environ.setdefault("SECRET_KEY", "fleet-bench-" + os.urandom(8).hex())  # the console runs with DEBUG off
 CLK = os.sysconf("SC_CLK_TCK")
-NETWORK = """\
-apiVersion: management.loft.sh/v1
-kind: NodeEnvironment
-metadata: {name: servers, namespace: p-default}
-spec:
-  providerRef: metal3
-  properties:
-    metal3.vcluster.com/network-cidr: 10.10.0.1/16
-    metal3.vcluster.com/network-ip-range: 10.10.1.0-10.10.250.255
-"""
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -192,7 +182,7 @@ def run_once(n: int, args, workers: int | None = None, listeners: int = 1, balan
     from claims.models import NodeClaim
     from events.models import Event
     from hosts.models import BareMetalHost
-    from lab.site import IMAGE_NAME, LabSite
+    from lab.site import IMAGE_NAME, ROOMY_NETWORK, LabSite
     from manifests.apply import apply_files
     from pools.models import NodePool
 
@@ -204,7 +194,7 @@ def run_once(n: int, args, workers: int | None = None, listeners: int = 1, balan
                    var_dir=Path(tempfile.mkdtemp(prefix="vmetal-fleet-lab-"))).start()
     try:
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
-        apply_files([("network", NETWORK)], actor="bench")  # room for every node's address
+        apply_files([("network", ROOMY_NETWORK)], actor="bench")  # room for every node's address
         site.register()
         t0 = time.monotonic()
         while BareMetalHost.objects.filter(state="available").count() < n:
@@ -312,7 +302,7 @@ def _run_warm(n: int, warm: bool, args) -> dict:
     from claims.models import NodeClaim
     from events.models import Event
     from hosts.models import BareMetalHost
-    from lab.site import IMAGE_NAME, LabSite
+    from lab.site import IMAGE_NAME, ROOMY_NETWORK, LabSite
     from manifests.apply import apply_files
     from pools.models import NodeType
 
@@ -323,7 +313,7 @@ def _run_warm(n: int, warm: bool, args) -> dict:
                    var_dir=Path(tempfile.mkdtemp(prefix="vmetal-fleet-lab-"))).start()
     try:
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
-        apply_files([("network", NETWORK)], actor="bench")
+        apply_files([("network", ROOMY_NETWORK)], actor="bench")
         NodeType.objects.filter(name="gpu-server").update(warm_hosts=n if warm else 0, warm_idle_minutes=60)
         site.register()
         t0 = time.monotonic()

@@ -78,6 +78,19 @@ from .redfish import GUEST_HOST, RedfishLab, port_free
 from .vm import VMServer
 
 log = logging.getLogger("lab")
+# The demo's network hands out 22 addresses: runs at scale (the HA test, the benches) apply this one instead.
+ROOMY_NETWORK = """\
+apiVersion: management.loft.sh/v1
+kind: NodeEnvironment
+metadata: {name: servers, namespace: p-default}
+spec:
+  providerRef: metal3
+  properties:
+    metal3.vcluster.com/network-cidr: 10.10.0.1/16
+    metal3.vcluster.com/network-ip-range: 10.10.1.0-10.10.250.255
+"""
+
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
               "burnin-fail")

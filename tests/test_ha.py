@@ -21,11 +21,11 @@ from django.core.management import call_command
 from django.db.models import Count
 
 from conftest import DEMO, ROOT, wait_for
+from lab.site import ROOMY_NETWORK
+from vmetal_console import queues as celery_queues
 
 from .autonodes_lab_conftest import dynamic_pool
 from .lab_conftest import FAST, gpu_pool, lab_report
-
-from vmetal_console import queues as celery_queues
 
 pytest_plugins = ["tests.lab_conftest", "tests.autonodes_lab_conftest"]
 pytestmark = [
@@ -40,16 +40,6 @@ BACK_S = 60  # each kind back to normal within this of its kill
 PERIODS = {"drive-stale-hosts": 2, "reconcile-pools": 5, "autonodes-disrupt": 10, "sweep-overdue-hosts": 30}
 SENT = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] Scheduler: Sending due task "
                   r"(\S+) ", re.M)
-NETWORK = """\
-apiVersion: management.loft.sh/v1
-kind: NodeEnvironment
-metadata: {name: servers, namespace: p-default}
-spec:
-  providerRef: metal3
-  properties:
-    metal3.vcluster.com/network-cidr: 10.10.0.1/16
-    metal3.vcluster.com/network-ip-range: 10.10.1.0-10.10.250.255
-"""
 
 
 def free_address(host: str) -> tuple[str, int]:
@@ -242,7 +232,7 @@ def test_two_of_every_process_provision_and_release_while_one_of_each_kind_is_ki
         site = lab_sites(hosts=HOSTS, gpu_hosts=HOSTS, tenants=["one", "auto-a", "auto-b"], console_url=proxy.url,
                          agent_mode="thread", power_delay=(0.2, 0.5), var_dir=tmp_path / "lab").start()
         call_command("apply", "-f", str(DEMO / "site.yaml"), verbosity=0)
-        apply_files([("network", NETWORK)], actor="test")
+        apply_files([("network", ROOMY_NETWORK)], actor="test")
         NodeType.objects.filter(name="gpu-server").update(warm_hosts=0)
         site.register()
         for tenant in ("auto-a", "auto-b"):  # a dynamic pool each: the pod watchers' work, one tenant each
