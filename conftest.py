@@ -79,6 +79,8 @@ def pytest_collection_modifyitems(config, items):
     skips = {}
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         skips["postgres"] = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
+    if not os.environ.get("REDIS_URL"):
+        skips["redis"] = pytest.mark.skip(reason="needs Redis's channel layer (set REDIS_URL=redis://...)")
     if shutil.which("qemu-system-x86_64") is None:
         skips["vm"] = pytest.mark.skip(reason="needs QEMU: qemu-system-x86_64 is not installed "
                                               "(apt-get install qemu-system-x86)")

@@ -1,4 +1,4 @@
-"""API tokens in the Django admin: whose, by prefix, since when (the key is not stored, so never shown).
+"""API tokens in the Django admin: whose, by prefix and name, their scope, expiry and last use (the key is not stored, so never shown).
 Deleting one revokes it through the service, on the record; new ones come from the API or `manage.py token`."""
 from django.contrib import admin
 from django.db import transaction
@@ -11,10 +11,12 @@ from .services import token_revoke
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "user", "created")
-    search_fields = ("prefix", "user__username")
-    ordering = ("user__username",)
-    fields = readonly_fields = ("prefix", "user", "created")
+    list_display = ("prefix", "user", "name", "read_only", "created", "expires_at", "last_used_at")
+    list_filter = ("read_only",)
+    search_fields = ("prefix", "user__username", "name")
+    ordering = ("user__username", "name")
+    fields = readonly_fields = ("prefix", "user", "name", "read_only", "tenants", "created", "expires_at",
+                                "last_used_at")
 
     def has_add_permission(self, request):
         return False

@@ -7,3 +7,6 @@ class AccessConfig(AppConfig):
     name = "access"
     label = "vmetal_api"
     verbose_name = "REST API"
+
+    def ready(self):
+        from . import checks, sessions  # noqa: F401 (the sign-in settings' check; the sign-in signal's receiver)

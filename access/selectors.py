@@ -9,6 +9,7 @@ def token_by_prefix(prefix: str) -> ApiToken | None:
 
 
 def tokens_visible(user):
-    """Everyone's tokens to an admin, a user's own to anyone else."""
-    tokens = ApiToken.objects.select_related("user").order_by("user__username")
+    """Everyone's tokens to an admin, a user's own to anyone else (expired ones too, until revoked)."""
+    tokens = (ApiToken.objects.select_related("user").prefetch_related("tenants")
+              .order_by("user__username", "name"))
     return tokens if scoping.is_admin(user) else tokens.filter(user=user)

@@ -1,7 +1,9 @@
 """The demand of a tenant's dynamic pools: its Pending pods, kept as PendingPod rows from what its pod watcher sees."""
 # Written only by the tenant's watcher (autonodes.watcher), one pod at a time (`demand_observe`) and after each
 # full list (`demand_resync`); decided on by autonodes.services, which owns the answer columns (status, claim,
-# pool, reason, decided_at). Each write here is its own short transaction, never one around network I/O.
+# pool, reason, decided_at), but for one answer the watcher sees first: a launched pod that the scheduler turned away
+# from its Ready node is new demand again (`turned_away`). Each write here is its own short transaction, never one
+# around network I/O.
 #
 # `PendingPod.requests` holds what `fit.pod_requests` makes of the pod (containers summed, the largest init
 # container, overhead), written back as Kubernetes quantities for people and the API: {"cpu": "500m", "memory":
@@ -11,8 +13,14 @@
 from __future__ import annotations
 
 import enum
+import re
+from datetime import timedelta
 
 from django.db import transaction
+from django.utils import timezone
+
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
 
 from . import fit
 from .choices import DemandStatus
@@ -58,13 +66,39 @@ class Seen(enum.Enum):
 
     NEW = "new"  # a pod became demand: opens or extends the tenant's batch
     CHANGED = "changed"  # a pending pod's spec changed: decided again, so it opens or extends the batch too
+    TURNED_AWAY = "turned-away"  # the scheduler gave its Ready node to other pods: decided again, as new demand
     SAME = "same"  # still pending as before (its scheduler message may have changed)
     GONE = "gone"  # no longer demand: bound, running, deleted, or schedulable again
     IGNORED = "ignored"  # never demand (scheduled, a DaemonSet's pod) and no row to remove
 
     @property
     def is_new_demand(self) -> bool:
-        return self in (Seen.NEW, Seen.CHANGED)
+        return self in (Seen.NEW, Seen.CHANGED, Seen.TURNED_AWAY)
+
+
+# A scheduler message read this long after the pod's node was Ready has seen that node: one read sooner may be the
+# message of before it (the watch's latency), about the nodes that were there then.
+SEEN_READY_AFTER = timedelta(seconds=5)
+_NONE_AVAILABLE = re.compile(r"0/([1-9]\d*) nodes are available: (.*?)\.?(?: preemption:.*)?", re.S)
+_NO_ROOM = re.compile(r"\d+ (?:Insufficient \S+|Too many pods)")
+
+
+def turned_away(message: str) -> bool:
+    """Whether kube-scheduler's message says that every node lacked room for the pod ("0/4 nodes are available: 4
+    Insufficient nvidia.com/gpu."): its node was given to other pods. A message that names a taint, an affinity or
+    anything else does not count: it cannot tell which node it means (a Ready node still tainted not-ready, say,
+    which would launch a second node for the pod)."""
+    found = _NONE_AVAILABLE.fullmatch((message or "").strip())
+    return bool(found) and all(_NO_ROOM.fullmatch(part.strip()) for part in found.group(2).split(", "))
+
+
+def turned_away_from(pod: PendingPod, claim: NodeClaim | None) -> bool:
+    """Whether the pod, launched on `claim`, was turned away from its Ready node: its scheduler message, read at
+    least SEEN_READY_AFTER after the node was Ready, says every node lacked room."""
+    return (claim is not None and claim.phase == ClaimPhase.AVAILABLE and claim.available_at is not None
+            and pod.scheduler_message_at is not None
+            and pod.scheduler_message_at >= claim.available_at + SEEN_READY_AFTER
+            and turned_away(pod.scheduler_message))
 
 
 BINARY_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
@@ -125,20 +159,35 @@ def demand_observe(*, tenant_id: int, pod: dict, deleted: bool = False) -> Seen:
         removed, _ = PendingPod.objects.filter(tenant_id=tenant_id, uid=uid).delete()
         return Seen.GONE if removed else Seen.IGNORED
     fields = pod_fields(pod)
+    now = timezone.now()
     with transaction.atomic():
         row = PendingPod.objects.select_for_update().filter(tenant_id=tenant_id, uid=uid).first()
         if row is None:
-            PendingPod.objects.create(tenant_id=tenant_id, uid=uid, **fields)
+            PendingPod.objects.create(tenant_id=tenant_id, uid=uid, scheduler_message_at=now, **fields)
             return Seen.NEW
         changed = any(getattr(row, name) != fields[name] for name in SPEC_FIELDS)
         update = {name: value for name, value in fields.items() if getattr(row, name) != value}
+        seen = Seen.CHANGED if changed else Seen.SAME
+        if "scheduler_message" in update:
+            update["scheduler_message_at"] = now
         if changed:  # decided again from scratch: the earlier answer was for another spec
             update.update(status=DemandStatus.NEW, claim=None, pool=None, reason="", decided_at=None)
+        elif "scheduler_message" in update and row.status == DemandStatus.LAUNCHED and row.claim_id:
+            claim = NodeClaim.objects.filter(pk=row.claim_id).only("name", "phase", "available_at", "node_name",
+                                                                   "host_name").first()
+            row.scheduler_message, row.scheduler_message_at = update["scheduler_message"], now
+            if turned_away_from(row, claim):
+                # Said at once on its pool's page, and decided again within seconds (the watcher's batch): not after
+                # AUTONODES_BIND_GRACE_S of "node ready, binding" on a node that another pod holds.
+                update.update(status=DemandStatus.NEW, claim=None, decided_at=None,
+                              reason=f"its node {claim.node_name or claim.host_name or claim.name} was given to "
+                                     f"other pods (the scheduler: {row.scheduler_message}); deciding again")
+                seen = Seen.TURNED_AWAY
         if update:
             for name, value in update.items():
                 setattr(row, name, value)
             row.save(update_fields=[*update, "updated_at"])
-        return Seen.CHANGED if changed else Seen.SAME
+        return seen
 
 
 def demand_resync(*, tenant_id: int, pods: list[dict]) -> tuple[int, int]:

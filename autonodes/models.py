@@ -23,6 +23,9 @@ class PendingPod(models.Model):
     node_affinity = models.JSONField(default=list, blank=True)
     tolerations = models.JSONField(default=list, blank=True)
     scheduler_message = models.TextField(blank=True)  # the PodScheduled condition's message
+    # When the watcher saw that message change: said after the pod's node was Ready, it tells whether the scheduler
+    # turned the pod away from it (autonodes.demand.turned_away).
+    scheduler_message_at = models.DateTimeField(null=True, blank=True)
     # A gang: the coscheduling PodGroup it belongs to ("ns/name", autonodes.demand.pod_gang) and the group's
     # minMember when the pod says it; its pods are placed all or nothing (autonodes.simulation).
     gang = models.CharField(max_length=317, blank=True)

@@ -156,6 +156,12 @@ class PoolStatus:
     demand_counts: dict[str, int] = field(default_factory=dict)  # PodState.key → pods
     decisions: list[Event] = field(default_factory=list)
     nodes: list[NodeClaim] = field(default_factory=list)  # live claims, each with .usage (or None) and .age_s
+    # Claims being released (drained, erased, checked): listed, as the nodes are, until they are Released.
+    releasing: list[NodeClaim] = field(default_factory=list)
+
+    @property
+    def listed(self) -> list[NodeClaim]:
+        return [*self.nodes, *self.releasing]
     limits: list[LimitUse] = field(default_factory=list)
     disruption: dict = field(default_factory=dict)
     budgets: list[Budget] = field(default_factory=list)
@@ -171,7 +177,9 @@ def pool_status(pool: NodePool, *, now: datetime | None = None, decisions: int =
     ride along), two for a static one, whatever the number of pods and nodes."""
     now = now or timezone.now()
     status = PoolStatus(pool=pool, now=now)
-    status.nodes = _live_claims(pool, now)
+    claims = _live_claims(pool, now)
+    status.nodes = [c for c in claims if c.phase != ClaimPhase.RELEASING]
+    status.releasing = [c for c in claims if c.phase == ClaimPhase.RELEASING]
     if pool.kind != PoolKind.DYNAMIC:
         return status
     status.watch = TenantWatch.objects.filter(tenant_id=pool.tenant_id).first()
@@ -195,7 +203,7 @@ def pool_status(pool: NodePool, *, now: datetime | None = None, decisions: int =
 
 
 def _live_claims(pool: NodePool, now: datetime) -> list[NodeClaim]:
-    claims = list(NodeClaim.objects.filter(pool=pool, phase__in=list(LIVE))
+    claims = list(NodeClaim.objects.filter(pool=pool, phase__in=[*LIVE, ClaimPhase.RELEASING])
                   .select_related("node_type", "host", "usage", "usage__replacement")
                   .defer("requirements", "properties", "host__bmc_username", "host__bmc_password", "host__inventory")
                   .order_by("created_at", "pk"))

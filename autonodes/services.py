@@ -29,6 +29,7 @@ from pools.models import NodePool, NodeType, Tenant
 
 from . import task_names
 from .choices import DecisionReason, DemandStatus, WatchState
+from .demand import SEEN_READY_AFTER, turned_away, turned_away_from
 from .fit import Demand, add_resources, format_quantity, quantities, short_of
 from .live import demand_changed
 from .models import NodeUsage, PendingPod, TenantWatch
@@ -131,7 +132,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
                 claim = open_claims[pod.claim_id]
                 if claim.phase == P.AVAILABLE and claim.available_at and (
                         (claim.available_at < unbound and (pod.decided_at is None or pod.decided_at < unbound))
-                        or _taken(pod, claim, usage.get(claim.pk))):
+                        or _taken(pod, claim, usage.get(claim.pk)) or turned_away_from(pod, claim)):
                     # Its node is Ready and the scheduler still did not place it (it gave the node to other pods,
                     # or could not): look again.
                     undecided.append(pod)
@@ -315,8 +316,10 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
                           taints=tuple(claim.taints or ()), free=free))
 
     quota_left = quota_nodes_left(tenant, claims, dynamic_ids)
+    ready = [c for c in open_claims.values() if c.phase == P.AVAILABLE and c.available_at]
     pods = tuple(PodDemand(key=f"{p.namespace}/{p.name}", demand=_demand(p), owner=p.owner, gang=gang,
-                           min_member=p.gang_min_member) for p, gang in _gangs(undecided, kept))
+                           min_member=p.gang_min_member, not_on=_refused(p, ready))
+                 for p, gang in _gangs(undecided, kept))
     return Problem(pods=pods, pools=tuple(options), nodes=tuple(nodes), overhead=overhead, quota_nodes_left=quota_left)
 
 
@@ -373,6 +376,14 @@ def _taken(pod: PendingPod, claim: NodeClaim, usage: NodeUsage | None) -> bool:
     free = {k: v - overhead.get(k, 0.0) - used.get(k, 0.0)
             for k, v in with_undeclared(quantities(claim.node_type.resources)).items()}
     return bool(short_of(quantities(pod.requests), free))
+
+
+def _refused(pod: PendingPod, ready: list[NodeClaim]) -> frozenset[str]:
+    """The Ready nodes (their claims' names) that the pod's scheduler found without room for it: every node it had
+    seen when it said so. What is known of their use may be older than that."""
+    if pod.scheduler_message_at is None or not turned_away(pod.scheduler_message):
+        return frozenset()
+    return frozenset(c.name for c in ready if c.available_at + SEEN_READY_AFTER <= pod.scheduler_message_at)
 
 
 def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
@@ -455,4 +466,9 @@ def tenants_to_decide() -> list[int]:
              decided_at__lt=unbound)
          | Q(status=DemandStatus.LAUNCHED, claim__phase=P.AVAILABLE,
              claim__usage__checked_at__gt=F("claim__available_at") + TAKEN_AFTER))
-    return sorted(set(PendingPod.objects.filter(q).values_list("tenant_id", flat=True)))
+    tenants = set(PendingPod.objects.filter(q).values_list("tenant_id", flat=True))
+    # Launched pods whose scheduler spoke since their node was Ready: those it turned away (autonodes.demand).
+    spoke = PendingPod.objects.filter(status=DemandStatus.LAUNCHED, claim__phase=P.AVAILABLE,
+                                      scheduler_message_at__gte=F("claim__available_at") + SEEN_READY_AFTER)
+    tenants.update(t for t, message in spoke.values_list("tenant_id", "scheduler_message") if turned_away(message))
+    return sorted(tenants)

@@ -71,6 +71,7 @@ class PodDemand:
     owner: str = ""
     gang: str = ""  # "ns/group": the coscheduling PodGroup it belongs to (all or nothing with the others)
     min_member: int | None = None  # the gang's minMember, when the pod says it
+    not_on: frozenset[str] = frozenset()  # nodes its scheduler found without room for it (their use may look free)
 
 
 @dataclass(frozen=True)
@@ -420,6 +421,8 @@ class _Simulation:
     def place_on_existing(self, pod: PodDemand) -> bool:
         asked = {k for k, v in pod.demand.requests.items() if v > 0}
         for node in self.nodes:
+            if node.name in pod.not_on:
+                continue
             # The extended-resource rule holds here too: a CPU pod does not wait for a GPU server.
             if any(is_extended(k) and k not in asked for k in node.free):
                 continue

@@ -127,7 +127,8 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
             if not claims or no_address.keys() & {c.pk for c in claims}:
                 break
             capacity = node_type_capacity(candidates)
-            if excluded or not any(capacity[t.pk]["available"] for t in candidates):
+            # Held back hosts count: the allocator takes one whose BMC is red last, not never.
+            if excluded or not any(capacity[t.pk]["available"] + capacity[t.pk]["held_back"] for t in candidates):
                 break
             # Hosts that look free but were skipped: other allocations hold them locked. Look again
             # once they commit, so the reason we give is true.

@@ -3,11 +3,16 @@ import django_filters as filters
 from django_filters.fields import MultipleChoiceField
 
 from events.filtersets import BooleanFilter
+from hosts.filtersets import NullsLastOrderingFilter
 
 from .choices import ClaimPhase
 from .models import ClaimGroup, NodeClaim
 
 NOT_RELEASED = "live"  # the claims page's "not released": every phase but Released
+
+# The sortable columns: (field, the name in ?sort=); the claims page's headers sort by these.
+SORT_FIELDS = (("name", "name"), ("tenant__name", "tenant"), ("pool_name", "pool"), ("phase", "phase"),
+               ("node_type__name", "node_type"), ("host_name", "host"), ("created_at", "created"))
 
 
 class OptionalChoicesField(MultipleChoiceField):
@@ -30,10 +35,19 @@ class NodeClaimFilterSet(filters.FilterSet):
     pool = filters.CharFilter(field_name="pool_name", label="Pool")
     node_type = filters.CharFilter(field_name="node_type__name", label="NodeType")
     host = filters.CharFilter(field_name="host_name", label="Host")
+    sort = NullsLastOrderingFilter(fields=SORT_FIELDS, label="Sort",
+                                   help_text="a column (name, tenant, pool, phase, node_type, host, created); "
+                                             "a leading - for descending; newest first when none")
 
     class Meta:
         model = NodeClaim
         fields = {"name": ["exact"]}
+
+    def filter_queryset(self, queryset):
+        queryset = super().filter_queryset(queryset)
+        # A tie keeps the newest first, as the unsorted list has it.
+        return queryset.order_by(*queryset.query.order_by, "-created_at", "-pk") if queryset.query.order_by \
+            else queryset
 
     def filter_phase(self, queryset, name, value):
         phases = set(value)

@@ -2,6 +2,7 @@
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from core.crypto import EncryptedTextField
 from core.labels import validate_labels, validate_taints
 from pools.validators import check_taints, collect, validate_string_map
 
@@ -145,3 +146,26 @@ class AddressAllocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.address} ({self.claim_name})"
+
+
+class JoinToken(models.Model):
+    """A bootstrap token the console made in a tenant's API for a person's "Join Node…" (the claims' own tokens
+    live on their claims). Its secret is kept, encrypted, so that the same person's next click shows the same
+    live token again rather than minting another; revoking deletes it in the tenant API."""
+
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.CASCADE, related_name="join_tokens")
+    token_id = models.CharField(max_length=6)
+    secret = EncryptedTextField()
+    made_for = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    made_for_name = models.CharField(max_length=150, help_text="the username, kept when the user goes")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True, help_text="when the console first saw a node use it")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name}/{self.token_id}"

@@ -80,6 +80,7 @@ class Timeline:
     running: StepBar | None = None
     attempts: list[Attempt] = field(default_factory=list)
     step: dict = field(default_factory=dict)  # the running step as its host's flow has it (hosts.engine)
+    boot_skipped: bool = False  # no power-on or network boot: the server was already on (boot_skipped)
 
 
 def _allocations(claim: NodeClaim, now: datetime) -> tuple[list[StepBar], list[str]]:
@@ -188,6 +189,7 @@ def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline
         timeline.total_s = span
     timeline.attempts = _attempts(claim, bars, ended, last_attempt)
     timeline.seed = seed_summary(bars, last_attempt)
+    timeline.boot_skipped = boot_skipped(bars, last_attempt)
     return timeline
 
 
@@ -215,18 +217,29 @@ def _attempts(claim: NodeClaim, bars: list[StepBar], ended: list[str], last: int
     return attempts
 
 
+BOOT_STEPS = {"power_on_pxe", "agent_lookup", "inspect"}
+
+
+def boot_skipped(bars: list[StepBar], last_attempt: int = 1) -> bool:
+    """The attempt's server was already on in the agent's ramdisk (a warm host: hosts/flows/warm.py): its provision
+    wrote the image with no power-on, network boot or lookup. Those steps leave no trace then."""
+    steps = {b.name for b in bars if b.flow == "provision" and b.attempt == last_attempt}
+    return bool(steps) and not steps & BOOT_STEPS and bool(steps & {"write_image", "write_seed"})
+
+
 def seed_summary(bars: list[StepBar], last_attempt: int = 1) -> list[dict]:
     """The seed's six steps with the time each took for this claim (its provisioning only): the waits for a
     host (every attempt's) as step 1, the steps of the current attempt as steps 2-6, and the time the claim
     spent on hosts that failed it, when any, as a row of its own."""
     provision = [b for b in bars if b.flow in ("provision", "claim")]
     total = sum(b.duration_s or 0 for b in provision) or 0.0
+    skipped = boot_skipped(bars, last_attempt)
     rows = []
     for number, what, expectation, steps in SEED_STEPS:
         counted = [b for b in provision if b.name in steps and (b.name == ALLOCATE or b.attempt == last_attempt)]
         spent = sum(b.duration_s or 0 for b in counted)
         rows.append({"number": number, "what": what, "expectation": expectation, "steps": steps,
-                     "seconds": spent if counted else None,
+                     "seconds": spent if counted else None, "skipped": skipped and set(steps) <= BOOT_STEPS,
                      "share": round(100 * spent / total, 1) if total else 0})
     earlier = [b for b in provision if b.name != ALLOCATE and b.attempt < last_attempt]
     if earlier:
@@ -245,15 +258,17 @@ def claims_rows_queryset(qs):
 
 
 def with_progress(claims: list[NodeClaim]) -> list[NodeClaim]:
-    """Each provisioning claim's current step and image write % (one query for all)."""
-    host_ids = [c.host_id for c in claims if c.host_id and c.phase == ClaimPhase.PROVISIONING]
+    """Each provisioning or releasing claim's current agent step and its progress (an image write, an erase), one
+    query for all."""
+    followed = (ClaimPhase.PROVISIONING, ClaimPhase.RELEASING)
+    host_ids = [c.host_id for c in claims if c.host_id and c.phase in followed]
     progress = {}
     if host_ids:
         for cmd in (HostCommand.objects.filter(host_id__in=host_ids, status__in=["queued", "sent"])
                     .order_by("host_id", "-pk").values("host_id", "step", "progress")):
             progress.setdefault(cmd["host_id"], cmd)
     for claim in claims:
-        cmd = progress.get(claim.host_id) if claim.phase == ClaimPhase.PROVISIONING else None
+        cmd = progress.get(claim.host_id) if claim.phase in followed else None
         claim.current_step = cmd["step"] if cmd else ""
         claim.progress = round(cmd["progress"], 1) if cmd and cmd["progress"] is not None else None
     return claims

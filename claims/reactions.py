@@ -11,6 +11,7 @@ from .allocation import allocate_soon
 from .choices import ClaimPhase as P
 from .models import NodeClaim
 from .phases import claim_host_lost, claims_transition
+from .restore import claims_adopted
 
 ANY = "*"
 
@@ -68,6 +69,30 @@ def claim_released(moved: HostsMoved) -> None:
             task_send_on_commit(task_names.REVOKE_JOIN_TOKEN, claim_id=claim.pk, token_id=token_id)
 
 
+def claim_found_running(moved: HostsMoved) -> None:
+    """The world reconcile after a restore found the host serving its claim's node (claims/restore.py)."""
+    claims_adopted(host_ids=moved.host_ids, actor=moved.actor, reason=moved.reason)
+
+
+def claim_lost_after_restore(moved: HostsMoved) -> None:
+    """The world reconcile found the host not serving its claim's node (released through the gate, or in maintenance
+    with another node): the claim takes another host, without spending a try. A release goes on."""
+    for claim in _claims(moved):
+        if claim.phase in (P.RELEASED, P.RELEASING):
+            continue
+        reason = f"host {moved.names[claim.host_id]}: {moved.reason}"
+        if claim.phase == P.AVAILABLE:  # its node is gone: Failed on the way back to Pending (the phases' table)
+            claims_transition(claims=[claim], to_phase=P.FAILED, actor=moved.actor, reason="NodeNotFound",
+                              message=reason)
+            claim.phase = P.FAILED
+        claim_host_lost(claim=claim, reason=reason, actor=moved.actor, counted=False)
+
+
+def claim_kept_while_held(moved: HostsMoved) -> None:
+    """Held after a restore (hosts/restore.py): the claim stays as the database says until the world reconcile read
+    the host; what it finds decides (the reactions to moves out of held, below)."""
+
+
 def host_freed(moved: HostsMoved) -> None:
     allocate_soon()
 
@@ -82,6 +107,14 @@ REACTIONS: dict[tuple[str, str], list] = {
     (S.DEPROVISIONING, S.AVAILABLE): [claim_released],
     (S.DEPROVISIONING, S.REPAIR): [claim_released],
     (S.DEPROVISIONING, S.ERROR): [claim_released],
+    # After a restore (hosts/restore.py): held, the claim waits; then what the world reconcile found.
+    (S.PROVISIONING, S.HELD): [claim_kept_while_held],
+    (S.PROVISIONED, S.HELD): [claim_kept_while_held],
+    (S.DEPROVISIONING, S.HELD): [claim_kept_while_held],
+    (S.HELD, S.PROVISIONED): [claim_found_running],
+    (S.HELD, S.DEPROVISIONING): [claim_lost_after_restore],
+    (S.HELD, S.MAINTENANCE): [claim_lost_after_restore],
+    (S.HELD, S.ERROR): [claim_lost_after_restore],
     (ANY, S.AVAILABLE): [host_freed],
 }
 

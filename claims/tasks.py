@@ -1,14 +1,19 @@
 """Celery tasks for claims: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
+from hosts.restore import world_check
+
 from . import ipam, steps, task_names
 from .allocation import allocate_soon
 from .reconcile import claim_group_place_again, pools_reconcile
+from .restore import world_reconcile as reconcile_with_world
 from .tenant_api import TenantAPIError
 
 
 @shared_task(name=task_names.RECONCILE_POOLS)
 def reconcile_pools(pool_ids: list[int] | None = None) -> dict:
+    if not world_check():  # after a restore no claim takes a host before the world reconcile read the hosts
+        return {}
     result = pools_reconcile(pool_ids=pool_ids)
     return {"created": len(result.created), "released": len(result.released), "allocated": len(result.allocated)}
 
@@ -33,3 +38,12 @@ def free_leaked_addresses() -> dict:
     if freed:
         allocate_soon()
     return {"freed": freed}
+
+
+# After a restore (hosts/restore.py), and at every worker's start: held hosts go where their real state says; the
+# archived erase certificates the database lacks are re-imported. Idempotent; what stays held is asked again later.
+@shared_task(name=task_names.WORLD_RECONCILE)
+def world_reconcile(reimport: bool = True) -> dict:
+    result = reconcile_with_world(reimport=reimport)
+    return {"restored": result.restored, "decided": len(result.decisions) - result.held_left,
+            "held": result.held_left, "reimported": result.reimported, "refused": len(result.refused)}

@@ -34,6 +34,7 @@ TOKEN_RE = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
 BOOTSTRAP_NAMESPACE = "kube-system"
 BOOTSTRAP_SECRET_TYPE = "bootstrap.kubernetes.io/token"
 BOOTSTRAP_GROUPS = "system:bootstrappers:kubeadm:default-node-token"
+BOOTSTRAP_USER_PREFIX = "system:bootstrap:"  # a bootstrap token's identity: this and its id
 # What this console set on a node last time, so the next call replaces only its own labels and taints.
 MANAGED_LABELS = "vmetal.dev/managed-labels"
 MANAGED_TAINTS = "vmetal.dev/managed-taints"
@@ -298,6 +299,20 @@ class TenantAPI:
                                  f"bootstrap-token-{token_id}", BOOTSTRAP_NAMESPACE, tolerate=(404,))
         return deleted is not None
 
+    def bootstrap_tokens_used(self) -> set[str]:
+        """The ids of the bootstrap tokens a kubelet has joined with: the CertificateSigningRequests of its TLS
+        bootstrap name the token's identity (spec.username system:bootstrap:<id>), as long as the API keeps them
+        (kube-controller-manager cleans up CSRs after a day or so)."""
+        with self._client() as api:
+            found = self._call("list certificate signing requests",
+                               client.CertificatesV1Api(api).list_certificate_signing_request)
+        used = set()
+        for csr in getattr(found, "items", None) or []:
+            username = (csr.spec.username or "") if csr.spec else ""
+            if username.startswith(BOOTSTRAP_USER_PREFIX):
+                used.add(username.removeprefix(BOOTSTRAP_USER_PREFIX))
+        return used
+
     def ca_data(self) -> str | None:
         """The cluster CA as the kubeconfig holds it (base64 PEM, whitespace removed), checked to be a certificate;
         None when the kubeconfig has none."""
@@ -495,6 +510,19 @@ class TenantAPI:
         with self._client() as api:
             return self._call(f"delete node {node_name}", client.CoreV1Api(api).delete_node, node_name,
                               tolerate=(404,)) is not None
+
+    def list_nodes(self) -> dict[str, dict]:
+        """Every node of the tenant: its name → its labels (what the world reconcile after a restore reads)."""
+        import json
+
+        with self._client() as api:
+            response = self._call("list nodes", client.CoreV1Api(api).list_node, _preload_content=False)
+            try:
+                items = json.loads(response.data).get("items") or []
+                return {item["metadata"]["name"]: dict(item["metadata"].get("labels") or {}) for item in items}
+            except (ValueError, AttributeError, KeyError, TypeError) as exc:
+                raise TenantAPIError(f"list nodes: tenant API answered something that is not a node list: "
+                                     f"{type(exc).__name__}") from None
 
     def list_node_pods(self) -> list[dict]:
         """Every pod bound to a node and not finished (Succeeded or Failed), as dicts: one list call for the whole

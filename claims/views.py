@@ -1,13 +1,14 @@
 """Claim pages: the list with phases, one claim's step timeline, and the fleet's timings."""
 from django.core.paginator import Paginator
+from django.db.models import Value
 from django.http import Http404
 
 from claims.selectors import claims_visible
-from core.views import STAFF, console_view, list_filter, page, paging_query
+from core.views import STAFF, console_view, list_filter, page, paging_query, sort_headers
 from events.choices import ObjectType
 from events.selectors import events_visible
 from events.views import live_cursor
-from pools.models import Tenant
+from pools.models import NodePool, NodeType, Tenant
 from pools.selectors import tenants_visible
 
 from . import charts, presenters
@@ -16,22 +17,49 @@ from .filtersets import NodeClaimFilterSet
 from .models import NodeClaim
 
 
+def filter_options(user) -> tuple[list[str], list[str], list[str]]:
+    """The filters' options, in one query however many claims and pools: the user's tenants, their pools' names,
+    the NodeTypes."""
+    visible = tenants_visible(user, Tenant.objects.all()).order_by()
+    rows = visible.annotate(k=Value("t")).values_list("k", "name").union(
+        NodePool.objects.filter(tenant__in=visible.values("pk")).order_by().annotate(k=Value("p"))
+        .values_list("k", "name"),
+        NodeType.objects.order_by().annotate(k=Value("n")).values_list("k", "name"), all=True)
+    found = {"t": set(), "p": set(), "n": set()}
+    for kind, name in rows:
+        found[kind].add(name)
+    return sorted(found["t"]), sorted(found["p"]), sorted(found["n"])
+
+
+def claim_columns(show_tenant: bool) -> tuple:
+    """The claims list's columns: (label, the name ?sort= knows it by, or "" for none)."""
+    return ((("Claim", "name"),), *(((("Tenant", "tenant"),),) if show_tenant else ()), (("Pool", "pool"),),
+            (("Phase", "phase"),), (("NodeType", "node_type"),), (("Host", "host"), ("node", "")),
+            (("Progress", ""),), (("Message", ""),), (("Created", "created"),))
+
+
 @console_view()
 def claim_list(request):
     """Claims in the user's scope, newest first, filtered as /api/v1/claims/ is (phase, tenant, name...);
     rows update live."""
     cursor = live_cursor()
     filters = list_filter(request, NodeClaimFilterSet, claims_visible(request.user))
-    pager = Paginator(presenters.claims_rows_queryset(filters.qs).order_by("-created_at", "-pk"), 50)
+    rows_qs = presenters.claims_rows_queryset(filters.qs)
+    if not filters.qs.query.order_by:  # no ?sort=: newest first
+        rows_qs = rows_qs.order_by("-created_at", "-pk")
+    pager = Paginator(rows_qs, 50)
     current = pager.get_page(request.GET.get("page"))
     rows = presenters.with_progress(list(current.object_list))
-    tenants = list(tenants_visible(request.user, Tenant.objects.all()).values_list("name", flat=True))
+    tenants, pools, node_types = filter_options(request.user)
     # All-or-nothing groups with a member not released, each shown once as a unit above the claims (live too).
     groups = presenters.live_claim_groups(request.user)
     return page(request, "claims/claim_list.html", {"groups": groups,
         "cursor": cursor, "page_obj": current, "rows": rows, "filters": filters, "phases": ClaimPhase.choices,
         "phase": request.GET.get("phase", ""), "tenant": request.GET.get("tenant", ""),
         "q": request.GET.get("q", ""), "tenants": tenants, "show_tenant": len(tenants) != 1,
+        "pools": pools, "node_types": node_types, "pool": request.GET.get("pool", ""),
+        "node_type": request.GET.get("node_type", ""), "sort": request.GET.get("sort", ""),
+        "columns": sort_headers(request.GET, claim_columns(len(tenants) != 1)),
         "paging_query": paging_query(request), "ws_url": f"/ws/claims/?{request.GET.urlencode()}", "nav": "claims"})
 
 

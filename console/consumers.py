@@ -3,12 +3,17 @@ of one pool's page (Auto Nodes: demand, decisions, nodes and their use)."""
 import time
 
 from autonodes.selectors import demand_signature
+from claims.choices import ClaimPhase
 from claims.lifecycle import LIVE
 from claims.models import NodeClaim
 from core.live_views import RESYNC, Need
 from hosts.consumers import HostAwareConsumer
 from pools.models import NodePool
 from pools.selectors import pools_visible, tenants_visible
+
+
+# The claims whose hosts a tenant's or a pool's page follows: every claim it lists (all but the Released).
+FOLLOWED = [*LIVE, ClaimPhase.RELEASING]
 
 
 class TenantConsumer(HostAwareConsumer):
@@ -22,7 +27,8 @@ class TenantConsumer(HostAwareConsumer):
 
     def wanted_groups(self) -> set[str]:
         # Image write progress is published to each host's group: follow the hosts of the live claims.
-        self.host_ids = set(NodeClaim.objects.filter(tenant_id=self.tenant_id, phase__in=list(LIVE),
+        # Releasing claims' too: their drain, erase and checks show until they are Released.
+        self.host_ids = set(NodeClaim.objects.filter(tenant_id=self.tenant_id, phase__in=FOLLOWED,
                                                      host__isnull=False).values_list("host_id", flat=True)[:500])
         return {f"tenant-{self.tenant_id}", *(f"host-{h}" for h in self.host_ids)}
 
@@ -80,7 +86,7 @@ class PoolConsumer(HostAwareConsumer):
         return True
 
     def wanted_groups(self) -> set[str]:
-        self.host_ids = set(NodeClaim.objects.filter(pool_id=self.pool_id, phase__in=list(LIVE),
+        self.host_ids = set(NodeClaim.objects.filter(pool_id=self.pool_id, phase__in=FOLLOWED,
                                                      host__isnull=False).values_list("host_id", flat=True)[:500])
         return {f"tenant-{self.tenant_id}", *(f"host-{h}" for h in self.host_ids)}
 

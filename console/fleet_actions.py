@@ -3,7 +3,8 @@ through the same service the host page uses) and the CSV export of the board's c
 import csv
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.http import (
     Http404,
     HttpResponseBadRequest,
@@ -15,16 +16,21 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from access.sessions import fresh_sign_in_refusal
 from claims.lifecycle import LIVE
 from claims.phases import claims_release
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, list_filter, page
+from events.choices import ObjectType
+from events.services import object_update
 from hosts import presenters, services
 from hosts.filtersets import HostFilterSet
 from hosts.lifecycle import ConcurrentTransition, IllegalTransition
 from hosts.models import BareMetalHost
 from hosts.views import ACTIONS, action_run
+
+from . import forms
 
 # What the board's selection may do, in the order its menu shows them. Release is the claim's (claims.phases):
 # the host page has no such action, a host serving a tenant is freed by releasing its claim.
@@ -32,11 +38,13 @@ BULK_ACTIONS = tuple(slug for slug, _ in presenters.BULK_ACTIONS)
 RELEASE = ("Release", ("Release the claims these hosts serve: each node is drained and deleted from its tenant's "
                        "cluster, the host is erased and checked, then returns to the pool. The pools ask for new "
                        "nodes at the next reconcile unless their quantity is lowered."))
+EDIT = ("Edit", "Set the BMC credentials or labels of each selected host, checked and saved host by host (the same "
+                "checks as one host's edit, apply and the API); the credentials are never shown back.")
 BULK_LIMIT = 500  # hosts per request: the largest page (200) with room to spare
 
 
 def bulk_label(action: str) -> tuple[str, str]:
-    return RELEASE if action == "release" else ACTIONS[action]
+    return {"release": RELEASE, "edit": EDIT}.get(action) or ACTIONS[action]
 
 
 def _fleet_url(query: str) -> str:
@@ -56,14 +64,26 @@ def _release_refusal(host: BareMetalHost) -> str:
 
 def _refusal(host: BareMetalHost, action: str) -> str:
     """What the confirmation can tell before anything runs (the services check again, under their locks)."""
+    if action == "edit":
+        return ""  # checked host by host when saved
     if action == "release":
         return _release_refusal(host)
     if action in services.POWER_STEPS:
         why = services.power_cycle_refusal(host.state)
         return f"{host.name}: {why}" if why else ""
-    if action not in {a["slug"] for a in presenters.host_actions(host)}:
-        return f"{host.name} is {host.get_state_display().lower()}: {ACTIONS[action][0].lower()} does not apply"
-    return ""
+    return presenters.action_refusal(host, action)
+
+
+def _edit(host: BareMetalHost, form: forms.HostBulkEditForm, who: str) -> None:
+    """One host of a bulk edit: checked by BareMetalHost.clean() and saved with its Event (credentials masked)."""
+    with transaction.atomic():
+        fresh = BareMetalHost.objects.select_for_update(of=("self",)).get(pk=host.pk)
+        try:
+            object_update(fresh, form.values_for(fresh), actor=who, object_type=ObjectType.HOST, self_link="host")
+        except ValidationError as exc:
+            words = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()) \
+                if hasattr(exc, "error_dict") else " ".join(exc.messages)
+            raise IllegalTransition(f"{host.name}: {words}") from None
 
 
 def _run(host: BareMetalHost, action: str, who: str, reason: str) -> str:
@@ -76,7 +96,7 @@ def _run(host: BareMetalHost, action: str, who: str, reason: str) -> str:
     return f"Release: {host.claim.name} released, {host.name} is drained and cleaned"
 
 
-@console_view(scoping.ADMIN)
+@console_view(scoping.ADMIN, scoping.OPERATOR)
 @require_http_methods(["GET", "POST"])
 def fleet_bulk(request):
     """GET: the confirmation for the selected hosts (`host`, repeated) and `action`, with what will be refused;
@@ -86,6 +106,8 @@ def fleet_bulk(request):
     action = data.get("action", "")
     if action not in BULK_ACTIONS:
         raise Http404("no such action")
+    if action in presenters.ADMIN_ONLY_ACTIONS and not scoping.is_admin(request.user):
+        raise PermissionDenied(f"{bulk_label(action)[0]} is the platform admin's")
     names = list(dict.fromkeys(n for n in data.getlist("host") if n and "\x00" not in n))
     back = data.get("next", "")
     if "\x00" in back:
@@ -98,14 +120,24 @@ def fleet_bulk(request):
     hosts = list(BareMetalHost.objects.defer(*presenters.SECRETS).select_related("claim__tenant")
                  .filter(name__in=names).order_by("name"))
     label, warning = bulk_label(action)
-    if request.method == "GET":
+    # Powering hosts off, deleting them and releasing their claims are destructive: they want a recent sign-in.
+    danger = action in presenters.DANGEROUS_ACTIONS or action == "release"
+    fresh_refusal = fresh_sign_in_refusal(request) if danger else ""
+    edit_form = None
+    if action == "edit":
+        edit_form = forms.HostBulkEditForm(request.POST if request.method == "POST" else None)
+    if request.method == "GET" or (edit_form is not None and not edit_form.is_valid()):
         rows = [{"host": h, "refusal": _refusal(h, action)} for h in hosts]
         return page(request, "hosts/confirm_bulk.html", {
             "action": action, "label": label, "warning": warning.format(host="each selected host"), "rows": rows,
             "will_run": sum(1 for r in rows if not r["refusal"]),
             "missing": sorted(set(names) - {h.name for h in hosts}),
-            "danger": action in presenters.DANGEROUS_ACTIONS or action == "release", "next": back,
-            "fleet_url": _fleet_url(back), "nav": "fleet"})
+            "danger": danger, "next": back, "fresh_refusal": fresh_refusal, "fresh_next": request.get_full_path(),
+            "fleet_url": _fleet_url(back), "nav": "fleet", "edit_form": edit_form},
+            status=200 if request.method == "GET" else 400)
+    if fresh_refusal:
+        messages.error(request, f"{label}: {fresh_refusal}; nothing was done")
+        return redirect(_fleet_url(back))
     who = actor(request)
     reason = data.get("reason", "").strip()[:500]
     if "\x00" in reason:
@@ -113,7 +145,10 @@ def fleet_bulk(request):
     done, refused = [], []
     for host in hosts:  # each on its own: one refusal does not undo the others
         try:
-            _run(host, action, who, reason)
+            if edit_form is not None:
+                _edit(host, edit_form, who)
+            else:
+                _run(host, action, who, reason)
         except (IllegalTransition, ConcurrentTransition) as exc:
             refused.append(f"{label}: {exc}")
         else:

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from core.limits import node_count_error
 from events.choices import ObjectType
 from events.services import object_update
+from hosts.models import BareMetalHost
 from manifests.source import ManifestError, load_value
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
 
@@ -54,6 +55,16 @@ class RecordedForm(forms.ModelForm):
     changed, and recorded with the user as the actor)."""
 
     object_type = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A select's empty choice says what it means ("none"), not Django's "---------".
+        for field in self.fields.values():
+            if isinstance(field, forms.ModelChoiceField):
+                if field.empty_label is not None:
+                    field.empty_label = "none"
+            elif isinstance(field, forms.ChoiceField):
+                field.choices = [(value, "none" if label == "---------" else label) for value, label in field.choices]
 
     def save_as(self, actor: str):
         model = self._meta.model
@@ -133,6 +144,15 @@ class NodeTypeForm(RecordedForm):
         super().__init__(*args, **kwargs)
         for name in ("warm_hosts", "warm_idle_minutes"):  # left empty: as it is (a new type: the default)
             self.fields[name].required = False
+        # An empty cost is computed from the resources (NodeType.effective_cost), as the list shows it: say so.
+        cost = self.fields["cost"]
+        cost.help_text = "empty: computed from the resources, as vCluster does (10 per CPU, 2 per GB of memory, " \
+                         "10000 per other resource)"
+        if self.instance.pk and self.instance.cost is None:
+            computed = self.instance.effective_cost()
+            cost.widget.attrs["placeholder"] = f"{computed} (computed)"
+            cost.help_text = f"empty: computed from the resources, now {computed} " \
+                             "(10 per CPU, 2 per GB of memory, 10000 per other resource)"
 
     def _kept(self, name: str):
         value = self.cleaned_data.get(name)
@@ -157,6 +177,10 @@ class NodeEnvironmentForm(RecordedForm):
     class Meta:
         model = NodeEnvironment
         fields = ["name", "namespace", "display_name", "provider", "tenant", "properties"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].empty_label = "shared (every tenant)"  # as the list says it
 
     def links(self, obj) -> dict:
         return {"tenant": self.cleaned_data.get("tenant")}
@@ -236,3 +260,84 @@ class ApplyForm(forms.Form):
         if not (data.get("text") or "").strip() and not self.errors:
             self.add_error("text", "paste YAML or upload a file")
         return data
+
+
+# --- a host's BMC, boot MAC and labels (console.host_pages) ----------------------------------------------------
+
+# A credential's box: never filled from the server (render_value=False), never offered by the browser's autofill.
+SECRET_INPUT = forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
+
+
+def credential_fields(*, keep: str) -> tuple[forms.CharField, forms.CharField]:
+    """A host's BMC username and password as a form asks for them: never shown back, empty keeps them."""
+    return (forms.CharField(label="BMC username", required=False, max_length=255,
+                            widget=forms.TextInput(attrs={"autocomplete": "off"}),
+                            help_text=f"never shown; leave empty to keep {keep}"),
+            forms.CharField(label="BMC password", required=False, max_length=255, strip=False, widget=SECRET_INPUT,
+                            help_text=f"never shown; leave empty to keep {keep}"))
+
+
+class HostEditForm(RecordedForm):
+    """What a person fixes on a registered host: its BMC address, credentials and TLS setting, its boot MAC, its
+    labels. Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
+    Event masks the credentials). The credentials are never shown back: left empty, they stay as they are."""
+
+    object_type = ObjectType.HOST
+    labels = YAMLField(help_text="string map, e.g. role: gpu, rack: r1")
+    bmc_username, bmc_password = credential_fields(keep="the current one")
+
+    class Meta:
+        model = BareMetalHost
+        fields = ["bmc_address", "bmc_disable_certificate_verification", "bmc_username", "bmc_password", "boot_mac",
+                  "labels"]
+        labels = {"bmc_address": "BMC address", "bmc_disable_certificate_verification": "Skip TLS verification",
+                  "boot_mac": "Boot MAC"}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("bmc_username", "bmc_password"):  # never sent to the browser, not even the username
+            self.initial[name] = ""
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in ("bmc_username", "bmc_password"):
+            if not cleaned.get(name):
+                cleaned.pop(name, None)  # empty: kept as it is
+        if "\x00" in (cleaned.get("bmc_password") or "") + (cleaned.get("bmc_username") or ""):
+            raise ValidationError("a NUL character is not allowed in the credentials")
+        return cleaned
+
+    def links(self, obj) -> dict:
+        return {"self_link": "host"}
+
+
+class HostBulkEditForm(forms.Form):
+    """What the fleet board's selection may change on every selected host at once: the BMC credentials (one
+    account on every BMC) and labels set or removed. Each host is then checked and saved on its own (the same
+    checks as one host's edit)."""
+
+    bmc_username, bmc_password = credential_fields(keep="each host's own")
+    labels_set = YAMLField(label="Labels to set", help_text="string map, e.g. rack: r7")
+    labels_remove = forms.CharField(label="Labels to remove", required=False, max_length=2000,
+                                    help_text="label keys, separated by commas or spaces")
+
+    def clean(self):
+        cleaned = super().clean()
+        cleaned["labels_remove"] = sorted(set((cleaned.get("labels_remove") or "").replace(",", " ").split()))
+        for name in ("bmc_username", "bmc_password", "labels_remove"):
+            if "\x00" in str(cleaned.get(name) or ""):
+                raise ValidationError("a NUL character is not allowed")
+        if not (cleaned.get("bmc_username") or cleaned.get("bmc_password") or cleaned.get("labels_set")
+                or cleaned.get("labels_remove")):
+            raise ValidationError("say what to change: credentials, labels to set or labels to remove")
+        return cleaned
+
+    def values_for(self, host: BareMetalHost) -> dict:
+        """The values this edit gives one host."""
+        values = {name: self.cleaned_data[name] for name in ("bmc_username", "bmc_password")
+                  if self.cleaned_data.get(name)}
+        if self.cleaned_data.get("labels_set") or self.cleaned_data.get("labels_remove"):
+            labels = {k: v for k, v in (host.labels or {}).items() if k not in self.cleaned_data["labels_remove"]}
+            labels.update(self.cleaned_data.get("labels_set") or {})
+            values["labels"] = labels
+        return values

@@ -11,6 +11,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from access.sessions import fresh_sign_in_refusal
 from autonodes.selectors import pool_status
 from claims import presenters as claim_presenters
 from claims.choices import ClaimPhase
@@ -24,7 +25,7 @@ from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
-from hosts.capacity import node_type_capacity
+from hosts.capacity import capacity_columns, node_type_capacity
 from hosts.models import BareMetalHost
 from hosts.preflight import environment_hosts_q, preflight_summary
 from manifests.apply import Fields, apply_files
@@ -147,7 +148,7 @@ def pool_context(user, pool: NodePool) -> dict:
     """A pool's page: for a dynamic pool its watcher, demand, decisions, nodes, limits and budgets
     (autonodes.selectors.pool_status); for a static one its quantity and live claims. A fixed number of queries."""
     status = pool_status(pool)
-    claim_presenters.with_progress(status.nodes)
+    claim_presenters.with_progress(status.listed)
     live = NodeClaim.objects.filter(pool=pool, group__isnull=False).exclude(phase=ClaimPhase.RELEASED)
     groups = claim_presenters.claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
                                                 .order_by("created_at", "pk"))
@@ -173,7 +174,7 @@ def pool_quantity(request, name: str, pool: str):
     tenant = tenant_for(request.user, name)
     if not scoping.may_change_tenant(request.user, tenant):
         raise Http404("no such tenant") if not scoping.may_see_tenant(request.user, tenant) else \
-            _forbidden("auditors see tenants but change nothing")
+            _forbidden("your role reads this tenant but changes nothing")
     target = get_object_or_404(NodePool, tenant=tenant, name=pool)
     form = forms.QuantityForm(request.POST)
     saved = None
@@ -219,32 +220,35 @@ def _forbidden(message: str):
 @console_view()
 @require_POST
 def join_command(request, name: str):
-    """'Join Node…': a bootstrap token from the tenant's API and the command that joins a machine by hand.
-    Network I/O on an explicit POST, outside any transaction; the token shows in this response only."""
+    """'Join Node…': the command that joins a machine by hand, with the person's live join token for the tenant
+    or, when none, a new one from the tenant's API (claims.join_tokens). Network I/O on an explicit POST, outside
+    any transaction; the token shows in this response only, and showing it is on the record."""
     tenant = tenant_for(request.user, name)
     if not scoping.may_change_tenant(request.user, tenant):
-        _forbidden("auditors see tenants but change nothing")
+        _forbidden("your role reads this tenant but changes nothing")
     result = {"tenant": tenant}
-    if not tenant.kubeconfig:
+    fresh_refusal = fresh_sign_in_refusal(request)  # a join command holds a secret: a recent sign-in shows one
+    if fresh_refusal:
+        result.update(fresh_refusal=fresh_refusal, fresh_next=reverse("tenant", args=[tenant.name]),
+                      error=f"No join command yet: {fresh_refusal}.")
+    elif not tenant.kubeconfig:
         result["error"] = (f"Tenant {tenant.name} has no API credentials (kubeconfig) yet, so no join token can be "
                            "made. A platform admin adds them on the tenant's edit page or with apply.")
     else:
-        from claims.tenant_api import TenantAPI, TenantAPIError
+        from claims.join_tokens import join_command_shown, join_token_for, tenant_api
+        from claims.tenant_api import TenantAPIError
 
         try:
-            api = TenantAPI(tenant.kubeconfig, timeout=settings.TENANT_API_TIMEOUT_S)
+            api = tenant_api(tenant)
             refusal = api.join_refusal(tenant.join_mode)
             if refusal:  # asked before a token is made: a refused join leaves no token behind
                 result["error"] = f"No join command for tenant {tenant.name}: {refusal}."
             else:
-                token = api.create_bootstrap_token(ttl_s=settings.BOOTSTRAP_TOKEN_TTL_S,
-                                                   description=f"manual join by {request.user.get_username()}")
+                token, reused = join_token_for(api, tenant, request.user, actor(request))
                 endpoint = tenant.api_endpoint or api.server.split("://", 1)[-1]
                 result["command"], result["note"] = api.join(tenant.join_mode, endpoint, token.token)
-                result["expires_at"] = token.expires_at
-                event_record(kind=EventKind.ACTION, object_type=ObjectType.TENANT, object_name=tenant.name,
-                             tenant=tenant, actor=actor(request),
-                             message=f"join token {token.id} created for a manual node")
+                result["expires_at"], result["reused"], result["token_id"] = token.expires_at, reused, token.id
+                join_command_shown(tenant, token.id, reused=reused, actor=actor(request))
         except (TenantAPIError, ValueError) as exc:
             result["error"] = f"The tenant API did not give a join token: {exc}"
     if is_htmx(request):
@@ -253,6 +257,42 @@ def join_command(request, name: str):
     return page(request, "pools/tenant.html", {"cursor": live_cursor(), **context, "join": result, "nav": "tenants",
                                                "ws_url": f"/ws/tenants/{tenant.pk}/"},
                 status=200 if "command" in result else 400)
+
+
+@console_view()
+def join_tokens(request, name: str):
+    """The tenant's join tokens the console made for people, with whether a node used them (asked of the
+    tenant's API with the short check timeout, when the page asks)."""
+    from claims.join_tokens import join_tokens_of, join_tokens_use_refresh
+
+    tenant = tenant_for(request.user, name)
+    tokens = join_tokens_of(tenant)
+    problem = join_tokens_use_refresh(tenant, tokens)
+    return HttpResponse(render_to_string("pools/partials/join_tokens.html", {
+        "tenant": tenant, "join_tokens": tokens, "join_tokens_problem": problem,
+        "may_change": scoping.may_change_tenant(request.user, tenant)}, request=request))
+
+
+@console_view()
+@require_POST
+def join_token_revoke(request, name: str, pk: int):
+    """Revoke one of the tenant's join tokens: deleted in the tenant's API first; a refusal there changes nothing."""
+    from claims.join_tokens import join_token_revoke_manual
+    from claims.models import JoinToken
+    from claims.tenant_api import TenantAPIError
+
+    tenant = tenant_for(request.user, name)
+    if not scoping.may_change_tenant(request.user, tenant):
+        _forbidden("auditors see tenants but change nothing")
+    token = get_object_or_404(JoinToken.objects.select_related("tenant"), tenant=tenant, pk=pk,
+                              revoked_at__isnull=True)
+    try:
+        join_token_revoke_manual(token, actor(request))
+    except (TenantAPIError, ValueError) as exc:
+        messages.error(request, f"join token {token.token_id} not revoked: {exc}")
+    else:
+        messages.success(request, f"join token {token.token_id} revoked")
+    return redirect("tenant", name=tenant.name)
 
 
 # --- lists and forms of the catalogue -----------------------------------------------------------------
@@ -285,11 +325,11 @@ def node_type_list(request):
     types = list(filters.qs)
     capacity = node_type_capacity(types)
     for t in types:
-        t.capacity = capacity.get(t.pk, {"total": 0, "available": 0, "provisioned": 0})
+        t.capacity = capacity[t.pk]
         t.cost_shown = t.effective_cost()
         t.verify_shown = "every byte" if t.erase_verify_full else f"{t.erase_verify_share * 100:g}% sampled"
     return page(request, "pools/node_type_list.html", {"cursor": live_cursor(), "live_topic": "/ws/lists/catalogue/", "objects": types, "filters": filters, "kind": "node-types",
-                                                        **_kind("node-types")})
+                                                        "capacity_columns": capacity_columns(), **_kind("node-types")})
 
 
 @console_view(*STAFF)
@@ -333,25 +373,39 @@ def tenant_list(request):
 def _kind(kind: str) -> dict:
     spec = KINDS[kind]
     return {"title": spec["title"], "noun": spec["noun"], "create_url": reverse("catalogue-create", args=[kind]),
-            "nav": kind}
+            "list_url": reverse(kind), "nav": kind}
 
 
-def _lookup(kind: str, key: str):
+def _lookup(kind: str, key: str, namespace: str | None = None):
+    """The object an edit URL names: by name (a NodeEnvironment by namespace and name)."""
     model = KINDS[kind]["model"]
-    if kind == "tenants":
-        return get_object_or_404(model, name=key)
-    if not key.isdigit():
+    if model is NodeEnvironment:
+        if namespace is None:
+            raise Http404("no such object")
+        return get_object_or_404(model, namespace=namespace, name=key)
+    if namespace is not None:
         raise Http404("no such object")
-    return get_object_or_404(model, pk=int(key))
+    return get_object_or_404(model, name=key)
+
+
+def _edit_url(kind: str, instance) -> str:
+    if isinstance(instance, NodeEnvironment):
+        return reverse("catalogue-edit-namespaced", args=[kind, instance.namespace, instance.name])
+    return reverse("catalogue-edit", args=[kind, instance.name])
 
 
 @console_view(scoping.ADMIN)
-def catalogue_edit(request, kind: str, key: str | None = None):
+def catalogue_edit(request, kind: str, key: str | None = None, namespace: str | None = None):
     """Create or edit one object; the model's validation (the same as apply's) shows next to each field."""
     if kind not in KINDS:
         raise Http404("no such kind")
     spec = KINDS[kind]
-    instance = _lookup(kind, key) if key else None
+    if key and key.isdigit() and namespace is None and request.method == "GET":
+        # The old edit URLs by id, in bookmarks: to the object's URL by name (a name that is all digits first).
+        model = spec["model"]
+        if model is NodeEnvironment or not model.objects.filter(name=key).exists():
+            return redirect(_edit_url(kind, get_object_or_404(model, pk=int(key))), permanent=True)
+    instance = _lookup(kind, key, namespace) if key else None
     form_class = spec["form"]
     if request.method == "POST":
         form = form_class(request.POST, instance=instance)
@@ -377,6 +431,27 @@ def catalogue_edit(request, kind: str, key: str | None = None):
 
 
 # --- YAML apply ------------------------------------------------------------------------------------------
+
+# Where each applied object's page is: its kind in apply's lines ("nodetype/gpu") and the URL of its name.
+APPLIED_PAGES = {"nodeprovider": ("catalogue-edit", "providers"), "nodetype": ("catalogue-edit", "node-types"),
+                 "nodeenvironment": ("catalogue-edit-namespaced", "environments"),
+                 "osimage": ("catalogue-edit", "images"), "virtualclusterinstance": ("tenant", None),
+                 "nodepool": ("pool", None), "baremetalhost": ("host", None)}
+
+
+def applied_items(result, *, applied: bool) -> list[dict]:
+    """apply's result, one entry an object, each with the link to its page (none in a preview of a new one: it
+    is not there yet; none for a Secret: it has no page)."""
+    items = []
+    for item in result.items:
+        kind, _, name = item["what"].partition("/")
+        url = ""
+        if kind in APPLIED_PAGES and (applied or item["verb"] != "created"):
+            route, first = APPLIED_PAGES[kind]
+            url = reverse(route, args=[*([first] if first else []), *name.split("/")])
+        items.append({**item, "kind": kind, "name": name, "url": url})
+    return items
+
 
 # The page's messages name its own fields, not the command's options.
 APPLY_FIELDS = Fields(tenant="a tenant name in the Tenant field", create_tenant='"Create tenant"')
@@ -412,6 +487,7 @@ def apply_page(request):
                                                     "create_tenant": form.cleaned_data.get("create_tenant")})
     else:
         form = forms.ApplyForm()
+    items = applied_items(result, applied=applied) if result is not None else []
     return page(request, "pools/apply.html", {"form": form, "result": result, "error": error, "applied": applied,
-                                              "nav": "apply"},
+                                              "items": items, "nav": "apply"},
                 status=400 if error else 200)

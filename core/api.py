@@ -68,9 +68,10 @@ def whole_number(name: str, raw: str) -> int:
 # --- permissions ----------------------------------------------------------------------------------
 
 class ScopedPermission(BasePermission):
-    """Reads: admins, auditors and tenant members (the view's queryset, from scoping, narrows what each sees);
-    anonymous callers nothing. Writes: admins; tenant members only the actions a view lists in
-    `member_actions`, and only on objects of their own tenants; auditors never."""
+    """Reads: every role (the view's queryset, from scoping, narrows what each sees); anonymous callers nothing.
+    Writes: admins; operators only the actions a view lists in `operator_actions` (host actions); tenant admins
+    only those in `member_actions`, and only on objects of the tenants they administer; tenant viewers and
+    auditors never."""
 
     message = "you may not change this"
 
@@ -80,16 +81,28 @@ class ScopedPermission(BasePermission):
             return False
         if request.method in SAFE_METHODS or role == scoping.ADMIN:
             return True
-        if getattr(view, "action", "") is None:
+        action = getattr(view, "action", "")
+        if action is None:
             return True  # no such action: DRF answers 405, the same for everyone signed in
         if role == scoping.AUDITOR:
             self.message = "auditors read only"
             return False
-        return getattr(view, "action", None) in getattr(view, "member_actions", ())
+        if role == scoping.OPERATOR:
+            self.message = "operators act on hosts; they change no catalogue, tenant, pool or credential"
+            return action in getattr(view, "operator_actions", ())
+        if action not in getattr(view, "member_actions", ()):
+            return False
+        if not scoping.may_change_some_tenant(request.user):
+            self.message = "tenant viewers read only (you administer no tenant)"
+            return False
+        return True
 
     def has_object_permission(self, request, view, obj) -> bool:
-        if request.method in SAFE_METHODS or scoping.is_admin(request.user):
+        role = scoping.role(request.user)
+        if request.method in SAFE_METHODS or role == scoping.ADMIN:
             return True
+        if role == scoping.OPERATOR:
+            return getattr(view, "action", None) in getattr(view, "operator_actions", ())
         tenant = view.tenant_of(obj)
         return tenant is not None and scoping.may_change_tenant(request.user, tenant)
 
@@ -186,6 +199,7 @@ class ScopedViewMixin:
 
     permission_classes = [ScopedPermission]
     member_actions: frozenset = frozenset()
+    operator_actions: frozenset = frozenset()
     lookup_value_regex = r"[0-9]+"
 
     def tenant_of(self, obj):

@@ -14,11 +14,16 @@ class ConcurrentTransition(Exception):
     """Another writer changed the row between our read and our write."""
 
 
-def check_transition(table: Mapping[str, frozenset[str]], from_state: str, to_state: str, name: str) -> None:
-    allowed = table.get(from_state, frozenset())
-    if to_state not in allowed:
-        raise IllegalTransition(f"{name}: {from_state} → {to_state} is not allowed "
-                                f"(from {from_state}: {', '.join(sorted(allowed)) or 'none'})")
+def check_transition(table: Mapping[str, frozenset[str]], from_state: str, to_state: str, name: str,
+                     advice: Mapping[str, tuple[str, str]] | None = None) -> None:
+    """Raise IllegalTransition unless the table allows from_state → to_state. The message is for a person: what
+    the row is, why that stops the change, and what to do instead (`advice`: {from_state: (why, what to do)}),
+    never the table's row of allowed states."""
+    if to_state in table.get(from_state, frozenset()):
+        return
+    why, do = (advice or {}).get(from_state, ("", ""))
+    message = f"{name} is {from_state}{f' ({why})' if why else ''}, so it cannot go to {to_state}"
+    raise IllegalTransition(f"{message}: {do}" if do else message)
 
 
 def swap(model, *, ids: list[int], field: str, expected: str, values: dict, what: str) -> None:

@@ -6,12 +6,14 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse
 from django.shortcuts import render
+from django.views import defaults
 
 from core import scoping
+from core.outage import outage_now, unavailable, wants_json
 
 
 def role_of(request) -> str:
-    """The user's role, asked once per request (scoping.role may query the auditors group)."""
+    """The user's role, asked once per request (scoping.role may query the role groups)."""
     if not hasattr(request, "_console_role"):
         request._console_role = scoping.role(request.user)
     return request._console_role
@@ -34,7 +36,7 @@ def console_view(*roles: str):
     return decorate
 
 
-STAFF = (scoping.ADMIN, scoping.AUDITOR)  # platform admins and auditors: the fleet-wide pages
+STAFF = scoping.STAFF  # platform admins, operators and auditors: the fleet-wide pages
 
 
 def page(request, template: str, context: dict | None = None, *, status: int = 200):
@@ -43,6 +45,7 @@ def page(request, template: str, context: dict | None = None, *, status: int = 2
     ctx = {
         "role": role,
         "is_admin": role == scoping.ADMIN,
+        "acts_on_hosts": role in (scoping.ADMIN, scoping.OPERATOR),
         "sees_everything": role in STAFF,
         "may_see_bmc": role in STAFF,
         **(context or {}),
@@ -61,6 +64,14 @@ def page_not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=404)
     return page(request, "404.html", status=404)
+
+
+def server_error(request):
+    """The 500 answer (handler500): 503 with Retry-After while the database or Redis is away (core/outage.py);
+    else Django's own plain page, which needs neither."""
+    if outage_now():
+        return unavailable(request, json=wants_json(request))
+    return defaults.server_error(request)
 
 
 def is_htmx(request) -> bool:
@@ -82,3 +93,25 @@ def paging_query(request) -> str:
     params = request.GET.copy()
     params.pop("page", None)
     return params.urlencode()
+
+
+def sort_headers(query, columns) -> list[dict]:
+    """A sortable list's column headers (templates/sort_headers.html), the fleet board's convention on every list:
+    `columns` holds each column's parts as (label, the name ?sort= knows it by, or "" for none). A part that sorts
+    links to the list sorted by it, the other way round when it sorts by it now, keeping the filters and the page
+    size; the page starts again at 1."""
+    current = query.get("sort", "")
+    headers = []
+    for parts in columns:
+        links = []
+        for label, key in parts:
+            link = {"label": label, "url": "", "arrow": ""}
+            if key:
+                params = query.copy()
+                params.pop("page", None)
+                params["sort"] = f"-{key}" if current == key else key
+                link["url"] = "?" + params.urlencode()
+                link["arrow"] = "▲" if current == key else "▼" if current == f"-{key}" else ""
+            links.append(link)
+        headers.append({"links": links})
+    return headers

@@ -158,7 +158,7 @@ class EventAdmin(ReadOnlyAdmin):
     list_per_page = 100
     show_full_result_count = False  # the log grows without bound: no second COUNT(*) per page
     fields = ("created_at", "kind", "object_type", "object_name", "host", "claim", "tenant", "from_state",
-              "to_state", "step", "message", "duration_s", "actor", "data")
+              "to_state", "step", "message", "duration_s", "actor", "via", "role", "address", "data")
 
     @admin.display(description="transition")
     def transition(self, event):

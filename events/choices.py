@@ -8,6 +8,7 @@ class EventKind(models.TextChoices):
     CHANGE = "change", "Configuration change"
     ACTION = "action", "Action"
     SECURITY = "security", "Security"  # a refused agent lookup, a boot script asked for twice
+    READ = "read", "Secret read"  # a person was shown a secret (a join command, an export with secrets)
     DECISION = "decision", "Auto Nodes decision"  # a dynamic pool added, did not add or released nodes (autonodes)
 
 

@@ -8,8 +8,10 @@ from core.live_views import FLEET_GROUPS, RESYNC, LiveConsumer
 
 from .choices import ObjectType
 from .filtersets import EventFilterSet
+from .links import events_link
 from .models import Event
 from .selectors import events_visible, latest_event_id
+from .views import log_query
 
 MAX_REPLAY = 20000  # events one re-sync reads; past that it renders everything the page shows
 MAX_NEW = 100  # new events one frame adds to the Event log page (its page size)
@@ -60,12 +62,13 @@ class EventLogPageConsumer(EventLogConsumer):
         upto = latest_event_id()
         data = QueryDict(mutable=True)
         data.update(self.query)
-        filtered = EventFilterSet(data, queryset=events_visible(self.user, Event.objects.filter(pk__gt=top,
-                                                                                              pk__lte=upto))).qs
+        filtered = EventFilterSet(log_query(data), queryset=events_visible(
+            self.user, Event.objects.filter(pk__gt=top, pk__lte=upto))).qs
         new = list(filtered.order_by("-pk")[:MAX_NEW])
         self.top = max(top, upto)
         if not new:
             return []
+        new = events_link(new, self.user)  # the page's links, on the live rows too
         rows = "".join(render_to_string("events/partials/event_row.html", {"e": e}) for e in new)
         return ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
                 f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']

@@ -3,6 +3,7 @@ from datetime import timedelta
 
 import django_filters as filters
 from django import forms
+from django.db.models import Q
 from django_filters.fields import IsoDateTimeField
 from drf_spectacular.utils import extend_schema_field
 
@@ -63,14 +64,37 @@ class TimestampFilter(filters.IsoDateTimeFilter):
     field_class = TimestampField
 
 
+# A step that went wrong: failed (its flow goes on to its failure state or retries), or a check that turned red.
+FAILED_STEP = Q(message__startswith="failed") | Q(data__ok=False) | Q(data__bmc_ok=False)
+STEPS = (("all", "every step"), ("failed", "failed steps only"))
+
+
 class EventFilterSet(filters.FilterSet):
     kind = filters.ChoiceFilter(choices=EventKind.choices)
     object_type = filters.CharFilter()
     object_name = filters.CharFilter()
+    name = filters.CharFilter(field_name="object_name", lookup_expr="icontains", label="Name contains")
+    # "failed": every event but the steps that went well (a flow's every start and end); absent or "all": every event.
+    steps = filters.ChoiceFilter(choices=STEPS, method="filter_steps", label="Steps")
     actor = filters.CharFilter(lookup_expr="icontains", label="Actor contains")
     host = IdFilter(field_name="host_id", label="Host id")
     claim = IdFilter(field_name="claim_id", label="Claim id")
     tenant = IdFilter(field_name="tenant_id", label="Tenant id")
+    since = TimestampFilter(field_name="created_at", lookup_expr="gte")
+    until = TimestampFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Event
+        fields = []
+
+    def filter_steps(self, queryset, name, value):
+        if value == "failed":
+            return queryset.filter(~Q(kind=EventKind.STEP) | FAILED_STEP)
+        return queryset
+
+class AuditFilterSet(filters.FilterSet):
+    """The audit export's time range: since (included), until (excluded)."""
+
     since = TimestampFilter(field_name="created_at", lookup_expr="gte")
     until = TimestampFilter(field_name="created_at", lookup_expr="lt")
 

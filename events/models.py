@@ -22,6 +22,12 @@ class Event(models.Model):
     message = models.TextField(blank=True)
     duration_s = models.FloatField(null=True, blank=True)  # time spent in from_state, or the step's length
     actor = models.CharField(max_length=150)  # "user:alice", "system:reconciler", "agent:node-01"
+    # Where a person's change came from (events.services fills them in; empty for the console's own work): the
+    # client's address, how the actor was signed in ("session", "token 1a2b3c4d (read-write)", "manage.py") and
+    # through which role ("admin", "auditor", "member of one").
+    address = models.GenericIPAddressField(null=True, blank=True)
+    via = models.CharField(max_length=64, blank=True)
+    role = models.CharField(max_length=100, blank=True)
     data = models.JSONField(default=dict, blank=True)
 
     class Meta:

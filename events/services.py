@@ -8,7 +8,8 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import models, transaction
 from django.utils import timezone
 
-from core import live
+from core import live, scoping
+from core.origin import current_request, request_origin
 from core.crypto import EncryptedTextField
 
 from .choices import EventKind, ObjectType
@@ -81,6 +82,7 @@ def events_record(events: Sequence[Event]) -> list[Event]:
     for event in events:  # ValueError: not a declared choice
         EventKind(event.kind)
         ObjectType(event.object_type)
+    _stamp_origin(events)
     if len(events) == 1:
         events[0].save()
     else:
@@ -92,6 +94,25 @@ def events_record(events: Sequence[Event]) -> list[Event]:
         groups, message = live_groups(batch), live_message(batch)
         transaction.on_commit(lambda groups=groups, message=message: live.publish(groups, message))
     return events
+
+
+def _stamp_origin(events: Sequence[Event]) -> None:
+    """The audit columns of a person's events: within a request, the client's address, how its user is signed in
+    and through which role (a member: its membership of the event's tenant); from manage.py, "manage.py". The
+    console's own work (system:, agent:) carries none, even when a request set it off."""
+    request = current_request()
+    origin = request_origin(request) if request is not None else None
+    for event in events:
+        if event.via:
+            continue
+        if event.actor.startswith("cli:"):
+            event.via = "manage.py"
+        elif origin and origin["via"] and event.actor == f"user:{origin['user'].get_username()}":
+            event.address, event.via = origin["address"], origin["via"]
+            event.role = scoping.role(origin["user"])
+            if event.role == scoping.MEMBER and event.tenant_id is not None:
+                tenant = Event._meta.get_field("tenant").related_model.objects.filter(pk=event.tenant_id).first()
+                event.role = f"member of {tenant.name}" if tenant else scoping.MEMBER
 
 
 # An object's own link: the id its live message carries.

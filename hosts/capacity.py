@@ -1,5 +1,7 @@
 """NodeType capacity, derived from the hosts each type's selector matches (never stored). Registered as
 pools.capacity's source when the hosts app is ready: the catalogue asks pools, which knows no hosts."""
+from dataclasses import dataclass
+
 from django.db.models import Count, Q
 from django.db.models.fields.json import KeyTextTransform
 
@@ -12,24 +14,25 @@ from .models import BareMetalHost
 
 
 def node_type_capacity(node_types: list[NodeType]) -> dict[int, dict[str, int]]:
-    """{type id: {total, available, provisioned}} in one query, whatever the number of types."""
+    """{type id: {"total", and each of COLUMNS}} in one query, whatever the number of types: the hosts each type's
+    selector matches, each counted once in exactly one column."""
     if not node_types:
         return {}
     aggregates = {}
     for t in node_types:
         q = label_selector_q(t.host_selector)
         aggregates[f"t{t.pk}_total"] = Count("pk", filter=q)
-        aggregates[f"t{t.pk}_available"] = Count("pk", filter=q & Q(state__in=list(FREE)))
-        aggregates[f"t{t.pk}_provisioned"] = Count("pk", filter=q & Q(state__in=list(CLAIMED)))
+        for name, column in COLUMNS.items():
+            aggregates[f"t{t.pk}_{name}"] = Count("pk", filter=q & column.q)
     counts = BareMetalHost.objects.aggregate(**aggregates)
-    return {t.pk: {k: counts[f"t{t.pk}_{k}"] for k in ("total", "available", "provisioned")} for t in node_types}
+    return {t.pk: {k: counts[f"t{t.pk}_{k}"] for k in ("total", *COLUMNS)} for t in node_types}
 
 
 # --- the fleet board's capacity card and GET /api/v1/capacity/ ----------------------------------------------
 
 # Why an available host is not allocatable, each a filter on the host row: a red BMC (its last contact failed,
-# hosts.services.host_bmc_contact) and a red preflight (hosts/preflight.py). Every count (the card, the API, the
-# "Available" figure) follows.
+# hosts.services.host_bmc_contact) and a red preflight (hosts/preflight.py). Such a host is "Held back", never
+# plainly Available, in every count (the capacity card, /node-types/, the API) and needs attention.
 NOT_ALLOCATABLE: dict[str, Q] = {
     "bmc_red": Q(bmc_ok=False),
     "preflight_red": Q(preflight_ok=False),
@@ -37,10 +40,61 @@ NOT_ALLOCATABLE: dict[str, Q] = {
 # What the allocator never takes, even when nothing else is free: a red preflight (its BMC or boot path is known
 # broken: a claim would only fail on it). A red BMC alone is taken last instead (the flow's BMC step retries it).
 NEVER_ALLOCATED = Q(preflight_ok=False)
-# Hosts that need someone before they serve: in error, in repair, or being retested in repair.
-BROKEN = (HostState.ERROR, HostState.REPAIR, HostState.RETESTING, HostState.REPAIRING)
-CAPACITY_COLUMNS = ("total", "free", "allocatable", "serving", "broken", *NOT_ALLOCATABLE)
 NO_RACK = ""
+
+
+def not_allocatable_q() -> Q:
+    q = Q(pk__in=[])
+    for reason in NOT_ALLOCATABLE.values():
+        q |= reason
+    return q
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    title: str  # what it counts, for a header's tooltip
+    states: frozenset
+    q: Q
+
+
+def _column(label: str, title: str, states, extra: Q | None = None) -> Column:
+    q = Q(state__in=sorted(states))
+    return Column(label, title, frozenset(states), q & extra if extra is not None else q)
+
+
+# The capacity vocabulary: every capacity view (the fleet board's card, /node-types/, the API, `manage.py status`)
+# counts hosts in these columns, each host in exactly one, so that they add up to the host count.
+COLUMNS: dict[str, Column] = {
+    "available": _column("Available", "free for the next claim", FREE, ~not_allocatable_q()),
+    "held_back": _column("Held back", "free, but its BMC does not answer or its preflight is red: fix it first",
+                         FREE, not_allocatable_q()),
+    "provisioned": _column("Provisioned", "provisioning or provisioned for a claim", CLAIMED),
+    "preparing": _column("Preparing", "registering, inspecting, or being cleaned after a release",
+                         {HostState.REGISTERING, HostState.INSPECTING, HostState.DEPROVISIONING}),
+    "repair": _column("Repair", "in repair, being retested or repaired",
+                      {HostState.REPAIR, HostState.RETESTING, HostState.REPAIRING}),
+    "error": _column("Error", "failed: retry it", {HostState.ERROR}),
+    "maintenance": _column("Maintenance", "taken out of service by a person", {HostState.MAINTENANCE}),
+    "held": _column("Held", "held after a restore of the database until the world reconcile reads its real state",
+                    {HostState.HELD}),
+    "retired": _column("Retired", "out of the fleet for good", {HostState.RETIRED}),
+}
+CAPACITY_COLUMNS = ("total", *COLUMNS, *NOT_ALLOCATABLE)
+
+
+def capacity_columns() -> list[dict]:
+    """The columns' names, labels and titles, in order, for a table's headers and the API."""
+    return [{"name": name, "label": c.label, "title": c.title} for name, c in COLUMNS.items()]
+
+
+def column_of(host: BareMetalHost) -> str:
+    """The one column a host counts in (as COLUMNS' filters count it, from the row in memory)."""
+    held = host.bmc_ok is False or host.preflight_ok is False
+    for name, column in COLUMNS.items():
+        if host.state in column.states and (name != "available" or not held):
+            return name
+    raise LookupError(f"no capacity column for state {host.state!r}")
 
 
 def not_allocatable_q() -> Q:
@@ -64,7 +118,7 @@ def preflight_held_back(node_types: list[NodeType], limit: int = 3) -> list[str]
 
 def allocatable_q() -> Q:
     """Available hosts that nothing stops from serving the next claim."""
-    return Q(state__in=list(FREE)) & ~not_allocatable_q()
+    return COLUMNS["available"].q
 
 
 def _columns(prefix: str, where: Q | None) -> dict:
@@ -74,10 +128,8 @@ def _columns(prefix: str, where: Q | None) -> dict:
     free = Q(state__in=list(FREE))
     columns = {
         "total": Count("pk", filter=where) if where is not None else Count("pk"),
-        "free": Count("pk", filter=scoped(free)),
-        "allocatable": Count("pk", filter=scoped(allocatable_q())),
-        "serving": Count("pk", filter=scoped(Q(state__in=list(CLAIMED)))),
-        "broken": Count("pk", filter=scoped(Q(state__in=list(BROKEN)))),
+        **{name: Count("pk", filter=scoped(column.q)) for name, column in COLUMNS.items()},
+        # Why the held back are: a host may be both.
         **{name: Count("pk", filter=scoped(free & q)) for name, q in NOT_ALLOCATABLE.items()},
     }
     return {f"{prefix}{name}": agg for name, agg in columns.items()}
@@ -85,9 +137,9 @@ def _columns(prefix: str, where: Q | None) -> dict:
 
 def fleet_capacity(node_types: list[NodeType] | None = None) -> dict:
     """Can the fleet serve the next claim: per NodeType (the hosts its selector matches), per rack (the `rack`
-    label) and in all, the hosts free (available), allocatable (free, and no entry of NOT_ALLOCATABLE applies),
-    serving a claim, and broken, with the free hosts each NOT_ALLOCATABLE reason holds back. One query whatever
-    the fleet's size: hosts grouped by rack, each NodeType a set of filtered counts summed over the racks."""
+    label) and in all, the hosts in each of COLUMNS, with the held back hosts each NOT_ALLOCATABLE reason holds
+    back. One query whatever the fleet's size: hosts grouped by rack, each NodeType a set of filtered counts summed
+    over the racks."""
     if node_types is None:
         node_types = list(NodeType.objects.order_by("name"))
     aggregates = _columns("", None)
@@ -100,4 +152,5 @@ def fleet_capacity(node_types: list[NodeType] | None = None) -> dict:
     totals = {c: sum(row[c] for row in rows) for c in CAPACITY_COLUMNS}
     types = [{"name": t.name, **{c: sum(row[f"t{t.pk}_{c}"] for row in rows) for c in CAPACITY_COLUMNS}}
              for t in node_types]
-    return {"columns": list(CAPACITY_COLUMNS), "total": totals, "node_types": types, "racks": racks}
+    return {"columns": capacity_columns(),
+            "total": totals, "node_types": types, "racks": racks}

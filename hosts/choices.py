@@ -23,6 +23,10 @@ class HostState(ColouredChoices):
     RETIRED = "retired", "Retired", "dark"  # taken out of the fleet for good
     ERROR = "error", "Error", "danger"
     MAINTENANCE = "maintenance", "Maintenance", "dark"
+    # After a restore of the database: nothing acts on the host until its real state (its BMC's power, the tenants'
+    # nodes) was read and the world reconcile decided where it goes (claims/restore.py). `held_from` keeps the state
+    # the restored database gave it.
+    HELD = "held", "Held: reconciling after a restore", "dark"
 
 
 class PowerState(models.TextChoices):

@@ -54,8 +54,8 @@ class FleetConsumer(HostAwareConsumer):
         keys = {("host", i) for i in message.get("ids", ()) if i in self.visible}
         if message.get("to_state") or message.get("from_state"):  # a move, or a host deleted from its state
             keys.update({("counts",), ("attention",), ("capacity",)})
-        if message.get("step") == BMC_CONTACT_STEP:  # a BMC turned red or answers again
-            keys.add(("capacity",))
+        if message.get("step") == BMC_CONTACT_STEP:  # a BMC turned red or answers again: held back, or not
+            keys.update({("capacity",), ("attention",)})
         FRAGMENTS.want([k for k in keys if k[0] == "host"], time.monotonic())
         return keys
 
@@ -98,7 +98,7 @@ class FleetConsumer(HostAwareConsumer):
                     html = cached[1]
             parts.append(html)
         if ("attention",) in keys:  # the "needs attention" card: a few rows, with the actions this user may take
-            parts.append(presenters.render_attention(is_admin=scoping.is_admin(self.user)))
+            parts.append(presenters.render_attention(acts_on_hosts=scoping.acts_on_hosts(self.user)))
         wanted = {key: need for key, need in keys.items() if key[0] == "host"}
         rows = {}
         with FETCH:

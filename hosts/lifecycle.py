@@ -33,7 +33,16 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.RETIRED: frozenset(),
     S.ERROR: frozenset({S.REGISTERING, S.DEPROVISIONING, S.REPAIR, S.RETIRED, S.MAINTENANCE}),
     S.MAINTENANCE: frozenset({S.REGISTERING, S.RETIRED}),
+    # Held after a restore (hosts/restore.py): the world reconcile (claims/restore.py) sends each host where its real
+    # state says: provisioned (adopted), maintenance (a node no claim matches), deprovisioning (released through the
+    # gate), or back to the state the database gave it. Never to provisioning or an idle check: neither is resumed
+    # blindly (a provision would write the image again).
+    S.HELD: frozenset({S.REGISTERING, S.INSPECTING, S.AVAILABLE, S.PROVISIONED, S.DEPROVISIONING, S.REPAIR,
+                       S.RETESTING, S.REPAIRING, S.ERROR, S.MAINTENANCE}),
 }
+# Every state but retired may be held after a restore (hosts.restore.hosts_hold).
+HOLDABLE = frozenset(state for state in S if state not in (S.RETIRED, S.HELD))
+TRANSITIONS.update({state: TRANSITIONS[state] | {S.HELD} for state in HOLDABLE})
 
 # Each in-progress state and where its deadline sends a host (MAAS's failure states). The deadline is no
 # setting of its own: it is the state's flow's step deadlines added up, with STEP_SLACK_S per step for a drive to
@@ -60,8 +69,47 @@ CLAIMED = frozenset({S.PROVISIONING, S.PROVISIONED})
 AGENT_STATES = (S.INSPECTING, S.PROVISIONING, S.DEPROVISIONING, S.RETESTING, S.REPAIRING, S.CHECKING)
 
 
+# What a person can do about a host in each state when the move they asked for is not possible from it: (why, what
+# to do). Every refusal of the table says it (check_transition), so the host page, the fleet's bulk actions, the
+# API and the admin all say the same words.
+WHAT_TO_DO: dict[str, tuple[str, str]] = {
+    S.REGISTERING: ("its BMC is being checked", "wait until it is inspected, or put it in maintenance"),
+    S.INSPECTING: ("it is being inspected", "wait until it is available, or put it in maintenance"),
+    S.AVAILABLE: ("it is free for the next claim", "put it in maintenance first"),
+    S.CHECKING: ("its idle health check runs", "wait until the check ends, or put it in maintenance"),
+    S.PROVISIONING: ("it is being installed for a claim", "release its claim first"),
+    S.PROVISIONED: ("it serves a claim", "release its claim first"),
+    S.DEPROVISIONING: ("it is being drained, erased and checked after a release",
+                       "wait until it is available again (or in repair, with the reason)"),
+    S.REPAIR: ("it waits in the repair pool", "retest it, return it to service, or retire it"),
+    S.RETESTING: ("it is being retested", "wait for the retest's verdict, or put it in maintenance"),
+    S.REPAIRING: ("the repair ladder runs a remedy on it", "wait for the remedy's checks, or put it in maintenance"),
+    S.RETIRED: ("it is out of the fleet for good", "nothing brings it back; register it anew under another name"),
+    S.ERROR: ("it failed", "retry it, put it in maintenance, or retire it"),
+    S.MAINTENANCE: ("it is out of service", "turn maintenance off first, or retire it"),
+    S.HELD: ("it is held after a restore until the world reconcile has read its real state",
+             "wait for the reconcile (manage.py reconcile-world runs it now)"),
+}
+
+
+# The moves a person asks for (maintenance on and off, retry, retest, return to service, retire): their refusal
+# says what to do; a flow's own moves say only why.
+PERSON_MOVES = frozenset({S.MAINTENANCE, S.REGISTERING, S.RETESTING, S.AVAILABLE, S.RETIRED})
+
+
 def check_transition(from_state: str, to_state: str, name: str = "host") -> None:
-    transitions.check_transition(TRANSITIONS, from_state, to_state, name)
+    why, do = WHAT_TO_DO.get(from_state, ("", ""))
+    transitions.check_transition(TRANSITIONS, from_state, to_state, name,
+                                 advice={from_state: (why, do if to_state in PERSON_MOVES else "")})
+
+
+def refusal(from_state: str, to_state: str, name: str = "host") -> str:
+    """Why a host in from_state may not go to to_state and what to do, in words; "" when it may."""
+    try:
+        check_transition(from_state, to_state, name)
+    except IllegalTransition as exc:
+        return str(exc)
+    return ""
 
 
 # --- the flow that drives each in-progress state -------------------------------------------------------

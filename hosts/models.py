@@ -60,6 +60,9 @@ class BareMetalHost(models.Model):
     state = models.CharField(max_length=16, choices=HostState.choices, default=HostState.REGISTERING,
                              db_index=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
+    # Held after a restore (HostState.HELD): the state the restored database gave the host, which the world reconcile
+    # holds against the host's real state (claims/restore.py). Empty otherwise.
+    held_from = models.CharField(max_length=16, choices=HostState.choices, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True, db_index=True)
     error_type = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
@@ -90,6 +93,18 @@ class BareMetalHost(models.Model):
     @property
     def state_colour(self) -> str:
         return HostState.colour(self.state)
+
+    @property
+    def held_back(self) -> str:
+        """Why a free host cannot be allocated ("" when it can, or is not free): hosts.capacity counts it "Held
+        back", never plainly Available, and it needs attention."""
+        if self.state not in (HostState.AVAILABLE, HostState.CHECKING):
+            return ""
+        if self.bmc_ok is False:
+            return "its BMC does not answer"
+        if self.preflight_ok is False:
+            return "its preflight is red"
+        return ""
 
     @property
     def is_warm(self) -> bool:
@@ -358,3 +373,15 @@ class RepairAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host_name} #{self.position} {self.step}: {self.outcome}"
+
+
+class WorldEpoch(models.Model):
+    """One row: the epoch of the database, as `manage.py backup` last turned it (hosts/restore.py). Its twin lives
+    outside the database, in CERTIFICATE_ARCHIVE_DIR; a database whose epoch differs from the world's was restored
+    from a backup, and nothing acts on a host until the world reconcile read the host's real state."""
+
+    epoch = models.CharField(max_length=64)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.epoch

@@ -3,8 +3,9 @@
 #
 # (a) BMC network: the BMC answers Redfish with the host's credentials, over TLS that verifies (or the host says,
 # visibly, that it accepts an unverified certificate: `disableCertificateVerification`), the system is found, the
-# boot MAC is one of its NICs, and what the BMC can do is recorded (virtual media, one-time boot override,
-# BootSourceOverrideMode). Through hosts/bmc/, the one door to BMCs; its outcome is also the host's BMC contact
+# boot MAC is one of its NICs (an IPMI BMC, hosts/bmc/ipmi.py: its RMCP+ session opens with the credentials and
+# the chassis answers; IPMI lists no NICs, so no MAC check), and what the BMC can do is recorded (virtual media,
+# one-time boot override, BootSourceOverrideMode). Through hosts/bmc/, the one door to BMCs; its outcome is also the host's BMC contact
 # (bmc_ok, bmc_checked_at, bmc_error: hosts.services.host_bmc_contact).
 # (b) Provisioning network: the host's DHCP/boot entry exists for its MAC (hosts/boot/dhcp.py, when the console has
 # one), the agent listener's boot route answers (probed with a MAC no host has: the per-boot script is served once
@@ -66,7 +67,8 @@ def check_bmc(*, address: str, username: str, password: str, verify_tls: bool, b
     except BMCError as exc:
         return {"ok": False, "reason": str(exc), "kind": exc.kind, "tls": "", "system": "", "quirks": {}}
     transport, virtual_media = SCHEMES[scheme]
-    tls = "none (plain HTTP)" if transport == "http" else ("verified" if verify_tls else "not verified")
+    tls = {"http": "none (plain HTTP)", "ipmi": "none (IPMI: RMCP+ session encryption)"}.get(
+        transport, "verified" if verify_tls else "not verified")
     result = {"ok": False, "reason": "", "kind": "", "tls": tls, "system": "", "quirks": {}}
     if not password:
         result["reason"], result["kind"] = "no BMC credentials (apply the host's Secret)", "auth"

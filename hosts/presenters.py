@@ -4,16 +4,21 @@ from urllib.parse import urlsplit
 
 from django.db.models import Count, F, Func, Subquery
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 
 from core import scoping
+from core.views import sort_headers
 from events.models import Event
 from events.selectors import events_visible
 from hosts.selectors import (
     attention_explain,
+    erase_certificates_visible,
+    health_runs_visible,
     host_sku_deviations,
     hosts_needing_attention,
     hosts_visible,
+    repair_history,
 )
 from pools.matching import label_selector_matches
 from pools.models import NodeType
@@ -23,9 +28,9 @@ from .bmc.client import SCHEMES
 from .choices import HostState
 from .engine.drive import step_status
 from .gate.cleaning import effective_cleaning, gpu_count
-from .lifecycle import TRANSITIONS
+from .lifecycle import TRANSITIONS, refusal
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
-from .services import POWER_CYCLE_STATES
+from .services import POWER_CYCLE_STATES, host_removal_refusal, power_cycle_refusal
 from .topology import host_topology
 
 SECRETS = ("bmc_username", "bmc_password")
@@ -40,23 +45,8 @@ FLEET_COLUMNS = ((("Host", "name"),), (("State", "state"),), (("Power", "power")
 
 
 def sort_columns(query) -> list[dict]:
-    """Each column's header: its parts, each a label and, when it sorts, the link that sorts by it (the other way
-    round when it sorts by it now), keeping the filters and the page size; the page starts again at 1."""
-    current = query.get("sort", "")
-    columns = []
-    for parts in FLEET_COLUMNS:
-        links = []
-        for label, key in parts:
-            link = {"label": label, "url": "", "arrow": ""}
-            if key:
-                params = query.copy()
-                params.pop("page", None)
-                params["sort"] = f"-{key}" if current == key else key
-                link["url"] = "?" + params.urlencode()
-                link["arrow"] = "▲" if current == key else "▼" if current == f"-{key}" else ""
-            links.append(link)
-        columns.append({"links": links})
-    return columns
+    """The fleet board's column headers (core.views.sort_headers)."""
+    return sort_headers(query, FLEET_COLUMNS)
 
 
 def node_types_by_selector() -> list[NodeType]:
@@ -119,7 +109,7 @@ def render_capacity(capacity: dict) -> str:
 ATTENTION_SHOWN = 10  # on the fleet board; the repair page lists them all
 
 
-def attention_board(*, is_admin: bool) -> dict:
+def attention_board(*, acts_on_hosts: bool) -> dict:
     """The fleet board's "needs attention" card: the first ATTENTION_SHOWN hosts and how many there are."""
     # One query: the first hosts picked from the host table alone (a
     # top-N sort of narrow rows), then only those joined to their claims and reasons, and the count of all as
@@ -132,11 +122,12 @@ def attention_board(*, is_admin: bool) -> dict:
     total = attention.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")
     hosts = attention_explain(list(hosts_needing_attention(row_queryset().filter(pk__in=Subquery(first)), now=now)
                                    .annotate(attention_total=Subquery(total))))
-    return {"attention": hosts, "attention_total": hosts[0].attention_total if hosts else 0, "is_admin": is_admin}
+    return {"attention": hosts, "attention_total": hosts[0].attention_total if hosts else 0,
+            "acts_on_hosts": acts_on_hosts}
 
 
-def render_attention(*, is_admin: bool) -> str:
-    return render_to_string("hosts/partials/attention.html", attention_board(is_admin=is_admin))
+def render_attention(*, acts_on_hosts: bool) -> str:
+    return render_to_string("hosts/partials/attention.html", attention_board(acts_on_hosts=acts_on_hosts))
 
 
 # --- the host page ----------------------------------------------------------------------------------
@@ -159,13 +150,14 @@ def current_command(host: BareMetalHost) -> HostCommand | None:
 def host_summary_context(user, host: BareMetalHost) -> dict:
     command = current_command(host)
     flow = host.flow or {}
-    is_admin = scoping.is_admin(user)
+    acts = scoping.acts_on_hosts(user)
     return {"host": host, "command": command, "flow_name": flow.get("name", ""), "flow_step": flow.get("step", ""),
             "step": step_status(host),
             "steps_done": list((flow.get("done") or {}).keys()), "claim": getattr(host, "claim", None),
             "topology": host_topology(host.labels),
             "may_see_bmc": scoping.may_see_bmc(user), "sees_everything": scoping.sees_everything(user),
-            "is_admin": is_admin, "actions": host_actions(host) if is_admin else []}
+            "is_admin": scoping.is_admin(user), "acts_on_hosts": acts,
+            "actions": host_actions(host, admin=scoping.is_admin(user)) if acts else []}
 
 
 def cleaning_shown(host: BareMetalHost) -> str:
@@ -245,16 +237,22 @@ def flow_log(host: BareMetalHost) -> dict:
 
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
                  "power-cycle": "Power cycle", "power-on": "Power on", "power-off": "Power off", "retest": "Retest",
-                 "return-to-service": "Return to service", "retire": "Retire", "preflight": "Run preflight"}
+                 "return-to-service": "Return to service", "retire": "Retire", "preflight": "Run preflight",
+                 "delete": "Delete"}
 # What the fleet board's selection may do (console.fleet_actions), in its menu's order. Release is the claim's.
 BULK_ACTIONS = (("maintenance-on", "Maintenance on"), ("maintenance-off", "Maintenance off"), ("retry", "Retry"),
                 ("retest", "Retest"), ("power-on", "Power on"), ("power-off", "Power off"),
-                ("power-cycle", "Power cycle"), ("release", "Release (its claim)"))
-DANGEROUS_ACTIONS = frozenset({"power-cycle", "power-off", "retire"})
+                ("power-cycle", "Power cycle"), ("release", "Release (its claim)"),
+                ("edit", "Edit (credentials, labels)"), ("delete", "Delete"))
+DANGEROUS_ACTIONS = frozenset({"power-cycle", "power-off", "retire", "delete"})
+# Taking a host out of the fleet for good (retire, delete), changing its BMC credentials (edit) and a tenant's
+# claim are the platform admin's; operators do the rest.
+ADMIN_ONLY_ACTIONS = frozenset({"retire", "release", "delete", "edit"})
 
 
-def host_actions(host: BareMetalHost) -> list[dict]:
-    """The actions an admin may take on a host in its state (the services check again when they run)."""
+def host_actions(host: BareMetalHost, *, admin: bool = True) -> list[dict]:
+    """The actions an admin (or, without the admin's own, an operator) may take on a host in its state (the
+    services check again when they run)."""
     allowed = []
     if host.state == HostState.MAINTENANCE:
         allowed.append("maintenance-off")
@@ -270,7 +268,38 @@ def host_actions(host: BareMetalHost) -> list[dict]:
         allowed += ["power-on", "power-off", "power-cycle"]
     if host.state != HostState.RETIRED:
         allowed.append("preflight")
-    return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed]
+    allowed.append("delete")  # its confirmation says why not, when it may not go (host_removal_refusal)
+    return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed
+            if admin or slug not in ADMIN_ONLY_ACTIONS]
+
+
+# The actions that are a move of the transition table: their refusal is the table's, with what to do
+# (lifecycle.refusal). The others apply in one state; their refusal says which.
+ACTION_MOVES = {"maintenance-on": HostState.MAINTENANCE, "retire": HostState.RETIRED}
+ACTION_APPLIES = {"maintenance-off": "only a host in maintenance is given back",
+                  "retry": "only a host in error is retried", "retest": "only a host in repair is retested",
+                  "return-to-service": "only a host in repair returns to service",
+                  "preflight": "a retired host is not checked"}
+
+
+def action_refusal(host: BareMetalHost, action: str) -> str:
+    """Why `action` does not apply to the host in its state, and what to do instead; "" when it applies (the
+    services check again, under their locks, when it runs)."""
+    if action == "delete":
+        why = host_removal_refusal(host, state=host.state, claim=_claim_name(host))
+        return f"{host.name} cannot be deleted: {why}" if why else ""
+    if action in {a["slug"] for a in host_actions(host)}:
+        return ""
+    if action in ACTION_MOVES:
+        return refusal(host.state, ACTION_MOVES[action], host.name)
+    applies = ACTION_APPLIES.get(action) or power_cycle_refusal(host.state)
+    return f"{host.name} is {host.state}, so {ACTION_LABELS.get(action, action).lower()} does not apply: {applies}"
+
+
+def _claim_name(host: BareMetalHost) -> str:
+    """The name of the claim the host serves ("" if none): the pages read hosts with their claims joined."""
+    claim = getattr(host, "claim", None)
+    return claim.name if claim is not None else ""
 
 
 def _next_states(state: str):
@@ -306,10 +335,33 @@ def inventory_view(inventory: dict, *, macs: bool) -> dict:
             "system": inv.get("system") or {}, "warnings": inv.get("warnings") or [], "known": bool(inv)}
 
 
+def host_records(user, host: BareMetalHost) -> dict:
+    """The host page's lists, for its page and its live view: its disks and NICs, its erase certificates and health
+    runs (newest first, as scoping gives them to the certificate pages and the API: staff see all, a tenant member
+    only the erases of their own tenant's data and the health runs of those releases, never another tenant's), and
+    for staff its repair history and the agent's log of its current flow."""
+    certificates = list(erase_certificates_visible(user).filter(host=host).defer("document").order_by("-pk")[:20])
+    for cert in certificates:
+        cert.url = reverse("certificate", args=[cert.pk])
+        cert.json_url = reverse("certificate-json", args=[cert.pk])
+    staff = scoping.sees_everything(user)
+    return {"inventory": inventory_view(host.inventory, macs=scoping.may_see_bmc(user)),
+            "may_see_bmc": scoping.may_see_bmc(user),
+            "erase_certificates": certificates,
+            "health_runs": list(health_runs_visible(user).filter(host=host)
+                                .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
+            # Its stays in repair: what failed, each remedy the ladder tried and how it ended.
+            "repair_history": repair_history(host) if staff else None,
+            # The agent's log of the current flow: staff only, as the BMC is.
+            "flow_log": flow_log(host) if scoping.may_see_bmc(user) else None}
+
+
 def render_host_live(user, host: BareMetalHost) -> list[str]:
     ctx = host_summary_context(user, host)
+    # The records too: a release's certificates and health runs appear as its gate writes them.
     return [
         render_to_string("hosts/partials/host_summary.html", {**ctx, "oob": True}),
+        render_to_string("hosts/partials/host_records.html", host_records(user, host)),
         render_to_string("events/partials/timeline.html",
                          {"events": host_events(user, host), "timeline_id": "host-timeline", "oob": True}),
     ]

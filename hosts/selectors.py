@@ -28,7 +28,7 @@ from pools.selectors import sku_deviations_of
 
 from .choices import HostState, RepairOutcome
 from .gate.census import record_deviations
-from .lifecycle import STATE_FAILURE
+from .lifecycle import FREE, STATE_FAILURE
 from .models import (
     BareMetalHost,
     EraseCertificate,
@@ -91,6 +91,9 @@ FIX_REPAIR = ("retest", "Retest", "clean and check it again; only a passing rete
 FIX_REPAIR_PASSED = ("return-to-service", "Return to service", "it passed its retest")
 FIX_LADDER = ("", "", ("the repair ladder is on it: it returns the host to service when the checks pass after a "
                        "remedy, or says what it tried and waits for a person"))
+FIX_BMC = ("edit", "Edit", "check the BMC address and credentials: edit")
+FIX_PREFLIGHT = ("preflight", "Run preflight", "fix what its preflight names (edit the host if it is its BMC address "
+                                               "or credentials), then run preflight again")
 FIX_OVERDUE = ("", "", "nothing drove it past its deadline: check that the workers and the scheduler (beat) run; "
                        "the sweeper then moves it to {failure} with the reason")
 
@@ -104,7 +107,9 @@ def hosts_needing_attention(qs: QuerySet | None = None, *, now=None) -> QuerySet
     now = now or timezone.now()
     overdue = Q(deadline_at__lt=now)
     last = Event.objects.filter(host_id=OuterRef("pk"), to_state=OuterRef("state")).order_by("-pk")
-    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR, HostState.REPAIRING]) | overdue)
+    # A free host that cannot be allocated (hosts.capacity: "Held back") needs someone too.
+    held_back = Q(state__in=list(FREE)) & (Q(bmc_ok=False) | Q(preflight_ok=False))
+    return (qs.filter(Q(state__in=[HostState.ERROR, HostState.REPAIR, HostState.REPAIRING]) | overdue | held_back)
             .annotate(overdue=Case(When(overdue, then=Value(True)), default=Value(False), output_field=BooleanField()),
                       attention_rank=Case(When(state=HostState.ERROR, then=Value(0)), When(overdue, then=Value(1)),
                                           default=Value(2), output_field=IntegerField()),
@@ -125,6 +130,8 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
         if host.repair_case is not None:
             case = host.repair_case
             case["what"] = f"{case['kind']} on {case['detail']}" if case.get("detail") else case["kind"]
+            if isinstance(case.get("ladder"), str):  # SQLite nests a JSON column inside JSONObject as text too
+                case["ladder"] = json.loads(case["ladder"])
             host.repair_position = repair_position(ladder=case.get("ladder") or [],
                                                    position=case.get("position") or 0,
                                                    outcome=case.get("outcome") or "", state=host.state)
@@ -135,7 +142,8 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
         host.reason_data = move.data if move else None
         data = host.reason_data if isinstance(host.reason_data, dict) else {}
         if host.state == HostState.ERROR:
-            action, label, hint = FIX_ERROR
+            # A retry cannot fix a BMC that does not answer (a wrong address or credentials): an edit can.
+            action, label, hint = FIX_BMC if host.bmc_ok is False else FIX_ERROR
             host.why = host.reason or host.error_message or "in error (no reason recorded)"
         elif host.state == HostState.REPAIR and data.get("retest") == "passed":
             action, label, hint = FIX_REPAIR_PASSED
@@ -150,6 +158,12 @@ def attention_explain(hosts: list[BareMetalHost]) -> list[BareMetalHost]:
         elif host.state == HostState.REPAIRING and not host.overdue:
             action, label, hint = FIX_LADDER
             host.why = host.reason or "repair ladder under way"
+        elif host.state in FREE and not host.overdue and host.bmc_ok is False:
+            action, label, hint = FIX_BMC
+            host.why = f"held back: its BMC does not answer ({host.bmc_error or 'no answer'})"
+        elif host.state in FREE and not host.overdue and host.preflight_ok is False:
+            action, label, hint = FIX_PREFLIGHT
+            host.why = f"held back: its preflight is red ({host.preflight_reason or 'no reason recorded'})"
         else:
             action, label, hint = FIX_OVERDUE
             hint = hint.format(failure=STATE_FAILURE.get(host.state, HostState.ERROR))
@@ -202,20 +216,25 @@ def repair_cases_open(host_ids: list[int]) -> dict[int, RepairCase]:
 
 
 def repair_position(*, ladder: list, position: int, outcome: str, state: str) -> str:
-    """Where a case stands on its ladder, in words, from the case and its host's state alone (no query):
-    "2/3 power-cycle (running)", "1/3 gpu-reset (failed); next power-cycle", "3/3 tried: waiting for a person"."""
+    """Where a case stands on its ladder, in words, from the case and its host's state alone (no query): which
+    rung runs now and what comes next. "rung 2 of 3 running: power-cycle; next if it fails: retest",
+    "rung 1 of 3 failed: gpu-reset; next: rung 2, power-cycle", "all 3 rungs tried (…): waiting for a person"."""
     ladder = ladder if isinstance(ladder, list) else []
-    if outcome == RepairOutcome.WAITING:
-        return f"{position}/{len(ladder)} tried: waiting for a person" if position else "no automatic remedy tried"
+    rungs = len(ladder)
+    position = min(max(int(position or 0), 0), rungs)
     if not ladder:
-        return "no automatic remedy"
+        return "no automatic remedy for this failure: waiting for a person"
+    if outcome == RepairOutcome.WAITING:
+        if position >= rungs:
+            return f"all {rungs} rung{'s' if rungs != 1 else ''} tried ({', '.join(ladder)}): waiting for a person"
+        return f"{position} of {rungs} rungs tried, then taken over by a person: waiting for a person"
     if position == 0:
-        return f"0/{len(ladder)}: next {ladder[0]}"
-    current = ladder[min(position, len(ladder)) - 1]
+        return f"next: rung 1 of {rungs}, {ladder[0]}"
+    current = ladder[position - 1]
+    after = f"rung {position + 1}, {ladder[position]}" if position < rungs else "a person (the last rung)"
     if state == HostState.REPAIRING:
-        return f"{position}/{len(ladder)} {current} (running)"
-    return f"{position}/{len(ladder)} {current} (failed)" + (f"; next {ladder[position]}" if position < len(ladder)
-                                                             else "")
+        return f"rung {position} of {rungs} running: {current}; next if it fails: {after}"
+    return f"rung {position} of {rungs} failed: {current}; next: {after}"
 
 
 def _open_case_json() -> Subquery:
@@ -227,8 +246,13 @@ def _open_case_json() -> Subquery:
 
 def repair_history(host: BareMetalHost, *, limit: int = 10) -> list[RepairCase]:
     """The host's latest repair cases, newest first, each with its attempts in order (two queries)."""
-    return list(RepairCase.objects.filter(host=host).order_by("-opened_at", "-id")
-                .prefetch_related(Prefetch("attempts", queryset=RepairAttempt.objects.order_by("position")))[:limit])
+    cases = list(RepairCase.objects.filter(host=host).order_by("-opened_at", "-id")
+                 .prefetch_related(Prefetch("attempts", queryset=RepairAttempt.objects.order_by("position")))[:limit])
+    for case in cases:  # the open one says which rung runs now and what comes next
+        case.position_text = ("" if case.closed_at else
+                              repair_position(ladder=case.ladder, position=case.position, outcome=case.outcome,
+                                              state=host.state))
+    return cases
 
 
 FINISHED = (RepairOutcome.REPAIRED, RepairOutcome.RETURNED, RepairOutcome.WAITING, RepairOutcome.RETIRED)

@@ -182,7 +182,7 @@ IMPORTABLE_STATES = (HostState.AVAILABLE, HostState.REGISTERING)
 
 
 @transaction.atomic
-def host_create(*, values: dict, actor: str, status: dict | None = None) -> BareMetalHost:
+def host_create(*, values: dict, actor: str, status: dict | None = None, adopted: str = "") -> BareMetalHost:
     """Register a new host (apply, the API and the admin all call this): validated by BareMetalHost.clean(),
     saved, its first Event a TRANSITION from nothing into its first state, and a drive asked for on commit.
 
@@ -191,8 +191,11 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     annotation, as `clusterctl move` writes it: {"provisioning": {"state": "available"}, "hardware": {...}}):
     then the host comes in in that state, with that hardware. This and hosts_transition_batch are the only
     writers of a host's state: the transition table has no move from nothing, so a new host's first state
-    and its Event are written here, once. Raises ValidationError ({field: message}; "status" for the status)."""
-    state, hardware = HostState.REGISTERING, {}
+    and its Event are written here, once. Raises ValidationError ({field: message}; "status" for the status).
+
+    `adopted` (why: the node it already serves): a server that runs an OS installed outside the console comes in
+    provisioned, neither powered nor re-imaged (claims.restore.host_adopt); its first release runs the full gate."""
+    state, hardware = (HostState.PROVISIONED if adopted else HostState.REGISTERING), {}
     deviations = {}
     if status is not None:
         state, hardware = _imported_status(status)
@@ -212,6 +215,8 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     host.full_clean()
     host.save()
     message = "created" if status is None else f"created: imported from Metal3 status as {state}"
+    if adopted:
+        message = f"created: adopted as provisioned, not powered and not re-imaged: {adopted}"
     if deviations:
         message = (f"created: imported from Metal3 status as available, but its hardware does not match its SKU "
                    f"({sku_deviations_text(deviations)}): registered and inspected instead")
@@ -219,7 +224,7 @@ def host_create(*, values: dict, actor: str, status: dict | None = None) -> Bare
     event_record(kind=EventKind.TRANSITION, object_type=ObjectType.HOST, object_name=host.name, host=host,
                  to_state=state, actor=actor, message=message,
                  data=({"imported": {"state": state, **({"sku_deviations": deviations} if deviations else {})}}
-                       if status is not None else {}))
+                       if status is not None else {"adopted": adopted} if adopted else {}))
     task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
     return host
 
@@ -402,6 +407,10 @@ def power_cycle_refusal(state: str) -> str:
     """Why a host in `state` may not be power cycled (nor powered on or off); "" when it may."""
     if state in POWER_CYCLE_STATES:
         return ""
+    if state == HostState.HELD:
+        return ("the host is held after a restore: no power action until the world reconcile has read its real state; "
+                "it runs at each worker's start and again until the host's BMC and the tenants' APIs answer "
+                "(manage.py reconcile-world runs it now), then act on the host where it went")
     if state in IN_PROGRESS:
         return (f"the host is {state}: a flow drives its power now; wait until it is done, or put the host in "
                 "maintenance first")

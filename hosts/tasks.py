@@ -7,10 +7,14 @@ from . import preflight, services, task_names
 from .engine import drive as engine
 from .flows import repair, warm
 from .models import BareMetalHost
+from .restore import world_check
 
 
 @shared_task(name=task_names.SWEEP_OVERDUE_HOSTS)
 def sweep_overdue_hosts() -> list[str]:
+    # Here and below: after a restore nothing acts on a host before the world reconcile read it (hosts/restore.py).
+    if not world_check():
+        return []
     return services.hosts_sweep_overdue()
 
 
@@ -37,12 +41,16 @@ def drive_stale_hosts() -> int:
 # service skips a request already answered, should the task be delivered twice anyway.
 @shared_task(name=task_names.POWER_CYCLE_HOST, acks_late=False)
 def power_cycle_host(host_id: int, request_id: int) -> None:
+    if not world_check():
+        return
     services.host_power_send(host_id=host_id, request_id=request_id)
 
 
 # A power cycle, power on or power off (the request's Event says which); at most once, as above.
 @shared_task(name=task_names.POWER_HOST, acks_late=False)
 def power_host(host_id: int, request_id: int) -> None:
+    if not world_check():
+        return
     services.host_power_send(host_id=host_id, request_id=request_id)
 
 
@@ -68,21 +76,29 @@ def preflight_hosts(host_ids: list[int], actor: str = "system:preflight") -> int
 # delivery finds the rung started (or the host gone on) and does nothing.
 @shared_task(name=task_names.REPAIR_ADVANCE, acks_late=True)
 def repair_advance(host_id: int) -> str:
+    if not world_check():
+        return "held: the database was restored"
     return repair.host_repair_advance(host_id=host_id)
 
 
 @shared_task(name=task_names.REPAIR_DUE)
 def repair_due() -> int:
+    if not world_check():
+        return 0
     return len(repair.hosts_repair_due())
 
 
 # Warm hosts idle too long, or whose agent went silent: no longer warm, powered off (hosts/flows/warm.py).
 @shared_task(name=task_names.SWEEP_WARM_HOSTS)
 def sweep_warm_hosts() -> list[str]:
+    if not world_check():
+        return []
     return warm.hosts_warm_sweep()
 
 
 # The hosts it started a check on, and why it skipped a NodeType (claims wait for its hosts; hosts back off).
 @shared_task(name=task_names.IDLE_CHECKS_START)
 def idle_checks_start() -> dict:
+    if not world_check():
+        return {}
     return asdict(services.hosts_idle_check_start())

@@ -3,6 +3,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect
@@ -10,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from access.sessions import fresh_sign_in_refusal
 from core import scoping
 from core.actors import actor
 from core.views import STAFF, console_view, list_filter, page, paging_query
@@ -17,11 +19,9 @@ from events.selectors import security_events_needing_attention
 from events.views import live_cursor
 from hosts.selectors import (
     attention_explain,
-    erase_certificates_visible,
     health_runs_visible,
     hosts_needing_attention,
     hosts_visible,
-    repair_history,
     repair_stats,
 )
 from pools.choices import FailureKind
@@ -70,12 +70,13 @@ def fleet(request):
         "query": query.urlencode() if hasattr(query, "urlencode") else "",
         "ws_url": f"/ws/fleet/?{request.GET.urlencode()}", "nav": "fleet",
         "paging_query": paging_query(request), "columns": presenters.sort_columns(request.GET),
-        "bulk_actions": presenters.BULK_ACTIONS,
+        "bulk_actions": [(slug, label) for slug, label in presenters.BULK_ACTIONS
+                         if scoping.is_admin(request.user) or slug not in presenters.ADMIN_ONLY_ACTIONS],
         "export_query": paging_query(request),
         # Refused agent lookups and boot scripts asked for twice (hosts/boot/ramdisk.py) that a person must look at: someone
         # may be after an agent. Routine ones (a host's own agent lingering after a retest) are in the log only.
         "security_events": security_events_needing_attention(since=timezone.now() - timedelta(hours=24)),
-        **presenters.attention_board(is_admin=scoping.is_admin(request.user)),
+        **presenters.attention_board(acts_on_hosts=scoping.acts_on_hosts(request.user)),
     })
 
 
@@ -89,21 +90,14 @@ def host_detail(request, name: str):
     presenters.decorate_rows([host], node_types)
     context = presenters.host_summary_context(request.user, host)
     context.update({
-        "cursor": cursor, "inventory": presenters.inventory_view(host.inventory, macs=scoping.may_see_bmc(request.user)),
-        "events": presenters.host_events(request.user, host),
-        # Evidence as scoping gives it to the certificate pages and the API: staff see all, a tenant member only
-        # the erases of their own tenant's data and the health runs of those releases (never another tenant's).
-        "erase_certificates": _certificates(request.user, host),
-        "health_runs": list(health_runs_visible(request.user).filter(host=host)
-                            .defer("raw_output", "raw_json", "parsed", "gpus").order_by("-pk")[:20]),
+        "cursor": cursor, "events": presenters.host_events(request.user, host),
+        **presenters.host_records(request.user, host),  # live too (render_host_live)
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
         "preflight": presenters.preflight_shown(host), "sku": presenters.sku_shown(host),
-        # Its stays in repair: what failed, each remedy the ladder tried and how it ended (staff only).
-        "repair_history": repair_history(host) if scoping.sees_everything(request.user) else None,
     })
-    if scoping.may_see_bmc(request.user):  # the BMC's web interface and the agent's log: staff only
-        context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address), flow_log=presenters.flow_log(host))
+    if scoping.may_see_bmc(request.user):  # the BMC's web interface: staff only
+        context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address))
     return page(request, "hosts/host.html", context)
 
 
@@ -121,14 +115,6 @@ def health_run_detail(request, pk: int):
         "run": run, "gpus": gpus, "host_visible": host_visible,
         "thresholds": sorted(run.thresholds.items()) if isinstance(run.thresholds, dict) else [],
         "nav": "repair" if scoping.sees_everything(request.user) else "tenants"})
-
-
-def _certificates(user, host) -> list:
-    certificates = list(erase_certificates_visible(user).filter(host=host).defer("document").order_by("-pk")[:20])
-    for cert in certificates:
-        cert.url = reverse("certificate", args=[cert.pk])
-        cert.json_url = reverse("certificate-json", args=[cert.pk])
-    return certificates
 
 
 # --- actions ------------------------------------------------------------------------------------------
@@ -157,15 +143,18 @@ ACTIONS = {
     "retire": ("Retire", "Take {host} out of the fleet for good: it is never allocated again and no action brings it "
                          "back. The reason is required and goes in the Event log."),
 }
-ACTIONS["preflight"] = ("Run preflight", "Check {host}'s BMC network (Redfish with its credentials, TLS, the system "
-                                          "and its boot MAC) and provisioning network (its DHCP/boot entry, the boot "
+ACTIONS["preflight"] = ("Run preflight", "Check {host}'s BMC network (Redfish or IPMI with its credentials, TLS, "
+                                          "the system and its boot MAC) and provisioning network (its DHCP/boot entry, the boot "
                                           "route, the ramdisk) now. Nothing on the host changes; a worker runs it and "
                                           "the result appears on this page. A red preflight keeps the host from "
                                           "being allocated.")
+ACTIONS["delete"] = ("Delete", "Delete {host} for good: it leaves the fleet and its row is removed. Its erase "
+                               "certificates, health runs and Events are kept. Only a host that serves no claim and "
+                               "that no flow drives (available, in maintenance, error, repair or retired) may go.")
 REASON_REQUIRED = {"retire"}
 
 
-@console_view(scoping.ADMIN)
+@console_view(scoping.ADMIN, scoping.OPERATOR)
 @require_http_methods(["GET", "POST"])
 def host_action(request, name: str, action: str):
     """GET: the confirmation; POST: do it through hosts.services, then back to the host page (or the repair
@@ -173,13 +162,21 @@ def host_action(request, name: str, action: str):
     host = BareMetalHost.objects.defer(*presenters.SECRETS).select_related("claim__tenant").filter(name=name).first()
     if host is None or action not in ACTIONS:
         raise Http404("no such host or action")
+    if action in presenters.ADMIN_ONLY_ACTIONS and not scoping.is_admin(request.user):
+        raise PermissionDenied(f"{ACTIONS[action][0]} is the platform admin's")
     label, warning = ACTIONS[action]
     back = "repair" if request.GET.get("next", request.POST.get("next")) == "repair" else ""
+    # Powering a host off and retiring it are destructive: they want a recent sign-in.
+    fresh_refusal = fresh_sign_in_refusal(request) if action in presenters.DANGEROUS_ACTIONS else ""
     if request.method == "GET":
         return page(request, "hosts/confirm_action.html", {
             "host": host, "action": action, "label": label, "warning": warning.format(host=host.name),
             "danger": action in presenters.DANGEROUS_ACTIONS, "reason_required": action in REASON_REQUIRED,
-            "next": back, **_confirmation(host, action)})
+            "next": back, "fresh_refusal": fresh_refusal, "fresh_next": request.get_full_path(),
+            **_confirmation(host, action)})
+    if fresh_refusal:
+        messages.error(request, f"{label}: {fresh_refusal}")
+        return redirect(request.get_full_path())
     who = actor(request)
     reason = request.POST.get("reason", "").strip()[:500]
     if "\x00" in reason:  # no browser sends one; PostgreSQL would refuse it in the Event
@@ -191,6 +188,8 @@ def host_action(request, name: str, action: str):
         messages.error(request, f"{label}: {exc}")
     else:
         messages.success(request, done)
+        if action == "delete":
+            return redirect("fleet")  # its page is gone
     return redirect("repair") if back else redirect("host", name=host.name)
 
 
@@ -218,6 +217,9 @@ def action_run(*, host: BareMetalHost, action: str, actor: str, reason: str = ""
     elif action == "preflight":
         preflight_request(host_ids=[host.pk], actor=actor)
         return f"{label}: asked for {host.name}; the result will appear on its page"
+    elif action == "delete":
+        services.host_delete(host=host, actor=actor)
+        return f"{label}: {host.name} deleted; its certificates, health runs and Events are kept"
     elif action in services.POWER_STEPS:
         services.host_power_request(host=host, action=action, actor=actor, reason=reason)
         return f"{label}: asked for {host.name}; the BMC's answer will appear in the timeline"
@@ -230,7 +232,9 @@ def _confirmation(host: BareMetalHost, action: str) -> dict:
     """What the confirmation page says besides the warning: why it is refused now, what else it affects."""
     notes, refusal, override = [], "", False
     claim = getattr(host, "claim", None)
-    if action in services.POWER_STEPS:
+    if action == "delete":
+        refusal = services.host_removal_refusal(host)
+    elif action in services.POWER_STEPS:
         refusal = services.power_cycle_refusal(host.state)
         if claim is not None and not refusal:
             notes.append(f"It serves claim {claim.name} of tenant {claim.tenant.name}: that node goes down and "
@@ -244,6 +248,9 @@ def _confirmation(host: BareMetalHost, action: str) -> dict:
             why = verdict.get("message") or "no reason recorded"
             notes.append(f"It has no passing retest since it went to repair ({why}). Returning it anyway is an "
                          "admin override: tick it and say why; both go in the Event log.")
+    if not refusal and action not in services.POWER_STEPS and action != "delete":
+        # An action its state does not offer (a page left open, a link kept): why not, and what to do instead.
+        refusal = presenters.action_refusal(host, action)
     return {"notes": notes, "refusal": refusal, "override": override}
 
 
@@ -260,9 +267,9 @@ def repair(request):
     rows = presenters.decorate_rows(list(pager.object_list), presenters.node_types_by_selector())
     attention_explain(rows)
     _attach_evidence(rows)
-    if scoping.is_admin(request.user):
+    if scoping.acts_on_hosts(request.user):
         for h in rows:
-            h.actions = presenters.host_actions(h)
+            h.actions = presenters.host_actions(h, admin=scoping.is_admin(request.user))
     stats = repair_stats(node_type=request.GET.get("node_type", "")[:253], kind=request.GET.get("kind", "")[:16])
     return page(request, "hosts/repair.html", {
         "cursor": cursor, "page_obj": pager, "rows": rows, "nav": "repair", "paging_query": paging_query(request),
@@ -278,6 +285,18 @@ def _pks(value) -> list[int]:
     return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
+def _bmc_events(log, newest: int = 5) -> list[str]:
+    """The newest entries of the BMC's event log kept with the move into repair (hosts.flows.steps.bmc_event_log),
+    one line each; or why it could not be read."""
+    if not isinstance(log, dict):
+        return []
+    if log.get("error"):
+        return [f"not read: {log['error']}"]
+    entries = [e for e in log.get("entries") or [] if isinstance(e, dict)][-newest:]
+    return [f"{(e.get('time') or '')[:19]} {e.get('sensor_type', '')} #{e.get('sensor')}: {e.get('event', '')} "
+            f"({e.get('direction', '')})".strip() for e in entries]
+
+
 def _attach_evidence(rows: list) -> None:
     """Each row's failing step and links to what failed, from the data of its move into repair
     (hosts.flows.host.host_flow_fail: {"step", "message", "evidence": {"certificates": [pk...], "health_run": pk}}): the failed
@@ -288,6 +307,7 @@ def _attach_evidence(rows: list) -> None:
         data = h.reason_data if isinstance(h.reason_data, dict) else {}
         evidence = data.get("evidence") if isinstance(data.get("evidence"), dict) else {}
         h.failed_step = h.reason_step or data.get("step") or ""
+        h.bmc_events = _bmc_events(data.get("bmc_event_log"))
         wanted[h.pk] = (_pks(evidence.get("certificates")), _pks(evidence.get("health_run")))
     cert_ids = {pk for certs, _ in wanted.values() for pk in certs}
     run_ids = {pk for _, runs in wanted.values() for pk in runs}

@@ -9,8 +9,8 @@ console and the official client rely on it and kmock (0.8) does not do it:
 
 - bearer-token authentication: the admin token of the kubeconfig, and bootstrap tokens checked
   against their `bootstrap-token-<id>` Secret the way the API server's bootstrap authenticator
-  does (a bootstrap identity may only touch nodes and pods: the lab folds the kubelet's TLS
-  bootstrap into that token);
+  does (a bootstrap identity may only touch nodes, pods and CSRs: the lab folds the kubelet's TLS
+  bootstrap into that token, and its CSR's spec.username names the token as the real API server's does);
 - metadata the real API server fills in (uid, creationTimestamp, resourceVersion, namespace),
   Secret `stringData` folded into `data`, and 409 on a patch that carries a stale resourceVersion;
 - fieldSelector / labelSelector / timeoutSeconds / resourceVersion on list and watch (kmock
@@ -57,6 +57,7 @@ PODS = kmock.resource("", "v1", "pods")
 SECRETS = kmock.resource("", "v1", "secrets")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 JOBS = kmock.resource("batch", "v1", "jobs")
+CSRS = kmock.resource("certificates.k8s.io", "v1", "certificatesigningrequests")
 RESOURCES = {
     NODES: kmock.ResourceInfo(kind="Node", singular="node", namespaced=False, shortnames={"no"},
                               verbs={"create", "delete", "get", "list", "patch", "watch"}, subresources={"status"}),
@@ -69,11 +70,13 @@ RESOURCES = {
                                    verbs={"create", "delete", "get", "list", "patch", "watch"}),
     JOBS: kmock.ResourceInfo(kind="Job", singular="job", namespaced=True,
                              verbs={"create", "delete", "get", "list", "patch", "watch"}, subresources={"status"}),
+    CSRS: kmock.ResourceInfo(kind="CertificateSigningRequest", singular="certificatesigningrequest", namespaced=False,
+                             shortnames={"csr"}, verbs={"create", "delete", "get", "list", "patch", "watch"}),
 }
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 PUBLIC_PATHS = {"/healthz", "/livez", "/readyz", "/version"}  # system:public-info-viewer
 BOOTSTRAP_TOKEN_RE = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
-BOOTSTRAPPER_RESOURCES = {"nodes", "pods"}  # what a joining kubelet may touch in the lab
+BOOTSTRAPPER_RESOURCES = {"nodes", "pods", "certificatesigningrequests"}  # what a joining kubelet may touch
 _CLOSE = object()  # put on every watch bus at shutdown, so open watches end at once
 # kmock's URL parser reads /api/v1/namespaces[/NAME] as "inside a namespace" and fails or misroutes
 DISCOVERY_SLASH = re.compile(r"^/(api|apis)(/[^/]+){0,2}/$")
@@ -337,6 +340,8 @@ class TenantEmulator(kmock.KubernetesEmulator):
         key = None
         if request.resource is not None and isinstance(request.data, dict | list):
             if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+                if request.resource == CSRS:  # the API server writes who asked, whatever the body says
+                    request.data.setdefault("spec", {})["username"] = self._identity(request)[0]
                 self._fold_string_data(request.data)
                 self._stamp_new(request.data, request.namespace)
                 meta = request.data["metadata"]
@@ -924,6 +929,15 @@ def kubelet_join(endpoint: str, bootstrap_token: str, node_name: str, labels: di
                    **(labels or {})}
     api = _api_client(endpoint, bootstrap_token)
     try:
+        # The kubelet's TLS bootstrap: a CSR for its client certificate, made with the bootstrap token (the API
+        # server records the token's identity in it: how a console tells a join token was used).
+        csr = {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+               "metadata": {"generateName": "node-csr-"},
+               "spec": {"request": base64.b64encode(f"lab csr of {node_name}".encode()).decode(),
+                        "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                        "usages": ["digital signature", "client auth"]}}
+        _kubelet_call(f"node {node_name} csr", client.CertificatesV1Api(api).create_certificate_signing_request, csr,
+                      _request_timeout=timeout)
         v1 = client.CoreV1Api(api)
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name, "labels": node_labels},
                 "spec": {}}

@@ -112,7 +112,9 @@ class RedfishLab:
                "delay"}), "extra_macs"? [...], "tls"? (serve HTTPS on its own port with a self-signed
                certificate, as many BMCs ship: `redfish+https://` addresses), "drives"? [{"id", "serial",
                "model", "size_bytes", "manufacturer"?, "media_type"?}] (its Storage/1/Drives; none: the BMC
-               reports an empty storage collection)}]
+               reports an empty storage collection), "ipmi"? (its own port is an IPMI LAN server instead of
+               Redfish: `ipmi://` addresses, lab/ipmi.py), "ipmi_ciphers"? (False: it refuses every cipher suite),
+               "sel"? [{"sensor_type", "offset"?, "sensor"?, "deasserted"?}] (its IPMI system event log)}]
     """
 
     def __init__(self, systems: list[dict], username: str = "admin", password: str = "password",
@@ -138,6 +140,8 @@ class RedfishLab:
                 "port": int(spec.get("port") or 0),  # 0: a free one
                 "tls": bool(spec.get("tls")),
                 "drives": [dict(d) for d in spec.get("drives") or ()],
+                "ipmi": bool(spec.get("ipmi")), "ipmi_ciphers": spec.get("ipmi_ciphers", True),
+                "sel": [dict(e) for e in spec.get("sel") or ()],
             }
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
@@ -218,6 +222,9 @@ class RedfishLab:
                                       "power_delay": s["power_delay"], "fault": s["fault"],
                                       "tls": _self_signed(directory) if s["tls"] else None,
                                       "drives": {d["id"]: d for d in s["drives"]}}
+            if s["ipmi"]:  # the lab's private directory (0700), as its htpasswd files
+                lab_systems[s["uuid"]].update(ipmi=True, ipmi_credentials=[s["username"], s["password"]],
+                                              ipmi_ciphers=s["ipmi_ciphers"], sel=s["sel"])
         options = {
             "SUSHY_EMULATOR_LISTEN_IP": self.host,
             "SUSHY_EMULATOR_LISTEN_PORT": self.port,
@@ -267,13 +274,27 @@ class RedfishLab:
         self._system(name)
         return self._ports[name]
 
+    def is_ipmi(self, name: str) -> bool:
+        return self._system(name)["ipmi"]
+
+    def ipmi_address(self, name: str) -> str:
+        """An IPMI system's BMC: ipmi://HOST:PORT (UDP)."""
+        if not self.is_ipmi(name):
+            raise LabError(f"lab system {name!r} has a Redfish BMC, not IPMI")
+        return f"ipmi://{self.host}:{self.system_port(name)}"
+
     def system_address(self, name: str, scheme: str = "redfish+http", shared: bool = False) -> str:
-        """The BMC address a host is registered with: its own port, or the shared one."""
+        """The BMC address a host is registered with: its own port, or the shared one (an IPMI system: its
+        ipmi:// address, unless `shared`)."""
+        if self.is_ipmi(name) and not shared:
+            return self.ipmi_address(name)
         port = self.port if shared else self.system_port(name)
         return f"{scheme}://{self.host}:{port}/redfish/v1/Systems/{self.system_id(name)}"
 
     def bmc_address(self, name: str, scheme: str = "redfish+http") -> str:
         """The system's own BMC without a system path: the console finds it by boot MAC."""
+        if self.is_ipmi(name):
+            return self.ipmi_address(name)
         return f"{scheme}://{self.host}:{self.system_port(name)}/redfish/v1/Systems"
 
     # faults
@@ -291,6 +312,15 @@ class RedfishLab:
         event with this cause is recorded."""
         self._system(name)
         return self._call("POST", "/lab/power", {"system": name, "power_state": power_state, "cause": cause})
+
+    def add_sel(self, name: str, sensor_type: int, offset: int = 0, sensor: int = 1,
+                deasserted: bool = False) -> int:
+        """An entry in an IPMI system's event log (sensor type and event offset: IPMI 2.0, table 42-3); its record
+        id."""
+        if not self.is_ipmi(name):
+            raise LabError(f"lab system {name!r} has a Redfish BMC: no IPMI event log")
+        return self._call("POST", "/lab/sel", {"system": name, "sensor_type": sensor_type, "offset": offset,
+                                               "sensor": sensor, "deasserted": deasserted})["id"]
 
     def clear_fault(self, name: str) -> None:
         self._system(name)
@@ -420,6 +450,9 @@ class _Site:
         self.workdir = os.path.dirname(config["LAB_READY_FILE"])
         self.faults: dict[str, dict] = {}
         self.pending: dict[str, float] = {}
+        # Every power request each system got, in order ("On", "ForceOff", "ForceRestart", ...): what a test counts
+        # to show that no change was sent twice (a repeated power-on of a server already on lands as nothing).
+        self.power_requests: dict[str, list[str]] = {}
         self.events: list[dict] = []
         self.seq = 0
         self.servers: dict[str, object] = {}
@@ -427,6 +460,7 @@ class _Site:
         self.auth_ok: set = set()
         self.notices: queue.Queue = queue.Queue()
         self.driver = None
+        self.ipmi = None  # lab/ipmi.py's servers, when a system has an IPMI BMC
 
     def resolve(self, identity: str | None) -> str | None:
         if identity in self.systems:
@@ -449,6 +483,10 @@ class _Site:
             self.events.append(event)
             del self.events[:-10000]
         LOG.info("power %s %s (boot %s)", event["system"], event["power_state"], event["boot_target"])
+        if self.ipmi is not None and event.get("uuid") in self.ipmi.bmcs:
+            # An IPMI BMC logs its power unit's changes in its SEL (sensor type 0x09, "Power off" asserted, or
+            # deasserted: on), as real ones do.
+            self.ipmi.add_sel(event["uuid"], sensor_type=0x09, offset=0, deasserted=event["power_state"] == "On")
         if self.notify_url:
             self.notices.put(event)
 
@@ -494,6 +532,8 @@ class _Site:
         with self.lock:
             old = self.faults.get(uuid)
             self.faults[uuid] = fault
+        if self.systems[uuid].get("ipmi"):  # its UDP port drops packets while down (lab/ipmi.py)
+            return fault
         if kind == "bmc-down":
             self.close_port(uuid)
         elif old and old["kind"] == "bmc-down":
@@ -503,7 +543,7 @@ class _Site:
     def clear_fault(self, uuid: str) -> None:
         with self.lock:
             old = self.faults.pop(uuid, None)
-        if old and old["kind"] == "bmc-down":
+        if old and old["kind"] == "bmc-down" and not self.systems[uuid].get("ipmi"):
             self.open_port(uuid)
 
     def active_fault(self, uuid: str, consume: bool = True) -> dict | None:
@@ -615,6 +655,16 @@ class _Site:
                 event = self.driver.power_changed_by_machine(uuid, body["power_state"],
                                                              str(body.get("cause") or "machine"))
                 return _json_response(200, event or {}, [], environ, start_response)
+            if path == "/lab/sel" and method == "POST":
+                body = json.loads(_read_body(environ) or b"{}")
+                uuid = self.resolve(body.get("system"))
+                if uuid is None or self.ipmi is None or uuid not in self.ipmi.bmcs:
+                    return _json_response(404, {"error": f"no IPMI system {body.get('system')!r}"}, [],
+                                          environ, start_response)
+                record = self.ipmi.add_sel(uuid, sensor_type=int(body["sensor_type"]),
+                                           offset=int(body.get("offset") or 0), sensor=int(body.get("sensor") or 1),
+                                           deasserted=bool(body.get("deasserted")))
+                return _json_response(200, {"id": record}, [], environ, start_response)
             if path.startswith("/lab/faults/") and method == "DELETE":
                 uuid = self.resolve(urllib.parse.unquote(path.rsplit("/", 1)[1]))
                 if uuid is None:
@@ -635,6 +685,7 @@ class _Site:
                     "uuid": uuid, "port": self.ports.get(uuid),
                     "power_state": system["power_state"],
                     "pending_power": system.get("pending_power"),
+                    "power_requests": list(self.power_requests.get(uuid, ())),
                     "boot_target": system.get("boot_device", "Hdd"),
                     "boot_enabled": system.get("boot_enabled", "Continuous"),
                     "virtual_media": self.virtual_media(uuid),
@@ -829,6 +880,7 @@ def _lab_driver_class(base, site: _Site, error):
         def set_power_state(self, identity, state):
             system = self._get(identity)
             uuid = system["uuid"]
+            site.power_requests.setdefault(uuid, []).append(state)
             if "Restart" in state:
                 if system["power_state"] != "Off":
                     self._update(system, power_state="Off")
@@ -943,7 +995,13 @@ def serve(config_path: str, parent_pid: int | None = None) -> None:
     _download_from_guest_urls(app)
 
     for uuid, spec in site.systems.items():
-        site.open_port(uuid, spec.get("port") or None)
+        if spec.get("ipmi"):
+            from lab.ipmi import IpmiServers
+
+            site.ipmi = site.ipmi or IpmiServers(site)
+            site.ports[uuid] = site.ipmi.start(uuid, spec, site.host)
+        else:
+            site.open_port(uuid, spec.get("port") or None)
         if spec.get("fault"):
             f = spec["fault"]
             site.set_fault(uuid, f["kind"], f.get("seconds"), f.get("requests"), f.get("delay"))

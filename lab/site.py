@@ -1,7 +1,8 @@
 """The lab: a simulated data centre on 127.0.0.1 for the demo, the tests and the benchmarks.
 
 - BMCs: sushy-tools' Redfish emulator (lab/redfish.py), one port per server, power changes that land
-  seconds later, per-server credentials and injected faults.
+  seconds later, per-server credentials and injected faults; servers named in `ipmi_hosts` have an IPMI LAN BMC
+  instead (lab/ipmi.py: pyghmi's BMC server class on the same power and boot events, `ipmi://` addresses).
 - Servers: file-backed disks under var/lab/<host>/, a hardware profile per server (gpu-server: 8 GPUs,
   NVMe disks, 2 TiB of RAM reported; cpu-server), and the real agent (agent/) started as a process when a
   server powers on into PXE, as the ramdisk would be, with the lab's hardware (lab/hardware.py) in place of Linux's. Powering on from disk "boots the installed OS":
@@ -120,10 +121,23 @@ def lab_sku(role: str, disk_bytes: int = DISK_BYTES) -> dict:
             "nics": {"count": 1, "minSpeedGbps": 25}}
 
 
+# A lab server's boot MAC follows from its name alone (gpu-07 is 52:54:00:1a:00:06 whatever the lab's size), so a
+# larger or smaller lab keeps every other server's MAC: the fourth byte says the role.
+MAC_ROLE_BYTE = {"gpu": "1a", "vm": "1b", "cpu": "1c"}
+
+
+def lab_mac(name: str) -> str:
+    """"gpu-07" → 52:54:00:1a:00:06; "cpu-01" → 52:54:00:1c:00:00; "vm-02" → 52:54:00:1b:00:01."""
+    role, _, number = name.partition("-")
+    i = int(number) - 1
+    return f"52:54:00:{MAC_ROLE_BYTE[role]}:{i >> 8:02x}:{i & 255:02x}"
+
+
 def parse_faults(text: str) -> list[tuple[str, str]]:
     """"gpu-xid:3,erase-fails" → [("gpu-xid", "3"), ("erase-fails", "")]."""
     return [(kind.strip(), target.strip()) for kind, _, target in
             (item.partition(":") for item in (text or "").split(",")) if kind.strip()]
+NOT_SIMULATED = "the lab no longer simulates this server"  # why a server of a smaller lab is in maintenance
 VM_NODE_TYPE = "vm-server"  # VMs have no GPUs and 1 vCPU: a node type of their own, not cpu-server's 64 cores
 IMAGE_NAME = "ubuntu2404-20260926"
 IMAGE_BYTES = 8 * 1024 * 1024
@@ -252,7 +266,7 @@ class LabSite:
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
-                 health: dict | None = None):
+                 health: dict | None = None, ipmi_hosts: list[str] | tuple = ()):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
@@ -278,14 +292,14 @@ class LabSite:
             role = "gpu" if i < gpu_count else "cpu"
             n = i + 1 if role == "gpu" else i - gpu_count + 1
             name = f"{role}-{n:02d}"
-            self.hosts[name] = LabHost(name=name, role=role, mac=f"52:54:00:1a:{i >> 8:02x}:{i & 255:02x}",
+            self.hosts[name] = LabHost(name=name, role=role, mac=lab_mac(name),
                                        password=secrets.token_urlsafe(12), directory=self.var_dir / name,
                                        fault=faults.get(name, ""), disk_bytes=disk_bytes,
                                        dcgm_version="4.2.3" if i % 2 == 0 else "3.3.9",  # both formats
                                        tools_dir=str(self.var_dir / "tools"))
         for i in range(vms):
             name = f"vm-{i + 1:02d}"
-            mac = f"52:54:00:1b:{i >> 8:02x}:{i & 255:02x}"
+            mac = lab_mac(name)
             directory = self.var_dir / name
             self.hosts[name] = host = LabHost(name=name, role="vm", mac=mac, password=secrets.token_urlsafe(12),
                                               directory=directory, fault=faults.get(name, ""), disk_bytes=disk_bytes)
@@ -298,6 +312,10 @@ class LabSite:
         unknown = set(faults) - set(self.hosts)
         if unknown:
             raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
+        self.ipmi_hosts = set(ipmi_hosts)
+        unknown = self.ipmi_hosts - {name for name, host in self.hosts.items() if host.vm is None}
+        if unknown:
+            raise ValueError(f"IPMI BMC for unknown or VM host(s): {', '.join(sorted(unknown))}")
         self.tenants: dict[str, TenantAPIServer] = {}
         self.images: list[LabImage] = []
         self.redfish: RedfishLab | None = None
@@ -305,6 +323,12 @@ class LabSite:
         self._stop = threading.Event()
         self._controller: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._bmc_recorded: dict[str, int] = {}  # every server this var_dir's labs simulated: its BMC port
+
+    @property
+    def not_simulated(self) -> list[str]:
+        """The servers an earlier start of this lab simulated and this one does not (it is smaller)."""
+        return sorted(set(self._bmc_recorded) - set(self.hosts))
 
     # --- life cycle ---------------------------------------------------------------------------------
 
@@ -329,7 +353,7 @@ class LabSite:
         last = self._ports_last()
         self._start_image_server(last.get("images", 0))
         systems = [{"name": h.name, "mac": h.mac, "password": h.password, "port": last.get("bmc", {}).get(h.name, 0),
-                    "drives": h.bmc_drives(),
+                    "drives": h.bmc_drives(), "ipmi": h.name in self.ipmi_hosts,
                     **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
                             if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]
@@ -412,7 +436,44 @@ class LabSite:
             tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
             tenant_set_api(tenant=tenant, api_endpoint=server.endpoint, kubeconfig=server.kubeconfig(), actor=actor)
         self.configure_node_types()
-        return result.lines
+        return result.lines + self.follow_size(actor=actor)
+
+    def follow_size(self, *, actor: str = "system:lab") -> list[str]:
+        """What a smaller or larger lab means in the console: the servers it no longer simulates go to maintenance,
+        saying why (their BMCs are silent now); those in maintenance for that reason that it simulates again come
+        out (they register again, at the BMC port they had). A server serving a claim cannot go to maintenance: the
+        line says what to do."""
+        from events.choices import EventKind
+        from events.models import Event
+        from hosts.choices import HostState
+        from hosts.lifecycle import TRANSITIONS, ConcurrentTransition, IllegalTransition
+        from hosts.models import BareMetalHost
+        from hosts.services import host_set_maintenance
+
+        lines = []
+        size = f"it runs {len(self.hosts)} servers now"
+        for host in BareMetalHost.objects.filter(name__in=self.not_simulated).order_by("name"):
+            if host.state in (HostState.MAINTENANCE, HostState.RETIRED):
+                continue
+            if HostState.MAINTENANCE not in TRANSITIONS[host.state]:
+                lines.append(f"{host.name}: the lab no longer simulates it ({size}), but it is {host.state}: "
+                             "release its claim, then put it in maintenance")
+                continue
+            try:
+                host_set_maintenance(host=host, on=True, actor=actor,
+                                     reason=f"{NOT_SIMULATED} ({size}); a larger lab brings it back")
+            except (IllegalTransition, ConcurrentTransition) as exc:  # a flow moved it meanwhile
+                lines.append(f"{host.name}: the lab no longer simulates it ({size}); not put in maintenance: {exc}")
+                continue
+            lines.append(f"{host.name}: in maintenance: {NOT_SIMULATED} ({size})")
+        back = BareMetalHost.objects.filter(name__in=list(self.hosts), state=HostState.MAINTENANCE).order_by("name")
+        for host in back:
+            why = (Event.objects.filter(host_id=host.pk, kind=EventKind.TRANSITION, to_state=HostState.MAINTENANCE)
+                   .order_by("-id").values_list("message", flat=True).first() or "")
+            if why.startswith(NOT_SIMULATED):  # not one a person put there
+                host_set_maintenance(host=host, on=False, actor=actor, reason="the lab simulates it again")
+                lines.append(f"{host.name}: out of maintenance: the lab simulates it again")
+        return lines
 
     def configure_node_types(self) -> None:
         """The lab's GPU servers are 8x H200: gpu-server gets their health suite, unless someone set one. A
@@ -467,6 +528,8 @@ class LabSite:
             return {}
         if not isinstance(last, dict):
             return {}
+        recorded = last.get("bmc") if isinstance(last.get("bmc"), dict) else {}
+        self._bmc_recorded = {k: v for k, v in recorded.items() if isinstance(v, int)}
 
         def free(port) -> int:
             return port if isinstance(port, int) and 0 < port < 65536 and port_free(port) else 0
@@ -476,8 +539,11 @@ class LabSite:
                 "tenants": {k: free(v) for k, v in (last.get("tenants") or {}).items()}}
 
     def _ports_keep(self) -> None:
-        ports = {"images": self._image_server.server_address[1], "shared": self.redfish.port,
-                 "bmc": {name: self.redfish.system_port(name) for name in self.hosts}, "tenants": {n: t.port for n, t in self.tenants.items()}}
+        # The servers an earlier, larger lab simulated keep their BMC ports here: a larger lab again brings them back
+        # at the address the console knows.
+        bmc = {**self._bmc_recorded, **{name: self.redfish.system_port(name) for name in self.hosts}}
+        ports = {"images": self._image_server.server_address[1], "shared": self.redfish.port, "bmc": bmc,
+                 "tenants": {n: t.port for n, t in self.tenants.items()}}
         (self.var_dir / self.PORTS_FILE).write_text(json.dumps(ports, indent=1))
 
     def _start_image_server(self, port: int = 0) -> None:

@@ -77,17 +77,32 @@ class ApplyResult:
     lines: list[str] = field(default_factory=list)  # "nodepool one/gpu created", kubectl-style
     changed: int = 0
     notes: list[str] = field(default_factory=list)  # what the user must decide before applying
+    # The same, one entry an object, for the apply page: what ("nodetype/gpu"), verb, and each changed key as
+    # (key, before, after); a Secret's keys come without their values, a warning as its text alone.
+    items: list[dict] = field(default_factory=list)
 
     def add(self, what: str, created: bool, changes: dict | None = None) -> None:
         if created:
             self.lines.append(f"{what} created")
+            self.items.append({"what": what, "verb": "created", "changes": []})
             self.changed += 1
         elif changes:
             detail = ", ".join(f"{k}: {_short(o)} → {_short(n)}" for k, (o, n) in changes.items())
             self.lines.append(f"{what} configured ({detail})")
+            self.items.append({"what": what, "verb": "configured",
+                               "changes": [(k, _short(o), _short(n)) for k, (o, n) in changes.items()]})
             self.changed += 1
         else:
             self.lines.append(f"{what} unchanged")
+            self.items.append({"what": what, "verb": "unchanged", "changes": []})
+
+    def warn(self, text: str) -> None:
+        self.line(f"Warning: {text}")
+
+    def line(self, text: str) -> None:
+        """A line that is no object's create or update (a deletion, a warning): the page shows it as it is."""
+        self.lines.append(text)
+        self.items.append({"what": "", "verb": "", "changes": [], "text": text})
 
 
 def _short(value) -> str:
@@ -171,7 +186,7 @@ class Context:
     def check_credentials(self) -> None:
         for key, secret in self.secrets.items():
             if key not in self.used_secrets:
-                self.result.lines.append(f"secret {key[0]}/{key[1]} not referenced by any BareMetalHost")
+                self.result.line(f"secret {key[0]}/{key[1]} not referenced by any BareMetalHost")
 
     def check_quotas(self) -> None:
         """Once every pool is applied: a quota set below what the tenant's pools ask for is applied (nothing is
@@ -179,7 +194,7 @@ class Context:
         for tenant in self.quotas_set:
             warning = tenant_quota_warning(tenant=tenant, quota=tenant.quota_nodes)
             if warning:
-                self.result.lines.append(f"Warning: {warning}")
+                self.result.warn(warning)
 
     def update(self, what: str, obj, values: dict, paths: dict[str, tuple], *, object_type: str, tenant=None,
                self_link: str = ""):
@@ -245,6 +260,8 @@ def apply_secret(ctx: Context, doc: Document) -> None:
     created, changed = _secret_change(namespace, name, values, redacted)
     if changed:
         ctx.result.lines.append(f"{what} configured ({', '.join(changed)} changed)")  # never the data
+        ctx.result.items.append({"what": what, "verb": "configured", "changes": [(k, "", "") for k in changed],
+                                 "secret": True})
         ctx.result.changed += 1
     else:
         ctx.result.add(what, created)
@@ -296,7 +313,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
             node_type_delete(node_type=stale, actor=ctx.actor)
         except InUse as exc:
             raise Invalid(block.path + ("nodeTypes",), f"{exc}; keep declaring it until then") from None
-        ctx.result.lines.append(f"nodetype/{stale.name} deleted")
+        ctx.result.line(f"nodetype/{stale.name} deleted")
         ctx.result.changed += 1
 
 
@@ -592,7 +609,7 @@ def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
     for name, (created, changes) in result.pools.items():
         ctx.result.add(f"nodepool/{tenant.name}/{name}", created, changes)
     for name in result.deleted:
-        ctx.result.lines.append(f"nodepool/{tenant.name}/{name} deleted")
+        ctx.result.line(f"nodepool/{tenant.name}/{name} deleted")
         ctx.result.changed += 1
 
 
@@ -648,6 +665,7 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     bmc = spec.child("bmc").mapping({"address", "credentialsName", "disableCertificateVerification"},
                                     required=("address", "credentialsName"))
     credentials_name = bmc.str("credentialsName", required=True)
+    _refuse_what_ipmi_cannot(spec, bmc.str("address", required=True))
     host = BareMetalHost.objects.filter(name=name).first() or BareMetalHost(name=name)
     secret = ctx.secrets.get((namespace, credentials_name))
     values = {
@@ -690,6 +708,20 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     except ValidationError as exc:
         raise _invalid_from(exc, paths) from None
     ctx.result.add(f"baremetalhost/{name}", True)
+
+
+def _refuse_what_ipmi_cannot(spec: Reader, address: str) -> None:
+    """An ipmi:// host asking for what only Redfish does is refused here, with the reason, rather than failing its
+    first boot: a live ISO (Metal3 boots it from virtual media) and UEFI secure boot (IPMI cannot set it)."""
+    if not address.strip().lower().startswith("ipmi://"):
+        return
+    image = spec.child("image", {})
+    if isinstance(image.value, dict) and str(image.value.get("format") or "").lower() == "live-iso":
+        raise Invalid(image.path + ("format",), "a live ISO boots from virtual media, which an ipmi:// BMC cannot "
+                                                "insert: use a redfish-virtualmedia:// address")
+    if spec.str("bootMode") == "UEFISecureBoot":
+        raise Invalid(spec.path + ("bootMode",), "an ipmi:// BMC cannot turn on UEFI secure boot: give this host a "
+                                                 "Redfish address")
 
 
 def _with_derived_labels(host: BareMetalHost, labels: dict) -> dict:

@@ -126,7 +126,9 @@ class NodeTypeAdmin(ServiceDeleteMixin, RecordedAdmin):
         if node_type.pk is None:
             return "-"
         c = self._capacity(node_type)
-        return f"{c['total']} host(s) match: {c['available']} available, {c['provisioned']} provisioned"
+        # Every column of the capacity vocabulary that counts a host (they add up to the total).
+        parts = [f"{n} {name.replace('_', ' ')}" for name, n in c.items() if name != "total" and n]
+        return f"{c['total']} host(s) match" + (f": {', '.join(parts)}" if parts else "")
 
     @admin.display(description="resources")
     def resources_text(self, node_type):
@@ -180,8 +182,8 @@ class TenantForm(forms.ModelForm):
 
 
 class TenantMembershipInline(admin.TabularInline):
-    """Who belongs to which tenant, on the tenant's page and on the user's: rows are added or deleted
-    (through pools.services), never edited."""
+    """Who belongs to which tenant and in which role (tenant admin or viewer), on the tenant's page and on the
+    user's: rows are added or deleted (through pools.services), never edited; a new role is a new row."""
 
     model = TenantMembership
     extra = 0
@@ -202,7 +204,7 @@ class MembershipsRecorded:
         for membership in formset.deleted_objects:
             membership_remove(tenant=membership.tenant, user=membership.user, actor=actor)
         for membership in formset.new_objects:
-            membership_add(tenant=membership.tenant, user=membership.user, actor=actor)
+            membership_add(tenant=membership.tenant, user=membership.user, actor=actor, role=membership.role)
 
 
 @admin.register(Tenant)
@@ -287,8 +289,8 @@ admin.site.unregister(Group)
 
 @admin.register(User)
 class RecordedUserAdmin(MembershipsRecorded, RecordedAdmin, UserAdmin):
-    """Django's user admin, each change recorded with the admin's name: staff and superuser flags, groups
-    (auditors), tenants, and that the password changed (never the hash: events.services.is_secret)."""
+    """Django's user admin, each change recorded with the admin's name: staff and superuser flags (platform
+    admin), groups (operators, auditors), tenants and the role in each, and that the password changed (never the hash: events.services.is_secret)."""
 
     event_object_type = ObjectType.USER
     inlines = (TenantMembershipInline,)

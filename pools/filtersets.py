@@ -19,7 +19,7 @@ class TenantFilterSet(NameSearchFilterSet):
 class NodePoolFilterSet(NameSearchFilterSet):
     tenant = filters.CharFilter(field_name="tenant__name", label="Tenant")
     provider = filters.CharFilter(field_name="provider__name", label="NodeProvider")
-    kind = filters.ChoiceFilter(choices=PoolKind.choices)
+    kind = filters.ChoiceFilter(choices=PoolKind.choices, empty_label="any")
 
     class Meta:
         model = NodePool
@@ -27,7 +27,7 @@ class NodePoolFilterSet(NameSearchFilterSet):
 
 
 class NodeProviderFilterSet(NameSearchFilterSet):
-    kind = filters.ChoiceFilter(choices=ProviderKind.choices)
+    kind = filters.ChoiceFilter(choices=ProviderKind.choices, empty_label="any")
 
     class Meta:
         model = NodeProvider
@@ -52,7 +52,7 @@ class NodeEnvironmentFilterSet(NameSearchFilterSet):
 
 
 class OSImageFilterSet(NameSearchFilterSet):
-    format = filters.ChoiceFilter(choices=ImageFormat.choices)
+    format = filters.ChoiceFilter(choices=ImageFormat.choices, empty_label="any")
 
     class Meta:
         model = OSImage

@@ -399,7 +399,8 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["name"]
-        verbose_name = "tenant (VirtualClusterInstance)"
+        verbose_name = "tenant"  # a VirtualClusterInstance: the class's docstring says so
+        verbose_name_plural = "tenants"
 
     def __str__(self) -> str:
         return self.name
@@ -500,17 +501,24 @@ class NodePool(models.Model):
 
 
 class TenantMembership(models.Model):
-    """A user who belongs to a tenant: sees and changes that tenant's pools, claims and nodes only."""
+    """A user who belongs to a tenant: sees that tenant's pools, claims and nodes only; as its admin also
+    changes its pools and quantities and joins nodes, as its viewer only reads (core.scoping)."""
+
+    class Role(models.TextChoices):
+        ADMIN = "admin", "tenant admin"
+        VIEWER = "viewer", "tenant viewer"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="tenant_memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.ADMIN,
+                            help_text="admin: changes the tenant's pools and joins nodes; viewer: reads only")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="uniq_membership")]
 
     def __str__(self) -> str:
-        return f"{self.user} in {self.tenant}"
+        return f"{self.user} in {self.tenant} ({self.role})"
 
 
 class FabricPartition(models.Model):

@@ -23,11 +23,11 @@ def node_environments_visible(user, qs: QuerySet | None = None) -> QuerySet:
     """Shared networks (no tenant) for everyone signed in; a tenant's own for those who see that tenant."""
     qs = NodeEnvironment.objects.all() if qs is None else qs
     r = scoping.role(user)
-    if r in (scoping.ADMIN, scoping.AUDITOR):
+    if r in scoping.STAFF:
         return qs
     if r == scoping.NOBODY:
         return qs.none()
-    return qs.filter(Q(tenant__isnull=True) | Q(tenant_id__in=user.tenant_memberships.values("tenant_id")))
+    return qs.filter(Q(tenant__isnull=True) | Q(tenant_id__in=scoping.tenant_ids(user)))
 
 
 # --- SKU conformance and labels from inspection (pools/sku.py) -------------------------------------

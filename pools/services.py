@@ -249,12 +249,16 @@ def tenant_delete(*, tenant: Tenant, actor: str) -> bool:
 
 
 @transaction.atomic
-def membership_add(*, tenant: Tenant, user, actor: str) -> bool:
-    """Make a user a member of a tenant (they see and change its pools, claims and nodes). False: already one."""
-    if TenantMembership.objects.filter(tenant=tenant, user=user).exists():
+def membership_add(*, tenant: Tenant, user, actor: str, role: str = TenantMembership.Role.ADMIN) -> bool:
+    """Make a user a member of a tenant: its admin (sees and changes its pools, claims and nodes) or its viewer
+    (sees them). A member already with another role gets this one. False: already a member in this role."""
+    if role not in TenantMembership.Role.values:
+        raise ValidationError({"role": [f"{role!r}: expected one of {', '.join(TenantMembership.Role.values)}"]})
+    membership = TenantMembership.objects.select_for_update().filter(tenant=tenant, user=user).first()
+    if membership is not None and membership.role == role:
         return False
-    object_update(TenantMembership(), {"tenant": tenant, "user": user}, actor=actor, object_type=ObjectType.MEMBERSHIP,
-                  tenant=tenant)
+    object_update(membership or TenantMembership(), {"tenant": tenant, "user": user, "role": role}, actor=actor,
+                  object_type=ObjectType.MEMBERSHIP, tenant=tenant)
     return True
 
 

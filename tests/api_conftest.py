@@ -18,13 +18,14 @@ process made through claims.tenant_api: the whole token and its secret part). It
 The only exceptions are responses whose job is to hand a secret to its owner, each exactly that secret:
 
 - POST /api/v1/tokens (201): the new key, shown once;
+- POST /tokens/ (201, the console's "Make token"): the new key, shown once;
 - POST /agent/lookup (200): the token it returns, when it is the active session's of the host it names;
 - POST /agent/heartbeat (200): the secret args of the command it returns, when that command is the calling
   agent's own host's (the host of the session its bearer token opens); never another host's;
 - POST /tenants/<name>/join/ (200, the "Join Node…" button; django.test.Client only): the bootstrap token made
-  while serving that very request, when the logged-in user may join nodes to tenant <name>: an admin (staff) or
-  a member (TenantMembership) of it. Not an auditor, not on any later page, not in a browser (whose user the
-  check does not know).
+  (or, the person's live one, shown again: claims.join_tokens) while serving that very request, when the logged-in user may join nodes to tenant <name>: an admin (staff) or
+  a member (TenantMembership) of it. Not an auditor, not on any later page; in a browser (whose user the check
+  does not know), a join token the console made for a person of tenant <name> (claims.models.JoinToken).
 
 A browser event handler cannot fail a test (nor read the database safely): what the browser received is checked
 when the test ends, against every secret seen during the test and those the database holds then.
@@ -58,6 +59,8 @@ MIN_SECRET_LENGTH = 6  # shorter values ("admin", "root") are ordinary words: a 
 KUBECONFIG_SECRET = re.compile(r"(?:token|client-key-data|client-certificate-data|password)\s*:\s*[\"']?([^\s\"']+)")
 BOOTSTRAP_TOKEN = re.compile(r"\b[a-z0-9]{6}\.([a-z0-9]{16})\b")  # <id>.<secret>: the id alone is no secret
 TOKEN_PATHS = ("/api/v1/tokens", "/api/v1/tokens/")
+CONSOLE_TOKEN_PATH = "/tokens/"
+CONSOLE_KEY = re.compile(r'id="token-key">([0-9a-f]{64})<')
 ISSUED_KEYS: set[str] = set()  # API token keys seen in plain text: the database holds only hashes
 JOIN_PATH = re.compile(r"/tenants/([^/]+)/join/")
 BOOT_PATH = re.compile(r"/boot/[0-9a-fA-F:-]{17}\.(ipxe|iso)")
@@ -91,6 +94,7 @@ class _Watch:
 
     # -- what is secret now
     def current(self) -> set[str]:
+        from claims.models import JoinToken
         from hosts.models import BareMetalHost, HostCommand, RamdiskBoot
         from pools.models import Tenant
 
@@ -105,6 +109,8 @@ class _Watch:
                 found.update(KUBECONFIG_SECRET.findall(kubeconfig))
         found.update(ISSUED_KEYS)
         found.update(RamdiskBoot.objects.exclude(secret="").values_list("secret", flat=True))  # not delivered yet
+        for token_id, secret in JoinToken.objects.values_list("token_id", "secret"):  # people's join tokens
+            found.update((f"{token_id}.{secret}", str(secret)))
         found.update(_console_keys())
         for text in HostCommand.objects.exclude(secret_args="").values_list("secret_args", flat=True):
             found.update(_command_secrets(text))
@@ -170,6 +176,10 @@ class _Watch:
         allowed = set(allowed)
         if method == "POST" and path.rstrip("/") == TOKEN_PATHS[0] and status == 201:
             key = data["token"] if isinstance(data, dict) else json.loads(text.split("\n", 1)[0])["token"]
+            ISSUED_KEYS.add(key)
+            allowed.add(key)
+        if method == "POST" and path == CONSOLE_TOKEN_PATH and status == 201:
+            key = CONSOLE_KEY.search(text)[1]
             ISSUED_KEYS.add(key)
             allowed.add(key)
         secrets = self.current() if secrets is None else secrets
@@ -243,11 +253,23 @@ class _Watch:
         # of its own and leave it open. What the browser got is checked when the test ends.
         self.browser_texts.append((method, path, status, text))
 
+    def join_tokens_shown(self, method: str, path: str, status: int) -> set[str]:
+        """In a browser, whose user the check does not know: the join tokens the console made for people of
+        tenant <name> (claims.models.JoinToken), which "Join Node…" (POST /tenants/<name>/join/) shows them."""
+        from claims.models import JoinToken
+
+        join = JOIN_PATH.fullmatch(path)
+        if method != "POST" or status != 200 or not join or not self.uses_db:
+            return set()
+        rows = JoinToken.objects.filter(tenant__name=join[1]).values_list("token_id", "secret")
+        return {form for token_id, secret in rows for form in (f"{token_id}.{secret}", str(secret))}
+
     def check_browser(self) -> None:
         self.leaks = []
         for method, path, status, text in self.browser_texts:
             try:
-                self.check_text(method, path, status, text, secrets=self.known)
+                self.check_text(method, path, status, text, secrets=self.known,
+                                allowed=self.join_tokens_shown(method, path, status))
             except SecretLeak as leak:
                 self.leaks.append(str(leak))
         self.browser_texts.clear()
@@ -401,8 +423,10 @@ privateNodes:
 """
 BRAVO_POOLS = ALPHA_POOLS.replace("gpu-server", "cpu-server").replace("name: gpu", "name: cpu")
 KUBECONFIG = ("apiVersion: v1\nkind: Config\nusers:\n- name: {name}\n  user:\n    token: kc-{name}-{secret}\n")
-ROLES = ("admin", "member_a", "member_b", "auditor", "anonymous")
-USERNAMES = {"admin": "ada-admin", "member_a": "alice-alpha", "member_b": "bob-bravo", "auditor": "audrey-auditor"}
+# member_a and member_b administer their tenants (alpha, bravo); viewer_a reads alpha only.
+ROLES = ("admin", "operator", "auditor", "member_a", "viewer_a", "member_b", "anonymous")
+USERNAMES = {"admin": "ada-admin", "operator": "otto-operator", "auditor": "audrey-auditor",
+             "member_a": "alice-alpha", "viewer_a": "vera-viewer", "member_b": "bob-bravo"}
 
 
 class World:
@@ -445,7 +469,9 @@ class World:
             self.users[role] = user
             self.tokens[role] = issue_token(user)
         self.users["auditor"].groups.add(Group.objects.get_or_create(name="auditors")[0])
+        self.users["operator"].groups.add(Group.objects.get_or_create(name="operators")[0])
         TenantMembership.objects.create(tenant=self.alpha, user=self.users["member_a"])
+        TenantMembership.objects.create(tenant=self.alpha, user=self.users["viewer_a"], role="viewer")
         TenantMembership.objects.create(tenant=self.bravo, user=self.users["member_b"])
 
     def client(self, role: str) -> APIClient:

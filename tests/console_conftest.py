@@ -125,19 +125,23 @@ class ConsoleServer:
                 self.proc.kill()
 
 
-@pytest.fixture(scope="session")
-def console_server(django_db_setup, django_db_blocker, tmp_path_factory):
+def console_env(django_db_blocker) -> dict:
+    """The environment of a console child process on the test database."""
     with django_db_blocker.unblock():
         url = database_url()
-    env = {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
-           "DJANGO_SETTINGS_MODULE": "vmetal_console.settings",
-           # Pool changes enqueue a reconcile; no worker listens on these queues: the tests drive the claims.
-           "CELERY_QUEUE_PREFIX": f"console-test-{os.getpid()}.",
-           "CONSOLE_LIVE_TAIL_S": "0.3", "CONSOLE_LIVE_FLUSH_S": "0.05", "AXES_ENABLED": "False",
-           # The agent endpoints and the worker judging an agent's silence must agree on it, as one deployment's
-           # processes do: the lab's workers run with FAST's silence limit.
-           **{name: value for name, value in FAST.items() if name.startswith("AGENT_")}}
-    server = ConsoleServer(env, tmp_path_factory.mktemp("daphne") / "daphne.log")
+    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
+            "DJANGO_SETTINGS_MODULE": "vmetal_console.settings",
+            # Pool changes enqueue a reconcile; no worker listens on these queues: the tests drive the claims.
+            "CELERY_QUEUE_PREFIX": f"console-test-{os.getpid()}.",
+            "CONSOLE_LIVE_TAIL_S": "0.3", "CONSOLE_LIVE_FLUSH_S": "0.05", "AXES_ENABLED": "False",
+            # The agent endpoints and the worker judging an agent's silence must agree on it, as one deployment's
+            # processes do: the lab's workers run with FAST's silence limit.
+            **{name: value for name, value in FAST.items() if name.startswith("AGENT_")}}
+
+
+@pytest.fixture(scope="session")
+def console_server(django_db_setup, django_db_blocker, tmp_path_factory):
+    server = ConsoleServer(console_env(django_db_blocker), tmp_path_factory.mktemp("daphne") / "daphne.log")
     watch_child_log(server.log)  # read for secrets at the end of each test (tests/api_conftest.py)
     yield server
     server.stop()
@@ -206,10 +210,20 @@ def wait_live(page) -> None:
     page.wait_for_selector("#live-status.on")
 
 
+DESKTOP = {"width": 1360, "height": 900}
+PHONE = {"width": 390, "height": 844}
+
+
 def screenshot(page, name: str) -> Path:
+    """The page as docs/screenshots shows it: NAME at 1360 px wide, and NAME-390.png as a phone sees it."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / name
+    viewport = page.viewport_size
+    page.set_viewport_size(DESKTOP)
     page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(SCREENSHOTS / name.replace(".png", "-390.png")), full_page=True)
+    page.set_viewport_size(viewport)
     return path
 
 

@@ -164,7 +164,7 @@ def test_status_json_is_stable(site, apply, seed_block, capsys):
     assert status["hosts"]["by_state"] == {"registering": 0, "inspecting": 0, "available": 2, "checking": 0,
                                            "provisioning": 1, "provisioned": 0, "deprovisioning": 0, "repair": 0,
                                            "retesting": 0, "repairing": 0, "retired": 0, "error": 0,
-                                           "maintenance": 0}
+                                           "maintenance": 0, "held": 0}
     one = status["tenants"][0]
     assert one["name"] == "one" and one["namespace"] == "p-default"
     gpu = next(p for p in one["pools"] if p["name"] == "gpu")
@@ -172,7 +172,8 @@ def test_status_json_is_stable(site, apply, seed_block, capsys):
                    "claims": {"Pending": 0, "Provisioning": 1, "Joining": 0, "Available": 0, "Failed": 0,
                               "Releasing": 0}}
     gpu_type = next(t for t in status["node_types"] if t["name"] == "gpu-server")
-    assert gpu_type["capacity"] == {"total": 3, "available": 2, "provisioned": 1}
+    assert gpu_type["capacity"] == {"total": 3, "available": 2, "held_back": 0, "provisioned": 1, "preparing": 0,
+                                    "repair": 0, "error": 0, "maintenance": 0, "held": 0, "retired": 0}
     call_command("status")
     assert "gpu-server" in capsys.readouterr().out
 

@@ -85,6 +85,7 @@ def test_the_groups_of_a_page_of_claims_are_read_in_a_fixed_number_of_queries(wo
             assert api("admin", "get", "/api/v1/claims/").status_code == 200
         return len(queries)
 
+    count()  # the token's first use of the minute records it (access.authentication): not the list's reads
     before = count()
     _, waiting = groups
     for i in range(5):

@@ -15,87 +15,93 @@ from tests.api_conftest import ALPHA_POOLS  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
-ROLES = ("admin", "member_a", "member_b", "auditor", "anonymous")
-# Expected statuses in ROLES order: admin, member of alpha, member of bravo, auditor, anonymous. The target
-# of retrieve / update / delete belongs to tenant alpha (or is shared configuration). "update" is a PATCH,
-# "replace" a PUT of the whole object as an admin reads it, with the same change.
+ROLES = ("admin", "operator", "auditor", "member_a", "viewer_a", "member_b", "anonymous")
+# Expected statuses in ROLES order: platform admin, operator, auditor, tenant admin of alpha, tenant viewer of
+# alpha, tenant admin of bravo, anonymous. The target of retrieve / update / delete belongs to tenant alpha (or
+# is shared configuration). "update" is a PATCH, "replace" a PUT of the whole object as an admin reads it, with
+# the same change.
+READ_ALL = (200, 200, 200, 200, 200, 200, 401)
+READ_ALPHA = (200, 200, 200, 200, 200, 404, 401)  # alpha's object: bravo's member does not see it
+ADMIN_ONLY = {code: (code, 403, 403, 403, 403, 403, 401) for code in (200, 201, 202, 204, 409)}
 SHARED_CONFIG = {
-    "list": (200, 200, 200, 200, 401),
-    "retrieve": (200, 200, 200, 200, 401),
-    "create": (201, 403, 403, 403, 401),
-    "update": (200, 403, 403, 403, 401),
-    "replace": (200, 403, 403, 403, 401),
-    "delete": (204, 403, 403, 403, 401),
+    "list": READ_ALL,
+    "retrieve": READ_ALL,
+    "create": ADMIN_ONLY[201],
+    "update": ADMIN_ONLY[200],
+    "replace": ADMIN_ONLY[200],
+    "delete": ADMIN_ONLY[204],
 }
-NOT_ALLOWED = (405, 405, 405, 405, 401)
+NOT_ALLOWED = (405, 405, 405, 405, 405, 405, 401)
 READ_ONLY = {"create": NOT_ALLOWED, "update": NOT_ALLOWED, "replace": NOT_ALLOWED, "delete": NOT_ALLOWED}
 # The release gate's evidence: alpha's is the certificate (and health run) of an erase of alpha's data.
 EVIDENCE = {
-    "list": (200, 200, 200, 200, 401),
-    "retrieve": (200, 200, 404, 200, 401),
+    "list": READ_ALL,
+    "retrieve": READ_ALPHA,
     **READ_ONLY,
 }
 
 MATRIX = {
     "tenants": {
-        "list": (200, 200, 200, 200, 401),
-        "retrieve": (200, 200, 404, 200, 401),
-        "create": (201, 403, 403, 403, 401),
-        "update": (200, 403, 403, 403, 401),
-        "replace": (200, 403, 403, 403, 401),
-        "delete": (202, 403, 403, 403, 401),  # alpha holds a node: its claims release first, then it goes
+        "list": READ_ALL,
+        "retrieve": READ_ALPHA,
+        "create": ADMIN_ONLY[201],
+        "update": ADMIN_ONLY[200],
+        "replace": ADMIN_ONLY[200],
+        "delete": ADMIN_ONLY[202],  # alpha holds a node: its claims release first, then it goes
     },
     "pools": {
-        "list": (200, 200, 200, 200, 401),
-        "retrieve": (200, 200, 404, 200, 401),
-        "create": (201, 201, 400, 403, 401),  # bravo's member: tenant alpha does not exist for them
-        "update": (200, 200, 404, 403, 401),
-        "replace": (200, 200, 404, 403, 401),
-        "delete": (204, 204, 404, 403, 401),
+        "list": READ_ALL,
+        "retrieve": READ_ALPHA,
+        "create": (201, 403, 403, 201, 403, 400, 401),  # bravo's admin: tenant alpha does not exist for them
+        "update": (200, 403, 403, 200, 403, 404, 401),
+        "replace": (200, 403, 403, 200, 403, 404, 401),
+        "delete": (204, 403, 403, 204, 403, 404, 401),
     },
     "claims": {
-        "list": (200, 200, 200, 200, 401),
-        "retrieve": (200, 200, 404, 200, 401),
+        "list": READ_ALL,
+        "retrieve": READ_ALPHA,
         **READ_ONLY,
-        "release": (200, 200, 404, 403, 401),
+        "release": (200, 403, 403, 200, 403, 404, 401),
+        # The claim's host is provisioning: a flow drives its power (409) for those who may ask.
+        "power": (409, 409, 403, 409, 403, 404, 401),
     },
     "hosts": {
-        "list": (200, 200, 200, 200, 401),
-        "retrieve": (200, 200, 404, 200, 401),
-        "create": (201, 403, 403, 403, 401),
-        "update": (200, 403, 403, 403, 401),
-        "replace": (200, 403, 403, 403, 401),
+        "list": READ_ALL,
+        "retrieve": READ_ALPHA,
+        "create": ADMIN_ONLY[201],
+        "update": ADMIN_ONLY[200],
+        "replace": ADMIN_ONLY[200],
         # The host is provisioning: neither in error nor one that may go into maintenance nor be deleted; the
-        # service says why.
-        "delete": (409, 403, 403, 403, 401),
-        "retry": (409, 403, 403, 403, 401),
-        "maintenance": (409, 403, 403, 403, 401),
+        # service says why. Operators act on hosts (retry, maintenance); they neither change nor delete one.
+        "delete": ADMIN_ONLY[409],
+        "retry": (409, 409, 403, 403, 403, 403, 401),
+        "maintenance": (409, 409, 403, 403, 403, 403, 401),
     },
-    "erase-certificates": {**EVIDENCE, "signed": (200, 200, 404, 200, 401)},  # the signed file
+    "erase-certificates": {**EVIDENCE, "signed": READ_ALPHA},  # the signed file
     "health-runs": EVIDENCE,
     "nodeproviders": SHARED_CONFIG,
     "nodetypes": SHARED_CONFIG,
     "nodeenvironments": SHARED_CONFIG,
     "osimages": SHARED_CONFIG,
     "events": {
-        "list": (200, 200, 200, 200, 401),
-        "retrieve": (200, 200, 404, 200, 401),
+        "list": READ_ALL,
+        "retrieve": READ_ALPHA,
         **READ_ONLY,
     },
     # Everyone signed in makes their own token (auditors need one to read); admins list and revoke anyone's,
-    # others only their own. The target is alpha's member's token; a token is never shown again (no retrieve).
+    # others only their own. The target is alpha's admin's token; a token is never shown again (no retrieve).
     "tokens": {
-        "list": (200, 200, 200, 200, 401),
+        "list": READ_ALL,
         "retrieve": NOT_ALLOWED,
-        "create": (201, 201, 201, 201, 401),
+        "create": (201, 201, 201, 201, 201, 201, 401),
         "update": NOT_ALLOWED,
         "replace": NOT_ALLOWED,
-        "delete": (204, 204, 404, 404, 401),
+        "delete": (204, 404, 404, 204, 404, 404, 401),
     },
-    # POST only: admins apply anything, a member only its own tenant's vcluster.yaml, auditors nothing.
+    # POST only: admins apply anything, a tenant admin only its own tenant's vcluster.yaml, the others nothing.
     "apply": {
         "list": NOT_ALLOWED,
-        "create": (200, 200, 403, 403, 401),
+        "create": (200, 403, 403, 200, 403, 403, 401),
         "update": NOT_ALLOWED,
         "replace": NOT_ALLOWED,
         "delete": NOT_ALLOWED,
@@ -156,7 +162,7 @@ def target_id(world, resource: str) -> int:
 
 def visible_ids(world, resource: str, role: str) -> set:
     """What each role may see, written out here rather than asked of the scoping module under test."""
-    tenant = {"member_a": world.alpha, "member_b": world.bravo}.get(role)
+    tenant = {"member_a": world.alpha, "viewer_a": world.alpha, "member_b": world.bravo}.get(role)
     if resource == "tokens":  # by prefix: the key itself is never shown again
         if role == "admin":
             return set(ApiToken.objects.values_list("prefix", flat=True))
@@ -165,7 +171,8 @@ def visible_ids(world, resource: str, role: str) -> set:
         model, theirs = ((EraseCertificate, {"member_a": world.cert_a, "member_b": world.cert_b}) if
                          resource == "erase-certificates" else
                          (HealthCheckRun, {"member_a": world.run_a, "member_b": world.run_b}))
-        return set(model.objects.values_list("pk", flat=True)) if tenant is None else {theirs[role].pk}
+        return set(model.objects.values_list("pk", flat=True)) if tenant is None else {
+            theirs["member_a" if tenant == world.alpha else "member_b"].pk}
     if resource == "tenants":
         return {t.pk for t in Tenant.objects.all() if tenant is None or t == tenant}
     if resource == "pools":
@@ -198,6 +205,7 @@ def request_for(world, resource: str, op: str):
         "replace": ("put", item, whole(world, item, UPDATE[resource])),
         "delete": ("delete", item, None),
         "release": ("post", item + "release/", {}),
+        "power": ("post", item + "power/", {"action": "power-cycle"}),
         "retry": ("post", item + "retry/", {}),
         "signed": ("get", item + "signed/", None),
         "maintenance": ("post", item + "maintenance/", {"on": True, "reason": "fan swap"}),
@@ -306,4 +314,44 @@ def test_a_user_in_no_tenant_and_no_role_sees_nothing(world):
     for resource in ("tenants", "pools", "claims", "hosts", "events"):
         assert client.get(f"/api/v1/{resource}/").json()["count"] == 0, resource
     refused = client.post("/api/v1/pools/", CREATE["pools"], format="json")
-    assert refused.status_code == 400 and "tenant" in refused.json()  # alpha does not exist for them
+    assert refused.status_code == 403 and "you administer no tenant" in refused.json()["detail"]
+    assert not NodePool.objects.filter(name=CREATE["pools"]["name"]).exists()
+
+
+def test_an_operator_puts_a_host_in_maintenance_but_changes_no_pool_or_catalogue(world, api):
+    from hosts.choices import HostState
+
+    spare = BareMetalHost.objects.filter(state=HostState.AVAILABLE).order_by("name").first()
+    answer = api("operator", "post", f"/api/v1/hosts/{spare.pk}/maintenance/", {"on": True, "reason": "fan swap"})
+    assert answer.status_code == 200, answer.content
+    spare.refresh_from_db()
+    assert spare.state == HostState.MAINTENANCE
+    assert Event.objects.filter(host=spare, actor=world.actor("operator")).exists()
+    refused = api("operator", "patch", f"/api/v1/pools/{world.pool_a.pk}/", {"quantity": 3})
+    assert refused.status_code == 403 and "operators act on hosts" in refused.json()["detail"]
+    world.pool_a.refresh_from_db()
+    assert world.pool_a.quantity != 3
+
+
+def test_a_tenant_viewer_reads_its_tenant_and_is_told_why_a_write_is_refused(world, api):
+    assert api("viewer_a", "get", f"/api/v1/pools/{world.pool_a.pk}/").status_code == 200
+    assert api("viewer_a", "get", f"/api/v1/pools/{world.pool_b.pk}/").status_code == 404
+    refused = api("viewer_a", "patch", f"/api/v1/pools/{world.pool_a.pk}/", {"quantity": 3})
+    assert refused.status_code == 403 and refused.json()["detail"].startswith("tenant viewers read only")
+    world.pool_a.refresh_from_db()
+    assert world.pool_a.quantity != 3
+
+
+def test_a_tenant_admin_power_cycles_its_claim_s_node_and_a_viewer_or_another_tenant_may_not(world, api):
+    from hosts.choices import HostState
+
+    BareMetalHost.objects.filter(pk=world.host_a.pk).update(state=HostState.PROVISIONED)
+    path = f"/api/v1/claims/{world.claim_a.pk}/power/"
+    assert api("viewer_a", "post", path, {"action": "power-off"}).status_code == 403
+    assert api("member_b", "post", path, {"action": "power-off"}).status_code == 404
+    assert api("member_a", "post", path, {"action": "power-sideways"}).status_code == 400
+    assert not Event.objects.filter(host_id=world.host_a.pk, step="power_off").exists()
+    answer = api("member_a", "post", path, {"action": "power-cycle", "reason": "hung kernel"})
+    assert answer.status_code == 200, answer.content
+    assert Event.objects.filter(host_id=world.host_a.pk, step="power_cycle", actor=world.actor("member_a"),
+                                message__contains="hung kernel").exists()

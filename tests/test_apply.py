@@ -205,8 +205,10 @@ spec:
     from claims.selectors import fleet_status
 
     capacity = {t["name"]: t["capacity"] for t in fleet_status()["node_types"]}
-    assert capacity["gpu-server"] == {"total": 4, "available": 4, "provisioned": 0}
-    assert capacity["gpu-rack1"] == {"total": 2, "available": 2, "provisioned": 0}
+    assert capacity["gpu-server"] == {"total": 4, "available": 4, "held_back": 0, "provisioned": 0,
+                                      "preparing": 0, "repair": 0, "error": 0, "maintenance": 0, "held": 0, "retired": 0}
+    assert capacity["gpu-rack1"] == {"total": 2, "available": 2, "held_back": 0, "provisioned": 0,
+                                     "preparing": 0, "repair": 0, "error": 0, "maintenance": 0, "held": 0, "retired": 0}
     assert NodeType.objects.get(name="gpu-rack1").declared_in_provider is False
 
 

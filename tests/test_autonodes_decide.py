@@ -351,3 +351,92 @@ def test_a_pod_whose_ready_node_was_taken_by_another_pod_is_decided_again_withou
     gpu_pods(two, 1, prefix="train-8")
     tenant_decide(tenant_id=two.pk)
     assert PendingPod.objects.get().claim_id == claim.pk
+
+
+def pod_seen(row: PendingPod, message: str = "", node: str = "") -> dict:
+    """The pod of `row` as the tenant's watch shows it: Pending with the scheduler's `message`, or bound to `node`."""
+    if node:
+        status = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    else:
+        status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                      "reason": "Unschedulable", "message": message}]}
+    return {"metadata": {"name": row.name, "namespace": row.namespace, "uid": row.uid},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": row.requests}}],
+                     **({"nodeName": node} if node else {})},
+            "status": status}
+
+
+NO_ROOM = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: 1 No "
+           "preemption victims found for incoming pod.")
+
+
+@pytest.mark.django_db
+def test_a_pod_left_pending_by_the_pool_limit_when_its_node_was_taken_names_the_limit_without_the_grace(two):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from autonodes.demand import demand_observe
+    from autonodes.models import NodeUsage
+    from autonodes.selectors import pod_state
+
+    NodePool.objects.filter(name="burst").update(limits={"nodes": "1"})
+    for row in gpu_pods(two, 2):  # as the watcher first saw them
+        demand_observe(tenant_id=two.pk, pod=pod_seen(row, "0/0 nodes are available: no nodes available."))
+    tenant_decide(tenant_id=two.pk)
+    launched = PendingPod.objects.get(status=DemandStatus.LAUNCHED)
+    other = PendingPod.objects.get(status=DemandStatus.WAITING)
+    claim = launched.claim
+    ready = timezone.now() - timedelta(seconds=10)  # well within the bind grace
+    NodeClaim.objects.filter(pk=claim.pk).update(phase=ClaimPhase.AVAILABLE, available_at=ready,
+                                                 node_name="two-nqgqf")
+    # Its use was read before the scheduler placed anything there: free, as far as the console knows.
+    NodeUsage.objects.create(claim=claim, pods=0, requested={}, checked_at=ready + timedelta(seconds=6))
+    launched.refresh_from_db()
+    assert pod_state(launched).label == "node ready, binding"
+
+    # The scheduler gives the node to the other pod (it was waiting first) and tells this one there is no room.
+    assert not demand_observe(tenant_id=two.pk, pod=pod_seen(other, node="two-nqgqf")).is_new_demand
+    seen = demand_observe(tenant_id=two.pk, pod=pod_seen(launched, NO_ROOM))
+    assert seen.is_new_demand  # the watcher's batch: a decision within seconds
+    launched.refresh_from_db()
+    state = pod_state(launched)
+    assert (state.label, state.detail) == (
+        "deciding", f"its node two-nqgqf was given to other pods (the scheduler: {NO_ROOM}); deciding again")
+
+    tenant_decide(tenant_id=two.pk)
+    launched.refresh_from_db()
+    assert (launched.status, launched.claim_id, launched.reason) == (
+        DemandStatus.WAITING, None, "not added: limit nodes 1 reached")
+    assert pod_state(launched).detail == "not added: limit nodes 1 reached"
+    assert NodeClaim.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_scheduler_message_naming_a_taint_or_read_just_after_ready_keeps_the_pod_on_its_node(two):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from autonodes.demand import demand_observe
+    from autonodes.services import tenants_to_decide
+
+    [row] = gpu_pods(two, 1)
+    demand_observe(tenant_id=two.pk, pod=pod_seen(row, "0/0 nodes are available: no nodes available."))
+    tenant_decide(tenant_id=two.pk)
+    row.refresh_from_db()
+    claim = row.claim
+    NodeClaim.objects.filter(pk=claim.pk).update(phase=ClaimPhase.AVAILABLE,
+                                                 available_at=timezone.now() - timedelta(seconds=2))
+    # Just after Ready: the message may be of before the node (the watch's latency).
+    assert not demand_observe(tenant_id=two.pk, pod=pod_seen(row, NO_ROOM)).is_new_demand
+    NodeClaim.objects.filter(pk=claim.pk).update(available_at=timezone.now() - timedelta(seconds=10))
+    # A Ready node still tainted not-ready: the message cannot tell which node; it is not room.
+    taint = "0/1 nodes are available: 1 node(s) had untolerated taint {node.kubernetes.io/not-ready: }."
+    assert not demand_observe(tenant_id=two.pk, pod=pod_seen(row, taint)).is_new_demand
+    row.refresh_from_db()
+    assert (row.status, row.claim_id) == (DemandStatus.LAUNCHED, claim.pk)
+    assert tenants_to_decide() == []
+    tenant_decide(tenant_id=two.pk)
+    row.refresh_from_db()
+    assert (row.status, row.claim_id) == (DemandStatus.LAUNCHED, claim.pk)

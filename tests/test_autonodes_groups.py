@@ -254,7 +254,7 @@ def test_a_group_is_decided_and_placed_on_hosts_under_their_idle_check_which_is_
     from hosts.services import hosts_transition_batch
 
     # Rail r1's three hosts are under their idle health check (pools/health_tiers.py): free all the same.
-    r1 = list(BareMetalHost.objects.filter(labels__contains={RAIL_GROUP_LABEL: "r1"}).order_by("name"))
+    r1 = list(BareMetalHost.objects.filter(**{f"labels__{RAIL_GROUP_LABEL}": "r1"}).order_by("name"))
     hosts_transition_batch(hosts=r1, to_state="checking", actor="system:idle-check", reason="idle health check")
     tenant = two(nodes=8, group="{size: 3}")
     for i in range(3):

@@ -102,8 +102,16 @@ def test_the_nodes_show_age_pods_emptiness_and_the_next_disruption_action(auto_r
     assert "released at 12:13 unless a pod arrives" in empty and "gpu-server" in empty and "30 minutes" in empty
     assert timezone.localtime(auto_rows["released_at"]).strftime("%H:%M:%S") in empty
     installing = section(html, f"node-{auto_rows['claims']['installing'].pk}")
-    assert "Provisioning" in installing and "write_image" in installing and "not ready" in installing
+    assert "Provisioning" in installing and "not ready" in installing
     assert 'id="pool-nodes-total">3<' in html
+
+
+def test_a_node_being_installed_shows_no_provisioning_step_as_its_next_disruption(auto_rows):
+    html = page_of(client_of(auto_rows["users"]["admin"]))
+    row = re.search(rf'<tr id="node-{auto_rows["claims"]["installing"].pk}"(.*?)</tr>', html, re.DOTALL).group(1)
+    next_disruption = re.sub(r"<[^>]+>", "", re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)[-1])
+    assert "write_image" not in next_disruption
+    assert next_disruption.startswith("none while it is not ready")
 
 
 def test_limits_used_count_the_live_claims_times_their_node_types_resources(auto_rows):
@@ -119,7 +127,8 @@ def test_the_disruption_settings_and_the_budgets_in_force_now_are_shown(auto_row
     html = page_of(client_of(auto_rows["users"]["bob"]))
     settings_ = section(html, "pool-disruption")
     assert "WhenEmpty" in settings_ and "10m" in settings_ and "30m (default)" in settings_  # minimum lifetime
-    until = (timezone.localtime().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)).strftime("%H:%M")
+    until = (timezone.localtime().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+    until = until.strftime("%Y-%m-%d %H:%M:%S")
     assert "0 nodes at a time, from 0 * * * * for 1h: in force until" in settings_
     assert f"{until} blocks disruption" in settings_
     assert "1 node at a time: in force" in settings_
@@ -140,7 +149,7 @@ def test_the_watchers_trouble_is_shown_with_its_error_and_when_it_retries(auto_r
     html = page_of(client_of(auto_rows["users"]["bob"]))
     shown = section(html, "pool-watch")
     assert "Tenant API unreachable (retrying)" in shown and "connection refused" in shown
-    assert f"retrying at {timezone.localtime(w.retry_at).strftime('%H:%M:%S')}" in shown
+    assert f"retrying at {timezone.localtime(w.retry_at).strftime('%Y-%m-%d %H:%M:%S')}" in shown
     assert "3 failures in a row" in shown
 
 

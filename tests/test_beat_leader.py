@@ -1,5 +1,6 @@
 """Several beat processes on Redis: one sends the periodic tasks, the others wait; the holder killed with SIGKILL,
-another takes over within the lock's lease and resumes the same schedule, so no period is sent twice."""
+another takes over within the lock's lease and resumes the same schedule, so no period is sent twice. A Redis
+restart that loses every key ends no beat: one of them takes the lock again and sends the schedule anew."""
 import os
 import re
 import signal
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+
+from .production_conftest import private_redis  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -37,11 +40,11 @@ def unread_queues() -> dict:
     return {"CELERY_QUEUE_PREFIX": f"test-unread-{uuid.uuid4().hex[:12]}."}
 
 
-def start_beats(spawn, subprocess_env, tmp_path, count: int = 2) -> list[tuple]:
+def start_beats(spawn, subprocess_env, tmp_path, count: int = 2, **env) -> list[tuple]:
     from tests.api_conftest import watch_child_log
 
     env = {**subprocess_env, "PYTHONUNBUFFERED": "1", **unread_queues(),
-           "DRIVE_STALE_EVERY_S": str(EVERY_S), "BEAT_LOCK_S": str(LOCK_S)}
+           "DRIVE_STALE_EVERY_S": str(EVERY_S), "BEAT_LOCK_S": str(LOCK_S), **env}
     beats = []
     for i in range(count):
         log = tmp_path / f"beat-{i}.log"
@@ -82,3 +85,26 @@ def test_two_beats_send_each_period_once_and_the_other_takes_over_when_the_holde
     # The same schedule goes on: the first send of the new holder is a period or more after the dead one's last.
     assert_once_per_period([*sends(holder_log), *taken])
     assert taken[0] > last
+
+
+def test_a_redis_restart_that_loses_every_key_ends_no_beat_and_one_of_them_sends_the_schedule_again(
+        spawn, subprocess_env, tmp_path, private_redis):
+    beats = start_beats(spawn, subprocess_env, tmp_path, CELERY_BROKER_URL=f"{private_redis.url}/0",
+                        REDIS_URL=f"{private_redis.url}/1")
+    logs = [log for _, log in beats]
+
+    def all_sends() -> list[datetime]:
+        return sorted(when for log in logs for when in sends(log))
+
+    wait_for(lambda: len(all_sends()) >= 2, timeout=60)
+    private_redis.stop()  # nothing saved: the lock, the schedule and its last runs are gone with it
+    # Each beat notices (the holder at its next tick, the other at its next look at the lock) and stays up.
+    wait_for(lambda: all("Redis unreachable" in log.read_text() for log in logs), timeout=LOCK_S * 2 + 15)
+    before = len(all_sends())
+    private_redis.start()
+    wait_for(lambda: len(all_sends()) >= before + 3, timeout=LOCK_S * 3 + 15)
+    assert all(proc.poll() is None for proc, _ in beats)
+    text = "".join(log.read_text() for log in logs)
+    assert "installing it again" in text
+    # One beat holds the lock again: the two together still send each period once.
+    assert_once_per_period(all_sends())

@@ -1,5 +1,6 @@
 """`./bin/run` keeps every process's log in var/log/, the web server's included, rotated over the last five
-starts; and a web server that cannot start (its port taken) ends the run with exit 1 and web.log's tail."""
+starts; and any of its processes that ends (a web server whose port is taken, a lab that cannot start, a worker
+killed) ends the run with exit 1, naming it, with its log's tail."""
 import os
 import signal
 import socket
@@ -114,3 +115,57 @@ def test_bin_run_without_the_lab_says_so(subprocess_env, tmp_path, spawn):
     finally:
         stderr = stop_bin_run(run)
     assert "vMetal Console: the lab is off (VMETAL_LAB=0): no simulated servers" in stderr
+
+
+def processes_of(run: subprocess.Popen) -> dict[int, str]:
+    """pid → command line of every process in the run's session (bin/run and what it started)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == run.pid:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, ProcessLookupError):
+                continue
+    return found
+
+
+def end_session(run: subprocess.Popen) -> None:
+    """Whatever of the run is left (it should have stopped it all itself)."""
+    try:
+        os.killpg(run.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lab_that_cannot_start_ends_the_run_loudly_with_the_end_of_its_log(subprocess_env, tmp_path, spawn):
+    var = tmp_path / "var"
+    env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL"}}
+    env.update(VMETAL_VAR_DIR=str(var), PORT=str(free_port()), AGENT_PORT=str(free_port()), LAB_HOSTS="-1")
+    run = start_bin_run(spawn, env)
+    try:
+        _, stderr = run.communicate(timeout=240)  # before: the run went on, the console without its servers
+    finally:
+        end_session(run)
+    assert run.returncode == 1
+    assert "vMetal Console: the lab process stopped (exit status 1); the end of" in stderr
+    assert "--hosts and --vms must be 0 or more" in stderr  # the lab's own words, from lab.log
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_dies_ends_the_run_loudly_with_the_end_of_its_log(subprocess_env, tmp_path, spawn):
+    var = tmp_path / "var"
+    env = {k: v for k, v in subprocess_env.items() if k not in {"CELERY_BROKER_URL", "REDIS_URL"}}
+    env.update(VMETAL_VAR_DIR=str(var), PORT=str(free_port()), AGENT_PORT=str(free_port()), VMETAL_LAB="0")
+    run = start_bin_run(spawn, env)
+    try:
+        wait_for_text(var / "log" / "worker.log", " ready.", run)
+        worker = next(pid for pid, args in processes_of(run).items() if "vmetal_console worker" in args)
+        os.kill(worker, signal.SIGKILL)  # the OOM killer, say
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        end_session(run)
+    assert run.returncode == 1
+    assert "vMetal Console: the worker process stopped (exit status 137); the end of" in stderr
+    assert " ready." in stderr

@@ -128,22 +128,44 @@ def test_it_parses_the_redfish_schemes():
         "redfish-virtualmedia+http", "http://10.0.0.5", "")
 
 
-REDFISH = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, redfish-virtualmedia+https://, "
-           "redfish-virtualmedia+http://")
+SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, redfish-virtualmedia+https://, "
+           "redfish-virtualmedia+http://, ipmi://")
 
 
-@pytest.mark.parametrize("address", ["ipmi://10.0.0.5:623", "IPMI://10.0.0.5", "10.0.0.5", "bmc-01.example:623"])
-def test_it_refuses_ipmi_and_addresses_without_a_scheme_naming_the_redfish_schemes(address):
+@pytest.mark.parametrize("address", ["10.0.0.5", "bmc-01.example:623"])
+def test_an_address_without_a_scheme_is_refused_asking_for_ipmi_written_out(address):
     with pytest.raises(BMCError) as error:
         parse_address(address)
     assert (error.value.kind, error.value.transient) == ("unsupported", False)
-    assert str(error.value) == f"ipmi:// is not supported by this console yet: use a Redfish address ({REDFISH})"
+    assert str(error.value) == (f"BMC address {address!r} has no scheme: write ipmi://{address} for an IPMI BMC, "
+                                f"or use one of {SCHEMES}")
 
 
-def test_an_unknown_scheme_lists_only_the_redfish_schemes():
+@pytest.mark.parametrize("address, expected", [
+    ("ipmi://10.0.0.5", ("ipmi", "ipmi://10.0.0.5:623", "")),
+    ("IPMI://bmc-01.example:6230", ("ipmi", "ipmi://bmc-01.example:6230", "")),
+    ("ipmi://[fd00::5]:623/", ("ipmi", "ipmi://[fd00::5]:623", "")),
+])
+def test_an_ipmi_address_is_metal3s_host_and_port_623_by_default(address, expected):
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address, message", [
+    ("ipmi://10.0.0.5/redfish/v1/Systems/1", "an ipmi:// address is ipmi://HOST[:PORT], without a path"),
+    ("ipmi://admin:secret@10.0.0.5", "an ipmi:// address carries no credentials: they come from the host's Secret"),
+    ("ipmi://10.0.0.5:99999", "has a bad port"),
+])
+def test_an_ipmi_address_with_more_than_a_host_and_port_is_refused(address, message):
+    with pytest.raises(BMCError) as error:
+        parse_address(address)
+    assert error.value.kind == "unsupported" and message in str(error.value)
+    assert "secret" not in str(error.value)
+
+
+def test_an_unknown_scheme_lists_the_schemes_the_console_drives():
     with pytest.raises(BMCError) as error:
         parse_address("idrac://10.0.0.5/redfish/v1/Systems/1")
-    assert str(error.value) == f"BMC address scheme idrac:// is not supported: use one of {REDFISH}"
+    assert str(error.value) == f"BMC address scheme idrac:// is not supported: use one of {SCHEMES}"
 
 
 def test_only_an_unreachable_slow_or_failing_bmc_is_transient():
@@ -391,14 +413,43 @@ def test_a_bmc_that_is_down_is_retried_with_its_last_error_until_the_step_deadli
 
 
 @pytest.mark.django_db
-def test_a_host_stored_with_an_ipmi_address_fails_registration_cleanly(lab, caplog):
+def test_a_host_stored_with_an_address_without_a_scheme_fails_registration_cleanly(lab, caplog):
     from hosts.models import BareMetalHost
 
-    # Stored by a console that still accepted ipmi:// (no validation on the way in).
-    host = BareMetalHost.objects.create(name="old-ipmi", bmc_address="ipmi://10.0.0.5:623", bmc_username=USER,
+    # Stored by a console that did not check addresses (no validation on the way in).
+    host = BareMetalHost.objects.create(name="old-ipmi", bmc_address="10.0.0.5:623", bmc_username=USER,
                                         bmc_password=PASSWORD, boot_mac="52:54:00:00:00:99", state="registering")
     drive(host)
     assert (host.state, host.error_type) == ("error", "register error")
-    assert host.error_message == ("register failed at bmc_check: ipmi:// is not supported by this console yet: "
-                                  f"use a Redfish address ({REDFISH})")
+    assert host.error_message == ("register failed at bmc_check: BMC address '10.0.0.5:623' has no scheme: write "
+                                  f"ipmi://10.0.0.5:623 for an IPMI BMC, or use one of {SCHEMES}")
     assert not [r for r in caplog.records if r.exc_info]  # no traceback logged
+
+
+@pytest.mark.django_db
+def test_an_agent_that_looks_up_before_the_power_on_is_seen_landed_is_found_by_the_lookup(lab, agent_client):
+    """A fast agent: the server boots and its agent looks up before any drive sees the power on land. The boot
+    the power request started is recorded with the request, so the lookup step takes that agent's session."""
+    from hosts.models import AgentSession
+
+    from .factories import lookup
+
+    host = registered(lab, "gpu-05")
+    drive(host)  # the BMC answers: the host goes on to inspection
+    for _ in range(20):
+        if "on" in host.flow.get("data", {}).get("power_on_pxe", {}):
+            break
+        assert host.flow.get("step") == "power_on_pxe", host.flow
+        bmc(lab, "gpu-05").wait_power("off", deadline_s=10, poll_s=0.05)  # were it on, it is powered off first
+        drive(host)
+    else:
+        raise AssertionError(f"the power-on was never sent: {host.flow}")
+    # The agent, booted from what the boot path gave it, looks up before the console sees the power land.
+    script = agent_client.get(f"/boot/{host.boot_mac.replace(':', '-')}.ipxe").content.decode()
+    kernel = next(line for line in script.splitlines() if line.startswith("kernel "))
+    secret = dict(word.split("=", 1) for word in kernel.split() if word.startswith("vmetal."))["vmetal.boot_secret"]
+    lookup(agent_client, host, secret)
+    assert AgentSession.objects.filter(host=host, active=True).count() == 1
+    bmc(lab, "gpu-05").wait_power("on", deadline_s=10, poll_s=0.05)
+    drive(host)  # the power is on, and the lookup step finds the agent's session
+    assert "agent_lookup" in host.flow["done"], host.flow

@@ -1,7 +1,7 @@
 """Capacity at a glance: can the fleet serve the next claim. Hosts record their BMC's last answer (the flows' BMC
 calls, the power cycle, the periodic check of available hosts against real Redfish BMCs, here the lab's emulator
 and closed ports); the fleet board's capacity card, its live updates and GET /api/v1/capacity/ count a host
-whose BMC does not answer as free but not allocatable."""
+whose BMC does not answer as held back, not available (hosts.capacity.COLUMNS)."""
 import socket
 
 import pytest
@@ -23,6 +23,7 @@ pytest_plugins = ["tests.console_conftest"]
 BMC_USER, BMC_PASSWORD = "admin", "lab-bmc-password-4c1e"
 ROLE_OF_TYPE = {"gpu-server": "gpu", "cpu-server": "cpu"}  # the demo's NodeTypes select hosts by their role
 DEAD = ("gpu-02", "gpu-03", "cpu-02")  # their BMCs do not answer (a closed port)
+CARD = ("available", "held_back", "provisioned", "repair", "error", "bmc_red")  # the columns these tests touch
 
 
 def closed_port() -> int:
@@ -49,25 +50,27 @@ def redfish(console_site):
 
 
 def expected() -> dict:
-    """The counts, straight from the rows: {("type" | "rack" | "total", name): {free, allocatable, ...}}."""
+    """The counts, straight from the rows: {("type" | "rack" | "total", name): {available, held_back, ...}}."""
     out: dict = {}
     for h in BareMetalHost.objects.all():
         groups = [("total", "")] + [("rack", h.labels.get("rack", ""))]
         groups += [("type", t) for t, role in ROLE_OF_TYPE.items() if h.labels.get("role") == role]
         for group in groups:
-            c = out.setdefault(group, dict.fromkeys(("free", "allocatable", "serving", "broken", "bmc_red"), 0))
+            c = out.setdefault(group, dict.fromkeys(CARD, 0))
             if h.state == HostState.AVAILABLE:
-                c["free"] += 1
-                c["bmc_red" if h.bmc_ok is False else "allocatable"] += 1
-            c["serving"] += h.state in (HostState.PROVISIONING, HostState.PROVISIONED)
-            c["broken"] += h.state in (HostState.ERROR, HostState.REPAIR, HostState.RETESTING)
+                c["held_back" if h.bmc_ok is False else "available"] += 1
+                c["bmc_red"] += h.bmc_ok is False
+            c["provisioned"] += h.state in (HostState.PROVISIONING, HostState.PROVISIONED)
+            c["repair"] += h.state in (HostState.REPAIR, HostState.RETESTING)
+            c["error"] += h.state == HostState.ERROR
     return out
 
 
 def card_row(page, key: str) -> dict:
     row = page.locator(f'#capacity-table tr[data-capacity="{key}"]')
-    return {c: int(row.locator(f"td.cap-{c}").inner_text()) for c in ("free", "allocatable", "serving", "broken",
-                                                                      "bmc_red")}
+    counts = {c: int(row.locator(f"td.cap-{c}").inner_text()) for c in CARD if c != "bmc_red"}
+    counts["bmc_red"] = int(page.inner_text("#capacity-bmc-red")) if key == "total" else counts["held_back"]
+    return counts
 
 
 @pytest.mark.django_db(transaction=True)
@@ -75,7 +78,7 @@ def test_the_boards_capacity_counts_match_the_database_for_a_fleet_with_dead_bmc
     page = browser_page
     log_in(page, "root-admin")
     wait_live(page)
-    assert page.inner_text("#capacity-allocatable") == "6"  # no BMC has been asked yet: none is red
+    assert page.inner_text("#capacity-available") == "6"  # no BMC has been asked yet: none is red
     page.evaluate("window.sameDocument = 'not reloaded'")
 
     assert sorted(check_bmcs()) == sorted(n for n in DEAD)  # the periodic check: three BMCs turn red
@@ -83,13 +86,14 @@ def test_the_boards_capacity_counts_match_the_database_for_a_fleet_with_dead_bmc
     page.wait_for_selector("#capacity-bmc-red")
     assert page.inner_text("#capacity-bmc-red") == "3"
     want = expected()
-    assert want[("total", "")] == {"free": 6, "allocatable": 3, "serving": 1, "broken": 1, "bmc_red": 3}
+    assert want[("total", "")] == {"available": 3, "held_back": 3, "provisioned": 1, "repair": 0, "error": 1,
+                                   "bmc_red": 3}
     for (kind, name), counts in want.items():
         key = "total" if kind == "total" else f"{kind}:{name}"
         assert card_row(page, key) == counts, key
-    # The "Available" state count still says how many are available; the card says how few can serve.
+    # The "Available" state count still says how many are in that state; the card says how few can serve.
     assert page.inner_text("#count-available") == "6"
-    assert page.inner_text("#capacity-allocatable") == "3"
+    assert page.inner_text("#capacity-available") == "3"
     assert page.evaluate("window.sameDocument") == "not reloaded"
 
 
@@ -126,20 +130,38 @@ def test_the_api_gives_admins_and_auditors_what_the_card_shows_and_refuses_membe
     for who in ("root-admin", "audrey"):
         client.force_login(users["admin" if who == "root-admin" else "auditor"])
         body = client.get("/api/v1/capacity/").json()
-        assert body["total"]["free"] == 8 and body["total"]["allocatable"] == 7 and body["total"]["bmc_red"] == 1
+        assert (body["total"]["available"], body["total"]["held_back"], body["total"]["bmc_red"]) == (7, 1, 1)
         types = {t["name"]: t for t in body["node_types"]}
-        assert (types["gpu-server"]["allocatable"], types["gpu-server"]["bmc_red"]) == (3, 1)
-        assert types["cpu-server"]["allocatable"] == 4
+        assert (types["gpu-server"]["available"], types["gpu-server"]["bmc_red"]) == (3, 1)
+        assert types["cpu-server"]["available"] == 4
         racks = {r["name"]: r for r in body["racks"]}
         assert racks["r1"]["bmc_red"] == 1 and racks["r2"]["bmc_red"] == 0
         html = client.get(reverse("fleet")).content.decode()
-        assert 'id="capacity-allocatable">7<' in html and 'id="capacity-bmc-red">1<' in html
+        assert 'id="capacity-available">7<' in html and 'id="capacity-bmc-red">1<' in html
     for member in ("alice", "bob"):
         client.force_login(users[member])
         assert client.get("/api/v1/capacity/").status_code == 403
         assert client.get(reverse("fleet")).status_code in (302, 403)
     client.logout()
     assert client.get("/api/v1/capacity/").status_code in (401, 403)
+
+
+@pytest.mark.django_db
+def test_hosts_held_after_a_restore_have_a_column_of_their_own_and_a_power_action_says_what_to_do(
+        users, console_site):
+    BareMetalHost.objects.filter(name__in=("gpu-01", "cpu-01")).update(state=HostState.HELD, held_from="available")
+    client = Client()
+    client.force_login(users["admin"])
+    body = client.get("/api/v1/capacity/").json()
+    total = body["total"]
+    assert (total["total"], total["available"], total["held_back"], total["provisioned"], total["held"]) == (8, 6, 0, 0, 2)
+    assert {t["name"]: t["held"] for t in body["node_types"]} == {"cpu-server": 1, "gpu-server": 1}
+    html = client.get(reverse("fleet")).content.decode()
+    assert 'id="capacity-held">2<' in html and "manage.py reconcile-world</code> runs it now" in html
+    page = client.get(reverse("host-action", args=["gpu-01", "power-on"])).content.decode()
+    assert ("the host is held after a restore: no power action until the world reconcile has read its real state; "
+            "it runs at each worker&#x27;s start") in page
+    assert "(manage.py reconcile-world runs it now), then act on the host where it went" in page
 
 
 @pytest.mark.django_db

@@ -73,6 +73,7 @@ def test_the_downloaded_file_verifies_and_every_changed_byte_is_tampered(host, t
     call_command("verify-certificate", str(path))
     out = capsys.readouterr().out
     assert out.startswith("valid: certificate ") and "serial S7GPU011" in out and "previous tenant alpha" in out
+    assert "for host gpu-01, disk " in out and out.count("gpu-01") == 1  # the host named once
 
     raw = text.encode()
     for i in range(len(raw)):  # every single byte, changed

@@ -117,3 +117,22 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
     for name in broken:
         assert repair_event(name).from_state == "deprovisioning"
         assert not Event.objects.filter(host__name=name, id__gt=started, to_state="available").exists()
+
+
+def test_an_ipmi_hosts_repair_evidence_carries_its_bmcs_system_event_log(lab_factory, celery_worker_process):
+    site = lab_factory(hosts=1, gpu_hosts=0, faults={"cpu-01": "erase-fails"}, disk_bytes=DISK, ipmi_hosts=["cpu-01"])
+    site.redfish.add_sel("cpu-01", 0x0C, offset=1, sensor=3)  # a memory error its BMC logged, long before the erase
+    wait_hosts("repair", 1, timeout=90)
+    repaired = repair_event("cpu-01")
+    assert repaired.step == "erase" and "Input/output error" in repaired.message, repaired.message
+    logged = [(e["sensor_type"], e["sensor"], e["event"]) for e in repaired.data["bmc_event_log"]["entries"]]
+    assert ("Memory", 3, "Uncorrectable error") in logged, logged
+    assert ("Power Unit", 1, "Power on") in logged, logged  # the BMC's own record of the agent's boot
+    # The repair pool's page shows it beside the other evidence.
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    page = Client()
+    page.force_login(User.objects.create_user("sel-admin", is_staff=True, is_superuser=True))
+    row = page.get("/repair/").content.decode().split('<tr id="repair-')[1].split("</tr>")[0]
+    assert "BMC event log, newest last:" in row and "Memory #3: Uncorrectable error (asserted)" in row, row

@@ -97,7 +97,8 @@ async def test_new_events_appear_at_the_top_of_the_event_log_with_its_filters(cl
     await sync_to_async(host_set_maintenance)(host=host, on=True, actor="test", reason="fan swap")
     await sync_to_async(apply)(seed_block, tenant="one")
     frame = await receive_until(communicator, 'hx-swap-oob="afterbegin:#event-log-rows"><tr data-event="\\d+"')
-    assert re.search(r"<td>pool \S*gpu</td>", frame) and "quantity: 0 → 1" in frame
+    assert re.search(r'<td>pool <a href="/tenants/one/pools/gpu/" data-link="pool">\S*gpu</a>', frame)  # its page
+    assert "quantity: 0 → 1" in frame
     assert "fan swap" not in frame and host.name not in frame
     await communicator.disconnect()
 

@@ -18,7 +18,7 @@ def console(demo_site):
 
 
 def edit_url(node_type: NodeType) -> str:
-    return f"/catalogue/node-types/{node_type.pk}/edit/"
+    return f"/catalogue/node-types/{node_type.name}/edit/"
 
 
 def as_posted(node_type: NodeType, **changes) -> dict:

@@ -281,7 +281,7 @@ GATE_AS_SHOWN = {"cleaning_policy": "full", "cleaning_fallback": "", "erase_conc
 def test_the_node_type_form_shows_and_checks_cleaning_and_health_next_to_each_field(client, users):
     as_user(client, users["admin"])
     gpu = NodeType.objects.get(name="gpu-server")
-    edit = reverse("catalogue-edit", args=["node-types", gpu.pk])
+    edit = reverse("catalogue-edit", args=["node-types", gpu.name])
     html = client.get(edit).content.decode()
     for name in GATE_AS_SHOWN:
         assert f'name="{name}"' in html, name
@@ -343,16 +343,21 @@ def test_apply_shows_the_dry_run_first_then_applies(client, users):
     as_user(client, users["admin"])
     preview = client.post(reverse("apply"), {"text": APPLY_IMAGE, "action": "preview"})
     html = preview.content.decode()
-    assert "osimage/ubuntu2404-20261201 created (dry run)" in html and 'id="apply-button"' in html
+    assert "Preview (dry run): 1 change(s) would be made" in html and 'id="apply-button"' in html
+    assert '<span class="muted">osimage</span> <b>ubuntu2404-20261201</b> would be created' in html  # no page yet
     assert not OSImage.objects.filter(name="ubuntu2404-20261201").exists()
-    applied = client.post(reverse("apply"), {"text": APPLY_IMAGE, "action": "apply"})
-    assert "osimage/ubuntu2404-20261201 created" in applied.content.decode()
+    applied = client.post(reverse("apply"), {"text": APPLY_IMAGE, "action": "apply"}).content.decode()
+    # The applied object's name links to its page.
+    assert ('<span class="muted">osimage</span> <a href="/catalogue/images/ubuntu2404-20261201/edit/">'
+            'ubuntu2404-20261201</a> created') in applied
     assert OSImage.objects.get(name="ubuntu2404-20261201")
     upload = io.BytesIO(APPLY_IMAGE.replace("new.raw", "newer.raw").encode())
     upload.name = "image.yaml"
     diff = client.post(reverse("apply"), {"file": upload, "action": "preview"}).content.decode()
-    assert "osimage/ubuntu2404-20261201 configured (url: http://127.0.0.1:8000/images/new.raw → " \
-           "http://127.0.0.1:8000/images/newer.raw" in diff and "(dry run)" in diff
+    # An update lists each changed key with its value before and after, a row each.
+    assert ('<tr data-key="url"><td class="mono">url</td><td class="mono">http://127.0.0.1:8000/images/new.raw</td>'
+            '<td class="mono">http://127.0.0.1:8000/images/newer.raw</td></tr>') in diff
+    assert "ubuntu2404-20261201</a> would change" in diff and "Preview (dry run)" in diff
 
 
 def test_apply_errors_show_next_to_the_text_and_change_nothing(client, users):

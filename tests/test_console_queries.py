@@ -54,6 +54,7 @@ def test_the_fleet_board_runs_a_constant_number_of_queries(admin_client_, no_sec
     call_command("reconcile", stdout=io.StringIO())  # tenant two's claim holds a host: rows with claims
     no_secrets_leak.pin()  # the response check's own reads of the secrets would count otherwise
     add_hosts(10)
+    queries(admin_client_, reverse("fleet"))  # the backend's one-time probes (SQLite's JSON support) are not the page's
     small = [queries(admin_client_, reverse("fleet"), params) for params in FLEET_VIEWS]
     add_hosts(9990, start=10)
     assert BareMetalHost.objects.count() > 10000
@@ -151,9 +152,11 @@ LIST_VIEWS = [("claims", {}), ("claims", {"phase": "live", "tenant": "two"}), ("
               ("environments", {}), ("images", {"q": "ubuntu"})]
 
 
-def test_the_filtered_lists_run_a_constant_number_of_queries(admin_client_):
+def test_the_filtered_lists_run_a_constant_number_of_queries(admin_client_, no_secrets_leak):
     from pools.models import Tenant
     from pools.services import pool_set_quantity
+
+    no_secrets_leak.pin()  # the response check's own reads of the secrets would count otherwise
 
     def add_events(n):
         Event.objects.bulk_create([Event(kind="transition", object_type="host", object_name=f"node-{i:05d}",

@@ -28,6 +28,7 @@ def far_ids(n: int) -> list[int]:
     return [base + i for i in range(n)]
 
 
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
 async def test_an_event_recorded_through_the_function_reaches_the_groups_its_links_name():

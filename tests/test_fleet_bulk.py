@@ -153,7 +153,7 @@ def test_a_bulk_action_reports_each_refusal_and_does_the_rest(fleet, people):
     confirmation, done = bulk(admin, "retest", ["gpu-04", "gpu-02", "cpu-03"])
     page = text(confirmation)
     assert "Retest: 3 hosts?" in page and "Retest: 1 host</button>" in page
-    assert "will be refused: gpu-02 is available: retest does not apply" in page
+    assert "will be refused: gpu-02 is available, so retest does not apply: only a host in repair is retested" in page
     result = text(done)
     assert "Retest: done for 1 host (gpu-04)" in result
     assert "Retest: gpu-02 is available; only a host in repair can be retested" in result

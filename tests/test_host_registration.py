@@ -108,13 +108,16 @@ def test_an_imported_status_a_new_host_cannot_take_is_refused_and_nothing_is_app
 
 # --- BMC addresses the console cannot drive: refused alike by apply, the API and the admin --------------------
 
-REDFISH_SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, "
-                   "redfish-virtualmedia+https://, redfish-virtualmedia+http://")
-IPMI_REFUSED = f"ipmi:// is not supported by this console yet: use a Redfish address ({REDFISH_SCHEMES})"
+SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, "
+           "redfish-virtualmedia+https://, redfish-virtualmedia+http://, ipmi://")
 
 
-@pytest.mark.parametrize("address", ["ipmi://10.1.1.9:623", "10.1.1.9", "IPMI://bmc-21.example"])
-def test_an_ipmi_address_is_refused_by_apply_the_api_and_the_admin_and_nothing_is_registered(
+def no_scheme(address: str) -> str:
+    return f"BMC address {address!r} has no scheme: write ipmi://{address} for an IPMI BMC, or use one of {SCHEMES}"
+
+
+@pytest.mark.parametrize("address", ["10.1.1.9", "bmc-21.example:623"])
+def test_an_address_without_a_scheme_is_refused_by_apply_the_api_and_the_admin_and_nothing_is_registered(
         world, api, apply, drives, address):
     from django.core.management import CommandError
 
@@ -125,12 +128,12 @@ def test_an_ipmi_address_is_refused_by_apply_the_api_and_the_admin_and_nothing_i
         apply(manifest, names=["hosts.yaml"])
     message = str(refused.value)
     assert f"/hosts.yaml: document 2 (line {line})" in message and "spec.bmc.address" in message, message
-    assert IPMI_REFUSED in message, message
+    assert no_scheme(address) in message, message
 
     made = api("admin", "post", "/api/v1/hosts/", {
         "name": "gpu-22", "bmc_address": address, "boot_mac": "52:54:00:00:22:01",
         "bmc_username": "user-gpu-22", "bmc_password": "pw-gpu-22-7c1d"})
-    assert made.status_code == 400 and made.json()["bmc_address"] == [IPMI_REFUSED], made.json()
+    assert made.status_code == 400 and made.json()["bmc_address"] == [no_scheme(address)], made.json()
 
     admin = Client()
     admin.force_login(world.users["admin"])
@@ -139,17 +142,48 @@ def test_an_ipmi_address_is_refused_by_apply_the_api_and_the_admin_and_nothing_i
         "automated_cleaning_mode": "metadata", "bmc_address": address, "boot_mac": "52:54:00:00:23:01",
         "new_bmc_username": "user-gpu-23", "new_bmc_password": "pw-gpu-23-7c1d"})
     assert response.status_code == 200
-    assert response.context["adminform"].form.errors["bmc_address"] == [IPMI_REFUSED]
+    assert response.context["adminform"].form.errors["bmc_address"] == [no_scheme(address)]
 
     assert not BareMetalHost.objects.filter(name__in=["gpu-21", "gpu-22", "gpu-23"]).exists()
     assert not Event.objects.filter(object_name__in=["gpu-21", "gpu-22", "gpu-23"]).exists()
     assert drives == []
 
 
-def test_an_address_with_a_scheme_no_bmc_speaks_lists_only_the_redfish_schemes(world, api):
+def test_an_ipmi_host_applies_with_its_credentials_from_the_secret_and_is_driven(
+        apply, drives, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        apply(bmh("cpu-21", "52:54:00:00:21:02").replace(
+            "redfish+http://127.0.0.1:8099/redfish/v1/Systems/cpu-21", "ipmi://10.1.1.21:623"))
+    host = BareMetalHost.objects.get(name="cpu-21")
+    assert (host.bmc_address, host.bmc_username, host.bmc_password) == ("ipmi://10.1.1.21:623", "user-cpu-21",
+                                                                        "pw-cpu-21-7c1d")
+    assert host.state == "registering" and drives == [host.pk]
+
+
+@pytest.mark.parametrize("extra, field, message", [
+    ("  image: {url: 'http://images.example/live.iso', format: live-iso}\n", "spec.image.format",
+     "a live ISO boots from virtual media, which an ipmi:// BMC cannot insert: use a redfish-virtualmedia:// address"),
+    ("  bootMode: UEFISecureBoot\n", "spec.bootMode",
+     "an ipmi:// BMC cannot turn on UEFI secure boot: give this host a Redfish address"),
+])
+def test_an_ipmi_host_asking_for_what_only_redfish_does_is_refused_at_apply_with_the_reason(
+        apply, drives, extra, field, message):
+    from django.core.management import CommandError
+
+    manifest = bmh("cpu-22", "52:54:00:00:22:02").replace(
+        "redfish+http://127.0.0.1:8099/redfish/v1/Systems/cpu-22", "ipmi://10.1.1.22")
+    with pytest.raises(CommandError) as refused:
+        apply(manifest.replace("  bootMACAddress:", extra + "  bootMACAddress:"))
+    assert field in str(refused.value) and message in str(refused.value), str(refused.value)
+    assert not BareMetalHost.objects.filter(name="cpu-22").exists() and drives == []
+    # The same asks of a Redfish host are Metal3 fields the console sets itself: accepted.
+    apply(bmh("gpu-22", "52:54:00:00:22:03").replace("  bootMACAddress:", extra + "  bootMACAddress:"))
+    assert BareMetalHost.objects.filter(name="gpu-22").exists()
+
+
+def test_an_address_with_a_scheme_no_bmc_speaks_lists_the_schemes_the_console_drives(world, api):
     made = api("admin", "post", "/api/v1/hosts/", {
         "name": "gpu-24", "bmc_address": "http://10.1.1.9/redfish/v1/Systems/1", "boot_mac": "52:54:00:00:24:01",
         "bmc_username": "user-gpu-24", "bmc_password": "pw-gpu-24-7c1d"})
     assert made.status_code == 400
-    assert made.json()["bmc_address"] == [f"BMC address scheme http:// is not supported: use one of {REDFISH_SCHEMES}"]
-    assert "ipmi" not in made.content.decode().lower()
+    assert made.json()["bmc_address"] == [f"BMC address scheme http:// is not supported: use one of {SCHEMES}"]

@@ -30,15 +30,15 @@ def one():
 
 
 def test_adding_and_removing_a_member_is_recorded_and_asking_twice_changes_nothing(bob, one):
-    assert membership("add", "bob", "one", "--actor", "cli:ops") == "bob is now a member of one"
-    assert membership("add", "bob", "one", "--actor", "cli:ops") == "bob was already a member of one"
+    assert membership("add", "bob", "one", "--actor", "cli:ops") == "bob is now a tenant admin of one"
+    assert membership("add", "bob", "one", "--actor", "cli:ops") == "bob was already a tenant admin of one"
     assert scoping.tenant_ids(bob) == [one.pk]
     assert membership("remove", "bob", "one", "--actor", "cli:ops") == "bob is no longer a member of one"
     assert membership("remove", "bob", "one", "--actor", "cli:ops") == "bob was not a member of one"
     assert scoping.tenant_ids(bob) == []
     assert [(e.object_type, e.object_name, e.actor, e.message, e.tenant_id) for e in Event.objects.order_by("id")] == [
-        ("membership", "bob in one", "cli:ops", "created", one.pk),
-        ("membership", "bob in one", "cli:ops", "deleted", one.pk)]
+        ("membership", "bob in one (admin)", "cli:ops", "created", one.pk),
+        ("membership", "bob in one (admin)", "cli:ops", "deleted", one.pk)]
 
 
 def test_the_login_name_is_the_actor_by_default_and_unknown_names_are_refused(bob, one):

@@ -46,8 +46,13 @@ def test_readyz_is_503_naming_a_migration_this_code_has_and_the_database_not(cli
 
 
 def test_readyz_is_503_when_the_broker_does_not_answer(client, monkeypatch, settings):
+    from vmetal_console.celery import app
+
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
-    monkeypatch.setenv("CELERY_BROKER_URL", settings.CELERY_BROKER_URL)  # Celery reads it before its settings
+    # Celery read its broker at start (the embedded mode's file-system transport too): a Redis broker now
+    monkeypatch.setenv("CELERY_BROKER_URL", settings.CELERY_BROKER_URL)  # Celery's conf reads the environment first
+    monkeypatch.setitem(app.conf, "CELERY_BROKER_URL", settings.CELERY_BROKER_URL)
+    monkeypatch.setitem(app.conf, "CELERY_BROKER_TRANSPORT", None)
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["broker"] == "broker unreachable"

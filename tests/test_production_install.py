@@ -3,10 +3,11 @@ enough for `manage.py check --deploy` with production settings and every product
 or lab package (those are requirements-test.txt's and requirements-lab.txt's)."""
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .production_conftest import production_venv  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT_APPS = ["core", "events", "pools", "hosts", "claims", "autonodes", "manifests", "console", "agent",
@@ -15,29 +16,6 @@ NOT_IN_PRODUCTION = ["pytest", "playwright", "schemathesis", "hypothesis", "impo
                      "flask"]
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
-
-
-@pytest.fixture(scope="session")
-def production_venv() -> Path:
-    """A fresh virtual environment with requirements.txt alone, made once for these pins (shared by the xdist
-    workers and later runs: its folder is named by the file's hash, outside pytest's basetemp, which concurrent
-    pytest sessions prune); pip reads the machine's own configuration (its index), as an operator's install would."""
-    import fcntl
-    import hashlib
-    import tempfile
-
-    pins = hashlib.sha256((ROOT / "requirements.txt").read_bytes()).hexdigest()[:16]
-    venv = Path(tempfile.gettempdir()) / f"vmetal-production-venv-{pins}"
-    python = venv / "bin" / "python"
-    with open(f"{venv}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (venv / "installed").exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-            install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements.txt")],
-                                     capture_output=True, text=True, timeout=1500)
-            assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-            (venv / "installed").touch()
-    return python
 
 
 def production_environment(subprocess_env: dict) -> dict:

@@ -9,7 +9,7 @@ from claims.choices import ClaimPhase
 from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
-from hosts.models import BareMetalHost
+from hosts.models import BareMetalHost, EraseCertificate
 from hosts.services import host_retry, host_set_maintenance
 from lab.site import IMAGE_NAME
 from pools.models import NodePool, Tenant
@@ -49,6 +49,40 @@ def test_the_seed_scenario_claims_become_available_with_ready_labelled_nodes(
     done = {e.step: e.duration_s for e in Event.objects.filter(claim=claim, kind="step", message="done")}
     assert set(PROVISION_STEPS) <= set(done), done
     assert all(d is not None and d >= 0 for d in done.values())
+
+
+def test_an_ipmi_host_beside_a_redfish_host_registers_serves_is_released_through_the_gate_and_serves_again(
+        lab_factory, celery_worker_process, apply, seed_block):
+    site = lab_factory(hosts=2, gpu_hosts=1, tenants=["one"], ipmi_hosts=["cpu-01"])
+    assert BareMetalHost.objects.get(name="cpu-01").bmc_address == site.redfish.ipmi_address("cpu-01")
+    assert BareMetalHost.objects.get(name="gpu-01").bmc_address.startswith("redfish+http://")
+    wait_hosts("available", 2)  # registered and inspected through the agent, each over its own BMC
+    assert BareMetalHost.objects.get(name="cpu-01").inventory["disks"]
+
+    apply(seed_block, tenant="one")  # pools gpu and cpu, one node each
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).count() == 2, timeout=180)
+    assert set(nodes(site, "one")) == {"gpu-01", "cpu-01"}
+    assert site.read_disk("cpu-01", 0, 16) == b"VMETAL-LAB-IMAGE"
+    # What the IPMI BMC's power-ons booted: the agent over PXE (once), then the installed image from disk.
+    boots = [e for e in site.redfish.events() if e["system"] == "cpu-01" and e["power_state"] == "On"]
+    assert boots[0]["boot_target"] == "Pxe" and boots[0]["boot_once"] and boots[-1]["boot_target"] == "Hdd"
+
+    for pool in NodePool.objects.filter(tenant__name="one"):
+        pool_set_quantity(pool=pool, quantity=0, actor="user:test")
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.RELEASED).count() == 2, timeout=240)
+    wait_hosts("available", 2)
+    assert site.read_disk("cpu-01", 0, 16) == bytes(16)
+    certificates = list(EraseCertificate.objects.filter(host__name="cpu-01"))
+    assert certificates and {c.result for c in certificates} == {"pass"}
+    # An IPMI BMC reports no drives: the gate's census is the inventory of record alone.
+    census = certificates[0].document["observed_by_console"]["census"]
+    assert (census["source"], census["bmc"]) == ("inventory", "no storage reported")
+
+    for pool in NodePool.objects.filter(tenant__name="one"):  # and serves again
+        pool_set_quantity(pool=pool, quantity=1, actor="user:test")
+    wait_for(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).count() == 2, timeout=180)
+    assert set(nodes(site, "one")) == {"gpu-01", "cpu-01"}
+    assert site.read_disk("cpu-01", 0, 16) == b"VMETAL-LAB-IMAGE"
 
 
 def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(

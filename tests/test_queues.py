@@ -26,9 +26,10 @@ def declared_task_names() -> set[str]:
     """Every task name an app declares in its task_names.py."""
     from autonodes import task_names as autonodes_tasks
     from claims import task_names as claims_tasks
+    from events import task_names as events_tasks
     from hosts import task_names as hosts_tasks
 
-    return {value for module in (autonodes_tasks, claims_tasks, hosts_tasks) for name, value in vars(module).items()
+    return {value for module in (autonodes_tasks, claims_tasks, events_tasks, hosts_tasks) for name, value in vars(module).items()
             if name.isupper() and isinstance(value, str)}
 
 
@@ -41,6 +42,7 @@ def test_every_task_an_app_declares_is_registered_and_routed_to_its_kinds_queue(
     settings.CELERY_QUEUE_PREFIX = "site-a."
     import autonodes.tasks  # noqa: F401  the apps' tasks modules, as a worker's autodiscovery loads them
     import claims.tasks  # noqa: F401
+    import events.tasks  # noqa: F401
     import hosts.tasks  # noqa: F401
 
     registered = {name for name in app.tasks if not name.startswith("celery.")}

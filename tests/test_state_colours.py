@@ -14,7 +14,7 @@ HOST_COLOURS = {
     "registering": "secondary", "inspecting": "secondary", "available": "success", "provisioning": "warning",
     "provisioned": "primary", "deprovisioning": "warning", "repair": "purple", "retesting": "warning",
     "repairing": "warning", "checking": "secondary",
-    "retired": "dark", "error": "danger", "maintenance": "dark"}
+    "retired": "dark", "error": "danger", "maintenance": "dark", "held": "dark"}
 PHASE_COLOURS = {"Pending": "secondary", "Provisioning": "warning", "Joining": "warning", "Available": "success",
                  "Failed": "danger", "Releasing": "warning", "Released": "dark"}
 

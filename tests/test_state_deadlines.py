@@ -16,8 +16,9 @@ from hosts.services import hosts_sweep_overdue
 pytestmark = pytest.mark.django_db
 
 # The states a host may stay in without anyone driving it. A new state goes here or gets a deadline.
+# Held (after a restore) rests too: it waits for the world reconcile, which no deadline may pre-empt.
 RESTING = {HostState.AVAILABLE, HostState.PROVISIONED, HostState.REPAIR, HostState.ERROR, HostState.MAINTENANCE,
-           HostState.RETIRED}
+           HostState.RETIRED, HostState.HELD}
 IN_PROGRESS_STATES = [state for state in HostState.values if state not in RESTING]
 
 

@@ -33,7 +33,7 @@ def test_beat_runs_the_reconciler_the_sweeper_the_re_drive_the_bmc_and_launch_ch
     scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert scheduled == {"claims.tasks.reconcile_pools", "hosts.tasks.sweep_overdue_hosts",
                          "hosts.tasks.drive_stale_hosts", "hosts.tasks.check_bmcs", "hosts.tasks.preflight_due",
-                         "autonodes.tasks.check_launches", "claims.tasks.free_leaked_addresses",
+                         "autonodes.tasks.check_launches", "claims.tasks.free_leaked_addresses", "events.tasks.prune_audit",
                          "autonodes.tasks.decide_waiting", "autonodes.tasks.disrupt", "hosts.tasks.repair_due",
                          "hosts.tasks.sweep_warm_hosts", "hosts.tasks.idle_checks_start"}
     assert scheduled <= set(app.tasks)

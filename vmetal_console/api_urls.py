@@ -6,8 +6,8 @@ from rest_framework.routers import DefaultRouter
 
 from access.api.views import TokenViewSet
 from autonodes.api.views import DecisionViewSet, PoolStatusView
-from claims.api.views import ClaimGroupViewSet, NodeClaimViewSet
-from events.api.views import EventViewSet
+from claims.api.views import ClaimGroupViewSet, HostAdoptView, NodeClaimViewSet
+from events.api.views import AuditView, EventViewSet
 from hosts.api.views import CapacityView, EraseCertificateViewSet, HealthRunViewSet, HostViewSet, RepairView
 from manifests.api import ApplyView
 from pools.api.views import (NodeEnvironmentViewSet, NodePoolViewSet, NodeProviderViewSet, NodeTypeViewSet,
@@ -33,7 +33,9 @@ router.register("decisions", DecisionViewSet, basename="decision")
 v1 = [
     re_path(r"^apply/?$", ApplyView.as_view(), name="apply"),
     re_path(r"^capacity/?$", CapacityView.as_view(), name="capacity"),
+    re_path(r"^audit/?$", AuditView.as_view(), name="audit"),
     re_path(r"^repair/?$", RepairView.as_view(), name="repair"),
+    re_path(r"^hosts/adopt/?$", HostAdoptView.as_view(), name="host-adopt"),  # before the router's hosts/<pk>
     re_path(r"^pools/(?P<id>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
     *router.urls,
 ]

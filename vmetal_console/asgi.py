@@ -15,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from access.sessions import IdleSessionsRefused  # noqa: E402
 from claims.routing import websocket_urlpatterns as claim_routes  # noqa: E402
 from events.routing import websocket_urlpatterns as event_routes  # noqa: E402
 from hosts.routing import websocket_urlpatterns as host_routes  # noqa: E402
@@ -25,6 +26,8 @@ websocket_urlpatterns = [*host_routes, *claim_routes, *pool_routes, *event_route
 
 application = ProtocolTypeRouter({
     "http": BodyLimit(ASGIStaticFilesHandler(django_asgi_app)),  # a body over MAX_REQUEST_BODY: 413, unread
-    # The session cookie names the user; each consumer asks core.scoping before it joins a group.
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    # The session cookie names the user (none for an idle session); each consumer asks core.scoping before it
+    # joins a group.
+    "websocket": AllowedHostsOriginValidator(
+        AuthMiddlewareStack(IdleSessionsRefused(URLRouter(websocket_urlpatterns)))),
 })

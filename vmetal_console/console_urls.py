@@ -1,15 +1,20 @@
-"""The web console's pages: each app's urls, the login and the fleet board. Live views: the apps' routing.py,
+"""The web console's pages: each app's urls, signing in (password or single sign-on) and the fleet board. Live views: the apps' routing.py,
 under /ws/."""
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from access import views as access
 import core.converters  # noqa: F401 (registers the <name:...> converter)
 from events import views as events
 from hosts import views as hosts
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", access.SignInView.as_view(), name="login"),
+    path("login/again/", access.sign_in_again, name="sign-in-again"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # single sign-on: /oidc/authenticate/ sends the browser to the provider, /oidc/callback/ takes its answer
+    *([path("oidc/", include("mozilla_django_oidc.urls"))] if settings.OIDC_ENABLED else []),
     # hosts
     path("hosts/", hosts.fleet, name="fleet"),
     path("repair/", hosts.repair, name="repair"),

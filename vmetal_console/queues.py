@@ -6,6 +6,7 @@ from kombu import Exchange, Queue
 
 from autonodes import task_names as autonodes_tasks
 from claims import task_names as claims_tasks
+from events import task_names as events_tasks
 from hosts import task_names as hosts_tasks
 
 DRIVES, AGENT, AUTONODES, DEFAULT = "drives", "agent", "autonodes", "celery"
@@ -18,7 +19,9 @@ TASK_KIND = {
     # BMC and flow drives: each call to a BMC may wait BMC_TIMEOUT_S, with retries, and a flow's steps call BMCs.
     **dict.fromkeys([hosts_tasks.DRIVE_HOST, hosts_tasks.POWER_HOST, hosts_tasks.POWER_CYCLE_HOST,
                      hosts_tasks.CHECK_BMCS, hosts_tasks.PREFLIGHT_DUE, hosts_tasks.PREFLIGHT_HOSTS,
-                     hosts_tasks.REPAIR_ADVANCE, hosts_tasks.SWEEP_WARM_HOSTS], DRIVES),
+                     hosts_tasks.REPAIR_ADVANCE, hosts_tasks.SWEEP_WARM_HOSTS,
+                     # After a restore: reads every held host's BMC (and the tenants' APIs) before any acts.
+                     claims_tasks.WORLD_RECONCILE], DRIVES),
     # A drive an agent's call asked for (its lookup, a result, a boot fetch): the agent waits for its next command.
     hosts_tasks.DRIVE_HOST_FOR_AGENT: AGENT,
     # Auto Nodes: decisions and disruption read tenants' Kubernetes APIs (TENANT_API_TIMEOUT_S a call).
@@ -28,7 +31,8 @@ TASK_KIND = {
     # call with its timeout, retried by countdown, not by waiting).
     **dict.fromkeys([hosts_tasks.SWEEP_OVERDUE_HOSTS, hosts_tasks.DRIVE_STALE_HOSTS, hosts_tasks.REPAIR_DUE,
                      hosts_tasks.IDLE_CHECKS_START, claims_tasks.RECONCILE_POOLS, claims_tasks.REVOKE_JOIN_TOKEN,
-                     claims_tasks.PLACE_GROUP_AGAIN, claims_tasks.FREE_LEAKED_ADDRESSES], DEFAULT),
+                     claims_tasks.PLACE_GROUP_AGAIN, claims_tasks.FREE_LEAKED_ADDRESSES, events_tasks.PRUNE_AUDIT],
+                    DEFAULT),
 }
 
 

@@ -13,6 +13,7 @@ import dj_database_url
 from core import keys
 from autonodes import task_names as autonodes_tasks
 from claims import task_names as claims_tasks
+from events import task_names as events_tasks
 from hosts import task_names as hosts_tasks
 
 from . import queues
@@ -87,6 +88,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "core.origin.RequestOriginMiddleware",  # the Event log's client address and sign-in (core/origin.py)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -102,7 +104,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-            ]
+            ],
+            "builtins": ["core.templatetags.console"],  # `when` and `since` on every page without a load
         },
     }
 ]
@@ -113,6 +116,10 @@ DATABASES = {
     "default": dj_database_url.parse(
         _database_url,
         conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "0")),
+        # A kept connection (DB_CONN_MAX_AGE, or the pool's: Django passes this on as the pool's check) is checked
+        # before a request or task reuses it: after PostgreSQL restarts, each process gets new connections
+        # instead of errors.
+        conn_health_checks=True,
     )
 }
 # PostgreSQL connection pool per process (Django's native psycopg pool): DATABASE_POOL_MAX connections at most,
@@ -126,7 +133,9 @@ if DATABASE_POOL_MAX and DATABASES["default"]["ENGINE"].endswith("postgresql"):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(int(os.environ.get("DATABASE_POOL_MIN", "1")), DATABASE_POOL_MAX),
         "max_size": DATABASE_POOL_MAX,
-        "timeout": float(os.environ.get("DATABASE_POOL_TIMEOUT_S", "30")),
+        # Also how long a request waits while PostgreSQL is away (the pool cannot connect): then it answers 503
+        # with Retry-After (core/outage.py), before a proxy's or an agent's own timeout.
+        "timeout": float(os.environ.get("DATABASE_POOL_TIMEOUT_S", "10")),
         "max_idle": 60,  # give back what a burst opened
     }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -210,6 +219,9 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "sentinel://")):
         "unacked_restore_interval": max(1, min(10, int(BROKER_VISIBILITY_TIMEOUT_S / 10))),
         "unacked_restore_throttle": 1,  # every interval scans (kombu's default: every tenth)
     }
+if CELERY_BROKER_URL.startswith("redis://"):
+    # Redis's transport with a worker that survives a Redis restart (vmetal_console/broker.py).
+    CELERY_BROKER_TRANSPORT = "vmetal_console.broker:RedisTransport"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME", str(VAR_DIR / "celerybeat-schedule"))
@@ -218,11 +230,11 @@ BEAT_HEARTBEAT_FILE = os.environ.get("BEAT_HEARTBEAT_FILE", str(VAR_DIR / "beat-
 # Beat. With Redis (REDIS_URL), any number of beat processes may run: celery-redbeat keeps the schedule's last runs
 # in Redis and lets one beat send, the holder of a lock it renews at every tick (at least every BEAT_LOCK_S / 4);
 # the others wait for it, and one of them takes over within BEAT_LOCK_S of the holder's death, resuming the same
-# schedule (no period is sent twice). Without Redis (the embedded mode) Celery's own scheduler, with its state in a
-# file, for the one beat there is.
+# schedule (no period is sent twice); a Redis restart ends no beat (vmetal_console/beat.py). Without Redis (the
+# embedded mode) Celery's own scheduler, with its state in a file, for the one beat there is.
 BEAT_LOCK_S = max(4, int(float(os.environ.get("BEAT_LOCK_S", "20"))))
 if REDIS_URL:
-    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_BEAT_SCHEDULER = "vmetal_console.beat:BeatScheduler"  # redbeat's, kept through a Redis restart
     CELERY_BEAT_MAX_LOOP_INTERVAL = BEAT_LOCK_S // 4
     CELERY_REDBEAT_REDIS_URL = REDIS_URL
     CELERY_REDBEAT_REDIS_OPTIONS = {"socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 30}
@@ -259,6 +271,8 @@ CELERY_BEAT_SCHEDULE = {
     # Auto Nodes: pods that wait (a limit, the quota, no free host) are decided again now and then.
     "autonodes-decide-waiting": {"task": autonodes_tasks.DECIDE_WAITING,
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
+    # The audit trail's rows older than AUDIT_RETENTION_DAYS go, once a day (events/audit.py; none while it is 0).
+    "prune-audit": {"task": events_tasks.PRUNE_AUDIT, "schedule": 86400.0},
 }
 
 # Auto Nodes: a dynamic pool's claim may take its NodeType's measured launch p95 (created → Available, over the
@@ -435,10 +449,11 @@ LOGGING = {
 # The API's and the console's own settings live in their modules. Each may define APPS (added to
 # INSTALLED_APPS), MIDDLEWARE_FIRST / MIDDLEWARE_AFTER_AUTH / MIDDLEWARE_LAST, AUTH_BACKENDS, and any
 # other setting by its plain name.
-from . import settings_api, settings_console  # noqa: E402
+from . import settings_api, settings_console, settings_signin  # noqa: E402
 
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
-for _module in (settings_api, settings_console):
+# Passwords (superusers only with LOCAL_SIGN_IN=break-glass); settings_signin adds single sign-on's.
+AUTHENTICATION_BACKENDS = ["access.sessions.LocalPasswordBackend"]
+for _module in (settings_signin, settings_api, settings_console):  # each prepends its backends: axes. ends first
     INSTALLED_APPS += getattr(_module, "APPS", [])
     MIDDLEWARE = getattr(_module, "MIDDLEWARE_FIRST", []) + MIDDLEWARE
     _auth = MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1
@@ -454,6 +469,12 @@ MIDDLEWARE.insert(0, "vmetal_console.probes.ProbeMiddleware")
 
 # The release gate (hosts/gate/cleaning.py): erase, verify, GPU reset, health suite. Erase certificates are signed
 # with Ed25519 under CERTIFICATE_SIGNING_KEY (above).
+# Backup and restore (hosts/restore.py, hosts/gate/archive.py): a directory outside the database (shared by every
+# worker, on storage the database's backups do not restore over) where every erase certificate is also written, once,
+# and where the world's epoch lives; empty: no archive, and a restore is known only through `manage.py restore`.
+CERTIFICATE_ARCHIVE_DIR = os.environ.get("CERTIFICATE_ARCHIVE_DIR", "")
+# How soon the world reconcile after a restore tries again the hosts whose BMC or tenant API did not answer.
+RESTORE_RETRY_S = env_float("RESTORE_RETRY_S", 15)
 CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # for a host no NodeType matches
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)

@@ -37,6 +37,14 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["core.limits.JSONParser"],
 }
 
+# API tokens (access/): each expires, after API_TOKEN_EXPIRES_DEFAULT unless its maker asks for another lifetime, never
+# after API_TOKEN_EXPIRES_MAX (durations: 2s, 30m, 12h, 90d, 2w).
+API_TOKEN_EXPIRES_DEFAULT = os.environ.get("API_TOKEN_EXPIRES_DEFAULT", "90d")
+API_TOKEN_EXPIRES_MAX = os.environ.get("API_TOKEN_EXPIRES_MAX", "365d")
+# The audit trail (the Event log's people's changes and secret reads, docs/audit.md): rows older than this many days
+# are pruned by the beat daily (0, the default: kept for ever). Erase certificates and their archive are never pruned.
+AUDIT_RETENTION_DAYS = int(os.environ.get("AUDIT_RETENTION_DAYS", "0"))
+
 # Request bodies: at most this many bytes, API and console alike (the largest is a site's manifests posted to
 # /api/v1/apply/). Django's own limit for what it reads into memory (agent calls, form posts) is the same.
 MAX_REQUEST_BODY = int(os.environ.get("MAX_REQUEST_BODY_MB", "10")) * 1024 * 1024

@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
-from core.api import StrictSerializer
+from core.api import NoNulJSONField, StrictSerializer
 
 
 class ConditionSerializer(serializers.Serializer):
@@ -80,4 +80,22 @@ class ClaimGroupSerializer(serializers.ModelSerializer):
 
 
 class ReleaseSerializer(StrictSerializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+
+class AdoptSerializer(StrictSerializer):
+    """A server that already runs an OS and serves a tenant's node, to adopt (claims.restore.host_adopt)."""
+    name = serializers.CharField(max_length=253, help_text="the host's name: the name of the node it serves")
+    bmc_address = serializers.CharField(max_length=500)
+    bmc_username = serializers.CharField(max_length=200)
+    bmc_password = serializers.CharField(max_length=200, write_only=True, style={"input_type": "password"})
+    bmc_disable_certificate_verification = serializers.BooleanField(required=False, default=False)
+    boot_mac = serializers.CharField(max_length=17)
+    labels = NoNulJSONField(required=False, default=dict)
+    tenant = serializers.CharField(required=False, allow_blank=True, default="", max_length=63,
+                                   help_text="the tenant whose node it serves (checked)")
+    claim = serializers.CharField(required=False, allow_blank=True, default="", max_length=253,
+                                  help_text="the claim it serves; default: the node's vmetal.dev/claim label")
+class ClaimPowerSerializer(StrictSerializer):
+    action = serializers.ChoiceField(choices=["power-cycle", "power-on", "power-off"])
     reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")

@@ -2,6 +2,8 @@
 without the raw `data`."""
 from rest_framework import serializers
 
+from events.audit import audit_row
+from events.choices import EventKind
 from events.models import Event
 
 BMC_MASK = "(BMC)"
@@ -34,3 +36,26 @@ class TenantEventSerializer(EventSerializer):
 
 
 EventSerializer.MEMBER_VARIANT = TenantEventSerializer  # the schema: `data` is optional (core.api hooks)
+
+
+class AuditRowSerializer(serializers.Serializer):
+    """One audit row (events.audit.audit_row), schema version 1: docs/audit.md."""
+
+    id = serializers.IntegerField()
+    at = serializers.CharField(help_text="when, ISO 8601 in UTC")
+    actor = serializers.CharField(help_text="user:NAME (console, API, admin) or cli:LOGIN (manage.py); security "
+                                            "events: who the console saw")
+    via = serializers.CharField(help_text='"session", "token PREFIX (read-only|read-write)", "manage.py", or empty')
+    role = serializers.CharField(help_text='"admin", "auditor", "member of TENANT", or empty')
+    address = serializers.CharField(help_text="the client's address, empty outside a request")
+    kind = serializers.ChoiceField(choices=EventKind.choices)
+    object_type = serializers.CharField()
+    object = serializers.CharField()
+    tenant = serializers.CharField(help_text="the tenant concerned, or empty")
+    message = serializers.CharField()
+    before = serializers.DictField(help_text="the fields changed, as they were (secrets: (set) or (empty))")
+    after = serializers.DictField(help_text="the fields changed, as they became")
+    schema = serializers.IntegerField(help_text="this schema's version: 1")
+
+    def to_representation(self, instance):
+        return audit_row(instance)

@@ -1,15 +1,17 @@
 """The Event log over HTTP, read only, scoped: a member sees its tenants' events."""
 from urllib.parse import urlsplit
 
-from rest_framework import viewsets
+from rest_framework import generics, viewsets
+from rest_framework.permissions import BasePermission
 
 from core import scoping
 from core.api import ScopedViewMixin
-from events.filtersets import EventFilterSet
+from events.audit import audit_events
+from events.filtersets import AuditFilterSet, EventFilterSet
 from events.models import Event
 from events.selectors import events_visible
 
-from .serializers import EventSerializer, TenantEventSerializer
+from .serializers import AuditRowSerializer, EventSerializer, TenantEventSerializer
 
 
 class EventViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
@@ -40,3 +42,22 @@ def _bmc_addresses(events) -> dict[int, tuple[str, ...]]:
         netloc = urlsplit(address).netloc
         out[pk] = tuple(a for a in (address, netloc) if a)
     return out
+
+
+class SeesEverything(BasePermission):
+    message = "the audit trail spans every tenant: admins and auditors only"
+
+    def has_permission(self, request, view):
+        return scoping.sees_everything(request.user)
+
+
+class AuditView(generics.ListAPIView):
+    """GET /api/v1/audit/?since=…&until=…: the audit trail (docs/audit.md), oldest first, paginated; what
+    `manage.py audit export` writes, row for row."""
+
+    permission_classes = [SeesEverything]
+    serializer_class = AuditRowSerializer
+    filterset_class = AuditFilterSet
+
+    def get_queryset(self):
+        return audit_events()

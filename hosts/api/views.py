@@ -1,6 +1,7 @@
 """Hosts over HTTP: register, change and act on hosts (admins), read them (auditors, tenants' own)."""
 # Hosts over HTTP. Admins register hosts (the same checks as a BareMetalHost manifest), change their labels
-# and settings, and act on them (maintenance on/off, retry) through hosts.services; auditors read every host;
+# and settings, and act on them (maintenance on/off, retry) through hosts.services; operators act on them too
+# but register, change and delete none; auditors read every host;
 # a tenant member sees only the hosts serving its claims, without BMC details. The release gate's evidence
 # (erase certificates, health runs) is read only, scoped by core.scoping.
 from django.db import transaction
@@ -12,10 +13,12 @@ from drf_spectacular.utils import (
     extend_schema_view,
 )
 from rest_framework import exceptions, mixins, viewsets
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.sessions import fresh_sign_in_refusal
 from core import scoping
 from core.api import ScopedPermission, ScopedViewMixin, actor, or_empty
 from events.choices import ObjectType
@@ -63,6 +66,7 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
                   mixins.UpdateModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     serializer_class = HostSerializer
     filterset_class = BareMetalHostFilterSet
+    operator_actions = frozenset({"maintenance", "retry"})
 
     def get_queryset(self):
         return hosts_visible(self.request.user, BareMetalHost.objects.select_related("claim__tenant"))
@@ -86,6 +90,10 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
                           object_type=ObjectType.HOST, self_link="host")
 
     def perform_destroy(self, instance):
+        if isinstance(self.request.successful_authenticator, SessionAuthentication):
+            refusal = fresh_sign_in_refusal(self.request)  # a browser's session: deleting wants a recent sign-in
+            if refusal:
+                raise exceptions.PermissionDenied(refusal)
         host_delete(host=instance, actor=actor(self.request))
 
     @extend_schema(request=MaintenanceSerializer, responses={200: HostSerializer, 409: CONFLICT})
@@ -153,7 +161,7 @@ class CapacityView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT},
                    description="Per NodeType, per rack (the `rack` label) and in all: hosts total, free (available), "
                                "allocatable (available and not held back), serving a claim, broken (error, repair, "
-                               "retesting), and the free hosts held back by each reason (bmc_red: the BMC's last "
+                               "retesting), held (after a restore, until the world reconcile read them), and the free hosts held back by each reason (bmc_red: the BMC's last "
                                "answer failed; preflight_red: the host's preflight is red).")
     def get(self, request):
         if not scoping.sees_everything(request.user):

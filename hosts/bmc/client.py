@@ -1,5 +1,6 @@
 """The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors."""
-# The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors.
+# The console's one door to BMCs: Redfish through sushy, with timeouts, retries and plain errors (IPMI: hosts/bmc/
+# ipmi.py, the same interface and error kinds; hosts/bmc/factory.py picks the client by the address's scheme).
 #
 # It takes plain arguments and imports no Django models, so Celery tasks call it outside any
 # transaction. Every HTTP call has a timeout; transient failures (connection errors, timeouts, 5xx)
@@ -39,7 +40,8 @@ KINDS = ("auth", "unreachable", "timeout", "not_found", "server_error", "unsuppo
 # a missing system, a boot MAC the system lacks, an address the console cannot use and a TLS failure never do.
 TRANSIENT_KINDS = frozenset({"unreachable", "timeout", "server_error"})
 
-# scheme → (transport, virtual media boot). The URL path is the Redfish system (Metal3's rule).
+# scheme → (transport, virtual media boot). The URL path is the Redfish system (Metal3's rule). ipmi://HOST[:PORT]
+# is driven by hosts/bmc/ipmi.py (the factory picks the client by scheme).
 SCHEMES = {
     "redfish": ("https", False),
     "redfish+https": ("https", False),
@@ -47,12 +49,14 @@ SCHEMES = {
     "redfish-virtualmedia": ("https", True),
     "redfish-virtualmedia+https": ("https", True),
     "redfish-virtualmedia+http": ("http", True),
+    "ipmi": ("ipmi", False),
 }
 SCHEME_LIST = ", ".join(s + "://" for s in SCHEMES)
 BOOT_TARGETS = {"pxe": sushy.BootSource.PXE, "disk": sushy.BootSource.HDD, "cd": sushy.BootSource.CD}
 POWER_STATES = {sushy.PowerState.ON: "on", sushy.PowerState.OFF: "off"}
 CD_MEDIA = {sushy.VirtualMediaType.CD, sushy.VirtualMediaType.DVD}
 TRANSIENT_STATUS = {500, 502, 503, 504}
+IPMI_PORT = 623  # RMCP's own
 KEEP_IDLE_S = 120  # a kept BMC unused this long is read anew (replaced board, new firmware)
 KEEP_MAX = 2000  # kept BMCs per process; the least recently used go first
 _kept: "OrderedDict[tuple, BMC]" = OrderedDict()
@@ -89,19 +93,39 @@ def parse_address(address: str) -> tuple[str, str, str]:
     address = (address or "").strip()
     parts = urlsplit(address)
     scheme = parts.scheme.lower()
-    if scheme == "ipmi" or (address and "://" not in address):  # Metal3 reads an address without a scheme as IPMI
-        raise BMCError("unsupported", f"ipmi:// is not supported by this console yet: use a Redfish address "
-                                      f"({SCHEME_LIST})")
+    if address and "://" not in address:  # Metal3 reads it as IPMI; the console asks for the scheme written out
+        raise BMCError("unsupported", f"BMC address {address!r} has no scheme: write ipmi://{address} for an IPMI BMC, "
+                                      f"or use one of {SCHEME_LIST}")
     if scheme not in SCHEMES:
         raise BMCError("unsupported", f"BMC address scheme {scheme + '://' if scheme else '(none)'} is not "
                                       f"supported: use one of {SCHEME_LIST}")
     if not parts.hostname:
         raise BMCError("unsupported", f"BMC address {address!r} has no host")
+    if scheme == "ipmi":
+        ipmi_host, port = parse_ipmi_address(address)
+        return scheme, f"ipmi://[{ipmi_host}]:{port}" if ":" in ipmi_host else f"ipmi://{ipmi_host}:{port}", ""
     host = parts.netloc.rsplit("@", 1)[-1]  # never carry credentials in the URL
     path = parts.path.rstrip("/")
     if path in ("", "/redfish/v1", "/redfish/v1/Systems"):
         path = ""
     return scheme, f"{SCHEMES[scheme][0]}://{host}", path
+
+
+def parse_ipmi_address(address: str) -> tuple[str, int]:
+    """'ipmi://10.0.0.5:6230' → ('10.0.0.5', 6230); port 623 by default. BMCError("unsupported") for a path, a
+    query or credentials in the address (Metal3's ipmi:// names a host and port only)."""
+    parts = urlsplit((address or "").strip())
+    if "@" in parts.netloc:
+        raise BMCError("unsupported", "an ipmi:// address carries no credentials: they come from the host's Secret")
+    if not parts.hostname:
+        raise BMCError("unsupported", f"BMC address {address!r} has no host")
+    if parts.path.strip("/") or parts.query:
+        raise BMCError("unsupported", f"an ipmi:// address is ipmi://HOST[:PORT], without a path: {address!r}")
+    try:
+        port = parts.port or IPMI_PORT
+    except ValueError:
+        raise BMCError("unsupported", f"BMC address {address!r} has a bad port") from None
+    return parts.hostname, port
 
 
 def normalize_mac(mac: str) -> str:
@@ -209,7 +233,22 @@ def _tell(result: str) -> None:
         observer(result)
 
 
-class BMC:
+class PowerWait:
+    """What every BMC client does alike on top of its own power_state(): wait for a state."""
+
+    def wait_power(self, state: str, deadline_s: float, poll_s: float = 0.5) -> None:
+        """Poll until the power state is `state` ('on' or 'off'); BMCError(timeout) after deadline_s."""
+        if state not in ("on", "off"):
+            raise ValueError(f"power state must be 'on' or 'off', not {state!r}")
+        end = time.monotonic() + deadline_s
+        while self.power_state() != state:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise BMCError("timeout", f"power {state} not reached within {deadline_s:g}s")
+            time.sleep(min(poll_s, remaining))
+
+
+class BMC(PowerWait):
     """One server's BMC. The system comes from the address path, or (when the address names
     none) from `boot_mac` among the BMC's systems."""
 
@@ -404,17 +443,6 @@ class BMC:
         system = self._recent_system()
         self._call(lambda: system.reset_system(kind))
 
-    def wait_power(self, state: str, deadline_s: float, poll_s: float = 0.5) -> None:
-        """Poll until the power state is `state` ('on' or 'off'); BMCError(timeout) after deadline_s."""
-        if state not in ("on", "off"):
-            raise ValueError(f"power state must be 'on' or 'off', not {state!r}")
-        end = time.monotonic() + deadline_s
-        while self.power_state() != state:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                raise BMCError("timeout", f"power {state} not reached within {deadline_s:g}s")
-            time.sleep(min(poll_s, remaining))
-
     # boot
 
     def set_boot_once(self, target: str) -> None:
@@ -464,6 +492,10 @@ class BMC:
                                   "manufacturer": drive.manufacturer or "", "media_type": drive.media_type or ""})
             return found or None
         return self._call(read)
+
+    def event_log(self) -> None:
+        """None: the console reads no Redfish log service yet (an IPMI BMC's SEL: hosts/bmc/ipmi.py)."""
+        return None
 
     def _cd_drives(self, system) -> list:
         try:

@@ -31,6 +31,7 @@ from hosts.boot import ramdisk as boot_path
 from hosts.choices import HostState
 from hosts.lifecycle import FLOW_FOR_STATE, FLOWS, RELATED, ConcurrentTransition
 from hosts.models import BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
+from hosts.restore import world_check
 from hosts.services import host_transition, publish_progress
 
 from .flow import SKIP, Flow, Run, StepFailed, Waiting
@@ -88,6 +89,8 @@ def _recheck_started(host_id: int) -> None:
 
 def drive(host_id: int) -> None:
     _recheck_started(host_id)
+    if not world_check():  # the database was restored: every host is held until its real state is read
+        return
     now = timezone.now()
     until = now + timedelta(seconds=settings.DRIVE_LEASE_S)
     taken = BareMetalHost.objects.filter(pk=host_id).filter(

@@ -20,6 +20,7 @@ from .steps import (
     RAMDISK_STEPS,
     TIER_STEPS,
     UNTOUCHED,
+    bmc_event_log,
     evidence_trimmed,
     power_off_unless_warm,
     step_bmc_check,
@@ -99,18 +100,23 @@ def _fail(run: Run, step: Step, failure: StepFailed, repair_marks: dict | None =
              "evidence": evidence_trimmed(failure.evidence)}
     if failure.claim_reason and not failure.clean and not disk_written(run):
         blame[UNTOUCHED] = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name}
+    cleans = bool((failure.clean or failure.claim_reason) and flow.clean_state)
+    to_repair = not cleans and ((flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS)
+    # The BMC's event log joins the repair evidence (what the hardware itself logged); read before the transaction.
+    event_log = bmc_event_log(run) if to_repair else None
     try:
         with transaction.atomic():
-            if (failure.clean or failure.claim_reason) and flow.clean_state:
+            if cleans:
                 host_transition(host=run.host, to_state=flow.clean_state, actor="system:flow", reason=reason,
                                 step=step.name, data=blame)
-            elif (flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS:
+            elif to_repair:
                 # The release gate or a health tier failed: never back to the pool; to repair, with the evidence.
                 # (A handover failure happens before anything is written: the claim takes another host.)
                 evidence = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name,
                             "message": failure.message, **(repair_marks or {}),
                             **({"tier": TIER_STEPS[step.name]} if step.name in TIER_STEPS else {}),
-                            "evidence": evidence_trimmed(failure.evidence)}
+                            "evidence": evidence_trimmed(failure.evidence),
+                            **({"bmc_event_log": evidence_trimmed(event_log)} if event_log else {})}
                 host_transition(host=run.host, to_state=HostState.REPAIR, actor="system:flow", reason=reason,
                                 step=step.name, data=evidence)
             else:

@@ -115,6 +115,8 @@ def host_moved(moved: HostsMoved) -> None:
     """What a host's move means for its repair case (hosts.lifecycle.on_host_transition: inside the move's
     transaction, so the case and the move commit together)."""
     frm, to = moved.from_state, moved.to_state
+    if HostState.HELD in (frm, to):
+        return  # held after a restore and let go again (hosts/restore.py): the same stay in repair, if it was one
     if to == HostState.REPAIR and frm == HostState.REPAIRING:
         for host_id in moved.host_ids:
             _attempt_end(host_id, RepairOutcome.FAILED, moved)

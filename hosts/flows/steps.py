@@ -49,6 +49,18 @@ def _bmc_call(fn, run: "Run | None" = None):
     return result
 
 
+def bmc_event_log(run: Run) -> dict | None:
+    """The BMC's own event log, for a host's repair evidence: {"entries": [...]} (IPMI's SEL, newest last),
+    {"error": why it could not be read}, or None where the console reads no log from this kind of BMC (Redfish).
+    One try, no retries: the host is going to repair either way."""
+    try:
+        with run.bmc() as bmc:
+            entries = bmc.event_log()
+    except BMCError as exc:
+        return {"error": str(exc)}
+    return None if entries is None else {"entries": entries}
+
+
 def _bmc_contact(run: Run, *, ok: bool, error: str = "") -> None:
     host_bmc_contact(host=run.host, ok=ok, error=error)
 
@@ -101,16 +113,21 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
                 if bmc.virtual_media_boot:
                     bmc.eject_virtual_media()
                 bmc.set_boot_once(boot)
-            if boot != "disk":
-                run.data["ramdisk_boot_at"] = timezone.now().isoformat()  # an agent calling after this is ours
             bmc.power_on()
 
-        _send_once(run, scratch, want, switch)
+        def ramdisk_boot_recorded():
+            # An agent calling after this is ours. Saved with the request, before the BMC is told: a fast agent
+            # looks up before a later drive sees the power land, and the lookup takes only sessions after this.
+            run.data["ramdisk_boot_at"] = timezone.now().isoformat()
+
+        _send_once(run, scratch, want, switch,
+                   prepare=ramdisk_boot_recorded if want == "on" and boot != "disk" else None)
     raise Waiting(f"waiting for power {want}", recheck_s=settings.POWER_POLL_S)
 
 
-def _send_once(run: Run, scratch: dict, key: str, fn) -> None:
-    """A power request, sent once; again only if it has not landed within POWER_DEADLINE_S."""
+def _send_once(run: Run, scratch: dict, key: str, fn, *, prepare=None) -> None:
+    """A power request, sent once; again only if it has not landed within POWER_DEADLINE_S. `prepare` writes
+    what the flow's record must hold before the request goes (it is saved with the request's own record)."""
     sent = scratch.get(key)
     if sent and (timezone.now() - parse_datetime(sent)).total_seconds() < settings.POWER_DEADLINE_S:
         return
@@ -118,9 +135,18 @@ def _send_once(run: Run, scratch: dict, key: str, fn) -> None:
         # Counted as a try, without waiting: the request goes again now.
         error = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
         step_retry(run, error, recheck_s=None)
-    _bmc_call(fn, run)
+    # Recorded before it goes: a drive that dies after the BMC took the change but before the record was written
+    # (PostgreSQL restarting, a killed worker) would otherwise send it again on the host's next drive.
+    if prepare is not None:
+        prepare()
     scratch[key] = timezone.now().isoformat()
     run.save_flow()
+    try:
+        _bmc_call(fn, run)
+    except (Waiting, StepFailed):  # the BMC did not take it (away, refused): the next try sends it
+        scratch.pop(key, None)
+        run.save_flow()
+        raise
 
 
 def step_power_on_ramdisk(run: Run) -> dict:

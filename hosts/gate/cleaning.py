@@ -26,6 +26,7 @@ from pools.matching import label_selector_matches
 from pools.models import NodeType, Tenant
 
 from hosts.gate import certificates
+from hosts.gate.archive import certificates_archive_on_commit
 from hosts.gate.census import census_match
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 
@@ -229,6 +230,7 @@ def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previou
                 issued.append(EraseCertificate.objects.create(flow_id=flow_id, disk=name, **fields))
         except IntegrityError:
             issued.append(EraseCertificate.objects.get(flow_id=flow_id, disk=name))
+    certificates_archive_on_commit(issued)  # a copy outside the database, for after a restore
     return issued
 
 

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.http import JsonResponse
 
+from core.outage import outage_now, unavailable
+
 
 class AgentListener(WSGIHandler):
     def get_response(self, request):
@@ -31,6 +33,8 @@ def not_found(request, exception=None):
 
 
 def server_error(request):
+    if outage_now():  # the database or Redis restarting: the agents back off and try again
+        return unavailable(request, json=True)
     return JsonResponse({"error": "server error"}, status=500)
 
 

@@ -59,12 +59,13 @@
     var editing = document.activeElement === mine || mine.value !== mine.defaultValue;
     if (editing || (theirs && theirs.value === mine.value)) { evt.detail.shouldSwap = false; }
   });
-  // "Since" times: elements with data-timestamp (ISO 8601) show the time since it, as Django's timesince
-  // does, and are refreshed here every 20 s, live page or not.
+  // "Since" times: elements with data-timestamp (ISO 8601) show the time since it, as the server's `since`
+  // filter does (core/templatetags/console.py), and are refreshed here every 20 s, live page or not.
   var UNITS = [["year", 365 * 86400], ["month", 30 * 86400], ["week", 7 * 86400], ["day", 86400],
                ["hour", 3600], ["minute", 60]];
   function timesince(seconds) {
     seconds = Math.max(0, Math.floor(seconds));
+    if (seconds < 60) { return "less than a minute"; }  // as the server's `since` filter: never "0 minutes"
     for (var i = 0; i < UNITS.length; i++) {
       var count = Math.floor(seconds / UNITS[i][1]);
       if (count > 0 || i === UNITS.length - 1) {

@@ -25,11 +25,11 @@ class Command(BaseCommand):
         if hosts["warm"]:
             self.stdout.write(f"  of which warm   {hosts['warm']} (available, on in the agent's ramdisk: a claim "
                               "writes its image at once)")
-        self.stdout.write("\nNodeTypes:                  total  available  provisioned   cost")
+        self.stdout.write("\nNodeTypes:                  total   cost  hosts (each in one column of the capacity)")
         for t in status["node_types"]:
             c = t["capacity"]
-            self.stdout.write(f"  {t['name']:<24} {c['total']:>6} {c['available']:>10} {c['provisioned']:>12} "
-                              f"{t['cost']:>6}")
+            columns = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in c.items() if name != "total" and n)
+            self.stdout.write(f"  {t['name']:<24} {c['total']:>6} {t['cost']:>6}  {columns or 'none'}")
         self.stdout.write("\nTenants and pools:")
         for tenant in status["tenants"]:
             self.stdout.write(f"  {tenant['name']} ({tenant['namespace']})")

@@ -56,8 +56,10 @@ class Command(BaseCommand):
                 raise SystemExit(1)
         if valid:
             media = body.get("media") or {}
-            self.stdout.write(f"valid: certificate {body.get('certificate_id')} for host "
-                              f"{(body.get('host') or {}).get('name')}, {media.get('source')}, serial "
+            host = (body.get("host") or {}).get("name")
+            # The media's source names the host too ("bare-metal host gpu-03, disk /dev/sda"): the host once.
+            source = str(media.get("source") or "").removeprefix(f"bare-metal host {host}, ")
+            self.stdout.write(f"valid: certificate {body.get('certificate_id')} for host {host}, {source}, serial "
                               f"{media.get('serial')}: {(body.get('sanitization') or {}).get('method')} erase, result "
                               f"{body.get('result')}, previous tenant {body.get('previous_tenant') or 'none'}; signed "
                               f"with key {json.loads(text)['signature']['key_id']}")

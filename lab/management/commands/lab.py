@@ -1,4 +1,5 @@
-"""python manage.py lab --hosts N [--vms N] [--tenants one,two] [--fault HOST=KIND ...] [--print-manifests]"""
+"""python manage.py lab --hosts N [--vms N] [--tenants one,two] [--ipmi HOST,...] [--fault HOST=KIND ...]
+[--print-manifests]"""
 import logging
 import os
 import shutil
@@ -21,6 +22,9 @@ class Command(BaseCommand):
                                  "the console as 10.0.2.2: run it with AGENT_BOOT_URL=http://10.0.2.2:PORT")
         parser.add_argument("--gpu-hosts", type=int, help="how many are gpu-servers (default: all but two, half below 4)")
         parser.add_argument("--tenants", default="one", help="comma-separated tenants that get an API of their own")
+        parser.add_argument("--ipmi", default="", metavar="HOST|ROLE,...",
+                            help="servers whose BMC speaks IPMI (ipmi:// addresses) instead of Redfish: names "
+                                 "(cpu-01) or roles (cpu: every cpu-server; ./bin/run gives the demo's cpu-servers IPMI)")
         parser.add_argument("--fault", action="append", default=[], metavar="HOST=KIND",
                             help=f"inject a fault: {', '.join(FAULTS)}; KIND:TARGET for a disk (erase-*, "
                                  "disk-small) or a GPU index (gpu-*, nvlink-slow, xid-intermittent, burnin-fail), "
@@ -52,7 +56,8 @@ class Command(BaseCommand):
             site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"], vms=options["vms"],
                            tenants=[t for t in options["tenants"].split(",") if t], faults=faults,
                            console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)),
-                           var_dir=settings.VAR_DIR / "lab")
+                           var_dir=settings.VAR_DIR / "lab",
+                           ipmi_hosts=ipmi_hosts(options["ipmi"], options["hosts"], options["gpu_hosts"]))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         logging.getLogger("lab").setLevel(logging.INFO)
@@ -77,3 +82,12 @@ class Command(BaseCommand):
             stop.wait()
         finally:
             site.stop()
+
+
+def ipmi_hosts(text: str, hosts: int, gpu_hosts: int | None) -> list[str]:
+    """--ipmi's names, a role (gpu, cpu) standing for every server of that role."""
+    probe = LabSite(hosts=hosts, gpu_hosts=gpu_hosts)  # names and roles only: nothing is started
+    names = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        names += [n for n, h in probe.hosts.items() if h.role == item] if item in ("gpu", "cpu") else [item]
+    return names

@@ -1,0 +1,10 @@
+"""The Event log's periodic work: pruning audit rows past AUDIT_RETENTION_DAYS (events.audit)."""
+from celery import shared_task
+
+from . import task_names
+from .audit import audit_prune
+
+
+@shared_task(name=task_names.PRUNE_AUDIT)
+def prune_audit() -> int:
+    return audit_prune()
