@@ -172,12 +172,15 @@ class Page:
         raise NotImplementedError
 
 
-def make_hosts(n: int, prefix: str = "bench", start: int = 0, states=("available",), labels=None) -> list:
+def make_hosts(n: int, prefix: str = "bench", start: int = 0, states=("available",), labels=None,
+               mac_byte: int = 2) -> list:
+    """`n` hosts named `<prefix>-NNNNN` whose MACs' third byte is `mac_byte`: pages that run one after the other on
+    one database each give their own."""
     from hosts.models import BareMetalHost
 
     BareMetalHost.objects.bulk_create([
         BareMetalHost(name=f"{prefix}-{i:05d}", bmc_address=f"redfish://10.2.{i // 250}.{i % 250}/redfish/v1/Systems/1",
-                      boot_mac=f"52:54:02:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}",
+                      boot_mac=f"52:54:{mac_byte:02x}:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}",
                       labels=labels(i) if labels else {"role": "gpu"}, state=states[i % len(states)])
         for i in range(start, start + n)], batch_size=2000)
     return list(BareMetalHost.objects.filter(name__startswith=f"{prefix}-").order_by("pk"))
@@ -187,10 +190,10 @@ class FleetPage(Page):
     """The fleet board: hosts move available → maintenance → registering → inspecting → available."""
 
     name, ws, parser = "fleet", "/ws/fleet/?per_page=200", "fleet_rows"
-    prefix = "bench"  # each page its own hosts: pages run one after the other on one database
+    prefix, mac_byte = "bench", 2  # each page its own hosts: pages run one after the other on one database
 
     def setup(self, n):
-        return make_hosts(n, prefix=self.prefix)
+        return make_hosts(n, prefix=self.prefix, mac_byte=self.mac_byte)
 
     def change(self, host, n):
         from hosts.services import host_transition
@@ -240,7 +243,7 @@ class EventsPage(FleetPage):
     which every client must get, live or in the re-sync."""
 
     name, ws, parser, declares_ids = "events", "/ws/events/", "event_rows", False
-    prefix = "evbench"
+    prefix, mac_byte = "evbench", 3
 
     def setup(self, n):
         from events.selectors import latest_event_id
@@ -361,9 +364,12 @@ def admin_session() -> str:
 
     admin = User.objects.filter(username="bench").first() or User.objects.create_superuser(
         "bench", "bench@example.invalid", "bench-password-not-used")
+    from access.sessions import SEEN_AT, SIGNED_IN_AT
+
     session = SessionStore()
-    session.update({SESSION_KEY: str(admin.pk), BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
-                    HASH_SESSION_KEY: admin.get_session_auth_hash()})
+    now = int(time.time())  # a session with no sign-in time is idle: its live views would join as nobody
+    session.update({SESSION_KEY: str(admin.pk), BACKEND_SESSION_KEY: "access.sessions.LocalPasswordBackend",
+                    HASH_SESSION_KEY: admin.get_session_auth_hash(), SIGNED_IN_AT: now, SEEN_AT: now})
     session.create()
     return session.session_key
 
