@@ -163,6 +163,15 @@ def _recorded_value(field: models.Field, value):
     return value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value)
 
 
+def recorded_values(obj, names) -> dict:
+    """The fields `names` of a model instance as the Event log keeps them (secrets masked): what an object was
+    made with, the "after" of its creation in the audit trail."""
+    fields = [obj._meta.get_field(name) for name in names]
+    return {f.name: _recorded_value(f, str(getattr(obj, f.attname)) if f.attname.endswith("_id")
+                                    and getattr(obj, f.attname) is not None else getattr(obj, f.attname))
+            for f in fields}
+
+
 def object_update(obj, values: dict, *, actor: str, object_type: str, tenant=None, host=None,
                   self_link: str = "") -> tuple[bool, dict]:
     """Set `values` on a model instance, validate it, save it only if something changed, and record
@@ -194,7 +203,8 @@ def object_update(obj, values: dict, *, actor: str, object_type: str, tenant=Non
         links[self_link] = obj
     message = "created" if created else "; ".join(f"{k}: {_brief(o)} → {_brief(n)}" for k, (o, n) in changes.items())
     event_record(kind=EventKind.CHANGE, object_type=object_type, object_name=str(obj), actor=actor, message=message,
-                 **links, data={} if created else {k: list(v) for k, v in changes.items()})
+                 **links, data={"before": {}, "after": {k: n for k, (o, n) in changes.items()}} if created
+                 else {k: list(v) for k, v in changes.items()})
     return created, changes
 
 

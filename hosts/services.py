@@ -16,7 +16,7 @@ from core.tasks import task_send, task_send_on_commit
 from core.transitions import swap
 from events.choices import EventKind, ObjectType
 from events.models import Event
-from events.services import event_record, events_record, seconds_since
+from events.services import event_record, events_record, recorded_values, seconds_since
 from pools.health_tiers import node_type_tiers
 from pools.matching import label_selector_q
 from pools.models import NodeType
@@ -223,8 +223,9 @@ def host_create(*, values: dict, actor: str, status: dict | None = None, adopted
     # Published on commit to the fleet and the host's group: {"object": "host", "ids": [id], "to_state": state}.
     event_record(kind=EventKind.TRANSITION, object_type=ObjectType.HOST, object_name=host.name, host=host,
                  to_state=state, actor=actor, message=message,
-                 data=({"imported": {"state": state, **({"sku_deviations": deviations} if deviations else {})}}
-                       if status is not None else {"adopted": adopted} if adopted else {}))
+                 data={"before": {}, "after": recorded_values(host, values),
+                       **({"imported": {"state": state, **({"sku_deviations": deviations} if deviations else {})}}
+                          if status is not None else {"adopted": adopted} if adopted else {})})
     task_send_on_commit(task_names.DRIVE_HOST, host_id=host.pk)
     return host
 

@@ -126,3 +126,16 @@ def test_an_export_with_secrets_is_a_recorded_secret_read(world, tmp_path):
     reads = [json.loads(line) for line in export("--since", since).splitlines()]
     assert [(r["kind"], r["via"], r["message"]) for r in reads if r["kind"] == "read"] == [
         ("read", "manage.py", "export with the BMC credentials (--include-secrets)")]
+
+
+def test_an_object_made_is_exported_with_what_it_was_made_with_and_its_secrets_redacted(world, api):
+    since = timezone.now().isoformat()
+    body = {"name": "gpu-77", "bmc_address": "redfish+http://127.0.0.1:8077/redfish/v1/Systems/gpu-77",
+            "boot_mac": "52:54:00:00:77:01", "bmc_username": "bmcuser-77", "bmc_password": "s3cret-77!",
+            "labels": {"role": "gpu"}}
+    assert api("admin", "post", "/api/v1/hosts/", body).status_code == 201
+    text = export("--since", since)
+    row = next(json.loads(line) for line in text.splitlines() if '"gpu-77"' in line)
+    assert row["before"] == {} and row["message"] == "created"
+    assert row["after"]["bmc_address"] == body["bmc_address"] and row["after"]["labels"] == {"role": "gpu"}
+    assert row["after"]["bmc_password"] == "(set)" and "s3cret-77" not in text
