@@ -120,9 +120,12 @@ def test_on_a_phone_the_state_tiles_take_one_row_above_the_hosts(browser_page, u
     page.set_viewport_size(PHONE)
     log_in(page, "root-admin")
     page.goto("/hosts/")
-    tiles = page.locator("#state-counts a")
-    assert tiles.count() == len(HostState)  # one tile per state
-    tops = {round(tiles.nth(i).bounding_box()["y"]) for i in range(tiles.count())}
+    page.locator("#state-counts a").first.wait_for()
+    # Read in one go: a live update may swap the tiles between two reads.
+    tops = page.evaluate("[...document.querySelectorAll('#state-counts a')]"
+                         ".map(a => Math.round(a.getBoundingClientRect().top))")
+    assert len(tops) == len(HostState)  # one tile per state
+    tops = set(tops)
     assert len(tops) == 1  # one row, scrolled sideways
     assert page.locator("#state-counts").bounding_box()["height"] < 80
     first_row = page.evaluate("document.querySelector('#fleet-table tbody tr').getBoundingClientRect().top + scrollY")
