@@ -187,6 +187,10 @@ class IpmiBMC(PowerWait):
         """IPMI reports no drives: the release gate's census of an IPMI host is its inventory of record alone."""
         return None
 
+    def inventory(self) -> None:
+        """IPMI has no out-of-band inventory of CPUs, memory, drives and NICs: an IPMI host is inspected by its agent."""
+        return None
+
     # power
 
     @staticmethod
