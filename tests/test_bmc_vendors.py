@@ -5,7 +5,7 @@ package each document comes from) served by a real HTTP server process, lab/mock
 mockup server with power, the boot override, virtual media and iDRAC's OEM boot answered as the vendor's BMC does,
 and a record of what each power-on booted.
 
-- dmtf:  sushy 5.x's DMTF samples (sushy/tests/unit/json_samples: root, system, manager, virtual_media, ...).
+- dmtf:  sushy 5.14.0's DMTF samples (sushy/tests/unit/json_samples: root, system, manager, virtual_media, ...).
 - idrac: sushy-oem-idrac 6.0.0's Dell iDRAC samples (sushy_oem_idrac/tests/unit/json_samples: root, system,
          manager with its OEM ImportSystemConfiguration), the manager's VirtualMedia slots in DMTF's shape.
 - ilo5:  proliantutils 2.16.3's HPE iLO 5 samples (proliantutils/tests/redfish/json_samples: root, system,
