@@ -41,7 +41,8 @@ Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab
   (the intake burn-in) fails Targeted Stress on GPU 0 (or `:N`) with DCGM_FR_STRESS_LEVEL.
 
 The release gate's census (hosts/gate/census.py): each lab BMC reports its server's drives (serial, model, size) under
-Systems/<id>/Storage/1/Drives, unless bmc-no-storage (set at the lab's start). A lying agent, whose report of the
+Systems/<id>/Storage/1/Drives, unless bmc-no-storage (set at the lab's start), and its CPUs, GPUs (Processors) and
+memory (MemorySummary) for the console's out-of-band inspection. A lying agent, whose report of the
 disks is not the hardware (the BMC and the disk files stay true): agent-omits-disk (the last disk, or `:DISK`,
 is neither reported nor erased), agent-forges-serial (reported as FORGED-SERIAL), agent-misreports-size (a decoy
 file 1 MiB larger is erased and reported in its place, the real disk untouched), agent-extra-disk (a decoy
@@ -245,6 +246,18 @@ class LabHost:
     def disk_paths(self) -> list[Path]:
         return [Path(d["path"]) for d in self.disks()]
 
+    def bmc_inventory(self) -> dict:
+        """What its BMC lists beside the drives (lab/redfish.py: Processors, MemorySummary): the hardware's CPUs,
+        memory and GPUs (the console's out-of-band inspection reads them). None for a VM: its BMC lists none."""
+        if self.vm is not None:
+            return None
+        profile = self.profile()
+        threads = profile["cpu"]["count"]
+        return {"cpu": {"model": profile["cpu"]["model"], "vendor": "AMD", "sockets": 2, "cores": threads // 2,
+                        "threads": threads},
+                "memory_gib": profile["ram_mib"] // 1024,
+                "gpus": [{"model": g["name"], "manufacturer": "NVIDIA"} for g in profile["gpus"]]}
+
     def bmc_drives(self) -> list[dict]:
         """Its BMC's Storage/1/Drives (lab/redfish.py): the real disks; none with the bmc-no-storage fault."""
         if self.has_fault("bmc-no-storage"):
@@ -353,7 +366,7 @@ class LabSite:
         last = self._ports_last()
         self._start_image_server(last.get("images", 0))
         systems = [{"name": h.name, "mac": h.mac, "password": h.password, "port": last.get("bmc", {}).get(h.name, 0),
-                    "drives": h.bmc_drives(), "ipmi": h.name in self.ipmi_hosts,
+                    "drives": h.bmc_drives(), "inventory": h.bmc_inventory(), "ipmi": h.name in self.ipmi_hosts,
                     **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
                             if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]

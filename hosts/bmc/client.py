@@ -515,8 +515,7 @@ class BMC(PowerWait):
             cpus = [p for p in processors if kind[p.identity] == "CPU"]
             summary = system.memory_summary
             ram_gib = summary.size_gib if summary is not None else None
-            ram_mib = (int(ram_gib * 1024) if ram_gib else
-                       sum(m.capacity_mib or 0 for m in members("memory")) or None)
+            ram_mib = int(ram_gib * 1024) if ram_gib else None
             nics = [{"name": n.identity, "mac": normalize_mac(n.mac_address or n.permanent_mac_address or ""),
                      "speed_gbps": (n.speed_mbps / 1000) if n.speed_mbps else None}
                     for n in members("ethernet_interfaces")]
