@@ -139,6 +139,9 @@ class BareMetalHost(models.Model):
                 errors["network_data"] = exc.error_list
         if not isinstance(self.root_device_hints, dict):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
+        if self.inspection_mode == InspectionMode.FAST and (self.bmc_address or "").strip().lower().startswith("ipmi:"):
+            errors["inspection_mode"] = ("fast inspection reads the inventory from a Redfish BMC; an ipmi:// BMC lists "
+                                         "none: use agent, or a Redfish address")
         if errors:
             raise ValidationError(errors)
 
