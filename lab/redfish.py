@@ -72,6 +72,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/([^/]+)")
 DRIVE_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/Storage/[^/]+/Drives/([^/]+)/?$")
 PROCESSOR_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/Processors/([^/]+)/?$")
+NIC_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/EthernetInterfaces/([^/]+)/?$")
 STORAGE_ID = "1"  # each lab BMC has one storage subsystem holding its server's drives
 BOOT_ENABLED = ("Once", "Continuous", "Disabled")
 LOG = logging.getLogger("lab.redfish")
@@ -117,7 +118,8 @@ class RedfishLab:
                Redfish: `ipmi://` addresses, lab/ipmi.py), "ipmi_ciphers"? (False: it refuses every cipher suite),
                "sel"? [{"sensor_type", "offset"?, "sensor"?, "deasserted"?}] (its IPMI system event log),
                "inventory"? {"cpu": {"model", "vendor", "sockets", "cores", "threads"}, "memory_gib",
-               "gpus": [{"model", "manufacturer"}]} (its Processors, CPUs and GPUs, and MemorySummary: the
+               "gpus": [{"model", "manufacturer"}], "nic_speed_gbps"?} (its Processors, CPUs and GPUs,
+               MemorySummary and its NICs' SpeedMbps: the
                console's out-of-band inspection reads them; none: the BMC lists no processors)}]
     """
 
@@ -763,12 +765,21 @@ class _LabApp:
         if drive:
             return self.rewrite(environ, start_response,
                                 functools.partial(self.drive, target, urllib.parse.unquote(drive.group(1))))
+        if target and method == "GET" and NIC_PATH.match(path):
+            return self.rewrite(environ, start_response, functools.partial(self.nic, target))
         processor = PROCESSOR_PATH.match(path) if target and method == "GET" else None
         if processor:
             return self.rewrite(environ, start_response,
                                 functools.partial(self.processor, target, path.rstrip("/"),
                                                   urllib.parse.unquote(processor.group(1))))
         return site.inner(environ, start_response)
+
+    def nic(self, uuid, doc):
+        """sushy-tools' interface has no speed: the lab server's NIC speed, where the lab gives one."""
+        speed = (self.site.systems[uuid].get("inventory") or {}).get("nic_speed_gbps")
+        if speed:
+            doc["SpeedMbps"] = int(speed * 1000)
+        return doc
 
     def processor(self, uuid, path, processor_id, doc):
         """sushy-tools' processor template says every processor is a CPU and leaves its path out: a GPU is a GPU."""

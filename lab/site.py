@@ -256,7 +256,8 @@ class LabHost:
         return {"cpu": {"model": profile["cpu"]["model"], "vendor": "AMD", "sockets": 2, "cores": threads // 2,
                         "threads": threads},
                 "memory_gib": profile["ram_mib"] // 1024,
-                "gpus": [{"model": g["name"], "manufacturer": "NVIDIA"} for g in profile["gpus"]]}
+                "gpus": [{"model": g["name"], "manufacturer": "NVIDIA"} for g in profile["gpus"]],
+                "nic_speed_gbps": profile["nics"][0]["speed_gbps"]}
 
     def bmc_drives(self) -> list[dict]:
         """Its BMC's Storage/1/Drives (lab/redfish.py): the real disks; none with the bmc-no-storage fault."""
@@ -276,6 +277,7 @@ class LabImage:
 
 class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
+                 inspection_modes: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
@@ -326,6 +328,7 @@ class LabSite:
         if unknown:
             raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
         self.ipmi_hosts = set(ipmi_hosts)
+        self.inspection_modes = dict(inspection_modes or {})  # host → its BareMetalHost's spec.inspectionMode
         unknown = self.ipmi_hosts - {name for name, host in self.hosts.items() if host.vm is None}
         if unknown:
             raise ValueError(f"IPMI BMC for unknown or VM host(s): {', '.join(sorted(unknown))}")
@@ -433,7 +436,9 @@ class LabSite:
                          "metadata": {"name": host.name, "namespace": "metal3",
                                       "labels": {"role": host.role, "rack": f"r{1 + int(host.mac[-1], 16) % 2}"}},
                          "spec": {"bmc": {"address": address, "credentialsName": f"{host.name}-bmc"},
-                                  "bootMACAddress": host.mac, "online": True}})
+                                  "bootMACAddress": host.mac, "online": True,
+                                  **({"inspectionMode": self.inspection_modes[host.name]}
+                                     if host.name in self.inspection_modes else {})}})
         import yaml
 
         return "".join("---\n" + yaml.safe_dump(d, sort_keys=False) for d in docs)

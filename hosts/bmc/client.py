@@ -476,7 +476,7 @@ class BMC(PowerWait):
 
     def drives(self) -> list[dict] | None:
         """The drives the BMC itself reports (Systems/<id>/Storage/*/Drives): [{name, serial, model, size_bytes,
-        manufacturer, media_type}], or None when it reports no storage (no Storage link, none there, or no
+        manufacturer, media_type, protocol}], or None when it reports no storage (no Storage link, none there, or no
         drive in it). One GET per storage subsystem and per drive."""
         system = self._recent_system()
 
@@ -490,7 +490,8 @@ class BMC(PowerWait):
                 for drive in storage.drives:
                     found.append({"name": drive.identity, "serial": (drive.serial_number or "").strip(),
                                   "model": (drive.model or "").strip(), "size_bytes": drive.capacity_bytes or 0,
-                                  "manufacturer": drive.manufacturer or "", "media_type": drive.media_type or ""})
+                                  "manufacturer": drive.manufacturer or "", "media_type": drive.media_type or "",
+                                  "protocol": str(getattr(drive.protocol, "value", drive.protocol) or "")})
             return found or None
         return self._call(read)
 
@@ -532,7 +533,9 @@ class BMC(PowerWait):
         drives = self.drives()
         found["disks"] = None if drives is None else [
             {"name": d["name"], "serial": d["serial"], "model": d["model"], "size_bytes": d["size_bytes"],
-             "type": str(getattr(d["media_type"], "value", d["media_type"]) or "").lower()} for d in drives]
+             # The agent's type is the kernel's transport (nvme), the BMC's the protocol, else the medium (ssd, hdd).
+             "type": "nvme" if d["protocol"].lower() == "nvme" else
+             str(getattr(d["media_type"], "value", d["media_type"]) or "").lower()} for d in drives]
         return found
 
     def event_log(self) -> None:
