@@ -279,7 +279,7 @@ def credential_fields(*, keep: str) -> tuple[forms.CharField, forms.CharField]:
 
 class HostEditForm(RecordedForm):
     """What a person fixes on a registered host: its BMC address, credentials and TLS setting, its boot MAC, its
-    labels. Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
+    labels, its inspection mode. Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
     Event masks the credentials). The credentials are never shown back: left empty, they stay as they are."""
 
     object_type = ObjectType.HOST
@@ -289,9 +289,10 @@ class HostEditForm(RecordedForm):
     class Meta:
         model = BareMetalHost
         fields = ["bmc_address", "bmc_disable_certificate_verification", "bmc_username", "bmc_password", "boot_mac",
-                  "labels"]
+                  "labels", "inspection_mode"]
         labels = {"bmc_address": "BMC address", "bmc_disable_certificate_verification": "Skip TLS verification",
-                  "boot_mac": "Boot MAC"}
+                  "boot_mac": "Boot MAC", "inspection_mode": "Inspection"}
+        help_texts = {"inspection_mode": "blank: its NodeType's, else agent"}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
