@@ -279,7 +279,8 @@ def credential_fields(*, keep: str) -> tuple[forms.CharField, forms.CharField]:
 
 class HostEditForm(RecordedForm):
     """What a person fixes on a registered host: its BMC address, credentials and TLS setting, its boot MAC, its
-    labels, its inspection mode. Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
+    labels, its inspection mode.
+    Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
     Event masks the credentials). The credentials are never shown back: left empty, they stay as they are."""
 
     object_type = ObjectType.HOST

@@ -1,4 +1,4 @@
-"""A vendor's BMC from a Redfish mockup folder: sushy-tools' static mockup server, with state for power, boot and media."""
+"""A vendor's BMC from a Redfish mockup folder: sushy-tools' static mockup server, with power, boot and media state."""
 # sushy-tools' static server (sushy_tools/static/main.py: `sushy-static`) serves a mockup folder (DMTF's layout:
 # redfish/v1/<path>/index.json) and answers every POST and PATCH with 204 and no change, so a client's power, boot
 # and virtual media requests cannot be checked against it. This is the same server with the few actions a console

@@ -10,6 +10,7 @@ and a record of what each power-on booted.
          manager with its OEM ImportSystemConfiguration), the manager's VirtualMedia slots in DMTF's shape.
 - ilo5:  proliantutils 2.16.3's HPE iLO 5 samples (proliantutils/tests/redfish/json_samples: root, system,
          manager, vmedia_collection, vmedia with Oem.Hpe.BootOnNextServerReset, ethernet_interface)."""
+import base64
 import json
 import subprocess
 import sys
@@ -25,13 +26,17 @@ from hosts.bmc.vendors import IDRAC, ILO5
 MOCKUPS = Path(__file__).parent / "fixtures" / "bmc_mockups"
 USER, PASSWORD = "root", "calvin-mockup"
 ISO = "http://images.example/ramdisk.iso"
-# vendor → (Metal3 scheme of its virtual media driver, system path, the NIC MAC its samples list, system id)
+# vendor → (Metal3 scheme of its virtual media driver, system path, the NIC MAC its samples list, system id,
+# its virtual CD)
 VENDORS = {
-    "dmtf": ("redfish-virtualmedia", "/redfish/v1/Systems/437XR1138R2", "12:44:6a:3b:04:11", "437XR1138R2"),
+    "dmtf": ("redfish-virtualmedia", "/redfish/v1/Systems/437XR1138R2", "12:44:6a:3b:04:11", "437XR1138R2",
+             "/redfish/v1/Managers/BMC/VirtualMedia/CD1"),
     "idrac": ("idrac-virtualmedia", "/redfish/v1/Systems/System.Embedded.1", "b0:7b:25:00:10:01",
-              "System.Embedded.1"),
-    "ilo5": ("ilo5-virtualmedia", "/redfish/v1/Systems/1", "98:f2:b3:2a:0e:3d", "1"),
+              "System.Embedded.1", "/redfish/v1/Managers/iDRAC.Embedded.1/VirtualMedia/CD"),
+    "ilo5": ("ilo5-virtualmedia", "/redfish/v1/Systems/1", "98:f2:b3:2a:0e:3d", "1",
+             "/redfish/v1/Managers/1/VirtualMedia/2"),
 }
+AUTHORIZATION = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 
 
 class MockupBMC:
@@ -51,7 +56,8 @@ class MockupBMC:
         return f"{scheme}+http://{self.base}{VENDORS[self.vendor][1]}"
 
     def read(self, path: str):
-        with urllib.request.urlopen(f"http://{self.base}{path}", timeout=5) as answer:
+        request = urllib.request.Request(f"http://{self.base}{path}", headers={"Authorization": AUTHORIZATION})
+        with urllib.request.urlopen(request, timeout=5) as answer:
             return json.loads(answer.read())
 
     def boots(self) -> list[dict]:
@@ -61,20 +67,12 @@ class MockupBMC:
         return self.read("/_mockup/requests")
 
     def cd(self) -> dict:
-        media = [r["path"] for r in self.requests() if "/VirtualMedia/" in r["path"]]
-        path = next(p for p in media if p.rsplit("/", 1)[-1] in ("CD1", "CD", "2"))
-        with urllib.request.urlopen(urllib.request.Request(
-                f"http://{self.base}{path}", headers={"Authorization": _basic()}), timeout=5) as answer:
-            return json.loads(answer.read())
+        """The virtual CD as the BMC shows it now."""
+        return self.read(VENDORS[self.vendor][4])
 
     def stop(self):
         self.process.terminate()
         self.process.wait(timeout=10)
-
-
-def _basic() -> str:
-    import base64
-    return "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
 
 
 @pytest.fixture(params=sorted(VENDORS))
@@ -118,7 +116,7 @@ def test_a_vendor_protocol_the_console_does_not_drive_is_refused_listing_those_i
 
 
 def test_each_vendor_s_bmc_registers_powers_boots_once_and_inserts_and_ejects_virtual_media(mockup):
-    _scheme, system_path, mac, system_id = VENDORS[mockup.vendor]
+    _scheme, _path, mac, system_id, _cd = VENDORS[mockup.vendor]
     with client(mockup) as bmc:
         found = bmc.check(mac)  # registration: credentials, the system, the boot MAC
         assert (found["system_id"], found["power_state"]) == (system_id, "on") and mac in found["macs"]
@@ -153,7 +151,8 @@ def test_each_vendor_s_bmc_registers_powers_boots_once_and_inserts_and_ejects_vi
     if mockup.vendor == "ilo5":  # ILO5_VMEDIA_OEM_ONLY: iLO 5's medium is PATCHed, it has no InsertMedia action
         assert inserts[0]["method"] == "PATCH" and inserts[0]["path"] == "/redfish/v1/Managers/1/VirtualMedia/2"
     if mockup.vendor == "idrac":  # IDRAC_VMEDIA_ON_MANAGER: the manager's CD slot, not RemovableDisk
-        assert inserts[0]["path"] == "/redfish/v1/Managers/iDRAC.Embedded.1/VirtualMedia/CD/Actions/VirtualMedia.InsertMedia"
+        assert inserts[0]["path"] == ("/redfish/v1/Managers/iDRAC.Embedded.1/VirtualMedia/CD/Actions/"
+                                      "VirtualMedia.InsertMedia")
         scp = [r for r in sent if r["path"].endswith("Manager.ImportSystemConfiguration")]
         assert len(scp) == 1 and "VCD-DVD" in scp[0]["body"]["ImportBuffer"]  # IDRAC_VIRTUAL_CD_BOOT_OEM
 

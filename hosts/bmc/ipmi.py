@@ -188,7 +188,7 @@ class IpmiBMC(PowerWait):
         return None
 
     def inventory(self) -> None:
-        """IPMI has no out-of-band inventory of CPUs, memory, drives and NICs: an IPMI host is inspected by its agent."""
+        """IPMI has no out-of-band inventory (CPUs, memory, drives, NICs): an IPMI host is inspected by its agent."""
         return None
 
     # power

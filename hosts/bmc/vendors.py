@@ -1,4 +1,4 @@
-"""Vendors' Redfish: Metal3's vendor schemes (idrac-*, ilo5-*) and the quirks of each vendor's BMC the console handles."""
+"""Vendors' Redfish: Metal3's vendor schemes (idrac-*, ilo5-*) and the quirks of each vendor's BMC, handled."""
 # Metal3 (baremetal-operator, pkg/hardwareutils/bmc) accepts idrac-redfish, idrac-virtualmedia, ilo5-redfish and
 # ilo5-virtualmedia, each also as +http and +https (RegisterFactory with the "http" and "https" sub-schemes), the URL
 # path naming the Redfish system as for redfish://. They are Redfish with a vendor's driver behind them: the console
