@@ -158,7 +158,7 @@ def test_each_vendor_s_bmc_registers_powers_boots_once_and_inserts_and_ejects_vi
 
 
 @pytest.mark.parametrize("vendor", ["idrac", "ilo5"])
-def test_the_generic_scheme_on_an_idrac_or_an_ilo5_boots_its_local_cd_which_is_why_the_vendor_schemes_exist(vendor):
+def test_with_the_generic_scheme_the_idrac_and_ilo5_mockups_boot_their_local_cd_not_the_virtual_one(vendor):
     mockup = MockupBMC(vendor)
     try:
         with client(mockup, "redfish-virtualmedia") as bmc:

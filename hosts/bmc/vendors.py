@@ -14,16 +14,17 @@ from dataclasses import dataclass
 # - IDRAC_VMEDIA_ON_MANAGER: iDRAC firmware before 6.00 lists virtual media only under its manager
 #   (Managers/iDRAC.Embedded.1/VirtualMedia, slots "CD" and "RemovableDisk"), not under the system; the console
 #   takes the manager's CD slot (BMC._cd_drives).
-# - IDRAC_VIRTUAL_CD_BOOT_OEM: on iDRAC a standard boot override to Cd boots a local optical drive, not the virtual
-#   CD; Dell's own way (sushy-oem-idrac's set_virtual_boot_device, Ironic's idrac-redfish-virtual-media) is the
-#   manager's OEM ImportSystemConfiguration with ServerBoot.1#BootOnce Enabled and FirstBootDevice VCD-DVD
-#   (boot_virtual_cd_once below). The job it starts is not waited for: the power-on that follows is what it is for.
+# - IDRAC_VIRTUAL_CD_BOOT_OEM: iDRAC's Redfish cannot set the boot device to virtual media the standard way
+#   (sushy-oem-idrac says so: a standard override to Cd is not the virtual CD); Dell's own way (sushy-oem-idrac's
+#   set_virtual_boot_device, Ironic's idrac-redfish-virtual-media) is the manager's OEM ImportSystemConfiguration
+#   with ServerBoot.1#BootOnce Enabled and FirstBootDevice VCD-DVD (boot_virtual_cd_once below). The job it starts
+#   is not waited for (sushy-oem-idrac polls it): the power-on that follows is what it is for.
 # - ILO5_VMEDIA_OEM_ONLY: iLO 5's VirtualMedia (v1_0_0) has no standard InsertMedia/EjectMedia action (only Hpe OEM
 #   ones): sushy PATCHes Image and Inserted on the resource instead, which iLO 5 accepts.
-# - ILO5_VMEDIA_BOOT_ON_NEXT_RESET: iLO 5 boots its virtual CD only when the medium has
-#   Oem.Hpe.BootOnNextServerReset set (as proliantutils' set_vm_status does); a standard boot override to Cd alone
-#   boots a local optical drive. The console sets both for a virtual media boot (BMC.set_boot_once("cd"),
-#   (boot_virtual_cd_once below).
+# - ILO5_VMEDIA_BOOT_ON_NEXT_RESET: iLO's own one-time boot from a virtual medium is the medium's
+#   Oem.Hpe.BootOnNextServerReset (proliantutils' set_vm_status with BOOT_ONCE, as Ironic's ilo drivers use it).
+#   The console sets it beside the standard override to Cd (BMC.set_boot_once("cd"), boot_virtual_cd_once below),
+#   so the virtual CD boots next whichever of the two the firmware honours.
 #
 # Boot mode, on every vendor: the one-time override carries the target and "Once" only, never
 # BootSourceOverrideMode, so the BMC keeps the boot mode it has (UEFI or Legacy); preflight records the mode it
@@ -72,8 +73,9 @@ def vendor_of(scheme: str) -> Vendor:
     return BASES.get(scheme.split("+", 1)[0], (GENERIC, False))[0]
 
 
-# iDRAC's Server Configuration Profile for a one-time boot from the virtual CD (IDRAC_VIRTUAL_CD_BOOT_OEM).
-IDRAC_VCD_BOOT_ONCE = ('<SystemConfiguration><Component FQDD="iDRAC.Embedded.1">'
+# iDRAC's Server Configuration Profile for a one-time boot from the virtual CD (IDRAC_VIRTUAL_CD_BOOT_OEM), as
+# sushy-oem-idrac writes it: the manager's FQDD, and no whitespace between the tags (iDRAC's job fails on it).
+IDRAC_VCD_BOOT_ONCE = ('<SystemConfiguration><Component FQDD="{fqdd}">'
                        '<Attribute Name="ServerBoot.1#BootOnce">Enabled</Attribute>'
                        '<Attribute Name="ServerBoot.1#FirstBootDevice">VCD-DVD</Attribute>'
                        '</Component></SystemConfiguration>')
@@ -90,7 +92,8 @@ def boot_virtual_cd_once(vendor: Vendor, system, cd) -> bool:
                        and isinstance(a, dict)), None)
         if not target:
             return False  # iDRAC 6.00 and later, without the OEM action: the standard override boots the virtual CD
-        manager._conn.post(target, data={"ShareParameters": {"Target": "ALL"}, "ImportBuffer": IDRAC_VCD_BOOT_ONCE})
+        manager._conn.post(target, data={"ShareParameters": {"Target": "ALL"},
+                                         "ImportBuffer": IDRAC_VCD_BOOT_ONCE.format(fqdd=manager.identity)})
         return True
     if vendor.has(ILO5_VMEDIA_BOOT_ON_NEXT_RESET):
         cd._conn.patch(cd.path, data={"Oem": {"Hpe": {"BootOnNextServerReset": True}}})
