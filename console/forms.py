@@ -128,13 +128,15 @@ class NodeTypeForm(RecordedForm):
                   "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps",
                   # Warm hosts (hosts/flows/warm.py): a manifest's spec.warm.
                   "warm_hosts", "warm_idle_minutes",
+                  # Where its hosts' inventories come from: a manifest's spec.inspectionMode.
+                  "inspection_mode",
                   # The SKU, the health tiers, the repair ladder: declared above.
                   "sku", "health", "repair"]
         labels = {"warm_hosts": "Warm hosts", "warm_idle_minutes": "Warm host idle minutes",
                   "cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
                   "erase_concurrency": "Disks erased at once", "erase_verify_share": "Share read back",
                   "erase_verify_full": "Read every byte back", "health_dcgm_level": "dcgmi diag level",
-                  "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least"}
+                  "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least", "inspection_mode": "Inspection"}
         help_texts = {"cleaning_policy": "how a released host's disks are erased before anyone gets it again; "
                                          "a host may override it",
                       "cleaning_fallback": "used, and recorded on the certificate, when the method cannot run; "
