@@ -247,6 +247,8 @@ class BMC(PowerWait):
     """One server's BMC. The system comes from the address path, or (when the address names
     none) from `boot_mac` among the BMC's systems."""
 
+    lists_inventory = True  # out-of-band inspection: inventory()
+
     def __init__(self, address: str, username: str, password: str, verify_tls: bool = True,
                  timeout: float = 10, retries: int = 3, backoff: float = 0.5,
                  boot_mac: str | None = None):

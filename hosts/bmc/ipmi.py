@@ -65,6 +65,7 @@ class IpmiBMC(PowerWait):
 
     scheme = "ipmi"
     virtual_media_boot = False
+    lists_inventory = False  # no out-of-band inventory: inventory() is None without asking the BMC
 
     def __init__(self, address: str, username: str, password: str, verify_tls: bool = True,
                  timeout: float = 10, retries: int = 3, backoff: float = 0.5, boot_mac: str | None = None,

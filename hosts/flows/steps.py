@@ -197,7 +197,7 @@ def step_inspect(run: Run) -> dict:
     scratch = run.data.setdefault("inspect", {})
     if "bmc_inventory" not in scratch:  # once per flow run: the agent's answer may take several drives
         with _bmc_call(run.bmc, run) as bmc:
-            listed = _bmc_call(bmc.inventory, run)
+            listed = _bmc_call(bmc.inventory, run) if bmc.lists_inventory else None
         scratch["bmc_inventory"] = ({**listed, "read_at": timezone.now().isoformat()} if listed is not None else
                                     {"none": "an IPMI BMC lists no inventory (no CPUs, memory, drives or NICs): the "
                                              "agent's inventory alone, and the inventory of record for the release "
