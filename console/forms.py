@@ -128,13 +128,15 @@ class NodeTypeForm(RecordedForm):
                   "erase_verify_full", "health_dcgm_level", "health_nccl_min_busbw_gbps",
                   # Warm hosts (hosts/flows/warm.py): a manifest's spec.warm.
                   "warm_hosts", "warm_idle_minutes",
+                  # Where its hosts' inventories come from: a manifest's spec.inspectionMode.
+                  "inspection_mode",
                   # The SKU, the health tiers, the repair ladder: declared above.
                   "sku", "health", "repair"]
         labels = {"warm_hosts": "Warm hosts", "warm_idle_minutes": "Warm host idle minutes",
                   "cleaning_policy": "Cleaning method", "cleaning_fallback": "Cleaning fallback",
                   "erase_concurrency": "Disks erased at once", "erase_verify_share": "Share read back",
                   "erase_verify_full": "Read every byte back", "health_dcgm_level": "dcgmi diag level",
-                  "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least"}
+                  "health_nccl_min_busbw_gbps": "NCCL all-reduce busbw, GB/s at least", "inspection_mode": "Inspection"}
         help_texts = {"cleaning_policy": "how a released host's disks are erased before anyone gets it again; "
                                          "a host may override it",
                       "cleaning_fallback": "used, and recorded on the certificate, when the method cannot run; "
@@ -279,7 +281,8 @@ def credential_fields(*, keep: str) -> tuple[forms.CharField, forms.CharField]:
 
 class HostEditForm(RecordedForm):
     """What a person fixes on a registered host: its BMC address, credentials and TLS setting, its boot MAC, its
-    labels. Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
+    labels, its inspection mode.
+    Checked by BareMetalHost.clean() (the same as apply and the API), saved through object_update (the
     Event masks the credentials). The credentials are never shown back: left empty, they stay as they are."""
 
     object_type = ObjectType.HOST
@@ -289,9 +292,10 @@ class HostEditForm(RecordedForm):
     class Meta:
         model = BareMetalHost
         fields = ["bmc_address", "bmc_disable_certificate_verification", "bmc_username", "bmc_password", "boot_mac",
-                  "labels"]
+                  "labels", "inspection_mode"]
         labels = {"bmc_address": "BMC address", "bmc_disable_certificate_verification": "Skip TLS verification",
-                  "boot_mac": "Boot MAC"}
+                  "boot_mac": "Boot MAC", "inspection_mode": "Inspection"}
+        help_texts = {"inspection_mode": "blank: its NodeType's, else agent"}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

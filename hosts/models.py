@@ -6,7 +6,7 @@ from django.db import models
 
 from core.crypto import EncryptedTextField
 from core.labels import validate_labels
-from pools.choices import CleaningPolicy
+from pools.choices import CleaningPolicy, InspectionMode
 from pools.validators import (
     validate_network_data,
     validate_object_name,
@@ -40,6 +40,12 @@ class BareMetalHost(models.Model):
     # "recorded_at", "by"}, from the first inspection (or an imported Metal3 status). Later inspections do not
     # change it; a difference is a deviation until an admin accepts it (hosts.services.host_disk_record_accept).
     disk_record = models.JSONField(default=dict, blank=True)
+    # Metal3's inspectionMode (pools.choices.InspectionMode); blank: its NodeType's, else agent.
+    inspection_mode = models.CharField(max_length=8, choices=InspectionMode.choices, blank=True, default="")
+    # What the BMC itself listed at the last inspection (hosts.bmc.client.BMC.inventory, with "read_at"), kept beside
+    # the agent's `inventory`: its drives are a census the agent cannot change (hosts/gate/census.py). {"none":
+    # reason} where the BMC lists nothing (an IPMI BMC); {} before the first inspection.
+    bmc_inventory = models.JSONField(default=dict, blank=True)
     # The `metal3.vcluster.com/network-data` annotation: the node's network configuration as the admin wrote it.
     # Written into its seed as is; the console allocates no address from a NodeEnvironment for this host.
     network_data = models.TextField(blank=True)
@@ -133,6 +139,9 @@ class BareMetalHost(models.Model):
                 errors["network_data"] = exc.error_list
         if not isinstance(self.root_device_hints, dict):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
+        if self.inspection_mode == InspectionMode.FAST and (self.bmc_address or "").strip().lower().startswith("ipmi:"):
+            errors["inspection_mode"] = ("fast inspection reads the inventory from a Redfish BMC; an ipmi:// BMC lists "
+                                         "none: use agent, or a Redfish address")
         if errors:
             raise ValidationError(errors)
 

@@ -15,6 +15,7 @@ from hosts.selectors import (
     attention_explain,
     erase_certificates_visible,
     health_runs_visible,
+    host_inspection_mode,
     host_sku_deviations,
     hosts_needing_attention,
     hosts_visible,
@@ -27,6 +28,7 @@ from pools.selectors import node_types_selecting
 from .bmc.client import SCHEMES
 from .choices import HostState
 from .engine.drive import step_status
+from .gate.census import disk_text
 from .gate.cleaning import effective_cleaning, gpu_count
 from .lifecycle import TRANSITIONS, refusal
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
@@ -314,6 +316,22 @@ def sku_shown(host: BareMetalHost) -> dict:
     types = [t for t in node_types_selecting(host.labels) if t.sku]
     deviations = host_sku_deviations(host, types)
     return {"deviations": sorted(deviations.items()), "conforms": [t.name for t in types if t.name not in deviations]}
+
+
+def inspection_shown(host: BareMetalHost) -> dict:
+    """How the host is inspected (host_inspection_mode) and the drives its BMC listed at the last inspection, kept
+    beside the agent's (BareMetalHost.bmc_inventory): {"mode", "mode_from", "inventory_from" ("bmc", "agent" or
+    ""), "bmc_drives" (a list, or None when it listed none), "bmc_none" (why the BMC lists nothing), "bmc_read_at"}."""
+    mode, mode_from = host_inspection_mode(host)
+    bmc = host.bmc_inventory if isinstance(host.bmc_inventory, dict) else {}
+    drives = bmc.get("disks")
+    return {"mode": mode, "mode_from": mode_from,
+            "inventory_from": ("bmc" if (host.inventory or {}).get("source") == "bmc" else
+                               "agent" if host.inventory else ""),
+            "bmc_drives": [{"serial": d.get("serial") or "", "model": d.get("model") or "", "name": d.get("name") or "",
+                            "size": disk_text({**d, "serial": ""}) if d.get("size_bytes") else ""}
+                           for d in drives if isinstance(d, dict)] if isinstance(drives, list) else None,
+            "bmc_none": bmc.get("none") or "", "bmc_read_at": bmc.get("read_at") or "", "bmc_read": bool(bmc)}
 
 
 def inventory_view(inventory: dict, *, macs: bool) -> dict:

@@ -24,10 +24,11 @@ from core import scoping
 from events.choices import EventKind, ObjectType
 from events.models import Event
 from pools.models import Tenant
-from pools.selectors import sku_deviations_of
+from pools.choices import InspectionMode
+from pools.selectors import node_types_selecting, sku_deviations_of
 
 from .choices import HostState, RepairOutcome
-from .gate.census import record_deviations
+from .gate.census import bmc_deviations, record_deviations
 from .lifecycle import FREE, STATE_FAILURE
 from .models import (
     BareMetalHost,
@@ -301,20 +302,36 @@ def repair_stats(*, days: float = 30, node_type: str = "", kind: str = "", now=N
 
 
 RECORD = "inventory of record"  # the key of the disk record's deviations beside the NodeTypes' own
+BMC_DRIVES = "BMC's drives"  # the key of the BMC's drive census's deviations from the agent's inventory
 
 
 def host_sku_deviations(host: BareMetalHost, node_types=None) -> dict[str, list[str]]:
     """{NodeType: deviations} of the host's last inventory from the SKU of each NodeType that selects it
-    (pools/sku.py), and under RECORD its disks that are not the inventory of record's (hosts/gate/census.py: the
-    release gate's census rests on the record until an admin accepts the disks found); {} when it conforms or
+    (pools/sku.py), under RECORD its disks that are not the inventory of record's (hosts/gate/census.py: the
+    release gate's census rests on the record until an admin accepts the disks found), and under BMC_DRIVES the
+    drives its BMC lists that the agent's inventory does not (census.bmc_deviations); {} when it conforms or
     was never inspected. `node_types`: already read, for lists."""
     if not host.inventory:
         return {}
     out = sku_deviations_of(host.inventory, host.labels, node_types)
-    disks = record_deviations(host)
-    return {**out, RECORD: disks} if disks else out
+    disks, bmc = record_deviations(host), bmc_deviations(host)
+    return {**out, **({RECORD: disks} if disks else {}), **({BMC_DRIVES: bmc} if bmc else {})}
 
 
 def sku_deviations_text(deviations: dict[str, list[str]]) -> str:
     """One line for an error and a page: "gpu-server: GPUs: 7 of 8 NVIDIA H200; nvme0n1: 128 MiB < 256 MiB"."""
     return "; ".join(f"{name}: {'; '.join(items)}" for name, items in sorted(deviations.items()))
+
+
+def host_inspection_mode(host: BareMetalHost, node_types=None) -> tuple[str, str]:
+    """(mode, where it comes from) of the host's inspection (pools.choices.InspectionMode): its own, else that of
+    the NodeTypes selecting it when they agree, else agent (the thorough one, also where they disagree)."""
+    if host.inspection_mode:
+        return host.inspection_mode, "the host"
+    types = node_types if node_types is not None else node_types_selecting(host.labels)
+    modes = {t.name: t.inspection_mode for t in types if t.inspection_mode}
+    if len(set(modes.values())) == 1:
+        return next(iter(modes.values())), f"NodeType {', '.join(sorted(modes))}"
+    if modes:
+        return InspectionMode.AGENT, f"the default: its NodeTypes disagree ({', '.join(sorted(modes))})"
+    return InspectionMode.AGENT, "the default"

@@ -95,6 +95,7 @@ def host_detail(request, name: str):
         "ws_url": f"/ws/hosts/{host.pk}/", "nav": "fleet",
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
         "preflight": presenters.preflight_shown(host), "sku": presenters.sku_shown(host),
+        "inspection": presenters.inspection_shown(host),
     })
     if scoping.may_see_bmc(request.user):  # the BMC's web interface: staff only
         context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address))

@@ -71,6 +71,8 @@ GUEST_HOST = "10.0.2.2"  # the host as a lab VM sees it (QEMU user-mode network;
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PATH = re.compile(r"^/redfish/v1/Systems/([^/]+)")
 DRIVE_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/Storage/[^/]+/Drives/([^/]+)/?$")
+PROCESSOR_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/Processors/([^/]+)/?$")
+NIC_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/EthernetInterfaces/([^/]+)/?$")
 STORAGE_ID = "1"  # each lab BMC has one storage subsystem holding its server's drives
 BOOT_ENABLED = ("Once", "Continuous", "Disabled")
 LOG = logging.getLogger("lab.redfish")
@@ -114,7 +116,11 @@ class RedfishLab:
                "model", "size_bytes", "manufacturer"?, "media_type"?}] (its Storage/1/Drives; none: the BMC
                reports an empty storage collection), "ipmi"? (its own port is an IPMI LAN server instead of
                Redfish: `ipmi://` addresses, lab/ipmi.py), "ipmi_ciphers"? (False: it refuses every cipher suite),
-               "sel"? [{"sensor_type", "offset"?, "sensor"?, "deasserted"?}] (its IPMI system event log)}]
+               "sel"? [{"sensor_type", "offset"?, "sensor"?, "deasserted"?}] (its IPMI system event log),
+               "inventory"? {"cpu": {"model", "vendor", "sockets", "cores", "threads"}, "memory_gib",
+               "gpus": [{"model", "manufacturer"}], "nic_speed_gbps"?} (its Processors, CPUs and GPUs,
+               MemorySummary and its NICs' SpeedMbps: the
+               console's out-of-band inspection reads them; none: the BMC lists no processors)}]
     """
 
     def __init__(self, systems: list[dict], username: str = "admin", password: str = "password",
@@ -142,6 +148,7 @@ class RedfishLab:
                 "drives": [dict(d) for d in spec.get("drives") or ()],
                 "ipmi": bool(spec.get("ipmi")), "ipmi_ciphers": spec.get("ipmi_ciphers", True),
                 "sel": [dict(e) for e in spec.get("sel") or ()],
+                "inventory": dict(spec["inventory"]) if spec.get("inventory") else None,
             }
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
@@ -221,7 +228,8 @@ class RedfishLab:
             lab_systems[s["uuid"]] = {"name": s["name"], "auth_file": auth, "port": s["port"],
                                       "power_delay": s["power_delay"], "fault": s["fault"],
                                       "tls": _self_signed(directory) if s["tls"] else None,
-                                      "drives": {d["id"]: d for d in s["drives"]}}
+                                      "drives": {d["id"]: d for d in s["drives"]},
+                                      "inventory": s["inventory"]}
             if s["ipmi"]:  # the lab's private directory (0700), as its htpasswd files
                 lab_systems[s["uuid"]].update(ipmi=True, ipmi_credentials=[s["username"], s["password"]],
                                               ipmi_ciphers=s["ipmi_ciphers"], sel=s["sel"])
@@ -757,7 +765,33 @@ class _LabApp:
         if drive:
             return self.rewrite(environ, start_response,
                                 functools.partial(self.drive, target, urllib.parse.unquote(drive.group(1))))
+        if target and method == "GET" and NIC_PATH.match(path):
+            return self.rewrite(environ, start_response, functools.partial(self.nic, target))
+        processor = PROCESSOR_PATH.match(path) if target and method == "GET" else None
+        if processor:
+            return self.rewrite(environ, start_response,
+                                functools.partial(self.processor, target, path.rstrip("/"),
+                                                  urllib.parse.unquote(processor.group(1))))
         return site.inner(environ, start_response)
+
+    def nic(self, uuid, doc):
+        """sushy-tools' interface has no speed: the lab server's NIC speed, where the lab gives one."""
+        speed = (self.site.systems[uuid].get("inventory") or {}).get("nic_speed_gbps")
+        if speed:
+            doc["SpeedMbps"] = int(speed * 1000)
+        return doc
+
+    def processor(self, uuid, path, processor_id, doc):
+        """sushy-tools' processor template says every processor is a CPU and leaves its path out: a GPU is a GPU."""
+        doc["@odata.id"] = path
+        gpus = (self.site.systems[uuid].get("inventory") or {}).get("gpus") or []
+        if processor_id.startswith("GPU"):
+            gpu = gpus[int(processor_id[3:])]
+            doc.update(ProcessorType="GPU", ProcessorArchitecture="OEM", InstructionSet="OEM",
+                       Manufacturer=gpu.get("manufacturer") or "", Model=gpu.get("model") or "")
+            for key in ("TotalCores", "TotalThreads"):
+                doc.pop(key, None)
+        return doc
 
     def patch_system(self, uuid, environ, start_response):
         """sushy-tools ignores BootSourceOverrideEnabled; remember it so "Once" is consumed by
@@ -941,6 +975,30 @@ def _lab_driver_class(base, site: _Site, error):
             event = self.event(system, cause)
             site.emit(event)
             return event
+
+        def _inventory(self, identity):
+            inventory = (site.systems.get(self._get(identity)["uuid"]) or {}).get("inventory")
+            if not inventory:
+                raise error.NotSupportedError("this BMC lists no processors or memory")
+            return inventory
+
+        def get_total_memory(self, identity):
+            return self._inventory(identity).get("memory_gib")
+
+        def get_total_cpus(self, identity):
+            return self._inventory(identity)["cpu"].get("threads")
+
+        def get_processors(self, identity):
+            """CPUs (one per socket) and GPUs, in sushy-tools' processor shape (LabApp.processor makes GPUs GPUs)."""
+            inventory = self._inventory(identity)
+            cpu, sockets = inventory["cpu"], int(inventory["cpu"].get("sockets") or 1)
+            cpus = [{"id": f"CPU{i}", "socket": f"CPU {i}", "vendor": cpu.get("vendor") or "", "model": cpu["model"],
+                     "cores": int(cpu["cores"]) // sockets, "threads": int(cpu["threads"]) // sockets}
+                    for i in range(sockets)]
+            gpus = [{"id": f"GPU{i}", "socket": f"GPU {i}", "vendor": g.get("manufacturer") or "",
+                     "model": g.get("model") or "", "cores": "", "threads": ""}
+                    for i, g in enumerate(inventory.get("gpus") or ())]
+            return cpus + gpus
 
         @locked
         def set_boot_enabled(self, identity, enabled):

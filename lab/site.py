@@ -41,7 +41,8 @@ Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab
   (the intake burn-in) fails Targeted Stress on GPU 0 (or `:N`) with DCGM_FR_STRESS_LEVEL.
 
 The release gate's census (hosts/gate/census.py): each lab BMC reports its server's drives (serial, model, size) under
-Systems/<id>/Storage/1/Drives, unless bmc-no-storage (set at the lab's start). A lying agent, whose report of the
+Systems/<id>/Storage/1/Drives, unless bmc-no-storage (set at the lab's start), and its CPUs, GPUs (Processors) and
+memory (MemorySummary) for the console's out-of-band inspection. A lying agent, whose report of the
 disks is not the hardware (the BMC and the disk files stay true): agent-omits-disk (the last disk, or `:DISK`,
 is neither reported nor erased), agent-forges-serial (reported as FORGED-SERIAL), agent-misreports-size (a decoy
 file 1 MiB larger is erased and reported in its place, the real disk untouched), agent-extra-disk (a decoy
@@ -245,6 +246,19 @@ class LabHost:
     def disk_paths(self) -> list[Path]:
         return [Path(d["path"]) for d in self.disks()]
 
+    def bmc_inventory(self) -> dict:
+        """What its BMC lists beside the drives (lab/redfish.py: Processors, MemorySummary): the hardware's CPUs,
+        memory and GPUs (the console's out-of-band inspection reads them). None for a VM: its BMC lists none."""
+        if self.vm is not None:
+            return None
+        profile = self.profile()
+        threads = profile["cpu"]["count"]
+        return {"cpu": {"model": profile["cpu"]["model"], "vendor": "AMD", "sockets": 2, "cores": threads // 2,
+                        "threads": threads},
+                "memory_gib": profile["ram_mib"] // 1024,
+                "gpus": [{"model": g["name"], "manufacturer": "NVIDIA"} for g in profile["gpus"]],
+                "nic_speed_gbps": profile["nics"][0]["speed_gbps"]}
+
     def bmc_drives(self) -> list[dict]:
         """Its BMC's Storage/1/Drives (lab/redfish.py): the real disks; none with the bmc-no-storage fault."""
         if self.has_fault("bmc-no-storage"):
@@ -263,6 +277,7 @@ class LabImage:
 
 class LabSite:
     def __init__(self, *, hosts: int = 8, tenants: list[str] | None = None, faults: dict[str, str] | None = None,
+                 inspection_modes: dict[str, str] | None = None,
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
@@ -313,6 +328,7 @@ class LabSite:
         if unknown:
             raise ValueError(f"fault for unknown host(s): {', '.join(sorted(unknown))}")
         self.ipmi_hosts = set(ipmi_hosts)
+        self.inspection_modes = dict(inspection_modes or {})  # host → its BareMetalHost's spec.inspectionMode
         unknown = self.ipmi_hosts - {name for name, host in self.hosts.items() if host.vm is None}
         if unknown:
             raise ValueError(f"IPMI BMC for unknown or VM host(s): {', '.join(sorted(unknown))}")
@@ -353,7 +369,7 @@ class LabSite:
         last = self._ports_last()
         self._start_image_server(last.get("images", 0))
         systems = [{"name": h.name, "mac": h.mac, "password": h.password, "port": last.get("bmc", {}).get(h.name, 0),
-                    "drives": h.bmc_drives(), "ipmi": h.name in self.ipmi_hosts,
+                    "drives": h.bmc_drives(), "inventory": h.bmc_inventory(), "ipmi": h.name in self.ipmi_hosts,
                     **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
                             if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]
@@ -420,7 +436,9 @@ class LabSite:
                          "metadata": {"name": host.name, "namespace": "metal3",
                                       "labels": {"role": host.role, "rack": f"r{1 + int(host.mac[-1], 16) % 2}"}},
                          "spec": {"bmc": {"address": address, "credentialsName": f"{host.name}-bmc"},
-                                  "bootMACAddress": host.mac, "online": True}})
+                                  "bootMACAddress": host.mac, "online": True,
+                                  **({"inspectionMode": self.inspection_modes[host.name]}
+                                     if host.name in self.inspection_modes else {})}})
         import yaml
 
         return "".join("---\n" + yaml.safe_dump(d, sort_keys=False) for d in docs)

@@ -21,6 +21,7 @@ from pools.choices import (
     REPAIR_LADDER_MAX,
     CleaningPolicy,
     FailureKind,
+    InspectionMode,
     PoolKind,
     ProviderKind,
     RepairRemedy,
@@ -318,7 +319,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku", "health", "repair", "warm"}
+                    "cleaning", "healthCheck", "sku", "health", "repair", "warm", "inspectionMode"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/gate/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -403,6 +404,8 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     warm, warm_paths = _warm(spec)
     gate, gate_paths = {**gate, **warm}, {**gate_paths, **warm_paths}
     repair = _repair_ladders(spec)
+    gate["inspection_mode"] = _inspection_mode(spec)
+    gate_paths["inspection_mode"] = spec.path + ("inspectionMode",)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
@@ -654,6 +657,7 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
 # --- BareMetalHost --------------------------------------------------------------------------------
 
 BMH_SPEC = {"bmc", "bootMACAddress", "online", "rootDeviceHints", "automatedCleaningMode", "description",
+            "inspectionMode",
             # Metal3 fields that this console sets itself while provisioning: accepted and ignored.
             "bootMode", "hardwareProfile", "image", "userData", "networkData", "metaData", "consumerRef",
             "externallyProvisioned", "customDeploy", "firmware", "raid", "preprovisioningNetworkDataName"}
@@ -676,6 +680,7 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
         "root_device_hints": spec.child("rootDeviceHints", {}).mapping().value,
         "labels": _with_derived_labels(host, meta.string_map("labels")),
         "automated_cleaning_mode": spec.str("automatedCleaningMode", default="metadata"),
+        "inspection_mode": _inspection_mode(spec),
         "cleaning_policy": Reader(meta.string_map("annotations"), meta.path + ("annotations",))
         .choice(CLEANING_ANNOTATION, CleaningPolicy.values),
         # An override: the node's network data as written; the console allocates it no address (claims.ipam).
@@ -695,6 +700,7 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     paths = {"bmc_address": bmc.path + ("address",), "boot_mac": spec.path + ("bootMACAddress",),
              "labels": meta.path + ("labels",), "root_device_hints": spec.path + ("rootDeviceHints",),
              "automated_cleaning_mode": spec.path + ("automatedCleaningMode",), "name": ("metadata", "name"),
+             "inspection_mode": spec.path + ("inspectionMode",),
              "cleaning_policy": meta.path + ("annotations", CLEANING_ANNOTATION),
              "network_data": meta.path + ("annotations", NETWORK_DATA)}
     if not creating:
@@ -710,6 +716,15 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
     ctx.result.add(f"baremetalhost/{name}", True)
 
 
+def _inspection_mode(spec: Reader) -> str:
+    """spec.inspectionMode of a BareMetalHost or a NodeType: agent or fast (pools.choices.InspectionMode); left out,
+    "" (a host: its NodeType's; a NodeType: agent). Metal3's `disabled` is refused: every host is inspected."""
+    if spec.str("inspectionMode") == "disabled":
+        raise Invalid(spec.path + ("inspectionMode",), "inspection cannot be disabled here: the SKU check and the "
+                                                       "release gate's census need an inventory; use agent or fast")
+    return spec.choice("inspectionMode", InspectionMode.values)
+
+
 def _refuse_what_ipmi_cannot(spec: Reader, address: str) -> None:
     """An ipmi:// host asking for what only Redfish does is refused here, with the reason, rather than failing its
     first boot: a live ISO (Metal3 boots it from virtual media) and UEFI secure boot (IPMI cannot set it)."""
@@ -722,6 +737,9 @@ def _refuse_what_ipmi_cannot(spec: Reader, address: str) -> None:
     if spec.str("bootMode") == "UEFISecureBoot":
         raise Invalid(spec.path + ("bootMode",), "an ipmi:// BMC cannot turn on UEFI secure boot: give this host a "
                                                  "Redfish address")
+    if spec.str("inspectionMode") == InspectionMode.FAST:
+        raise Invalid(spec.path + ("inspectionMode",), "fast inspection reads the inventory from a Redfish BMC; an "
+                                                       "ipmi:// BMC lists none: use agent, or a Redfish address")
 
 
 def _with_derived_labels(host: BareMetalHost, labels: dict) -> dict:

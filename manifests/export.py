@@ -67,6 +67,7 @@ def _node_type_body(t: NodeType) -> dict:
     _put(body, "repair", t.repair)  # only what was written: kinds left out climb the default ladder
     if t.warm_hosts:
         body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
+    _put(body, "inspectionMode", t.inspection_mode)
     return body
 
 
@@ -205,4 +206,5 @@ def _bare_metal_host(host: BareMetalHost, derived: set[str] = frozenset()) -> di
     spec = {"bmc": bmc, "bootMACAddress": host.boot_mac, "online": host.online}
     _put(spec, "rootDeviceHints", host.root_device_hints)
     spec["automatedCleaningMode"] = host.automated_cleaning_mode
+    _put(spec, "inspectionMode", host.inspection_mode)
     return {"apiVersion": METAL3, "kind": "BareMetalHost", "metadata": metadata, "spec": spec}

@@ -49,6 +49,13 @@ class CleaningPolicy(models.TextChoices):
     SECURE = "secure", "secure (the drive's own erase: NVMe format/sanitize, ATA security erase: NIST Purge)"
 
 
+class InspectionMode(models.TextChoices):
+    """Where a host's inventory comes from at inspection (hosts/flows/steps.py: step_inspect). Metal3's
+    `inspectionMode`; "fast" is its out-of-band inspection (Ironic's redfish inspect interface)."""
+    AGENT = "agent", "agent (the ramdisk's agent inspects; a Redfish BMC's own inventory is kept beside it)"
+    FAST = "fast", "fast (out of band: the Redfish BMC's own inventory, no agent inspect command)"
+
+
 class GroupFailurePolicy(models.TextChoices):
     """What an all-or-nothing group does when one member fails provisioning (claims.phases, claims.allocation)."""
     REPLACE = "Replace", "Replace (a new host from the group's rail group, or the group waits)"

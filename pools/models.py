@@ -17,6 +17,7 @@ from .choices import (
     CleaningPolicy,
     FabricKind,
     ImageFormat,
+    InspectionMode,
     JoinMode,
     PoolKind,
     ProviderKind,
@@ -121,6 +122,8 @@ class NodeType(models.Model):
     repair = models.JSONField(default=dict, blank=True)
     # Warm hosts (hosts/flows/warm.py): how many hosts of this type stay powered on in the agent's ramdisk after a
     # passing release gate, ready to write an image at once, and for how long an idle one stays on.
+    # Where its hosts' inventories come from (a host's own inspection_mode wins); "": agent.
+    inspection_mode = models.CharField(max_length=8, choices=InspectionMode.choices, blank=True, default="")
     warm_hosts = models.PositiveIntegerField(default=0, validators=[MaxValueValidator(WARM_MAX_HOSTS)],
                                              help_text="hosts kept warm; 0: none")
     warm_idle_minutes = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1),

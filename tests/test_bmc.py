@@ -129,7 +129,10 @@ def test_it_parses_the_redfish_schemes():
 
 
 SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, redfish-virtualmedia+https://, "
-           "redfish-virtualmedia+http://, ipmi://")
+           "redfish-virtualmedia+http://, idrac-redfish://, idrac-redfish+https://, idrac-redfish+http://, "
+           "idrac-virtualmedia://, idrac-virtualmedia+https://, idrac-virtualmedia+http://, ilo5-redfish://, "
+           "ilo5-redfish+https://, ilo5-redfish+http://, ilo5-virtualmedia://, ilo5-virtualmedia+https://, "
+           "ilo5-virtualmedia+http://, ipmi://")
 
 
 @pytest.mark.parametrize("address", ["10.0.0.5", "bmc-01.example:623"])

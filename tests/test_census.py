@@ -175,8 +175,8 @@ def test_the_lab_s_bmcs_report_their_drives_through_redfish_and_one_without_stor
         with BMC(lab.system_address("gpu-01"), "admin", "pw") as bmc:
             assert bmc.drives() == [
                 {"name": "Disk.Bay.0", "serial": "S7GPU010", "model": "SAMSUNG MZWLO3T8HCLS", "size_bytes": SIZE,
-                 "manufacturer": "SAMSUNG", "media_type": "SSD"},
+                 "manufacturer": "SAMSUNG", "media_type": "SSD", "protocol": "NVMe"},
                 {"name": "Disk.Bay.1", "serial": "S7GPU011", "model": "SAMSUNG MZWLO3T8HCLS", "size_bytes": SIZE,
-                 "manufacturer": "SAMSUNG", "media_type": "SSD"}]
+                 "manufacturer": "SAMSUNG", "media_type": "SSD", "protocol": "NVMe"}]
         with BMC(lab.system_address("gpu-02"), "admin", "pw") as bmc:
             assert bmc.drives() is None

@@ -33,15 +33,20 @@ def repair_event(name: str) -> Event:
 def test_an_agent_that_omits_forges_or_adds_a_disk_on_an_honest_release_sends_its_host_to_repair_naming_the_disk(
         lab_factory, celery_worker_process, apply):
     # gpu-05's BMC reports no storage: its census rests on the inventory of record alone. gpu-07's agent forges a
-    # serial from its very first boot: its inventory of record has it, its BMC does not.
+    # serial from its very first boot: its BMC lists the real one, which the agent's inventory lacks.
     site = lab_factory(hosts=7, gpu_hosts=7, tenants=["one"], disk_bytes=DISK,
                        faults={"gpu-05": "bmc-no-storage", "gpu-07": "agent-forges-serial:nvme1n1"})
     wait_hosts("available", 6, timeout=150)
     wait_hosts("repair", 1, timeout=30)
+    # Caught at its inspection, before any erase: the drive its BMC lists is not in the agent's inventory (the two
+    # censuses side by side in the evidence), a SKU deviation.
     intake = repair_event("gpu-07")
-    assert intake.step == "verify_erase" and "disk S7GPU071 (96 MiB) of the BMC not reported by the agent" in \
-        intake.message, intake.message
-    assert not EraseCertificate.objects.filter(host__name="gpu-07", serial="S7GPU071", result="pass").exists()
+    assert intake.step == "sku_check" and "BMC's drives: drive S7GPU071 (96 MiB) the BMC lists is not in the " \
+        "agent's inventory" in intake.message, intake.message
+    census = intake.data["evidence"]["census"]
+    assert "S7GPU071" in [d["serial"] for d in census["bmc"]], census
+    assert "S7GPU071" not in [d["serial"] for d in census["agent"]], census
+    assert not EraseCertificate.objects.filter(host__name="gpu-07", result="pass").exists()
     assert BareMetalHost.objects.get(name="gpu-01").disk_record["disks"][1]["serial"] == "S7GPU011"
 
     apply(gpu_pool(6), tenant="one")

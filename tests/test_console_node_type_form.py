@@ -88,3 +88,18 @@ def test_an_empty_repair_field_restores_the_default_ladders(console):
     assert response.status_code == 302
     node_type.refresh_from_db()
     assert node_type.repair == {} and node_type.repair_ladder("gpu-xid")  # the default ladder again
+
+
+@pytest.mark.django_db
+def test_a_node_type_s_inspection_mode_is_set_from_its_edit_page_and_a_bad_one_is_refused(console):
+    node_type = NodeType.objects.get(name="gpu-server")
+    page = console.get(edit_url(node_type)).content.decode()
+    assert 'name="inspection_mode"' in page and "Inspection" in page
+    refused = console.post(edit_url(node_type), as_posted(node_type, inspection_mode="disabled"))
+    assert refused.status_code == 400 and "Select a valid choice." in refused.content.decode()
+    assert NodeType.objects.get(pk=node_type.pk).inspection_mode == ""
+    response = console.post(edit_url(node_type), as_posted(node_type, inspection_mode="fast"))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert NodeType.objects.get(pk=node_type.pk).inspection_mode == "fast"
+    change = Event.objects.filter(object_name="gpu-server", kind="change").latest("id")
+    assert change.data["inspection_mode"] == ["", "fast"]

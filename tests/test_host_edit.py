@@ -187,3 +187,24 @@ def test_auditors_and_members_may_neither_edit_nor_delete(fleet, people, who):
     # Nor see the Edit link: members do not see the fleet at all; auditors see the host without it.
     if who == "auditor":
         assert url not in text(client.get(reverse("host", args=["gpu-03"])))
+
+
+def test_a_vendor_s_redfish_address_and_an_inspection_mode_are_set_from_the_host_page_and_what_cannot_hold_is_refused(
+        fleet, people):
+    from hosts.bmc.client import SCHEME_LIST
+
+    admin = as_user(people["admin"])
+    form, done = edit(admin, "gpu-01", {"bmc_address": "ilo5-virtualmedia://10.2.0.1/redfish/v1/Systems/1",
+                                        "inspection_mode": "fast"})
+    assert 'name="inspection_mode"' in form and done.redirect_chain, text(done)
+    host = BareMetalHost.objects.get(name="gpu-01")
+    assert (host.bmc_address, host.inspection_mode) == ("ilo5-virtualmedia://10.2.0.1/redfish/v1/Systems/1", "fast")
+    assert "fast <span class=\"small muted\">(the host)</span>" in text(admin.get(reverse("host", args=["gpu-01"])))
+
+    _, refused = edit(admin, "gpu-03", {"bmc_address": "idrac://10.2.0.3"})
+    assert refused.status_code == 400
+    assert f"BMC address scheme idrac:// is not supported: use one of {SCHEME_LIST}" in text(refused)
+    _, refused = edit(admin, "gpu-03", {"bmc_address": "ipmi://10.2.0.3", "inspection_mode": "fast"})
+    assert refused.status_code == 400 and "fast inspection reads the inventory from a Redfish BMC" in text(refused)
+    host = BareMetalHost.objects.get(name="gpu-03")
+    assert (host.bmc_address, host.inspection_mode) == ("redfish+http://10.2.0.3:8000/redfish/v1/Systems/3", "")

@@ -108,8 +108,11 @@ def test_an_imported_status_a_new_host_cannot_take_is_refused_and_nothing_is_app
 
 # --- BMC addresses the console cannot drive: refused alike by apply, the API and the admin --------------------
 
-SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, "
-           "redfish-virtualmedia+https://, redfish-virtualmedia+http://, ipmi://")
+SCHEMES = ("redfish://, redfish+https://, redfish+http://, redfish-virtualmedia://, redfish-virtualmedia+https://, "
+           "redfish-virtualmedia+http://, idrac-redfish://, idrac-redfish+https://, idrac-redfish+http://, "
+           "idrac-virtualmedia://, idrac-virtualmedia+https://, idrac-virtualmedia+http://, ilo5-redfish://, "
+           "ilo5-redfish+https://, ilo5-redfish+http://, ilo5-virtualmedia://, ilo5-virtualmedia+https://, "
+           "ilo5-virtualmedia+http://, ipmi://")
 
 
 def no_scheme(address: str) -> str:
@@ -187,3 +190,21 @@ def test_an_address_with_a_scheme_no_bmc_speaks_lists_the_schemes_the_console_dr
         "bmc_username": "user-gpu-24", "bmc_password": "pw-gpu-24-7c1d"})
     assert made.status_code == 400
     assert made.json()["bmc_address"] == [f"BMC address scheme http:// is not supported: use one of {SCHEMES}"]
+
+
+def test_a_vendor_s_redfish_host_applies_and_a_vendor_protocol_the_console_does_not_speak_is_refused(
+        apply, drives, django_capture_on_commit_callbacks):
+    from django.core.management import CommandError
+
+    with django_capture_on_commit_callbacks(execute=True):
+        apply(bmh("gpu-25", "52:54:00:00:25:01").replace(
+            "redfish+http://127.0.0.1:8099/redfish/v1/Systems/gpu-25",
+            "idrac-virtualmedia://10.1.1.25/redfish/v1/Systems/System.Embedded.1"))
+    host = BareMetalHost.objects.get(name="gpu-25")
+    assert host.state == "registering" and drives == [host.pk]
+
+    with pytest.raises(CommandError) as refused:  # Dell's WS-Management: Metal3's idrac://, not Redfish
+        apply(bmh("gpu-26", "52:54:00:00:26:01").replace(
+            "redfish+http://127.0.0.1:8099/redfish/v1/Systems/gpu-26", "idrac://10.1.1.26"))
+    assert f"BMC address scheme idrac:// is not supported: use one of {SCHEMES}" in str(refused.value)
+    assert not BareMetalHost.objects.filter(name="gpu-26").exists()

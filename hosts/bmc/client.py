@@ -33,6 +33,8 @@ from sushy import auth as sushy_auth
 from sushy import connector as sushy_connector
 from sushy import exceptions as sushy_exc
 
+from . import vendors
+
 LOG = logging.getLogger(__name__)
 
 KINDS = ("auth", "unreachable", "timeout", "not_found", "server_error", "unsupported", "mismatch", "tls")
@@ -40,17 +42,10 @@ KINDS = ("auth", "unreachable", "timeout", "not_found", "server_error", "unsuppo
 # a missing system, a boot MAC the system lacks, an address the console cannot use and a TLS failure never do.
 TRANSIENT_KINDS = frozenset({"unreachable", "timeout", "server_error"})
 
-# scheme → (transport, virtual media boot). The URL path is the Redfish system (Metal3's rule). ipmi://HOST[:PORT]
-# is driven by hosts/bmc/ipmi.py (the factory picks the client by scheme).
-SCHEMES = {
-    "redfish": ("https", False),
-    "redfish+https": ("https", False),
-    "redfish+http": ("http", False),
-    "redfish-virtualmedia": ("https", True),
-    "redfish-virtualmedia+https": ("https", True),
-    "redfish-virtualmedia+http": ("http", True),
-    "ipmi": ("ipmi", False),
-}
+# scheme → (transport, virtual media boot). The URL path is the Redfish system (Metal3's rule). Vendors' schemes
+# (idrac-*, ilo5-*) and their quirks: hosts/bmc/vendors.py. ipmi://HOST[:PORT] is driven by hosts/bmc/ipmi.py (the
+# factory picks the client by scheme).
+SCHEMES = {**vendors.redfish_schemes(), "ipmi": ("ipmi", False)}
 SCHEME_LIST = ", ".join(s + "://" for s in SCHEMES)
 BOOT_TARGETS = {"pxe": sushy.BootSource.PXE, "disk": sushy.BootSource.HDD, "cd": sushy.BootSource.CD}
 POWER_STATES = {sushy.PowerState.ON: "on", sushy.PowerState.OFF: "off"}
@@ -252,6 +247,8 @@ class BMC(PowerWait):
     """One server's BMC. The system comes from the address path, or (when the address names
     none) from `boot_mac` among the BMC's systems."""
 
+    lists_inventory = True  # out-of-band inspection: inventory()
+
     def __init__(self, address: str, username: str, password: str, verify_tls: bool = True,
                  timeout: float = 10, retries: int = 3, backoff: float = 0.5,
                  boot_mac: str | None = None):
@@ -261,6 +258,7 @@ class BMC(PowerWait):
         self.verify_tls, self.timeout = verify_tls, timeout
         self.retries, self.backoff = retries, backoff
         self.boot_mac = normalize_mac(boot_mac) if boot_mac else None
+        self.vendor = vendors.vendor_of(self.scheme)
         self._root = None
         self._connector = None
         self._resolved: str | None = None  # the system's path once found
@@ -452,8 +450,13 @@ class BMC(PowerWait):
         except KeyError:
             raise ValueError(f"boot target must be one of {', '.join(BOOT_TARGETS)}, not {target!r}") from None
         system = self._recent_system()
-        self._call(lambda: system.set_system_boot_options(
-            target=source, enabled=sushy.BootSourceOverrideEnabled.ONCE))
+
+        def send():
+            # A virtual CD boot the vendor's way first (IDRAC_VIRTUAL_CD_BOOT_OEM, ILO5_VMEDIA_BOOT_ON_NEXT_RESET).
+            if target == "cd" and vendors.boot_virtual_cd_once(self.vendor, system, self._cd_drives(system)[0]):
+                return
+            system.set_system_boot_options(target=source, enabled=sushy.BootSourceOverrideEnabled.ONCE)
+        self._call(send)
 
     def insert_virtual_media(self, image_url: str) -> None:
         """Put an ISO in the virtual CD/DVD drive (ejecting what was there first)."""
@@ -475,7 +478,7 @@ class BMC(PowerWait):
 
     def drives(self) -> list[dict] | None:
         """The drives the BMC itself reports (Systems/<id>/Storage/*/Drives): [{name, serial, model, size_bytes,
-        manufacturer, media_type}], or None when it reports no storage (no Storage link, none there, or no
+        manufacturer, media_type, protocol}], or None when it reports no storage (no Storage link, none there, or no
         drive in it). One GET per storage subsystem and per drive."""
         system = self._recent_system()
 
@@ -489,9 +492,53 @@ class BMC(PowerWait):
                 for drive in storage.drives:
                     found.append({"name": drive.identity, "serial": (drive.serial_number or "").strip(),
                                   "model": (drive.model or "").strip(), "size_bytes": drive.capacity_bytes or 0,
-                                  "manufacturer": drive.manufacturer or "", "media_type": drive.media_type or ""})
+                                  "manufacturer": drive.manufacturer or "", "media_type": drive.media_type or "",
+                                  "protocol": str(getattr(drive.protocol, "value", drive.protocol) or "")})
             return found or None
         return self._call(read)
+
+    def inventory(self) -> dict:
+        """Out-of-band inspection: what the BMC itself lists for the system, in the agent's inventory's shape where
+        the two overlap: {"source": "bmc", "cpu": {model, count (threads), cores, sockets}, "ram_mib", "disks"
+        (drives(): [{name, serial, model, size_bytes, type}] or None when the BMC reports no storage), "nics"
+        [{name, mac, speed_gbps}], "gpus" [{name, manufacturer}] (processors of type GPU), "system" {manufacturer,
+        model, serial, bios_version}}. A collection the BMC does not offer is left empty, never guessed."""
+        system = self._recent_system()
+
+        def members(attribute):
+            try:
+                return getattr(system, attribute).get_members()
+            except (sushy_exc.MissingAttributeError, sushy_exc.ResourceNotFoundError, sushy_exc.BadRequestError):
+                return []
+
+        def read():
+            processors = members("processors")
+            kind = {p.identity: str(getattr(p.processor_type, "value", p.processor_type) or "CPU").upper()
+                    for p in processors}
+            cpus = [p for p in processors if kind[p.identity] == "CPU"]
+            summary = system.memory_summary
+            ram_gib = summary.size_gib if summary is not None else None
+            ram_mib = int(ram_gib * 1024) if ram_gib else None
+            nics = [{"name": n.identity, "mac": normalize_mac(n.mac_address or n.permanent_mac_address or ""),
+                     "speed_gbps": (n.speed_mbps / 1000) if n.speed_mbps else None}
+                    for n in members("ethernet_interfaces")]
+            return {"source": "bmc",
+                    "cpu": {"model": next((p.model for p in cpus if p.model), ""), "sockets": len(cpus),
+                            "cores": sum(p.total_cores or 0 for p in cpus) or None,
+                            "count": sum(p.total_threads or 0 for p in cpus) or None},
+                    "ram_mib": ram_mib, "nics": nics,
+                    "gpus": [{"name": p.model or p.identity, "manufacturer": p.manufacturer or ""}
+                             for p in processors if kind[p.identity] == "GPU"],
+                    "system": {"manufacturer": system.manufacturer or "", "model": system.model or "",
+                               "serial": system.serial_number or "", "bios_version": system.bios_version or ""}}
+        found = self._call(read)
+        drives = self.drives()
+        found["disks"] = None if drives is None else [
+            {"name": d["name"], "serial": d["serial"], "model": d["model"], "size_bytes": d["size_bytes"],
+             # The agent's type is the kernel's transport (nvme), the BMC's the protocol, else the medium (ssd, hdd).
+             "type": "nvme" if d["protocol"].lower() == "nvme" else
+             str(getattr(d["media_type"], "value", d["media_type"]) or "").lower()} for d in drives]
+        return found
 
     def event_log(self) -> None:
         """None: the console reads no Redfish log service yet (an IPMI BMC's SEL: hosts/bmc/ipmi.py)."""
@@ -500,7 +547,8 @@ class BMC(PowerWait):
     def _cd_drives(self, system) -> list:
         try:
             devices = system.virtual_media.get_members()
-        except sushy_exc.MissingAttributeError:  # older BMCs hang virtual media off the manager
+        except sushy_exc.MissingAttributeError:
+            # Older BMCs hang virtual media off the manager (IDRAC_VMEDIA_ON_MANAGER, and iLO 5's Managers/1).
             devices = [d for manager in system.managers for d in manager.virtual_media.get_members()]
         cds = [d for d in devices if CD_MEDIA & set(d.media_types or ())]
         if not cds:

@@ -65,6 +65,7 @@ class IpmiBMC(PowerWait):
 
     scheme = "ipmi"
     virtual_media_boot = False
+    lists_inventory = False  # no out-of-band inventory: inventory() is None without asking the BMC
 
     def __init__(self, address: str, username: str, password: str, verify_tls: bool = True,
                  timeout: float = 10, retries: int = 3, backoff: float = 0.5, boot_mac: str | None = None,
@@ -185,6 +186,10 @@ class IpmiBMC(PowerWait):
 
     def drives(self) -> None:
         """IPMI reports no drives: the release gate's census of an IPMI host is its inventory of record alone."""
+        return None
+
+    def inventory(self) -> None:
+        """IPMI has no out-of-band inventory (CPUs, memory, drives, NICs): an IPMI host is inspected by its agent."""
         return None
 
     # power

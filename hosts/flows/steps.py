@@ -9,6 +9,7 @@ from django.utils.dateparse import parse_datetime
 
 from events.choices import EventKind
 from events.models import Event
+from pools.choices import InspectionMode
 from pools.health_tiers import node_type_tiers
 from pools.selectors import node_types_selecting
 from pools.sku import sku_deviations
@@ -19,10 +20,10 @@ from hosts.engine.agent import agent_command, boot_settled
 from hosts.engine.drive import boot_again, step_retry
 from hosts.engine.flow import Run, Step, StepFailed, Waiting, deadline_setting
 from hosts.gate import certificates, cleaning, health
-from hosts.gate.census import census_take, record_from
+from hosts.gate.census import census_take, inventory_disks, record_from
 from hosts.lifecycle import FLOWS
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
-from hosts.selectors import host_sku_deviations, sku_deviations_text
+from hosts.selectors import BMC_DRIVES, host_inspection_mode, host_sku_deviations, sku_deviations_text
 from hosts.services import host_bmc_contact, host_derive_labels
 
 from .warm import not_kept_warm, step_keep_warm, warm_wanted
@@ -184,23 +185,50 @@ def step_agent_lookup(run: Run) -> dict:
 
 
 def step_inspect(run: Run) -> dict:
-    """The agent's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels).
+    """The host's inventory, stored on the host; the labels it implies when labels are derived (deriveLabels).
+    The BMC's own inventory is read first (out of band, hosts.bmc.client.BMC.inventory) and kept beside the
+    agent's (BareMetalHost.bmc_inventory): its drives are a census the agent cannot change (a drive it lists that
+    the agent does not name is a deviation: step_sku_check). Inspection mode fast (host_inspection_mode) takes the
+    BMC's inventory as the host's and sends the agent no `inspect`; an IPMI BMC lists nothing, so its host is
+    inspected by its agent whatever the mode.
     A host's first inspection also records its disks as the inventory of record (hosts/gate/census.py); later ones
     leave the record as it is (a difference is a deviation: step_sku_check)."""
-    inventory = agent_command(run, "inspect")
-    boot_settled(run, "the inventory is kept")  # an inventory of record never comes from a raced boot
+    mode, mode_from = host_inspection_mode(run.host)
+    scratch = run.data.setdefault("inspect", {})
+    if "bmc_inventory" not in scratch:  # once per flow run: the agent's answer may take several drives
+        with _bmc_call(run.bmc, run) as bmc:
+            listed = _bmc_call(bmc.inventory, run) if bmc.lists_inventory else None
+        scratch["bmc_inventory"] = ({**listed, "read_at": timezone.now().isoformat()} if listed is not None else
+                                    {"none": "an IPMI BMC lists no inventory (no CPUs, memory, drives or NICs): the "
+                                             "agent's inventory alone, and the inventory of record for the release "
+                                             "gate's census"})
+        run.save_flow()
+    bmc_inventory = scratch["bmc_inventory"]
+    fast = mode == InspectionMode.FAST and "none" not in bmc_inventory
+    if fast:
+        inventory = {k: v for k, v in bmc_inventory.items() if k != "read_at"}
+        inventory["disks"] = inventory.get("disks") or []
+    else:
+        inventory = agent_command(run, "inspect")
+        boot_settled(run, "the inventory is kept")  # an inventory of record never comes from a raced boot
     record = BareMetalHost.objects.filter(pk=run.host.pk).values_list("disk_record", flat=True).first()
     if not record:
         # A host inspected before the console kept a record: its earlier inspection, not this boot's, is the record.
         earlier = run.host.inventory if (run.host.inventory or {}).get("disks") else None
-        record = record_from(earlier or inventory, by="earlier inspection" if earlier else "inspection")
-        BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory, disk_record=record)
+        record = record_from(earlier or inventory, by="earlier inspection" if earlier else
+                             "out-of-band inspection" if fast else "inspection")
+        BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory, disk_record=record,
+                                                            bmc_inventory=bmc_inventory)
         run.host.disk_record = record
     else:
-        BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory)
-    run.host.inventory = inventory
+        BareMetalHost.objects.filter(pk=run.host.pk).update(inventory=inventory, bmc_inventory=bmc_inventory)
+    run.host.inventory, run.host.bmc_inventory = inventory, bmc_inventory
     labels = host_derive_labels(host=run.host)
-    return {"disks": len(inventory.get("disks", [])), "gpus": len(inventory.get("gpus", [])),
+    bmc_disks = bmc_inventory.get("disks")
+    return {"mode": mode, "mode_from": mode_from, "inventory_from": "bmc" if fast else "agent",
+            "disks": len(inventory.get("disks") or []), "gpus": len(inventory.get("gpus") or []),
+            "bmc": bmc_inventory["none"] if "none" in bmc_inventory else
+            f"{len(bmc_disks)} drive(s) listed" if bmc_disks is not None else "no storage listed",
             **({"labels": labels} if labels else {})}
 
 
@@ -211,8 +239,12 @@ def step_sku_check(run: Run) -> dict:
     checked = [t.name for t in node_types_selecting(run.host.labels) if t.sku]
     deviations = host_sku_deviations(run.host)
     if deviations:
+        evidence = {"deviations": deviations, "checked": checked}
+        if BMC_DRIVES in deviations:  # the two censuses side by side
+            evidence["census"] = {"bmc": run.host.bmc_inventory.get("disks"),
+                                  "agent": inventory_disks(run.host.inventory)}
         raise StepFailed(f"does not match its SKU: {sku_deviations_text(deviations)}", repair=True,
-                         evidence={"deviations": deviations, "checked": checked})
+                         evidence=evidence)
     return {"checked": checked, "conforms": True} if checked else {"skipped": "no NodeType with a SKU selects it"}
 
 

@@ -8,6 +8,9 @@ report held against it."""
 #   disks does not change it: it is a deviation (hosts.selectors.host_sku_deviations, the SKU check sends the host
 #   to repair) until an admin accepts the disks found (hosts.services.host_disk_record_accept).
 # - The BMC's own view, where it reports storage (Redfish Systems/<id>/Storage/*/Drives; hosts.bmc.client.BMC.drives).
+#   Read at each inspection too and kept beside the agent's inventory (BareMetalHost.bmc_inventory): a drive the BMC
+#   lists that the agent does not name is a SKU deviation (`bmc_deviations`), so such a host never reaches the pool;
+#   an IPMI BMC lists no drives, and its host's census is the inventory of record alone.
 #
 # A disk in either source is in the census (a BMC often lists only some drives, so one the BMC does not list is
 # still the inventory's). The gate passes only when every disk of the census was erased and verified under the
@@ -79,6 +82,29 @@ def record_deviations(host) -> list[str]:
     for disk in found:
         if _find(disk, recorded) is None:
             out.append(f"disk {disk['name'] or '?'} ({disk_text(disk)}) not in the inventory of record")
+    return out
+
+
+def bmc_deviations(host) -> list[str]:
+    """How the agent's inventory differs from the drives the host's BMC listed at the same inspection
+    (BareMetalHost.bmc_inventory): a drive the BMC lists by serial that the agent did not name (omitted, or named
+    under another serial), or named with another size. One sentence each; [] when they agree, when the BMC lists
+    no drives (an IPMI BMC, a BMC without storage) or the inventory is the BMC's own (inspectionMode fast). A
+    drive the agent names that the BMC does not list is none: BMCs often list only some drives."""
+    listed = (host.bmc_inventory or {}).get("disks") if isinstance(host.bmc_inventory, dict) else None
+    if not listed or not host.inventory or (host.inventory or {}).get("source") == "bmc":
+        return []
+    found = inventory_disks(host.inventory)
+    out = []
+    for drive in (_disk(d) for d in listed if isinstance(d, dict)):
+        if not drive["serial"]:
+            continue  # nothing to hold the agent's report against
+        match = _find(drive, found)
+        if match is None:
+            out.append(f"drive {disk_text(drive)} the BMC lists is not in the agent's inventory")
+        elif drive["size_bytes"] and abs(match["size_bytes"] - drive["size_bytes"]) > drive["size_bytes"] * \
+                BMC_SIZE_TOLERANCE:
+            out.append(f"drive {disk_text(drive)} the BMC lists is {disk_text(match)} in the agent's inventory")
     return out
 
 
