@@ -40,6 +40,11 @@ class BareMetalHost(models.Model):
     # "recorded_at", "by"}, from the first inspection (or an imported Metal3 status). Later inspections do not
     # change it; a difference is a deviation until an admin accepts it (hosts.services.host_disk_record_accept).
     disk_record = models.JSONField(default=dict, blank=True)
+    # What its BMC last said of its BIOS and firmware (hosts/flows/firmware.py), as Metal3's HostFirmwareSettings and
+    # HostFirmwareComponents status: {"settings": {name: value}, "pending": {...}, "settings_read_at",
+    # "components": [{component, id, name, currentVersion, initialVersion, lastVersionFlashed?, updatedAt?}],
+    # "components_read_at"}.
+    firmware = models.JSONField(default=dict, blank=True)
     # The `metal3.vcluster.com/network-data` annotation: the node's network configuration as the admin wrote it.
     # Written into its seed as is; the console allocates no address from a NodeEnvironment for this host.
     network_data = models.TextField(blank=True)

@@ -65,6 +65,7 @@ def _node_type_body(t: NodeType) -> dict:
     body["healthCheck"] = {key: _number(getattr(t, field)) for key, field in HEALTH_CHECK.items()
                            if getattr(t, field) is not None}
     _put(body, "repair", t.repair)  # only what was written: kinds left out climb the default ladder
+    _put(body, "firmware", t.firmware)
     if t.warm_hosts:
         body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
     return body
