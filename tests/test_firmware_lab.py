@@ -1,15 +1,19 @@
 """BIOS settings and firmware in the lab (sushy-tools BMCs with the lab's Bios, Settings, FirmwareInventory and
-SimpleUpdate; the real agent; a real Celery worker): the gpu-server NodeType's settings are applied at intake and
-verified after the reboot, a setting the BIOS never keeps sends its host to repair with the evidence, and an admin's
-firmware update of an available host succeeds, or fails into repair with the BMC's messages."""
+SimpleUpdate; the real agent; a real Celery worker): the gpu-server NodeType's settings are applied at intake (and
+before a provision) and verified after the reboot, a setting the BIOS never keeps sends its host to repair with the
+evidence, and an admin's firmware update of an available host succeeds, or fails into repair with the BMC's
+messages."""
 import pytest
 
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
 from conftest import wait_for
 from events.models import Event
 from hosts.models import BareMetalHost
 from lab.site import FIRMWARE_UPDATE_FAILURE
+from pools.models import NodeType
 
-from .lab_conftest import lab_report, wait_hosts
+from .lab_conftest import gpu_pool, lab_report, wait_hosts
 
 pytest_plugins = ["tests.lab_conftest"]
 
@@ -114,3 +118,23 @@ def test_an_admin_updates_firmware_on_an_available_host_and_a_failed_update_goes
     assert evidence["task_state"] == "Exception" and evidence["messages"] == [FIRMWARE_UPDATE_FAILURE]
     assert evidence["before"] == "1.10.2" and evidence["image_url"].endswith("bmc-1.11.0.bin")
     assert site.redfish.state("gpu-02")["firmware"]["BMC"] == "1.10.2"  # unchanged
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_setting_the_node_type_gained_after_intake_is_applied_before_the_provision_and_verified(
+        firmware_lab, celery_worker_process, apply):
+    site = firmware_lab(hosts=1, gpu_hosts=1, tenants=["one"], disk_bytes=96 * 1024 * 1024,
+                        firmware={"settings": {"ProcVirtualization": "Enabled"}})
+    wait_hosts("available", 1, timeout=120)
+    assert site.redfish.state("gpu-01")["bios"]["SriovGlobalEnable"] == "Disabled"
+    NodeType.objects.filter(name="gpu-server").update(firmware={"settings": SETTINGS})  # asked for after its intake
+
+    apply(gpu_pool(1), tenant="one")
+    _wait(lambda: NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE).count() == 1, timeout=180)
+    host = BareMetalHost.objects.get(name="gpu-01")
+    steps = {e.step: e.data for e in Event.objects.filter(host=host, kind="step", data__flow="provision")
+             .exclude(message="started")}
+    assert steps["bios_apply"]["changed"] == {"SriovGlobalEnable": {"wanted": "Enabled", "actual": "Disabled"}}
+    assert steps["bios_verify"]["verified"] == sorted(SETTINGS)
+    assert site.redfish.state("gpu-01")["bios"]["SriovGlobalEnable"] == "Enabled"
+    assert host.state == "provisioned" and host.firmware["settings"]["SriovGlobalEnable"] == "Enabled"
