@@ -243,3 +243,20 @@ def test_the_host_page_shows_wanted_and_actual_settings_and_firmware_against_the
     assert 'id="firmware-update-link"' in page
     # Whoever may see the page sees the facts; only the admin gets the action.
     assert 'id="firmware-update-link"' not in _client("fw-op", group="operators").get("/hosts/gpu-01/").content.decode()
+
+
+def test_the_api_shows_a_hosts_firmware_and_checks_a_node_types_firmware_as_apply_does(hosts):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_login(User.objects.create_user("fw-api", "fw-api@example.invalid", PASSWORD, is_staff=True,
+                                                is_superuser=True))
+    host = client.get(f"/api/v1/hosts/{BareMetalHost.objects.get(name='gpu-01').pk}/").json()
+    assert host["firmware"]["components"][0]["currentVersion"] == "2.3.1"
+    node_type = NodeType.objects.get(name="gpu-server")
+    url = f"/api/v1/nodetypes/{node_type.pk}/"
+    bad = client.patch(url, {"firmware": {"components": [{"component": "bios", "minVersion": 2}]}}, format="json")
+    assert bad.status_code == 400 and "components.0.minVersion: must be a non-empty string" in str(bad.json())
+    assert NodeType.objects.get(pk=node_type.pk).firmware == {}
+    good = client.patch(url, {"firmware": {"settings": {"ProcVirtualization": "Enabled"}}}, format="json")
+    assert good.status_code == 200 and good.json()["firmware"] == {"settings": {"ProcVirtualization": "Enabled"}}
