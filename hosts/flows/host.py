@@ -163,7 +163,10 @@ host_flow("inspect", HostState.INSPECTING, [
 # to service (hosts.services.host_return_to_service).
 host_flow("retest", HostState.RETESTING, [
     Step("power_off", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
-    *RAMDISK_STEPS,
+    BIOS_APPLY,  # a host in repair for a setting that did not stick is checked for it again
+    *RAMDISK_STEPS[:2],
+    BIOS_VERIFY,
+    *RAMDISK_STEPS[2:],
     *CLEANING_STEPS,
     *INTAKE_STEPS,  # after repair, the intake tier again
     Step("power_off_after_clean", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
