@@ -75,7 +75,7 @@ def test_a_node_types_bios_settings_and_firmware_minimums_round_trip_through_app
         "settings": {"ProcVirtualization": "Enabled", "SriovGlobalEnable": "Enabled", "NumaNodesPerSocket": 2},
         "components": [{"component": "bios", "minVersion": "2.4.0"}, {"component": "gpu", "minVersion": "96.00.AF.00.01"}]}
     first = export()
-    assert "  firmware:\n    settings:\n      ProcVirtualization: Enabled\n" in first
+    assert "  firmware:\n    settings:\n      NumaNodesPerSocket: 2\n      ProcVirtualization: Enabled\n" in first
     assert "    - component: bios\n      minVersion: 2.4.0\n" in first
     NodeType.objects.filter(name="gpu-sriov").update(firmware={})
     assert apply(first) and NodeType.objects.get(name="gpu-sriov").firmware == node_type.firmware
