@@ -206,7 +206,11 @@ def host_firmware_update(request, name: str):
     if host is None:
         raise Http404("no such host")
     context = {"host": host, "components": presenters.firmware_shown(host)["components"],
-               "component": request.POST.get("component", ""), "image_url": request.POST.get("image_url", "")}
+               "component": request.POST.get("component", ""), "image_url": request.POST.get("image_url", ""),
+               # Flashing firmware is as destructive as a power-off: it wants a recent sign-in.
+               "fresh_refusal": fresh_sign_in_refusal(request), "fresh_next": request.get_full_path()}
+    if request.method == "POST" and context["fresh_refusal"]:
+        return page(request, "hosts/firmware_update.html", context, status=403)
     if request.method == "GET":
         if host.state != HostState.AVAILABLE:
             context["refusal"] = (f"{host.name} is {host.get_state_display().lower()}: firmware is updated only on an "

@@ -260,3 +260,13 @@ def test_the_api_shows_a_hosts_firmware_and_checks_a_node_types_firmware_as_appl
     assert NodeType.objects.get(pk=node_type.pk).firmware == {}
     good = client.patch(url, {"firmware": {"settings": {"ProcVirtualization": "Enabled"}}}, format="json")
     assert good.status_code == 200 and good.json()["firmware"] == {"settings": {"ProcVirtualization": "Enabled"}}
+
+
+def test_a_firmware_update_wants_a_recent_sign_in(hosts, settings):
+    admin = _client("fw-admin", admin=True)
+    settings.FRESH_SIGN_IN_S = -1  # every sign-in is too old now
+    form = admin.get("/hosts/gpu-01/firmware-update/").content.decode()
+    assert 'id="fresh-refusal"' in form and 'name="image_url"' not in form
+    answer = admin.post("/hosts/gpu-01/firmware-update/", {"component": "bios", "image_url": IMAGE})
+    assert answer.status_code == 403 and "this action needs a sign-in of the last" in answer.content.decode()
+    assert BareMetalHost.objects.get(name="gpu-01").state == "available"
