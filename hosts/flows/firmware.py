@@ -27,7 +27,7 @@ from .steps import _bmc_call, step_power_off
 IPMI_REFUSAL = ("an ipmi:// BMC cannot read or change BIOS settings or firmware (Redfish's Bios and UpdateService): "
                 "give this host a Redfish address")
 # Steps whose failure (with repair=True) sends the host to repair with the evidence in any flow, not only a gate's.
-REPAIR_STEPS = frozenset({"bios_apply", "bios_verify", "firmware_update_wait", "firmware_update_verify"})
+TO_REPAIR_STEPS = frozenset({"bios_apply", "bios_verify", "firmware_update_wait", "firmware_update_verify"})
 TASK_RUNNING = frozenset({"New", "Starting", "Running", "Pending", "Suspended", "Stopping", "Service"})
 TASK_DONE = "Completed"
 

@@ -15,7 +15,7 @@ from .firmware import (
     BIOS_VERIFY,
     FIRMWARE_INVENTORY,
     FIRMWARE_UPDATE_STEPS,
-    REPAIR_STEPS,
+    TO_REPAIR_STEPS,
     firmware_update_begin,
 )
 from .steps import (
@@ -110,7 +110,7 @@ def _fail(run: Run, step: Step, failure: StepFailed, repair_marks: dict | None =
         blame[UNTOUCHED] = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name}
     cleans = bool((failure.clean or failure.claim_reason) and flow.clean_state)
     to_repair = not cleans and ((flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS
-                                or (failure.repair and step.name in REPAIR_STEPS))
+                                or (failure.repair and step.name in TO_REPAIR_STEPS))
     # The BMC's event log joins the repair evidence (what the hardware itself logged); read before the transaction.
     event_log = bmc_event_log(run) if to_repair else None
     try:
