@@ -14,6 +14,8 @@ it acts on a host, and takes in a server that already serves a tenant without re
 #   it serves no node, and the database had it provisioning or provisioned
 #                                                 → deprovisioning: released through the gate (erase, certificate,
 #                                                   health); its claim takes another host
+#   it serves no node, and the database had it servicing (a firmware update)
+#                                                 → maintenance: the update is not resumed, a person checks
 #   it serves no node otherwise                   → back to the state the database gave it (an idle check: available)
 #   its BMC or a tenant's API did not answer      → still held; tried again after RESTORE_RETRY_S
 #
@@ -156,6 +158,10 @@ def decide(host: BareMetalHost, world: World, claim: NodeClaim | None) -> Decisi
         return Decision(**base, verdict="released through the gate", to_state=S.DEPROVISIONING,
                         reason=f"the database had it {was}, but it is {power} and serves no node: erased and checked "
                                "by the release gate before it is used again")
+    if was == S.SERVICING:  # a firmware update is never resumed blindly: it may have flashed, or half
+        return Decision(**base, verdict="left alone: in maintenance", to_state=S.MAINTENANCE,
+                        reason="the database had a firmware update under way on it; not resumed: a person checks its "
+                               "firmware, then turns maintenance off")
     back = S.AVAILABLE if was == S.CHECKING else was
     return Decision(**base, verdict="left alone", to_state=back,
                     reason=f"it serves no node, as the database says ({was}); power {power}")

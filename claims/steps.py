@@ -15,6 +15,7 @@ from hosts.choices import HostState
 from hosts.engine.agent import DISK_WRITTEN, agent_command
 from hosts.engine.drive import step_retry
 from hosts.engine.flow import SKIP, Run, Step, StepFailed, Waiting, deadline_setting
+from hosts.flows.firmware import BIOS_APPLY, BIOS_VERIFY
 from hosts.flows.host import host_flow
 from hosts.flows.steps import (
     CLEANING_STEPS,
@@ -340,7 +341,10 @@ def _warm_lost(run: Run, message: str) -> Waiting:
 # --- the flows that serve a claim, on the step engine (hosts.engine) ----------------------------------------
 
 PROVISION = host_flow("provision", HostState.PROVISIONING, [
-    *(dataclasses.replace(s, when=cold) for s in (*RAMDISK_STEPS[:2], INSPECT_UNLESS_KNOWN)),
+    # A cold host gets the NodeType's BIOS settings on the way into the ramdisk (hosts/flows/firmware.py); a warm one
+    # was verified at its intake and is not rebooted for them.
+    *(dataclasses.replace(s, when=lambda run, s=s: cold(run) and s.applies(run))
+      for s in (BIOS_APPLY, *RAMDISK_STEPS[:2], BIOS_VERIFY, INSPECT_UNLESS_KNOWN)),
     *HANDOVER_STEPS,  # the handover tier, before anything is written: a failure sends the host to repair and
     # gives the claim another host
     Step(CHECK_STEP, step_check_tenant_api, deadline_setting("AGENT_COMMAND_DEADLINE_S")),

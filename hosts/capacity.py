@@ -70,8 +70,9 @@ COLUMNS: dict[str, Column] = {
     "held_back": _column("Held back", "free, but its BMC does not answer or its preflight is red: fix it first",
                          FREE, not_allocatable_q()),
     "provisioned": _column("Provisioned", "provisioning or provisioned for a claim", CLAIMED),
-    "preparing": _column("Preparing", "registering, inspecting, or being cleaned after a release",
-                         {HostState.REGISTERING, HostState.INSPECTING, HostState.DEPROVISIONING}),
+    "preparing": _column("Preparing", "registering, inspecting, being cleaned after a release, or serviced (a firmware "
+                         "update)", {HostState.REGISTERING, HostState.INSPECTING, HostState.DEPROVISIONING,
+                                     HostState.SERVICING}),
     "repair": _column("Repair", "in repair, being retested or repaired",
                       {HostState.REPAIR, HostState.RETESTING, HostState.REPAIRING}),
     "error": _column("Error", "failed: retry it", {HostState.ERROR}),

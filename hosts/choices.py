@@ -20,6 +20,9 @@ class HostState(ColouredChoices):
     RETESTING = "retesting", "Retesting", "warning"
     # In repair: one automatic remedy of the repair ladder under way, then the checks (hosts/flows/repair.py).
     REPAIRING = "repairing", "Repairing", "warning"
+    # An available host under a servicing action an admin asked for (a firmware update: hosts/flows/firmware.py);
+    # not allocatable until it is done.
+    SERVICING = "servicing", "Servicing", "warning"
     RETIRED = "retired", "Retired", "dark"  # taken out of the fleet for good
     ERROR = "error", "Error", "danger"
     MAINTENANCE = "maintenance", "Maintenance", "dark"

@@ -16,7 +16,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # After inspection a host is cleaned and checked once (deprovisioning) before it joins the pool.
     # Registration's initial clean and health check fail into repair, as a release's do.
     S.INSPECTING: frozenset({S.AVAILABLE, S.DEPROVISIONING, S.REPAIR, S.ERROR, S.MAINTENANCE}),
-    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE, S.CHECKING}),
+    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE, S.CHECKING, S.SERVICING}),
+    # A servicing action (a firmware update): back to the pool, or to repair with the evidence when it failed.
+    S.SERVICING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR, S.MAINTENANCE}),
     # The idle check: back to the pool, to repair when it fails, or pre-empted by a claim (provisioning).
     S.CHECKING: frozenset({S.AVAILABLE, S.PROVISIONING, S.REPAIR, S.ERROR, S.MAINTENANCE}),
     # A failed handover check sends the host to repair before anything was written on it.
@@ -58,6 +60,7 @@ STATE_FAILURE: dict[str, str] = {
     S.RETESTING: S.REPAIR,
     S.CHECKING: S.ERROR,
     S.REPAIRING: S.REPAIR,  # a remedy that never ends failed: the ladder goes on from repair
+    S.SERVICING: S.ERROR,
 }
 IN_PROGRESS = frozenset(STATE_FAILURE)
 # States in which a host is free for the next claim: available, or under its idle health check (which a claim
@@ -84,6 +87,8 @@ WHAT_TO_DO: dict[str, tuple[str, str]] = {
     S.REPAIR: ("it waits in the repair pool", "retest it, return it to service, or retire it"),
     S.RETESTING: ("it is being retested", "wait for the retest's verdict, or put it in maintenance"),
     S.REPAIRING: ("the repair ladder runs a remedy on it", "wait for the remedy's checks, or put it in maintenance"),
+    S.SERVICING: ("an admin's servicing action (a firmware update) runs on it",
+                  "wait until it is available again (or in repair, with the reason)"),
     S.RETIRED: ("it is out of the fleet for good", "nothing brings it back; register it anew under another name"),
     S.ERROR: ("it failed", "retry it, put it in maintenance, or retire it"),
     S.MAINTENANCE: ("it is out of service", "turn maintenance off first, or retire it"),

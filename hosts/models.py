@@ -46,6 +46,11 @@ class BareMetalHost(models.Model):
     # the agent's `inventory`: its drives are a census the agent cannot change (hosts/gate/census.py). {"none":
     # reason} where the BMC lists nothing (an IPMI BMC); {} before the first inspection.
     bmc_inventory = models.JSONField(default=dict, blank=True)
+    # What its BMC last said of its BIOS and firmware (hosts/flows/firmware.py), as Metal3's HostFirmwareSettings and
+    # HostFirmwareComponents status: {"settings": {name: value}, "pending": {...}, "settings_read_at",
+    # "components": [{component, id, name, currentVersion, initialVersion, lastVersionFlashed?, updatedAt?}],
+    # "components_read_at"}.
+    firmware = models.JSONField(default=dict, blank=True)
     # The `metal3.vcluster.com/network-data` annotation: the node's network configuration as the admin wrote it.
     # Written into its seed as is; the console allocates no address from a NodeEnvironment for this host.
     network_data = models.TextField(blank=True)

@@ -22,6 +22,7 @@ from hosts.selectors import (
     repair_history,
 )
 from pools.matching import label_selector_matches
+from pools.firmware import below_minimums, wanted_settings
 from pools.models import NodeType
 from pools.selectors import node_types_selecting
 
@@ -29,7 +30,7 @@ from .bmc.client import SCHEMES
 from .choices import HostState
 from .engine.drive import step_status
 from .gate.census import disk_text
-from .gate.cleaning import effective_cleaning, gpu_count
+from .gate.cleaning import effective_cleaning, gpu_count, node_type_for
 from .lifecycle import TRANSITIONS, refusal
 from .models import BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
 from .services import POWER_CYCLE_STATES, host_removal_refusal, power_cycle_refusal
@@ -332,6 +333,31 @@ def inspection_shown(host: BareMetalHost) -> dict:
                             "size": disk_text({**d, "serial": ""}) if d.get("size_bytes") else ""}
                            for d in drives if isinstance(d, dict)] if isinstance(drives, list) else None,
             "bmc_none": bmc.get("none") or "", "bmc_read_at": bmc.get("read_at") or "", "bmc_read": bool(bmc)}
+
+
+def firmware_shown(host: BareMetalHost) -> dict:
+    """The host's BIOS settings (wanted by its NodeType / actual / pending) and firmware components (current against
+    the NodeType's minimums), as its BMC last reported them (hosts/flows/firmware.py), for its page."""
+    record = host.firmware or {}
+    node_type = node_type_for(host, getattr(host, "claim", None))
+    declared = (node_type.firmware or {}) if node_type is not None else {}
+    actual, pending = record.get("settings") or {}, record.get("pending") or {}
+    settings = [{"name": name, "wanted": value, "actual": actual.get(name), "pending": pending.get(name),
+                 "ok": name in actual and str(actual[name]) == value}
+                for name, value in sorted(wanted_settings(declared).items())]
+    components = record.get("components") or []
+    minimum = {row["component"]: row for row in below_minimums(declared, components)}
+    rows = [{"component": c["component"], "name": c.get("name") or c.get("id"), "current": c.get("currentVersion"),
+             "initial": c.get("initialVersion"), "flashed": c.get("lastVersionFlashed"), "updated_at": c.get("updatedAt"),
+             "minimum": (minimum.get(c["component"]) or {}).get("minimum"),
+             "ok": (minimum.get(c["component"]) or {}).get("ok")} for c in components]
+    rows += [{"component": kind, "name": "", "current": None, "initial": None, "flashed": None, "updated_at": None,
+              "minimum": row["minimum"], "ok": False} for kind, row in minimum.items() if row["current"] is None]
+    return {"node_type": node_type.name if declared else "", "settings": settings,
+            "settings_read_at": record.get("settings_read_at"), "components": rows,
+            "components_read_at": record.get("components_read_at"), "components_error": record.get("components_error"),
+            "below": [r["component"] for r in rows if r["ok"] is False],
+            "known": bool(settings or rows or record)}
 
 
 def inventory_view(inventory: dict, *, macs: bool) -> dict:

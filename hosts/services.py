@@ -1,9 +1,11 @@
 """Every write to a host. `hosts_transition_batch` is the only code that changes a host's state."""
 import logging
+import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -31,6 +33,7 @@ from .choices import HostState
 from .gate.census import disk_text, record_deviations, record_from
 from .lifecycle import (
     AGENT_STATES,
+    CLAIMED,
     FLOW_FOR_STATE,
     IN_PROGRESS,
     STATE_FAILURE,
@@ -140,6 +143,44 @@ def host_retry(*, host: BareMetalHost, actor: str, reason: str = "") -> BareMeta
         raise IllegalTransition(f"{host.name} is {host.state}; only a host in error can be retried")
     return host_transition(host=host, to_state=HostState.REGISTERING, actor=actor,
                            reason=reason or f"retry after: {host.error_message}")
+
+
+class FirmwareRequestInvalid(ValueError):
+    """A firmware update asked with a bad component or image URL: refused, nothing changed."""
+
+
+FIRMWARE_COMPONENT = re.compile(r"^(bios|bmc|(nic|gpu|other):[A-Za-z0-9_.\-]{1,64})$")
+
+
+def host_firmware_update(*, host: BareMetalHost, component: str, image_url: str, actor: str) -> BareMetalHost:
+    """A servicing action: update one firmware component of an available host from an image URL (Redfish SimpleUpdate,
+    hosts/flows/firmware.py). Refused, with the reason and nothing changed, for a host that serves a tenant (or is in
+    any state but available), an ipmi:// BMC, a component the host's inventory does not list, or a bad URL."""
+    component, image_url = (component or "").strip(), (image_url or "").strip()
+    if not FIRMWARE_COMPONENT.match(component):
+        raise FirmwareRequestInvalid(f"component {component!r} is not one the console updates: bios, bmc, nic:ID, "
+                                     "gpu:ID or other:ID, as the host's firmware inventory names it")
+    parts = urlsplit(image_url)
+    if (parts.scheme not in ("http", "https") or not parts.hostname or len(image_url) > 2000
+            or any(c.isspace() or ord(c) < 32 for c in image_url)):
+        raise FirmwareRequestInvalid("the image URL must be an http:// or https:// URL the BMC can download, without "
+                                     "spaces")
+    if host.bmc_address.strip().lower().startswith("ipmi://"):
+        raise FirmwareRequestInvalid(f"{host.name} has an ipmi:// BMC, which cannot update firmware: give it a Redfish "
+                                     "address")
+    if host.state in CLAIMED:
+        raise IllegalTransition(f"{host.name} is {host.state}: it serves a tenant's claim, and firmware is updated only "
+                                "on an available host; release its claim first")
+    if host.state != HostState.AVAILABLE:
+        check_transition(host.state, HostState.SERVICING, host.name)
+    known = [c.get("component") for c in (host.firmware or {}).get("components") or []]
+    if known and component not in known:
+        raise FirmwareRequestInvalid(f"{host.name}'s firmware inventory has no component {component} (it lists "
+                                     f"{', '.join(known)})")
+    request = {"component": component, "image_url": image_url, "asked_by": actor}
+    return host_transition(host=host, to_state=HostState.SERVICING, actor=actor,
+                           reason=f"firmware update of {component} from {image_url}",
+                           data={"firmware_update": request})
 
 
 def hosts_sweep_overdue(*, actor: str = "system:sweeper") -> list[str]:

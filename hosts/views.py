@@ -96,6 +96,9 @@ def host_detail(request, name: str):
         "cleaning": presenters.cleaning_shown(host), "bmc_tls": presenters.bmc_tls_shown(host),
         "preflight": presenters.preflight_shown(host), "sku": presenters.sku_shown(host),
         "inspection": presenters.inspection_shown(host),
+        "firmware": presenters.firmware_shown(host),
+        "may_update_firmware": scoping.is_admin(request.user) and host.state == HostState.AVAILABLE
+        and not host.bmc_address.lower().startswith("ipmi://"),
     })
     if scoping.may_see_bmc(request.user):  # the BMC's web interface: staff only
         context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address))
@@ -192,6 +195,39 @@ def host_action(request, name: str, action: str):
         if action == "delete":
             return redirect("fleet")  # its page is gone
     return redirect("repair") if back else redirect("host", name=host.name)
+
+
+@console_view(scoping.ADMIN)
+@require_http_methods(["GET", "POST"])
+def host_firmware_update(request, name: str):
+    """The platform admin's servicing action: update one firmware component of an available host from an image URL
+    (hosts.services.host_firmware_update). A refusal (a host that serves a tenant, a bad URL) shows on the form with
+    its reason, and nothing changes."""
+    host = BareMetalHost.objects.defer(*presenters.SECRETS).select_related("claim__tenant").filter(name=name).first()
+    if host is None:
+        raise Http404("no such host")
+    context = {"host": host, "components": presenters.firmware_shown(host)["components"],
+               "component": request.POST.get("component", ""), "image_url": request.POST.get("image_url", ""),
+               # Flashing firmware is as destructive as a power-off: it wants a recent sign-in.
+               "fresh_refusal": fresh_sign_in_refusal(request), "fresh_next": request.get_full_path()}
+    if request.method == "POST" and context["fresh_refusal"]:
+        return page(request, "hosts/firmware_update.html", context, status=403)
+    if request.method == "GET":
+        if host.state != HostState.AVAILABLE:
+            context["refusal"] = (f"{host.name} is {host.get_state_display().lower()}: firmware is updated only on an "
+                                  "available host" + ("; release its claim first" if host.state in
+                                                      (HostState.PROVISIONING, HostState.PROVISIONED) else ""))
+        return page(request, "hosts/firmware_update.html", context)
+    try:
+        services.host_firmware_update(host=host, component=context["component"], image_url=context["image_url"],
+                                      actor=actor(request))
+    except (IllegalTransition, ConcurrentTransition, services.FirmwareRequestInvalid) as exc:
+        context["error"] = str(exc)
+        status = 400 if isinstance(exc, services.FirmwareRequestInvalid) else 409
+        return page(request, "hosts/firmware_update.html", context, status=status)
+    messages.success(request, f"Firmware update of {context['component']} on {host.name} started; it is serviced "
+                              "until the update is done")
+    return redirect("host", name=host.name)
 
 
 def action_run(*, host: BareMetalHost, action: str, actor: str, reason: str = "", override: bool = False) -> str:

@@ -31,6 +31,14 @@ What the subprocess adds around sushy-tools' Flask app (`python -m lab.redfish s
   connection refused; on the shared port its requests are cut without an answer), `bmc-hang`
   (requests are accepted and never answered), `slow-power` (power changes land after 60 s, or
   `delay`).
+- BIOS and firmware (sushy-tools' fake driver keeps neither): Systems/<id>/Bios shows the attributes in force,
+  its Settings object takes a PATCH of attributes (an unknown name is refused with 400) and shows them pending;
+  they take effect when the server next powers on or resets, as a real BIOS applies them at POST. A BMC with
+  `bios_no_stick` drops the named attributes (["*"]: all) at that reboot: the setting never sticks.
+  UpdateService/FirmwareInventory lists the server's components (BIOS, BMC, NICs, GPUs) with their versions,
+  each related to its system; SimpleUpdate (ImageURI, Targets: one inventory item) answers 202 with a Task
+  (TaskService/Tasks/N) that runs `update_s` seconds, then Completed with the version the image's file name
+  carries (bios-2.4.0.bin → 2.4.0), or Exception with `update_fails`' message (the version unchanged).
 
 sushy-tools' own "external notifier" is not used: per system (`external_notifier: True`) it PUTs
 the whole system dict to the one EXTERNAL_NOTIFICATION_URL synchronously, inside the Redfish
@@ -75,6 +83,15 @@ PROCESSOR_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/Processors/([^/]+)/?$")
 NIC_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/EthernetInterfaces/([^/]+)/?$")
 STORAGE_ID = "1"  # each lab BMC has one storage subsystem holding its server's drives
 BOOT_ENABLED = ("Once", "Continuous", "Disabled")
+# A lab server's BIOS attributes and firmware components unless its spec gives its own (the names Dell's and
+# Supermicro's BIOSes use; inventory ids as such BMCs list them).
+LAB_BIOS = {"ProcVirtualization": "Disabled", "SriovGlobalEnable": "Disabled", "LogicalProc": "Enabled",
+            "BootMode": "Uefi", "PowerProfile": "Balanced"}
+LAB_FIRMWARE = {"BIOS": "2.3.1", "BMC": "1.10.2", "NIC.1": "22.31.1014"}
+BIOS_PATH = re.compile(r"^/redfish/v1/Systems/[^/]+/BIOS/Settings/?$", re.I)
+INVENTORY = "/redfish/v1/UpdateService/FirmwareInventory"
+SIMPLE_UPDATE = "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate"
+TASKS = "/redfish/v1/TaskService/Tasks"
 LOG = logging.getLogger("lab.redfish")
 
 
@@ -120,7 +137,10 @@ class RedfishLab:
                "inventory"? {"cpu": {"model", "vendor", "sockets", "cores", "threads"}, "memory_gib",
                "gpus": [{"model", "manufacturer"}], "nic_speed_gbps"?} (its Processors, CPUs and GPUs,
                MemorySummary and its NICs' SpeedMbps: the
-               console's out-of-band inspection reads them; none: the BMC lists no processors)}]
+               console's out-of-band inspection reads them; none: the BMC lists no processors),
+               "bios"? {attribute: value} (LAB_BIOS by default), "bios_no_stick"? [attribute, ...] (["*"]: every
+               one), "firmware"? {inventory id: version} (LAB_FIRMWARE by default), "update_fails"? (a message:
+               every SimpleUpdate's task ends in Exception with it), "update_s"? (how long an update runs; 1 s)}]
     """
 
     def __init__(self, systems: list[dict], username: str = "admin", password: str = "password",
@@ -149,6 +169,9 @@ class RedfishLab:
                 "ipmi": bool(spec.get("ipmi")), "ipmi_ciphers": spec.get("ipmi_ciphers", True),
                 "sel": [dict(e) for e in spec.get("sel") or ()],
                 "inventory": dict(spec["inventory"]) if spec.get("inventory") else None,
+                "bios": dict(spec.get("bios") or LAB_BIOS), "bios_no_stick": list(spec.get("bios_no_stick") or ()),
+                "firmware": dict(spec.get("firmware") or LAB_FIRMWARE),
+                "update_fails": spec.get("update_fails") or "", "update_s": float(spec.get("update_s", 1.0)),
             }
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
@@ -229,7 +252,10 @@ class RedfishLab:
                                       "power_delay": s["power_delay"], "fault": s["fault"],
                                       "tls": _self_signed(directory) if s["tls"] else None,
                                       "drives": {d["id"]: d for d in s["drives"]},
-                                      "inventory": s["inventory"]}
+                                      "inventory": s["inventory"],
+                                      "bios": s["bios"], "bios_no_stick": s["bios_no_stick"],
+                                      "firmware": s["firmware"], "update_fails": s["update_fails"],
+                                      "update_s": s["update_s"]}
             if s["ipmi"]:  # the lab's private directory (0700), as its htpasswd files
                 lab_systems[s["uuid"]].update(ipmi=True, ipmi_credentials=[s["username"], s["password"]],
                                               ipmi_ciphers=s["ipmi_ciphers"], sel=s["sel"])
@@ -469,6 +495,7 @@ class _Site:
         self.notices: queue.Queue = queue.Queue()
         self.driver = None
         self.ipmi = None  # lab/ipmi.py's servers, when a system has an IPMI BMC
+        self.tasks: dict[str, dict] = {}  # SimpleUpdate's tasks, by id
 
     def resolve(self, identity: str | None) -> str | None:
         if identity in self.systems:
@@ -699,6 +726,8 @@ class _Site:
                     "virtual_media": self.virtual_media(uuid),
                     "fault": dict(self.faults[uuid]) if uuid in self.faults else None,
                     "macs": [nic["mac"] for nic in system.get("nics", ())],
+                    "bios": self.driver.get_bios(uuid), "bios_pending": dict(system.get("bios_pending") or {}),
+                    "firmware": self.driver.get_firmware(uuid),
                 }
         return result
 
@@ -761,6 +790,14 @@ class _LabApp:
             return self.rewrite(environ, start_response, functools.partial(self.show_enabled, target))
         if self.own and method == "GET" and path.rstrip("/") == "/redfish/v1/Systems":
             return self.rewrite(environ, start_response, self.only_own)
+        if target and method == "GET" and BIOS_PATH.match(path):
+            return self.rewrite(environ, start_response, functools.partial(self.bios_pending, target))
+        if method == "GET" and path.rstrip("/").startswith(INVENTORY):
+            return self.inventory(path.rstrip("/"), environ, start_response)
+        if method == "POST" and path.rstrip("/") == SIMPLE_UPDATE:
+            return self.simple_update(environ, start_response)
+        if method == "GET" and path.startswith(TASKS + "/"):
+            return self.task(path.rstrip("/").rsplit("/", 1)[-1], environ, start_response)
         drive = DRIVE_PATH.match(path) if target and method == "GET" else None
         if drive:
             return self.rewrite(environ, start_response,
@@ -830,6 +867,107 @@ class _LabApp:
                 doc.pop(key, None)
         return doc
 
+    def bios_pending(self, uuid, doc):
+        """sushy-tools shows the attributes in force as the pending ones too: the lab's pending changes on top."""
+        pending = self.site.driver._get(uuid).get("bios_pending") or {}
+        doc["Attributes"] = {**doc.get("Attributes", {}), **pending}
+        return doc
+
+    # firmware: the inventory, SimpleUpdate and its tasks (sushy-tools has neither inventory nor tasks)
+
+    def _components(self) -> list[tuple[str, str, str]]:
+        """(system uuid, component id, inventory id) for every component this port's BMC lists: its own server's;
+        on the shared port every server's, named SYSTEM.ID."""
+        systems = [self.own] if self.own else list(self.site.systems)
+        return [(uuid, fid, fid if self.own else f"{self.site.systems[uuid]['name']}.{fid}")
+                for uuid in systems for fid in self.site.driver.get_firmware(uuid)]
+
+    def _component_doc(self, uuid: str, fid: str, item: str) -> dict:
+        kind, _, number = fid.partition(".")
+        names = {"BIOS": "BIOS", "BMC": "BMC Firmware", "NIC": f"NIC {number} Firmware", "GPU": f"GPU {number} VBIOS"}
+        return {"@odata.id": f"{INVENTORY}/{item}", "@odata.type": "#SoftwareInventory.v1_2_0.SoftwareInventory",
+                "Id": item, "Name": names.get(kind, fid), "Version": self.site.driver.get_firmware(uuid)[fid],
+                "Updateable": True, "Status": {"State": "Enabled", "Health": "OK"},
+                "RelatedItem": [{"@odata.id": f"/redfish/v1/Systems/{uuid}"}]}
+
+    def inventory(self, path, environ, start_response):
+        components = self._components()
+        if path == INVENTORY:
+            members = [{"@odata.id": f"{INVENTORY}/{item}"} for _, _, item in components]
+            return _json_response(200, {"@odata.id": INVENTORY, "@odata.type":
+                                        "#SoftwareInventoryCollection.SoftwareInventoryCollection",
+                                        "Name": "Firmware Inventory", "Members": members,
+                                        "Members@odata.count": len(members)}, [], environ, start_response)
+        wanted = urllib.parse.unquote(path.rsplit("/", 1)[-1])
+        for uuid, fid, item in components:
+            if item == wanted:
+                return _json_response(200, self._component_doc(uuid, fid, item), [], environ, start_response)
+        return _json_response(404, _redfish_error(f"No firmware component {wanted}", "ResourceMissingAtURI"), [],
+                              environ, start_response)
+
+    def simple_update(self, environ, start_response):
+        """UpdateService.SimpleUpdate of one inventory item: a task that ends as the server's spec says."""
+        try:
+            body = json.loads(_read_body(environ) or b"{}")
+        except ValueError:
+            body = None
+        image = body.get("ImageURI") if isinstance(body, dict) else None
+        targets = body.get("Targets") if isinstance(body, dict) else None
+        if not isinstance(image, str) or not image or not isinstance(targets, list) or len(targets) != 1:
+            return _json_response(400, _redfish_error("ImageURI and one Target are required", "PropertyMissing"),
+                                  [], environ, start_response)
+        wanted = str(targets[0]).rstrip("/").rsplit("/", 1)[-1]
+        found = next(((uuid, fid) for uuid, fid, item in self._components() if item == wanted), None)
+        if found is None:
+            return _json_response(400, _redfish_error(f"Target {targets[0]} is not in the firmware inventory",
+                                                      "PropertyValueNotInList"), [], environ, start_response)
+        uuid, fid = found
+        spec = self.site.systems[uuid]
+        match = re.search(r"[-_]v?(\d[\w.]*?)(?:\.(?:bin|img|exe|fwpkg|hpm|zip|iso))?$",
+                          urllib.parse.urlsplit(image).path)
+        with self.site.lock:
+            task_id = str(len(self.site.tasks) + 1)
+            self.site.tasks[task_id] = {
+                "id": task_id, "uuid": uuid, "component": fid, "image": image, "started": time.time(),
+                "until": time.time() + float(spec.get("update_s", 1.0)), "fails": spec.get("update_fails") or "",
+                "version": match.group(1) if match else None, "done": False}
+        doc = self.task_doc(task_id)
+        return _json_response(202, doc, [("Location", doc["@odata.id"])], environ, start_response)
+
+    def task_doc(self, task_id: str) -> dict | None:
+        site = self.site
+        with site.lock:
+            task = site.tasks.get(task_id)
+            if task is None:
+                return None
+            if not task["done"] and time.time() >= task["until"]:
+                task["done"] = True
+                if not task["fails"]:
+                    current = site.driver.get_firmware(task["uuid"])[task["component"]]
+                    task["version"] = task["version"] or _bumped(current)
+                    site.driver.set_firmware(task["uuid"], task["component"], task["version"])
+            task = dict(task)
+        if not task["done"]:
+            state, status, message, percent = "Running", "OK", f"Updating {task['component']} from {task['image']}", 50
+        elif task["fails"]:
+            state, status, message, percent = "Exception", "Critical", task["fails"], 100
+        else:
+            state, status, percent = "Completed", "OK", 100
+            message = f"{task['component']} updated to {task['version']}; it takes effect at the next reboot"
+        return {"@odata.id": f"{TASKS}/{task_id}", "@odata.type": "#Task.v1_4_3.Task", "Id": task_id,
+                "Name": f"Firmware update of {task['component']}", "TaskState": state, "TaskStatus": status,
+                "PercentComplete": percent,
+                "Messages": [{"MessageId": "Update.1.0.UpdateInProgress" if state == "Running" else
+                              ("Update.1.0.ApplyFailed" if state == "Exception" else "Update.1.0.UpdateSuccessful"),
+                              "Message": message, "Severity": status}]}
+
+    def task(self, task_id, environ, start_response):
+        doc = self.task_doc(task_id)
+        if doc is None:
+            return _json_response(404, _redfish_error(f"No task {task_id}", "ResourceMissingAtURI"), [],
+                                  environ, start_response)
+        return _json_response(200, doc, [], environ, start_response)
+
     def only_own(self, doc):
         """A real BMC lists only its own system."""
         members = [m for m in doc.get("Members", [])
@@ -848,6 +986,12 @@ class _LabApp:
         headers.append(("Content-Length", str(len(out))))
         start_response(status, headers)
         return [out]
+
+
+def _bumped(version: str) -> str:
+    """The next version when an image's name carries none: the last number one higher (2.3.1 → 2.3.2)."""
+    parts = version.split(".")
+    return ".".join(parts[:-1] + [str(int(parts[-1]) + 1)]) if parts[-1].isdigit() else version + ".1"
 
 
 def _redfish_error(message: str, code: str = "GeneralError") -> dict:
@@ -952,6 +1096,8 @@ def _lab_driver_class(base, site: _Site, error):
                                request=pending.get("request"))
             if state == "On" and system.get("boot_enabled") == "Once":
                 changes.update(boot_device="Hdd", boot_enabled="Disabled")
+            if state == "On" and system.get("bios_pending"):
+                changes.update(self._bios_applied(system))
             self._update(system, **changes)
             site.emit(event)
             return system
@@ -999,6 +1145,45 @@ def _lab_driver_class(base, site: _Site, error):
                      "model": g.get("model") or "", "cores": "", "threads": ""}
                     for i, g in enumerate(inventory.get("gpus") or ())]
             return cpus + gpus
+
+        def _bios_applied(self, system) -> dict:
+            """The pending BIOS changes at power-on: in force, but those this BIOS never keeps."""
+            stuck = site.systems[system["uuid"]].get("bios_no_stick") or ()
+            kept = {k: v for k, v in system["bios_pending"].items() if "*" not in stuck and k not in stuck}
+            current = system.get("bios") or site.systems[system["uuid"]]["bios"]  # not _get: it lands this change
+            return {"bios": {**current, **kept}, "bios_pending": None}
+
+        @locked
+        def get_bios(self, identity):
+            system = self._get(identity)
+            return dict(system.get("bios") or site.systems[system["uuid"]]["bios"])
+
+        @locked
+        def set_bios(self, identity, attributes):
+            if not isinstance(attributes, dict) or not attributes:
+                raise error.BadRequest("Attributes must be a non-empty object")
+            current = self.get_bios(identity)
+            unknown = sorted(set(attributes) - set(current))
+            if unknown:
+                raise error.BadRequest(f"unknown BIOS attribute(s): {', '.join(unknown)}")
+            system = self._get(identity)
+            self._update(system, bios_pending={**(system.get("bios_pending") or {}), **attributes})
+
+        @locked
+        def reset_bios(self, identity):
+            self._update(identity, bios=None, bios_pending=None)
+
+        @locked
+        def get_firmware(self, identity):
+            system = self._get(identity)
+            return dict(system.get("firmware") or site.systems[system["uuid"]]["firmware"])
+
+        @locked
+        def set_firmware(self, identity, component, version):
+            self._update(identity, firmware={**self.get_firmware(identity), component: version})
+
+        def get_versions(self, identity):
+            return {"BiosVersion": self.get_firmware(identity).get("BIOS")}
 
         @locked
         def set_boot_enabled(self, identity, enabled):

@@ -24,7 +24,9 @@ file: the VM's TFTP directory stays empty, a simulated server gets no boot confi
 reports success but leaves the middle quarter of the disk untouched) and erase-fails (the erase command
 fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy (on GPU 0 or on
 `KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
-the agent finds on its PATH. Several faults: `KIND,KIND:TARGET`.
+the agent finds on its PATH. BIOS and firmware faults, played by its BMC (lab/redfish.py): bios-no-stick (every
+pending BIOS setting, or `bios-no-stick:ATTRIBUTE`, is dropped at the reboot that should apply it) and
+firmware-update-fails (every SimpleUpdate's task ends in Exception). Several faults: `KIND,KIND:TARGET`.
 
 Faults for the fleet's health (issue 15), against the lab's gpu-server SKU (`lab_sku`: 8 NVIDIA H200, 2 TiB,
 2 NVMe of the lab's disk size, one 100 Gb/s NIC):
@@ -100,9 +102,13 @@ SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from t
 # A lying agent: what its ramdisk reports of the disks is not the hardware (the BMC still reports the truth).
 LIE_FAULTS = ("agent-omits-disk", "agent-forges-serial", "agent-misreports-size", "agent-extra-disk")
 FORGED_SERIAL = "FORGED-SERIAL"
+# Its BMC's BIOS and firmware (lab/redfish.py): a BIOS setting that never sticks (bios-no-stick:ATTRIBUTE, every pending
+# one without a target), a firmware update whose task ends in Exception.
+FIRMWARE_FAULTS = ("bios-no-stick", "firmware-update-fails")
+FIRMWARE_UPDATE_FAILURE = "Image verification failed: the image's signature does not match this component"
 FAULTS = ("bmc-500", "bmc-down", "slow-power", "bmc-no-storage", "agent-crash", "corrupt-image", "no-tftp",
-          *ERASE_FAULTS, *GPU_FAULTS, *SKU_FAULTS, *LIE_FAULTS)
-VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "bmc-no-storage", "no-tftp")  # the others are played by simulated parts
+          *ERASE_FAULTS, *GPU_FAULTS, *SKU_FAULTS, *LIE_FAULTS, *FIRMWARE_FAULTS)
+VM_FAULTS = ("bmc-500", "bmc-down", "slow-power", "bmc-no-storage", "no-tftp", *FIRMWARE_FAULTS)  # the others are played by simulated parts
 XID_FIRED = "xid-intermittent.fired"  # beside the host's profile: the intermittent Xid has shown once
 DISK_BYTES = 256 * 1024 * 1024  # sparse files: they cost nothing until written
 SEED_REGION = 64 * 1024 * 1024  # agent/seed.py: the cloud-init seed lives in a disk's last 64 MiB
@@ -259,6 +265,15 @@ class LabHost:
                 "gpus": [{"model": g["name"], "manufacturer": "NVIDIA"} for g in profile["gpus"]],
                 "nic_speed_gbps": profile["nics"][0]["speed_gbps"]}
 
+    def bmc_firmware(self) -> dict:
+        """What its BMC says of its BIOS and firmware (lab/redfish.py): the components' versions as the agent sees
+        them (BIOS, GPU VBIOS), and the faults that play a setting that never sticks or an update that fails."""
+        versions = {"BIOS": "2.3.1" if self.role == "gpu" else "1.9.2", "BMC": "1.10.2", "NIC.1": "22.31.1014",
+                    **{f"GPU.{i}": "96.00.AF.00.01" for i in range(8 if self.role == "gpu" else 0)}}
+        stuck = [target or "*" for kind, target in self.faults() if kind == "bios-no-stick"]
+        return {"firmware": versions, "bios_no_stick": stuck,
+                "update_fails": FIRMWARE_UPDATE_FAILURE if self.has_fault("firmware-update-fails") else ""}
+
     def bmc_drives(self) -> list[dict]:
         """Its BMC's Storage/1/Drives (lab/redfish.py): the real disks; none with the bmc-no-storage fault."""
         if self.has_fault("bmc-no-storage"):
@@ -370,6 +385,7 @@ class LabSite:
         self._start_image_server(last.get("images", 0))
         systems = [{"name": h.name, "mac": h.mac, "password": h.password, "port": last.get("bmc", {}).get(h.name, 0),
                     "drives": h.bmc_drives(), "inventory": h.bmc_inventory(), "ipmi": h.name in self.ipmi_hosts,
+                    **h.bmc_firmware(),
                     **next(({"fault": self._bmc_fault(k)} for k, _ in h.faults()
                             if k in ("bmc-500", "bmc-down", "slow-power")), {})}
                    for h in self.hosts.values()]

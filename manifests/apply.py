@@ -37,7 +37,8 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.selectors import labels_derived
+from pools.matching import label_selector_matches
+from pools.selectors import labels_derived, node_types_selecting
 from pools.services import (
     PoolSpec,
     node_type_delete,
@@ -319,7 +320,7 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku", "health", "repair", "warm", "inspectionMode"}
+                    "cleaning", "healthCheck", "sku", "health", "repair", "warm", "inspectionMode", "firmware"}
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/gate/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -406,13 +407,18 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
     repair = _repair_ladders(spec)
     gate["inspection_mode"] = _inspection_mode(spec)
     gate_paths["inspection_mode"] = spec.path + ("inspectionMode",)
+    firmware = spec.child("firmware", {}).mapping({"settings", "components"})
+    if firmware.value:
+        _refuse_firmware_over_ipmi_hosts(firmware.path, selector.value)
     ctx.update(f"nodetype/{name}", node_type,
                {"provider": provider, "display_name": spec.str("displayName"), "zone": spec.str("zone"),
                 "region": spec.str("region"), "properties": spec.string_map("properties"),
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
                 "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
-                "health": spec.child("health", {}).mapping().value, "repair": repair, **gate},
+                "health": spec.child("health", {}).mapping().value, "repair": repair, "firmware": firmware.value,
+                **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
+                "firmware": firmware.path,
                 "sku": spec.path + ("sku",), "health": spec.path + ("health",), "repair": spec.path + ("repair",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)
@@ -670,6 +676,8 @@ def apply_bare_metal_host(ctx: Context, doc: Document) -> None:
                                     required=("address", "credentialsName"))
     credentials_name = bmc.str("credentialsName", required=True)
     _refuse_what_ipmi_cannot(spec, bmc.str("address", required=True))
+    _refuse_firmware_over_ipmi(bmc.str("address", required=True), meta.string_map("labels"),
+                               meta.path + ("labels",))
     host = BareMetalHost.objects.filter(name=name).first() or BareMetalHost(name=name)
     secret = ctx.secrets.get((namespace, credentials_name))
     values = {
@@ -740,6 +748,33 @@ def _refuse_what_ipmi_cannot(spec: Reader, address: str) -> None:
     if spec.str("inspectionMode") == InspectionMode.FAST:
         raise Invalid(spec.path + ("inspectionMode",), "fast inspection reads the inventory from a Redfish BMC; an "
                                                        "ipmi:// BMC lists none: use agent, or a Redfish address")
+
+
+FIRMWARE_OVER_IPMI = ("BIOS settings and firmware are read and changed over Redfish (Bios, UpdateService), which an "
+                      "ipmi:// BMC does not have")
+
+
+def _refuse_firmware_over_ipmi(address: str, labels: dict, path: tuple) -> None:
+    """An ipmi:// host that a NodeType with BIOS settings or firmware minimums would select: refused here, with the
+    reason, rather than failing its intake."""
+    if not address.strip().lower().startswith("ipmi://"):
+        return
+    wanting = [t.name for t in node_types_selecting(labels) if t.firmware]
+    if wanting:
+        raise Invalid(path, f"NodeType {', '.join(wanting)} selects this host and declares firmware; "
+                            f"{FIRMWARE_OVER_IPMI}: give this host a Redfish address, or labels that type does not select")
+
+
+def _refuse_firmware_over_ipmi_hosts(path: tuple, selector: dict) -> None:
+    """A NodeType declaring firmware whose selector takes an ipmi:// host already registered: refused likewise."""
+    if not selector:
+        return
+    ipmi = [h.name for h in BareMetalHost.objects.filter(bmc_address__istartswith="ipmi://").only("name", "labels")
+            .order_by("name") if label_selector_matches(selector, h.labels or {})]
+    if ipmi:
+        raise Invalid(path, f"this NodeType selects {', '.join(ipmi[:5])}{' …' if len(ipmi) > 5 else ''} with an "
+                            f"ipmi:// BMC; {FIRMWARE_OVER_IPMI}: narrow its bareMetalHosts selector, or give those hosts "
+                            "Redfish addresses")
 
 
 def _with_derived_labels(host: BareMetalHost, labels: dict) -> dict:

@@ -65,6 +65,10 @@ def _node_type_body(t: NodeType) -> dict:
     body["healthCheck"] = {key: _number(getattr(t, field)) for key, field in HEALTH_CHECK.items()
                            if getattr(t, field) is not None}
     _put(body, "repair", t.repair)  # only what was written: kinds left out climb the default ladder
+    if t.firmware:  # settings by name: the same text whatever order the database keeps a JSON object in
+        body["firmware"] = {**({"settings": dict(sorted(t.firmware["settings"].items()))}
+                               if t.firmware.get("settings") else {}),
+                            **({"components": t.firmware["components"]} if t.firmware.get("components") else {})}
     if t.warm_hosts:
         body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
     _put(body, "inspectionMode", t.inspection_mode)

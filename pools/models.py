@@ -22,6 +22,7 @@ from .choices import (
     PoolKind,
     ProviderKind,
 )
+from .firmware import check_firmware
 from .health_tiers import check_health
 from .matching import validate_label_selector, validate_requirements
 from .sku import check_sku
@@ -117,6 +118,9 @@ class NodeType(models.Model):
     # The health tiers (pools/health_tiers.py): handover, release, intake and idle checks, each with its suite,
     # thresholds and time budget. Release defaults to the health_* fields above; the others run when declared.
     health = models.JSONField(default=dict, blank=True)
+    # BIOS settings its hosts must have and minimum firmware versions (pools/firmware.py): applied at intake and before a
+    # provision, verified after the reboot (hosts/flows/firmware.py); a setting that does not stick sends the host to repair.
+    firmware = models.JSONField(default=dict, blank=True)
     # The repair ladder of its hosts (hosts/flows/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
     # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
     repair = models.JSONField(default=dict, blank=True)
@@ -157,6 +161,7 @@ class NodeType(models.Model):
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"))
         collect(errors, "sku", lambda: check_sku(self.sku))
         collect(errors, "health", lambda: check_health(self.health))
+        collect(errors, "firmware", lambda: check_firmware(self.firmware))
         collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))

@@ -13,7 +13,7 @@ from hosts.models import BareMetalHost
 HOST_COLOURS = {
     "registering": "secondary", "inspecting": "secondary", "available": "success", "provisioning": "warning",
     "provisioned": "primary", "deprovisioning": "warning", "repair": "purple", "retesting": "warning",
-    "repairing": "warning", "checking": "secondary",
+    "repairing": "warning", "checking": "secondary", "servicing": "warning",
     "retired": "dark", "error": "danger", "maintenance": "dark", "held": "dark"}
 PHASE_COLOURS = {"Pending": "secondary", "Provisioning": "warning", "Joining": "warning", "Available": "success",
                  "Failed": "danger", "Releasing": "warning", "Released": "dark"}

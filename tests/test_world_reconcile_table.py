@@ -62,6 +62,8 @@ def test_each_row_of_the_table(world):
                                                                          S.DEPROVISIONING)
     assert verdict(world, host, S.CHECKING, None) == ("left alone", S.AVAILABLE, None)
     assert verdict(world, host, S.ERROR, None, power="off") == ("left alone", S.ERROR, None)
+    # A firmware update under way when the backup was taken is not resumed: a person checks the firmware.
+    assert verdict(world, host, S.SERVICING, None, power="off") == ("left alone: in maintenance", S.MAINTENANCE, None)
     # A tenant API that did not answer: the host may serve a node there; it stays held.
     assert verdict(world, host, S.AVAILABLE, None, unread={"bravo": "tenant API unreachable"}) == (
         "still held", None, None)

@@ -20,6 +20,7 @@ urlpatterns = [
     path("repair/", hosts.repair, name="repair"),
     path("hosts/<name:name>/", hosts.host_detail, name="host"),
     path("hosts/<name:name>/actions/<slug:action>/", hosts.host_action, name="host-action"),
+    path("hosts/<name:name>/firmware-update/", hosts.host_firmware_update, name="host-firmware-update"),
     path("health-runs/<int:pk>/", hosts.health_run_detail, name="health-run"),
     # claims
     path("", include("claims.urls")),

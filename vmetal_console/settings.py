@@ -334,6 +334,9 @@ DRIVE_LEASE_S = env_float("DRIVE_LEASE_S", 30)
 POWER_DEADLINE_S = env_float("POWER_DEADLINE_S", 60)  # a power change lands (the lab: 1-11 s), else asked again
 POWER_POLL_S = env_float("POWER_POLL_S", 2)  # how often a step waiting for power looks
 POWER_STEP_DEADLINE_S = env_float("POWER_STEP_DEADLINE_S", 180)  # the whole step, BMC retries included
+# A firmware update (hosts/flows/firmware.py): its BMC task is looked at this often, and may run this long.
+FIRMWARE_POLL_S = env_float("FIRMWARE_POLL_S", 10)
+FIRMWARE_UPDATE_DEADLINE_S = env_float("FIRMWARE_UPDATE_DEADLINE_S", 3600)
 AGENT_LOOKUP_DEADLINE_S = env_float("AGENT_LOOKUP_DEADLINE_S", 600)  # POST and ramdisk boot on a GPU server
 AGENT_COMMAND_DEADLINE_S = env_float("AGENT_COMMAND_DEADLINE_S", 600)
 # The boot path's race (hosts/boot/ramdisk.py): a network boot has settled once this window after its power-on has

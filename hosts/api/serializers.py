@@ -160,12 +160,12 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
         fields = ["id", "name", "namespace", "bmc_address", "bmc_credentials_name", "bmc_username", "bmc_password",
                   "has_bmc_credentials", "bmc_disable_certificate_verification", "boot_mac", "online",
                   "root_device_hints", "labels", "automated_cleaning_mode", "cleaning_policy", "effective_cleaning",
-                  "inventory", "sku_deviations", "power_state", "state", "state_changed_at", "deadline_at",
-                  "error_type", "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates", "health_runs",
-                  "preflight_ok", "preflight_checked_at", "preflight_reason", "preflight_tls", "preflight_checks",
+                  "inventory", "sku_deviations", "firmware", "power_state", "state", "state_changed_at",
+                  "deadline_at", "error_type", "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates",
+                  "health_runs", "preflight_ok", "preflight_checked_at", "preflight_reason", "preflight_tls", "preflight_checks",
                   "warm", "warm_since", "warm_until", "created_at", "updated_at"]
-        read_only_fields = ["inventory", "power_state", "state", "state_changed_at", "deadline_at", "error_type",
-                            "error_message", "error_count", "preflight_ok", "preflight_checked_at",
+        read_only_fields = ["inventory", "firmware", "power_state", "state", "state_changed_at", "deadline_at",
+                            "error_type", "error_message", "error_count", "preflight_ok", "preflight_checked_at",
                             "preflight_reason", "warm_since", "warm_until", "created_at", "updated_at"]
         extra_kwargs = {"cleaning_policy": {"help_text": "overrides its NodeType's cleaning method; empty: the "
                                                          "NodeType's"},

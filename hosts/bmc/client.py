@@ -597,6 +597,69 @@ class BMC(PowerWait):
             return BMCError("unsupported", f"BMC does not support this: {exc}")
         return BMCError("server_error", f"BMC error: {exc}")
 
+    # BIOS settings and firmware (Redfish's Bios and UpdateService; hosts/flows/firmware.py drives them)
+
+    def bios_attributes(self) -> dict:
+        """The BIOS attributes in force (Systems/<id>/Bios) and the changes waiting for the next reboot (its
+        Settings object): {"attributes": {...}, "pending": {...}}. BMCError("unsupported") where the system has
+        no Bios resource."""
+        system = self._recent_system()
+
+        def read():
+            bios = system.bios
+            attributes = dict(bios.attributes or {})
+            try:
+                waiting = dict(bios.pending_attributes or {})
+            except (sushy_exc.MissingAttributeError, sushy_exc.ResourceNotFoundError):
+                waiting = {}  # a BIOS without a Settings object: nothing is ever pending
+            return {"attributes": attributes,
+                    "pending": {k: v for k, v in waiting.items() if attributes.get(k, object()) != v}}
+        return self._call(read)
+
+    def bios_apply(self, changes: dict) -> None:
+        """PATCH the BIOS's Settings object with `changes`; they take effect at the next reboot."""
+        system = self._recent_system()
+        self._call(lambda: system.bios.set_attributes(dict(changes)))
+
+    def firmware_inventory(self) -> list[dict]:
+        """UpdateService/FirmwareInventory, this system's components only (an item related to another system is
+        left out): [{"id", "path", "name", "version", "updateable"}]. One GET per item."""
+        system = self._recent_system()
+
+        def read():
+            inventory = self._service().get_update_service().firmware_inventory
+            found = []
+            for item in inventory.get_members():
+                related = [str(r.get("@odata.id", "")).rstrip("/") for r in item.related_item or ()
+                           if isinstance(r, dict)]
+                systems = [r for r in related if "/Systems/" in r]
+                if systems and system.path.rstrip("/") not in systems:
+                    continue
+                found.append({"id": item.identity, "path": item.path, "name": item.name or item.identity,
+                              "version": str(item.version or ""), "updateable": bool(item.updateable)})
+            return found
+        return self._call(read)
+
+    def firmware_update(self, image_url: str, target: str) -> str:
+        """UpdateService.SimpleUpdate of one inventory item (`target`: its path) from `image_url`; the task's
+        path, to follow with firmware_task()."""
+        def send():
+            protocol = "HTTPS" if image_url.lower().startswith("https:") else "HTTP"
+            service = self._service().get_update_service()
+            return service.simple_update(image_url, targets=[target], transfer_protocol=protocol).task_monitor_uri
+        return self._call(send)
+
+    def firmware_task(self, path: str) -> dict:
+        """An update's task as the BMC reports it: {"state": TaskState ("Running", "Completed", "Exception", ...),
+        "status", "percent", "messages": [text, ...]}."""
+        def read():
+            response = self._service()._conn.get(path=path)
+            doc = response.json() if response.content else {}
+            state = doc.get("TaskState") or ("Running" if response.status_code == 202 else "Completed")
+            return {"state": state, "status": doc.get("TaskStatus") or "", "percent": doc.get("PercentComplete"),
+                    "messages": [str(m.get("Message", "")) for m in doc.get("Messages") or [] if isinstance(m, dict)]}
+        return self._call(read)
+
 
 def _http_phrase(code: int) -> str:
     try:

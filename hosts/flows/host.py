@@ -10,6 +10,14 @@ from hosts.lifecycle import FLOWS, ConcurrentTransition, register_flow
 from hosts.selectors import host_recent_failures
 from hosts.services import host_transition
 
+from .firmware import (
+    BIOS_APPLY,
+    BIOS_VERIFY,
+    FIRMWARE_INVENTORY,
+    FIRMWARE_UPDATE_STEPS,
+    TO_REPAIR_STEPS,
+    firmware_update_begin,
+)
 from .steps import (
     CLEANING_STEPS,
     GATE_STEPS,
@@ -101,7 +109,8 @@ def _fail(run: Run, step: Step, failure: StepFailed, repair_marks: dict | None =
     if failure.claim_reason and not failure.clean and not disk_written(run):
         blame[UNTOUCHED] = {"flow": flow.name, "flow_id": run.flow["id"], "step": step.name}
     cleans = bool((failure.clean or failure.claim_reason) and flow.clean_state)
-    to_repair = not cleans and ((flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS)
+    to_repair = not cleans and ((flow.gate and (failure.repair or step.name in GATE_STEPS)) or step.name in TIER_STEPS
+                                or (failure.repair and step.name in TO_REPAIR_STEPS))
     # The BMC's event log joins the repair evidence (what the hardware itself logged); read before the transaction.
     event_log = bmc_event_log(run) if to_repair else None
     try:
@@ -140,7 +149,11 @@ def host_flow(name: str, state: str, steps: list[Step], *, done_state: str, clea
 host_flow("register", HostState.REGISTERING, [Step("bmc_check", step_bmc_check, deadline_setting("POWER_DEADLINE_S"))],
           done_state=HostState.INSPECTING)
 host_flow("inspect", HostState.INSPECTING, [
-    *RAMDISK_STEPS,
+    BIOS_APPLY,  # the NodeType's BIOS settings, applied by the power-on that follows and verified after it
+    *RAMDISK_STEPS[:2],
+    BIOS_VERIFY,
+    FIRMWARE_INVENTORY,
+    *RAMDISK_STEPS[2:],
     *CLEANING_STEPS,  # the initial clean and health check, as on every release
     *INTAKE_STEPS,  # and the intake tier (burn-in), when the NodeType declares it
     KEEP_WARM,
@@ -150,7 +163,10 @@ host_flow("inspect", HostState.INSPECTING, [
 # to service (hosts.services.host_return_to_service).
 host_flow("retest", HostState.RETESTING, [
     Step("power_off", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
-    *RAMDISK_STEPS,
+    BIOS_APPLY,  # a host in repair for a setting that did not stick is checked for it again
+    *RAMDISK_STEPS[:2],
+    BIOS_VERIFY,
+    *RAMDISK_STEPS[2:],
     *CLEANING_STEPS,
     *INTAKE_STEPS,  # after repair, the intake tier again
     Step("power_off_after_clean", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
@@ -162,3 +178,7 @@ host_flow("idle_check", HostState.CHECKING, [
     *IDLE_STEPS,
     Step("power_off", step_power_off, deadline_setting("POWER_STEP_DEADLINE_S")),
 ], done_state=HostState.AVAILABLE, gate=True)
+# A servicing action an admin asked for on an available host (hosts.services.host_firmware_update): the update, the
+# power-off after it and the inventory read again; back to the pool, or to repair with the task's evidence.
+host_flow("firmware_update", HostState.SERVICING, FIRMWARE_UPDATE_STEPS, done_state=HostState.AVAILABLE,
+          begin=firmware_update_begin)

@@ -153,8 +153,8 @@ class NodeTypeSerializer(StrictModelSerializer):
     class Meta:
         model = NodeType
         fields = ["id", "name", "provider", "display_name", "zone", "region", "properties", "resources", "cost",
-                  "effective_cost", "host_selector", "sku", "health", "declared_in_provider", *RELEASE_GATE_FIELDS,
-                  "repair", "warm_hosts", "warm_idle_minutes", "capacity", "created_at", "updated_at"]
+                  "effective_cost", "host_selector", "sku", "health", "firmware", "declared_in_provider",
+                  *RELEASE_GATE_FIELDS, "repair", "warm_hosts", "warm_idle_minutes", "capacity", "created_at", "updated_at"]
         read_only_fields = ["declared_in_provider", "created_at", "updated_at"]
 
     def get_effective_cost(self, obj) -> int | None:
