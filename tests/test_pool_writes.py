@@ -147,9 +147,10 @@ def test_the_admin_and_the_api_create_a_pool_alike(world, api, admin_web, reconc
     assert response.status_code == 302, response.context["adminform"].form.errors
     made = {p.name: p for p in NodePool.objects.filter(name__in=["cpus", "cpus2"])}
     assert {p.version for p in made.values()} == {1}
-    created = [(e.kind, e.tenant_id, e.actor, e.message, e.data) for e in Event.objects.filter(
-        object_type="pool", object_name__in=["alpha/cpus", "alpha/cpus2"]).order_by("pk")]
-    assert created == [("change", world.alpha.pk, "user:ada-admin", "created", {})] * 2
+    created = [(e.kind, e.tenant_id, e.actor, e.message, e.data["before"], e.data["after"]["name"])
+               for e in Event.objects.filter(object_type="pool", object_name__in=["alpha/cpus", "alpha/cpus2"])
+               .order_by("pk")]
+    assert created == [("change", world.alpha.pk, "user:ada-admin", "created", {}, name) for name in ("cpus", "cpus2")]
     assert reconciles == [[made["cpus"].pk], [made["cpus2"].pk]]
 
 
