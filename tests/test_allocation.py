@@ -163,7 +163,7 @@ def test_status_json_is_stable(site, apply, seed_block, capsys):
     assert status["hosts"]["total"] == 3
     assert status["hosts"]["by_state"] == {"registering": 0, "inspecting": 0, "available": 2, "checking": 0,
                                            "provisioning": 1, "provisioned": 0, "deprovisioning": 0, "repair": 0,
-                                           "retesting": 0, "repairing": 0, "retired": 0, "error": 0,
+                                           "retesting": 0, "repairing": 0, "servicing": 0, "retired": 0, "error": 0,
                                            "maintenance": 0, "held": 0}
     one = status["tenants"][0]
     assert one["name"] == "one" and one["namespace"] == "p-default"

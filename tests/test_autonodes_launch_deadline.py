@@ -168,6 +168,8 @@ def test_the_beat_reports_a_slow_claim_once_and_neither_releases_it_nor_launches
 
     settings.AUTONODES_LAUNCH_FLOOR_S, settings.AUTONODES_LAUNCH_CAP_S = 1, 2
     (claim,) = claims_create(pool=site, count=1, node_type=NodeType.objects.get(name="gpu-server"), actor="user:test")
+    # The worker's reconcile says why it waits before its pods make it a launch the check looks at.
+    wait_for(lambda: "no free host" in NodeClaim.objects.get(pk=claim.pk).message, timeout=30)
     pods = [PendingPod.objects.create(tenant=site.tenant, namespace="ml", name=f"train-7-{i}", uid=f"uid-{i}",
                                       owner="Job/train-7", requests={"nvidia.com/gpu": "8"},
                                       status=DemandStatus.LAUNCHED, claim=claim, pool=site) for i in range(3)]
