@@ -230,9 +230,9 @@ def claim_bind(*, claim: NodeClaim, host: BareMetalHost, actor: str, message: st
 
 def claims_adopted(*, host_ids: list[int], actor: str, reason: str) -> None:
     """A host found serving its claim's node: the claim walks to Available (its phases, one Event each)."""
+    order = [P.PENDING, P.PROVISIONING, P.JOINING, P.AVAILABLE]
     for claim in NodeClaim.objects.filter(host_id__in=host_ids).order_by("pk"):
-        for phase in (P.PROVISIONING, P.JOINING, P.AVAILABLE):
-            order = [P.PENDING, P.PROVISIONING, P.JOINING, P.AVAILABLE]
+        for phase in order[1:]:
             if claim.phase in order and order.index(claim.phase) < order.index(phase):
                 claims_transition(claims=[claim], to_phase=phase, actor=actor, reason="Adopted",
                                   message=f"node {claim.node_name or claim.host_name} found running: {reason}",

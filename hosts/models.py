@@ -13,7 +13,7 @@ from pools.validators import (
     validate_string_map,
 )
 
-from .bmc.client import BMCError, parse_address
+from .bmc.client import BMCError, is_ipmi, parse_address
 from .choices import CleaningMode, HostState, PowerState, RepairOutcome, Verdict
 
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
@@ -144,7 +144,7 @@ class BareMetalHost(models.Model):
                 errors["network_data"] = exc.error_list
         if not isinstance(self.root_device_hints, dict):
             errors["root_device_hints"] = "must be a mapping such as {deviceName: /dev/nvme0n1}"
-        if self.inspection_mode == InspectionMode.FAST and (self.bmc_address or "").strip().lower().startswith("ipmi:"):
+        if self.inspection_mode == InspectionMode.FAST and is_ipmi(self.bmc_address):
             errors["inspection_mode"] = ("fast inspection reads the inventory from a Redfish BMC; an ipmi:// BMC lists "
                                          "none: use agent, or a Redfish address")
         if errors:

@@ -26,7 +26,7 @@ from pools.selectors import labels_derived, sku_deviations_of
 from pools.sku import DERIVED_LABELS, derived_labels
 
 from . import task_names
-from .bmc.client import BMCError
+from .bmc.client import BMCError, is_ipmi
 from .bmc.factory import host_bmc
 from .boot.ramdisk import agent_sessions_end
 from .choices import HostState
@@ -165,7 +165,7 @@ def host_firmware_update(*, host: BareMetalHost, component: str, image_url: str,
             or any(c.isspace() or ord(c) < 32 for c in image_url)):
         raise FirmwareRequestInvalid("the image URL must be an http:// or https:// URL the BMC can download, without "
                                      "spaces")
-    if host.bmc_address.strip().lower().startswith("ipmi://"):
+    if is_ipmi(host.bmc_address):
         raise FirmwareRequestInvalid(f"{host.name} has an ipmi:// BMC, which cannot update firmware: give it a Redfish "
                                      "address")
     if host.state in CLAIMED:

@@ -17,6 +17,7 @@ from core.actors import actor
 from core.views import STAFF, console_view, list_filter, page, paging_query
 from events.selectors import security_events_needing_attention
 from events.views import live_cursor
+from hosts.bmc.client import is_ipmi
 from hosts.selectors import (
     attention_explain,
     health_runs_visible,
@@ -98,7 +99,7 @@ def host_detail(request, name: str):
         "inspection": presenters.inspection_shown(host),
         "firmware": presenters.firmware_shown(host),
         "may_update_firmware": scoping.is_admin(request.user) and host.state == HostState.AVAILABLE
-        and not host.bmc_address.lower().startswith("ipmi://"),
+        and not is_ipmi(host.bmc_address),
     })
     if scoping.may_see_bmc(request.user):  # the BMC's web interface: staff only
         context.update(bmc_web_url=presenters.bmc_web_url(host.bmc_address))

@@ -15,6 +15,7 @@ from core.labels import error_location
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_update
+from hosts.bmc.client import is_ipmi
 from hosts.models import BareMetalHost
 from hosts.services import host_create
 from pools.choices import (
@@ -736,7 +737,7 @@ def _inspection_mode(spec: Reader) -> str:
 def _refuse_what_ipmi_cannot(spec: Reader, address: str) -> None:
     """An ipmi:// host asking for what only Redfish does is refused here, with the reason, rather than failing its
     first boot: a live ISO (Metal3 boots it from virtual media) and UEFI secure boot (IPMI cannot set it)."""
-    if not address.strip().lower().startswith("ipmi://"):
+    if not is_ipmi(address):
         return
     image = spec.child("image", {})
     if isinstance(image.value, dict) and str(image.value.get("format") or "").lower() == "live-iso":
@@ -757,7 +758,7 @@ FIRMWARE_OVER_IPMI = ("BIOS settings and firmware are read and changed over Redf
 def _refuse_firmware_over_ipmi(address: str, labels: dict, path: tuple) -> None:
     """An ipmi:// host that a NodeType with BIOS settings or firmware minimums would select: refused here, with the
     reason, rather than failing its intake."""
-    if not address.strip().lower().startswith("ipmi://"):
+    if not is_ipmi(address):
         return
     wanting = [t.name for t in node_types_selecting(labels) if t.firmware]
     if wanting:

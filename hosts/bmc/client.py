@@ -47,6 +47,12 @@ TRANSIENT_KINDS = frozenset({"unreachable", "timeout", "server_error"})
 # factory picks the client by scheme).
 SCHEMES = {**vendors.redfish_schemes(), "ipmi": ("ipmi", False)}
 SCHEME_LIST = ", ".join(s + "://" for s in SCHEMES)
+
+
+def is_ipmi(address: str | None) -> bool:
+    """An ipmi:// address: what only Redfish does (virtual media, secure boot, BIOS, firmware, out-of-band
+    inventory) is refused for it."""
+    return (address or "").strip().lower().startswith("ipmi://")
 BOOT_TARGETS = {"pxe": sushy.BootSource.PXE, "disk": sushy.BootSource.HDD, "cd": sushy.BootSource.CD}
 POWER_STATES = {sushy.PowerState.ON: "on", sushy.PowerState.OFF: "off"}
 CD_MEDIA = {sushy.VirtualMediaType.CD, sushy.VirtualMediaType.DVD}

@@ -16,7 +16,7 @@ from events.choices import EventKind
 from events.models import Event
 from pools.firmware import component_name, settings_differences, wanted_settings
 
-from hosts.bmc.client import BMCError
+from hosts.bmc.client import BMCError, is_ipmi
 from hosts.engine.drive import step_retry
 from hosts.engine.flow import SKIP, Run, Step, StepFailed, Waiting, deadline_setting
 from hosts.gate import cleaning
@@ -33,7 +33,7 @@ TASK_DONE = "Completed"
 
 
 def _ipmi(run: Run) -> bool:
-    return run.host.bmc_address.strip().lower().startswith("ipmi://")
+    return is_ipmi(run.host.bmc_address)
 
 
 def _record(run: Run, **values) -> dict:
