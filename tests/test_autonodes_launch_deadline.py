@@ -157,22 +157,22 @@ def test_a_slow_claim_is_reported_with_its_step_host_and_the_usual_p95_once_and_
 
 @pytest.mark.django_db(transaction=True)
 def test_the_beat_reports_a_slow_claim_once_and_neither_releases_it_nor_launches_another_for_its_pods(
-        site, worker_settings, celery_worker_process):
+        site, worker_settings, celery_worker_process, settings):
     """The launch check runs on beat in a real worker (every second here, against a 2 s deadline: the cap, as no
     gpu-server launch is measured). The claim waits for a host that does not exist; its pods stay with it."""
     worker_settings.update(WITH_BEAT="1", AUTONODES_LAUNCH_CHECK_EVERY_S="0.5", AUTONODES_LAUNCH_FLOOR_S="1",
                            AUTONODES_LAUNCH_CAP_S="2", RECONCILE_EVERY_S="1")
     celery_worker_process.kill()
     celery_worker_process.start()
-    from django.conf import settings
-
-    settings.AUTONODES_LAUNCH_FLOOR_S, settings.AUTONODES_LAUNCH_CAP_S = 1, 2
+    # The claim is made here with a deadline an hour off, so that the worker's reconcile has said why it waits
+    # before the beat's check can find it late, however slow the machine; then its deadline is now.
+    settings.AUTONODES_LAUNCH_FLOOR_S, settings.AUTONODES_LAUNCH_CAP_S = 1, 3600
     (claim,) = claims_create(pool=site, count=1, node_type=NodeType.objects.get(name="gpu-server"), actor="user:test")
-    # The worker's reconcile says why it waits before its pods make it a launch the check looks at.
-    wait_for(lambda: "no free host" in NodeClaim.objects.get(pk=claim.pk).message, timeout=30)
     pods = [PendingPod.objects.create(tenant=site.tenant, namespace="ml", name=f"train-7-{i}", uid=f"uid-{i}",
                                       owner="Job/train-7", requests={"nvidia.com/gpu": "8"},
                                       status=DemandStatus.LAUNCHED, claim=claim, pool=site) for i in range(3)]
+    wait_for(lambda: "no free host" in NodeClaim.objects.get(pk=claim.pk).message, timeout=30)
+    NodeClaim.objects.filter(pk=claim.pk).update(launch_deadline_at=timezone.now())
 
     wait_for(lambda: slow_events(claim).count() == 2, timeout=30)
     event = slow_events(claim).get(object_type="claim")
