@@ -4,6 +4,8 @@ from django.db import models
 class ProviderKind(models.TextChoices):
     # The console's own Redfish conductor, fed with Metal3-shaped objects.
     METAL3 = "metal3", "Metal3 (bare metal, Redfish)"
+    KUBEVIRT = "kubeVirt", "KubeVirt (virtual machines)"
+    TERRAFORM = "terraform", "OpenTofu template"
 
 
 class PoolKind(models.TextChoices):

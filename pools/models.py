@@ -73,6 +73,12 @@ class NodeProvider(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def external(self) -> bool:
+        """Its machines come from elsewhere (machines/: KubeVirt, a Metal3 cluster's BareMetalHosts, OpenTofu), not
+        from the console's own conductor: a metal3 provider with a clusterRef, or any other kind."""
+        return self.kind != ProviderKind.METAL3 or bool((self.config or {}).get("clusterRef"))
+
     def clean(self):
         errors = {}
         collect(errors, "properties", lambda: validate_string_map(self.properties, "properties"),
@@ -121,6 +127,9 @@ class NodeType(models.Model):
     # BIOS settings its hosts must have and minimum firmware versions (pools/firmware.py): applied at intake and before a
     # provision, verified after the reboot (hosts/flows/firmware.py); a setting that does not stick sends the host to repair.
     firmware = models.JSONField(default=dict, blank=True)
+    # An external provider's per-type block as written (machines/kinds): kubeVirt's virtualMachineTemplate,
+    # mergeVirtualMachineTemplate and maxCapacity; terraform's nodeTemplate and maxCapacity. metal3 uses host_selector.
+    provider_config = models.JSONField(default=dict, blank=True)
     # The repair ladder of its hosts (hosts/flows/repair.py): {"automatic": bool, "ladders": {kind: [remedy, ...]}};
     # {}: automatic, every kind on its default ladder (pools.choices.DEFAULT_LADDERS).
     repair = models.JSONField(default=dict, blank=True)

@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "access",  # API tokens (stored hashed) and the service users that hold them
     "hosts",
     "claims",
+    "machines",  # machines from other providers: KubeVirt, a Metal3 cluster, OpenTofu
     "autonodes",
     "manifests",
     "console",

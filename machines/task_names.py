@@ -1,0 +1,2 @@
+"""The names of the Celery tasks the machines app offers: string constants only, importing nothing."""
+RECONCILE_MACHINES = "machines.tasks.reconcile_machines"
