@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('claims', '0007_join_tokens'),
-        ('pools', '0017_nodetype_provider_config_alter_nodeprovider_kind'),
+        ('pools', '0017_external_providers'),
     ]
 
     operations = [
