@@ -14,7 +14,7 @@ from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
-from pools.choices import GroupFailurePolicy
+from pools.choices import GroupFailurePolicy, ProviderKind
 from pools.fabric import fabric_partition_waits
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
 from pools.models import OS_IMAGE_PROPERTY, SERVER_NAME_PROPERTY, NodePool, NodeType
@@ -50,7 +50,9 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     Hosts are taken with SELECT … FOR UPDATE SKIP LOCKED (PostgreSQL) and a compare-and-swap on their
     state (every backend), so two claims never get one host; the unique claim→host link guards too."""
     result = AllocationResult()
-    pending = NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True).order_by("created_at", "pk")
+    # Claims on external providers get machines, not hosts (machines.services.claims_fill).
+    pending = (NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, provider__kind=ProviderKind.METAL3)
+               .exclude(provider__config__has_key="clusterRef").order_by("created_at", "pk"))
     if pool_ids is not None:
         pending = pending.filter(pool_id__in=pool_ids)
     if claim_ids is not None:

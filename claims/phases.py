@@ -27,6 +27,7 @@ from .choices import ClaimPhase as P
 from .ipam import HOLDS_NO_HOST, addresses_free
 from .lifecycle import LIVE, check_phase_change
 from .models import ClaimGroup, NodeClaim
+from .providers import MACHINE_HOLDERS
 from .selectors import domain_name
 from .tenant_check import WAIT_REASON as TENANT_API_WAIT
 
@@ -100,12 +101,17 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
 @transaction.atomic
 def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
     """Give claims back. A claim without a host is released at once; one with a host goes to
-    Releasing and its host to deprovisioning (drain, clean and return to the pool)."""
+    Releasing and its host to deprovisioning (drain, clean and return to the pool); one with an external provider's
+    machine goes to Releasing and its machine is released (MACHINE_HOLDERS)."""
+    held = set().union(*(holders([c for c in claims if c.host_id is None]) for holders in MACHINE_HOLDERS))
     by_phase = defaultdict(list)
     for claim in claims:
-        by_phase[(claim.phase, claim.host_id is not None)].append(claim)
-    for (phase, has_host), group in by_phase.items():
-        if not has_host:
+        by_phase[(claim.phase, "host" if claim.host_id else "machine" if claim.pk in held else "")].append(claim)
+    for (phase, holds), group in by_phase.items():
+        if holds == "machine":
+            claims_transition(claims=group, to_phase=P.RELEASING, actor=actor, reason="Releasing", message=reason)
+            continue
+        if not holds:
             claims_transition(claims=group, to_phase=P.RELEASED, actor=actor, reason="Released", message=reason)
             continue
         # The lock order (vmetal_console/transactions.py): hosts, by id, before their claims.

@@ -6,3 +6,11 @@ from django.apps import AppConfig
 class MachinesConfig(AppConfig):
     name = "machines"
     verbose_name = "Machines (external providers)"
+
+    def ready(self):
+        from claims.providers import on_machine_power, on_machine_release
+
+        from . import services
+
+        on_machine_release(services.machine_claims_release)  # a released claim's machine goes
+        on_machine_power(services.machine_power_request)  # a claim's power action goes to its machine

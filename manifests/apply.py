@@ -12,6 +12,7 @@ from django.db import transaction
 
 from core.errors import InUse
 from core.labels import error_location
+from core.limits import node_count_error
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_update
@@ -47,7 +48,10 @@ from pools.services import (
     tenant_quota_warning,
 )
 from pools.sku import DERIVED_LABELS
-from pools.validators import NETWORK_DATA
+from pools.validators import NETWORK_DATA, parse_duration
+
+from machines.clusters import CLUSTER_SECRET_NAMESPACE, KUBECONFIG_KEY, secret_data
+from machines.models import ProviderSecret
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
 
@@ -66,6 +70,20 @@ KINDS = {("v1", "Secret"), (LOFT, "NodeProvider"), (LOFT, "NodeType"), (LOFT, "N
 ORDER = ["Secret", "NodeProvider", "NodeType", "OSImage", "VirtualClusterInstance", "vcluster.yaml",
          "NodeEnvironment", "BareMetalHost"]
 PROVIDER_BLOCKS = {"metal3", "kubeVirt", "terraform", "bcm", "clusterAPI"}
+TOFU_CREDENTIALS_LABEL = "terraform.vcluster.com/provider"
+# The provider blocks this console serves, with the fields each takes (vCluster Platform's names; docs/providers.md).
+BLOCK_FIELDS = {
+    "metal3": {"clusterRef", "deploy", "nodeTypes", "deriveLabels"},
+    "kubeVirt": {"clusterRef", "namespaceStrategy", "virtualMachineTemplate", "nodeTypes", "maxCapacity"},
+    "terraform": {"nodeTemplate", "timeout", "nodeTypes", "maxCapacity"},
+}
+# Per NodeType in an external block: kept on NodeType.provider_config (bareMetalHosts.selector → host_selector).
+TYPE_BLOCK_FIELDS = {
+    "metal3": {"automatedCleaningMode"},
+    "kubeVirt": {"virtualMachineTemplate", "mergeVirtualMachineTemplate", "maxCapacity"},
+    "terraform": {"nodeTemplate", "maxCapacity"},
+}
+KIND_OF_BLOCK = {"metal3": ProviderKind.METAL3, "kubeVirt": ProviderKind.KUBEVIRT, "terraform": ProviderKind.TERRAFORM}
 
 
 @dataclass(frozen=True)
@@ -254,6 +272,9 @@ def apply_secret(ctx: Context, doc: Document) -> None:
             raise Invalid(("data", key), "is not valid base64") from None
     values.update(top.string_map("stringData"))
     redacted = meta.string_map("annotations").get(REDACTED) == "true"
+    labels = meta.string_map("labels")
+    if namespace == CLUSTER_SECRET_NAMESPACE or TOFU_CREDENTIALS_LABEL in labels:
+        return _apply_provider_secret(ctx, namespace, name, labels, values, redacted)
     if not redacted:
         for key in ("username", "password"):
             if not values.get(key):
@@ -268,6 +289,37 @@ def apply_secret(ctx: Context, doc: Document) -> None:
         ctx.result.changed += 1
     else:
         ctx.result.add(what, created)
+
+
+def _apply_provider_secret(ctx: Context, namespace: str, name: str, labels: dict, values: dict,
+                           redacted: bool) -> None:
+    """A Secret providers read (machines.models.ProviderSecret): a cluster's kubeconfig in vcluster-platform, or
+    OpenTofu credentials labelled terraform.vcluster.com/provider. Stored encrypted; an export's redacted copy keeps
+    what is stored."""
+    what = f"secret/{namespace}/{name}"
+    secret = ProviderSecret.objects.filter(namespace=namespace, name=name).first()
+    if namespace == CLUSTER_SECRET_NAMESPACE and TOFU_CREDENTIALS_LABEL not in labels and not redacted \
+            and not values.get(KUBECONFIG_KEY):
+        raise Invalid(("stringData",), f"a cluster's Secret in {CLUSTER_SECRET_NAMESPACE} needs {KUBECONFIG_KEY} "
+                                       "(the kubeconfig of the cluster a provider's clusterRef names)")
+    if redacted:
+        ctx.result.add(what, secret is None)
+        return
+    stored = secret_data(secret) if secret else None
+    if secret is not None and stored == values and secret.labels == labels:
+        ctx.result.add(what, False)
+        return
+    if not ctx.dry_run:
+        ProviderSecret.objects.update_or_create(namespace=namespace, name=name,
+                                                defaults={"labels": labels, "data": json.dumps(values)})
+    if secret is None:
+        ctx.result.add(what, True)
+    else:
+        changed = sorted(k for k in set(values) | set(stored) if values.get(k) != stored.get(k))
+        ctx.result.lines.append(f"{what} configured ({', '.join(changed) or 'labels'} changed)")  # never the data
+        ctx.result.items.append({"what": what, "verb": "configured", "changes": [(k, "", "") for k in changed],
+                                 "secret": True})
+        ctx.result.changed += 1
 
 
 def _secret_change(namespace: str, name: str, values: dict, redacted: bool) -> tuple[bool, list[str]]:
@@ -291,26 +343,30 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
     blocks = [b for b in PROVIDER_BLOCKS if spec.has(b)]
     if len(blocks) != 1:
         raise Invalid(("spec",), "needs exactly one provider block (metal3, kubeVirt, terraform, bcm or clusterAPI)")
-    if blocks[0] != "metal3":
-        raise Invalid(("spec", blocks[0]), f"provider kind {blocks[0]} is not supported by this console; "
-                                           "supported: metal3")
+    kind = blocks[0]
+    if kind not in BLOCK_FIELDS:
+        raise Invalid(("spec", kind), f"provider kind {kind} is not supported by this console; "
+                                      f"supported: {', '.join(BLOCK_FIELDS)}")
     # deriveLabels: inspections write GPU labels on hosts (pools/sku.py, hosts.services.host_derive_labels).
-    block = spec.child("metal3").mapping({"clusterRef", "deploy", "nodeTypes", "deriveLabels"})
+    block = spec.child(kind).mapping(BLOCK_FIELDS[kind])
+    _check_external_block(kind, block)
     config = {k: v for k, v in block.value.items() if k != "nodeTypes"}
     provider = NodeProvider.objects.filter(name=name).first() or NodeProvider(name=name)
+    if provider.pk and provider.kind != KIND_OF_BLOCK[kind] and provider.claims.exists():
+        raise Invalid(("spec", kind), f"provider {name} is {provider.kind} and has claims: its kind cannot change")
     ctx.update(f"nodeprovider/{name}", provider,
-               {"kind": ProviderKind.METAL3, "display_name": spec.str("displayName"),
+               {"kind": KIND_OF_BLOCK[kind], "display_name": spec.str("displayName"),
                 "properties": spec.string_map("properties"), "config": config},
                {"properties": ("spec", "properties"), "name": ("metadata", "name"), "config": block.path},
                object_type=ObjectType.NODEPROVIDER)
     declared = set()
     for item in block.child("nodeTypes", []).items():
-        item.mapping(NODE_TYPE_FIELDS, required=("name",))
+        item.mapping(NODE_TYPE_FIELDS | TYPE_BLOCK_FIELDS[kind], required=("name",))
         type_name = item.str("name", required=True)
         if type_name in declared:
             raise Invalid(item.path + ("name",), f"node type {type_name!r} is declared twice")
         declared.add(type_name)
-        _apply_node_type(ctx, item, type_name, provider, declared_in_provider=True)
+        _apply_node_type(ctx, item, type_name, provider, declared_in_provider=True, block=kind)
     for stale in provider.node_types.filter(declared_in_provider=True).exclude(name__in=declared).order_by("name"):
         try:
             node_type_delete(node_type=stale, actor=ctx.actor)
@@ -322,6 +378,62 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
                     "cleaning", "healthCheck", "sku", "health", "repair", "warm", "inspectionMode", "firmware"}
+
+
+def _check_external_block(kind: str, block: Reader) -> None:
+    """What an external provider needs before any machine is asked of it; each mistake with its path."""
+    if kind == "metal3" and not block.has("clusterRef"):
+        return  # the console's own conductor
+    if kind in ("kubeVirt", "metal3"):
+        ref = block.child("clusterRef").mapping({"cluster", "namespace"}, required=("cluster",))
+        validate = ref.str("cluster", required=True)
+        if not validate.strip():
+            raise Invalid(ref.path + ("cluster",), "names the cluster: a Secret of that name in "
+                                                   f"{CLUSTER_SECRET_NAMESPACE} holds its kubeconfig")
+    if kind == "kubeVirt":
+        block.choice("namespaceStrategy", ["vcluster", "fixed", "nodeClaim"], default="vcluster")
+        block.child("virtualMachineTemplate", {}).mapping()
+    if kind == "terraform":
+        _node_template(block.child("nodeTemplate", {}), required=True)
+        timeout = block.str("timeout")
+        if timeout:
+            try:
+                parse_duration(timeout)
+            except ValueError as exc:
+                raise Invalid(block.path + ("timeout",), str(exc)) from None
+    if block.has("maxCapacity"):
+        _max_capacity(block)
+
+
+def _max_capacity(block: Reader) -> None:
+    value = block.int("maxCapacity")
+    error = node_count_error(value)
+    if value is None or value < 0 or error:
+        raise Invalid(block.path + ("maxCapacity",), error or "a number of machines, 0 or more")
+
+
+def _node_template(template: Reader, *, required: bool) -> None:
+    """nodeTemplate: inline OpenTofu (`inline`) or from git (`git: {repository, branch|tag|commit, subPath,
+    fetchInterval}`)."""
+    template.mapping({"inline", "git"})
+    if not template.value:
+        if required:
+            raise Invalid(template.path, "needs an OpenTofu template: inline, or git with a repository")
+        return
+    if template.has("inline") == template.has("git"):
+        raise Invalid(template.path, "either inline or git, not both")
+    if template.has("git"):
+        git = template.child("git").mapping({"repository", "branch", "tag", "commit", "subPath", "fetchInterval",
+                                             "credentials"}, required=("repository",))
+        if sum(git.has(k) for k in ("branch", "tag", "commit")) > 1:
+            raise Invalid(git.path, "one of branch, tag or commit")
+        if git.has("fetchInterval"):
+            try:
+                parse_duration(git.str("fetchInterval"))
+            except ValueError as exc:
+                raise Invalid(git.path + ("fetchInterval",), str(exc)) from None
+    elif not template.str("inline").strip():
+        raise Invalid(template.path + ("inline",), "an empty template")
 # spec.cleaning and spec.healthCheck: the NodeType's fields without their prefix, in camelCase (hosts/gate/cleaning.py
 # reads them). Left out: the model's default, as for every other field, so the manifest stays the whole truth.
 CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "eraseConcurrency": "erase_concurrency",
@@ -394,8 +506,17 @@ def _warm(spec: Reader) -> tuple[dict, dict]:
     return {"warm_hosts": hosts, "warm_idle_minutes": idle}, {field: warm.path + (key,) for key, field in WARM.items()}
 
 
-def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool):
+def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvider, *, declared_in_provider: bool,
+                     block: str = "metal3"):
     selector = spec.child("bareMetalHosts", {}).mapping({"selector"}).child("selector", {})
+    provider_config = {key: spec.child(key).value for key in sorted(TYPE_BLOCK_FIELDS[block]) if spec.has(key)}
+    if "maxCapacity" in provider_config:
+        _max_capacity(spec)
+    if "nodeTemplate" in provider_config:
+        _node_template(spec.child("nodeTemplate"), required=False)
+    for key in ("virtualMachineTemplate", "mergeVirtualMachineTemplate"):
+        if key in provider_config:
+            spec.child(key).mapping()
     node_type = NodeType.objects.filter(name=name).first() or NodeType(name=name)
     if node_type.pk and node_type.provider_id != provider.pk and node_type.declared_in_provider != declared_in_provider:
         raise Invalid(spec.path + ("name",), f"node type {name!r} is already declared by provider {node_type.provider}")
@@ -417,7 +538,7 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
                 "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
                 "health": spec.child("health", {}).mapping().value, "repair": repair, "firmware": firmware.value,
-                **gate},
+                "provider_config": provider_config, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
                 "firmware": firmware.path,
                 "sku": spec.path + ("sku",), "health": spec.path + ("health",), "repair": spec.path + ("repair",),
@@ -427,12 +548,17 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
 
 def apply_node_type(ctx: Context, doc: Document) -> None:
     name, _, _ = _metadata(doc)
-    spec = _spec(doc, NODE_TYPE_FIELDS - {"name"} | {"providerRef"}, required=("providerRef",))
+    every = set().union(*TYPE_BLOCK_FIELDS.values())
+    spec = _spec(doc, NODE_TYPE_FIELDS - {"name"} | {"providerRef"} | every, required=("providerRef",))
     provider_name = spec.str("providerRef", required=True)
     provider = NodeProvider.objects.filter(name=provider_name).first()
     if provider is None:
         raise Invalid(spec.path + ("providerRef",), f"NodeProvider {provider_name!r} not found")
-    _apply_node_type(ctx, spec, name, provider, declared_in_provider=False)
+    block = next(b for b, k in KIND_OF_BLOCK.items() if k == provider.kind)
+    for key in sorted(every - TYPE_BLOCK_FIELDS[block]):
+        if spec.has(key):
+            raise Invalid(spec.path + (key,), f"not a field of a {block} provider's NodeType")
+    _apply_node_type(ctx, spec, name, provider, declared_in_provider=False, block=block)
 
 
 # --- NodeEnvironment, OSImage ---------------------------------------------------------------------

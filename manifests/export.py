@@ -5,6 +5,8 @@ import base64
 import yaml
 
 from hosts.models import BareMetalHost
+from machines.clusters import secret_data
+from machines.models import ProviderSecret
 from pools.choices import PoolKind
 from pools.fabric import fabric_partitions_text
 from pools.models import NodeEnvironment, NodeProvider, NodeType, OSImage, Tenant
@@ -18,6 +20,7 @@ from .apply import (
     CLEANING_ANNOTATION,
     FABRIC_ANNOTATION,
     HEALTH_CHECK,
+    KIND_OF_BLOCK,
     LOFT,
     METAL3,
     REDACTED,
@@ -72,6 +75,7 @@ def _node_type_body(t: NodeType) -> dict:
     if t.warm_hosts:
         body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
     _put(body, "inspectionMode", t.inspection_mode)
+    body.update(sorted(t.provider_config.items()))  # an external provider's per-type block, as written
     return body
 
 
@@ -81,16 +85,16 @@ def _number(value):
 
 
 def export_documents(*, include_secrets: bool = False) -> list[dict]:
-    docs = []
+    docs = [_provider_secret(secret, include_secrets) for secret in ProviderSecret.objects.all()]
     for provider in NodeProvider.objects.prefetch_related("node_types"):
-        metal3 = dict(sorted(provider.config.items()))
+        block = dict(sorted(provider.config.items()))
         inline = sorted((t for t in provider.node_types.all() if t.declared_in_provider), key=lambda t: t.name)
         if inline:
-            metal3["nodeTypes"] = [{"name": t.name, **_node_type_body(t)} for t in inline]
+            block["nodeTypes"] = [{"name": t.name, **_node_type_body(t)} for t in inline]
         spec: dict = {}
         _put(spec, "displayName", provider.display_name)
         _put(spec, "properties", dict(sorted(provider.properties.items())))
-        spec["metal3"] = metal3
+        spec[next(b for b, k in KIND_OF_BLOCK.items() if k == provider.kind)] = block
         docs.append({"apiVersion": LOFT, "kind": "NodeProvider", "metadata": {"name": provider.name}, "spec": spec})
     for t in NodeType.objects.filter(declared_in_provider=False).select_related("provider"):
         docs.append({"apiVersion": LOFT, "kind": "NodeType", "metadata": {"name": t.name},
@@ -182,6 +186,17 @@ def _virtual_cluster_instance(tenant: Tenant) -> dict:
     _put(spec, "displayName", tenant.display_name)
     spec["template"] = {"helmRelease": {"values": dump(private_nodes_config(tenant))}}
     return {"apiVersion": LOFT, "kind": "VirtualClusterInstance", "metadata": metadata, "spec": spec}
+
+
+def _provider_secret(secret: ProviderSecret, include_secrets: bool) -> dict:
+    metadata = {"name": secret.name, "namespace": secret.namespace}
+    _put(metadata, "labels", dict(sorted(secret.labels.items())))
+    doc = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque"}
+    if include_secrets:
+        doc["stringData"] = dict(sorted(secret_data(secret).items()))
+    else:
+        metadata["annotations"] = {REDACTED: "true"}
+    return doc
 
 
 def _secret(host: BareMetalHost, include_secrets: bool) -> dict:

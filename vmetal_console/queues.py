@@ -8,6 +8,7 @@ from autonodes import task_names as autonodes_tasks
 from claims import task_names as claims_tasks
 from events import task_names as events_tasks
 from hosts import task_names as hosts_tasks
+from machines import task_names as machines_tasks
 
 DRIVES, AGENT, AUTONODES, DEFAULT = "drives", "agent", "autonodes", "celery"
 # DEFAULT keeps Celery's own name, so tasks queued before the queues were split are still taken after an upgrade.
@@ -21,7 +22,10 @@ TASK_KIND = {
                      hosts_tasks.CHECK_BMCS, hosts_tasks.PREFLIGHT_DUE, hosts_tasks.PREFLIGHT_HOSTS,
                      hosts_tasks.REPAIR_ADVANCE, hosts_tasks.SWEEP_WARM_HOSTS,
                      # After a restore: reads every held host's BMC (and the tenants' APIs) before any acts.
-                     claims_tasks.WORLD_RECONCILE], DRIVES),
+                     claims_tasks.WORLD_RECONCILE,
+                     # External providers' machines: each look calls the provider's cluster (or runs OpenTofu).
+                     machines_tasks.RECONCILE_MACHINES, machines_tasks.ADVANCE_MACHINE,
+                     machines_tasks.POWER_MACHINE], DRIVES),
     # A drive an agent's call asked for (its lookup, a result, a boot fetch): the agent waits for its next command.
     hosts_tasks.DRIVE_HOST_FOR_AGENT: AGENT,
     # Auto Nodes: decisions and disruption read tenants' Kubernetes APIs (TENANT_API_TIMEOUT_S a call).

@@ -15,6 +15,7 @@ from autonodes import task_names as autonodes_tasks
 from claims import task_names as claims_tasks
 from events import task_names as events_tasks
 from hosts import task_names as hosts_tasks
+from machines import task_names as machines_tasks
 
 from . import queues
 
@@ -245,6 +246,9 @@ if REDIS_URL:
 CELERY_BEAT_SCHEDULE = {
     "reconcile-pools": {"task": claims_tasks.RECONCILE_POOLS, "schedule": float(os.environ.get("RECONCILE_EVERY_S", "30"))},
     "sweep-overdue-hosts": {"task": hosts_tasks.SWEEP_OVERDUE_HOSTS, "schedule": 30.0},
+    # External providers (machines/): pending claims get machines, and each machine not gone is looked at.
+    "reconcile-machines": {"task": machines_tasks.RECONCILE_MACHINES,
+                           "schedule": float(os.environ.get("MACHINES_RECONCILE_EVERY_S", "5"))},
     "drive-stale-hosts": {"task": hosts_tasks.DRIVE_STALE_HOSTS,
                           "schedule": float(os.environ.get("DRIVE_STALE_EVERY_S", "10"))},
     # Available hosts' BMCs, read now and then: a dead one makes its host not allocatable (hosts/capacity.py).

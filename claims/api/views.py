@@ -14,6 +14,7 @@ from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
 from claims.selectors import claim_groups_visible, claims_visible
 from claims.phases import claims_release
+from claims.providers import machine_power
 from claims.restore import AdoptRefused, host_adopt
 from core import scoping
 from core.api import Conflict, ScopedPermission, ScopedViewMixin, actor, field_errors
@@ -69,6 +70,10 @@ class NodeClaimViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
         claim = self.get_object()
         body = ClaimPowerSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        if claim.phase in LIVE and claim.host_id is None and machine_power(
+                claim=claim, action=body.validated_data["action"], actor=actor(request),
+                reason=body.validated_data["reason"] or f"asked by {request.user.username} for claim {claim.name}"):
+            return Response(self.get_serializer(self.get_object()).data)  # an external provider's machine
         if claim.host_id is None or claim.phase not in LIVE:
             raise Conflict(f"claim {claim.name} is {claim.phase} and holds no node to power")
         host_power_request(host=claim.host, action=body.validated_data["action"], actor=actor(request),
