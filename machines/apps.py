@@ -8,9 +8,10 @@ class MachinesConfig(AppConfig):
     verbose_name = "Machines (external providers)"
 
     def ready(self):
-        from claims.providers import on_machine_power, on_machine_release
+        from claims.providers import on_machine_power, on_machine_release, on_machine_view
 
         from . import services
 
         on_machine_release(services.machine_claims_release)  # a released claim's machine goes
         on_machine_power(services.machine_power_request)  # a claim's power action goes to its machine
+        on_machine_view(services.machines_view)  # the claim's API answer and page show its machine

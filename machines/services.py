@@ -339,3 +339,26 @@ def node_type_machines(node_type_ids) -> dict[int, int]:
             .annotate(n=Count("pk")))
     counts = defaultdict(int, {r["node_type_id"]: r["n"] for r in rows})
     return dict(counts)
+
+
+def expected_proof(machine: Machine) -> str:
+    try:
+        return kind_of(machine.provider).disk_proof(machine)
+    except (KindError, AttributeError):
+        return ""
+
+
+def machines_view(claim_ids) -> dict[int, dict]:
+    """What each claim's machine is, for the API and the claim page (claims.providers.machines_of)."""
+    from .choices import DiskProof
+
+    found = {}
+    for m in Machine.objects.filter(claim_id__in=list(claim_ids)).select_related("provider"):
+        expected = "" if m.disk_proof else expected_proof(m)
+        found[m.claim_id] = {
+            "kind": m.kind, "name": m.name, "namespace": m.namespace, "state": m.state, "state_colour": m.state_colour,
+            "message": m.message, "power": m.power, "made": m.made, "outputs": m.outputs,
+            "created_at": m.created_at, "running_at": m.running_at, "gone_at": m.gone_at,
+            "disk_proof": m.disk_proof, "disk_proof_text": DiskProof(m.disk_proof).label if m.disk_proof else "",
+            "expected_proof": expected, "expected_proof_text": DiskProof(expected).label if expected else ""}
+    return found

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
+from claims.providers import REBOOT_ANNOTATION, claim_proof, claims_extras
 from core.api import NoNulJSONField, StrictSerializer
 
 
@@ -33,14 +34,53 @@ class NodeClaimSerializer(serializers.ModelSerializer):
     host = serializers.CharField(source="host_name", read_only=True)
     conditions = ConditionSerializer(many=True, read_only=True)
     group = serializers.SerializerMethodField(help_text="its all-or-nothing group; null when placed on its own")
+    machine = serializers.SerializerMethodField(
+        help_text="the machine an external provider made for it (a KubeVirt VirtualMachine, a Metal3 cluster's "
+                  "BareMetalHost, an OpenTofu workspace); null for a host of the console's own")
+    proof = serializers.SerializerMethodField(
+        help_text="which proof exists that its data is not handed on: erase certificates (a host), or what the "
+                  "provider does with the disks (destroyed with the machine, another cluster's cleaning)")
+    power = serializers.SerializerMethodField(help_text="power.state as vCluster writes it: On, Off or empty")
+    annotations = serializers.SerializerMethodField(
+        help_text="machines.vcluster.com/reboot: when a reboot was last asked (RFC 3339), as vCluster writes it")
 
     class Meta:
         model = NodeClaim
         fields = ["id", "name", "namespace", "tenant", "pool", "group", "provider", "node_type", "host", "node_name",
                   "ip_address", "phase", "phase_changed_at", "reason", "message", "attempts", "requirements",
                   "properties", "node_labels", "taints", "conditions", "created_at", "scheduled_at", "provisioned_at",
-                  "joined_at", "available_at", "released_at"]
+                  "joined_at", "available_at", "released_at", "machine", "proof", "power", "annotations"]
         read_only_fields = fields
+
+    def _extras(self, obj) -> dict:
+        extras = self.context.get("extras")  # the view reads a page's in a fixed number of queries
+        if extras is None or obj.pk not in extras["machines"]:
+            extras = claims_extras([obj])
+        return extras
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_machine(self, obj) -> dict | None:
+        machine = self._extras(obj)["machines"][obj.pk]
+        if machine is None:
+            return None
+        return {key: machine[key] for key in ("kind", "name", "namespace", "state", "message", "power", "made",
+                                              "outputs", "created_at", "running_at", "gone_at")}
+
+    @extend_schema_field(serializers.JSONField())
+    def get_proof(self, obj) -> dict:
+        extras = self._extras(obj)
+        return claim_proof(obj, extras["machines"][obj.pk], extras["certificates"].get(obj.name, []))
+
+    def get_power(self, obj) -> dict:
+        machine = self._extras(obj)["machines"][obj.pk]
+        if machine is not None:
+            return {"state": machine["power"]}
+        host = obj.host if obj.host_id else None
+        return {"state": host.power_state if host is not None and host.power_state in ("On", "Off") else ""}
+
+    def get_annotations(self, obj) -> dict:
+        reboot = self._extras(obj)["reboots"].get(obj.pk)
+        return {REBOOT_ANNOTATION: reboot.isoformat()} if reboot else {}
 
     @extend_schema_field(GroupSummarySerializer(allow_null=True))
     def get_group(self, obj) -> dict | None:

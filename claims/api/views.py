@@ -14,7 +14,7 @@ from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
 from claims.selectors import claim_groups_visible, claims_visible
 from claims.phases import claims_release
-from claims.providers import machine_power
+from claims.providers import claims_extras, machine_power
 from claims.restore import AdoptRefused, host_adopt
 from core import scoping
 from core.api import Conflict, ScopedPermission, ScopedViewMixin, actor, field_errors
@@ -40,9 +40,11 @@ class NodeClaimViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
         instance = args[0] if args else None
         claims = instance if isinstance(instance, list) else [instance] if isinstance(instance, NodeClaim) else []
         ids = {c.group_id for c in claims if c.group_id}
+        context = {**self.get_serializer_context(), "extras": claims_extras(claims)} if claims else {}
         if ids:
-            kwargs["context"] = {**self.get_serializer_context(),
-                                 "groups": {g.pk: g for g in claim_groups_rows(ClaimGroup.objects.filter(pk__in=ids))}}
+            context["groups"] = {g.pk: g for g in claim_groups_rows(ClaimGroup.objects.filter(pk__in=ids))}
+        if context:
+            kwargs["context"] = context
         return super().get_serializer(*args, **kwargs)
 
     @extend_schema(request=ReleaseSerializer, responses={
