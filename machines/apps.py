@@ -6,3 +6,7 @@ from django.apps import AppConfig
 class MachinesConfig(AppConfig):
     name = "machines"
     verbose_name = "Machines (external providers)"
+
+    def ready(self):
+        # Each kind registers itself (machines.kinds.register) when imported.
+        from .kinds import terraform  # noqa: F401
