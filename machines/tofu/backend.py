@@ -145,7 +145,9 @@ def tofu_release_lock(*, name: str, actor: str) -> TofuState:
         locked_at = state.locked_at
         state.lock_id, state.lock_info, state.locked_at = "", {}, None
         state.save(update_fields=["lock_id", "lock_info", "locked_at", "updated_at"])
-        machine = Machine.objects.filter(kind=ProviderKind.TERRAFORM, name=name).select_related("claim__tenant").first()
+        # NODE_CLAIM.PROJECT.node: a project is a DNS label, so the claim's name is all before the last two dots.
+        machine = (Machine.objects.filter(kind=ProviderKind.TERRAFORM, claim__name=name.rsplit(".", 2)[0])
+                   .select_related("claim__tenant").first())
         claim = machine.claim if machine else None
         event_record(kind=EventKind.ACTION, object_type=ObjectType.NODEPROVIDER,
                      object_name=state.provider.name if state.provider else name, actor=actor,

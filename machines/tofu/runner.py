@@ -87,7 +87,7 @@ def workspace_dir(workspace: str) -> Path:
 
 def _run(argv: list[str], *, cwd: Path, env: dict, timeout_s: float, run: Run | None = None,
          what: str = "") -> subprocess.CompletedProcess:
-    """One command with its deadline; on timeout its whole process group is killed."""
+    """One command with what is left of its run's time; on timeout its whole process group is killed."""
     log.info("running %s in %s", " ".join(argv), cwd)
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -99,7 +99,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict, timeout_s: float, run: Run | 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise TofuFailed(f"{what or argv[1]} did not finish within {int(timeout_s)} s; killed") from None
+        limit = run.timeout_s if run else timeout_s
+        raise TofuFailed(f"{what or argv[1]} killed: the run did not finish within {limit:g} s") from None
     if proc.returncode != 0:
         tail = (err or out or "").strip()[-STDERR_TAIL:]
         raise TofuFailed(f"{what or argv[1]} failed (exit {proc.returncode}): "
