@@ -15,6 +15,9 @@ from . import Join, KindError, Progress, register
 
 PROVIDER_LABEL = "terraform.vcluster.com/provider"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# For the provider's page: said plainly where people choose this kind (docs/providers-terraform.md).
+UNTESTED = ("No real tofu run was tested here: OpenTofu cannot be installed on the machines this was built on; "
+            "the runner was tested against a stand-in executable (tests/fixtures/fake_tofu).")
 SEALED = "tofu_inputs"  # machine.memory: the last inputs, encrypted (userData is a secret), for power and destroy
 
 
