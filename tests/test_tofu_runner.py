@@ -95,6 +95,13 @@ def test_fill_applies_the_template_and_keeps_its_outputs(tofu_log):
     assert not list(workspace.glob("*.tfvars.json"))
 
 
+def test_a_sensitive_output_is_named_but_not_kept(tofu_log):
+    machine = make_machine({"inline": TEMPLATE + 'output "admin_password" {\n  value = "hunter2-output"\n'
+                                                 '  sensitive = true\n}\n'})
+    fill(machine)
+    assert machine.outputs["admin_password"] == "(sensitive)" and machine.outputs["zone"] == "zone-a"
+
+
 def test_fill_again_does_not_apply_again(tofu_log):
     machine = make_machine({"inline": TEMPLATE})
     fill(machine)

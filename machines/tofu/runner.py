@@ -37,6 +37,7 @@ VARS_FILE = "zz_vmetal.auto.tfvars.json"
 KEEP = {".terraform", ".terraform.lock.hcl"}  # kept between runs: the providers init downloaded
 DEFAULT_FETCH_INTERVAL_S = 600  # vCluster's default for git templates: 10 minutes
 STDERR_TAIL = 2000
+SENSITIVE = "(sensitive)"
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|m|s|ms)")
 
 
@@ -81,7 +82,12 @@ def workdir() -> Path:
     return Path(settings.TOFU_WORKDIR)
 
 
+WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
 def workspace_dir(workspace: str) -> Path:
+    if not WORKSPACE_NAME.fullmatch(workspace):  # a directory's name, and the state backend's URL
+        raise TofuFailed(f"{workspace!r} cannot name a workspace", retry=False)
     return workdir() / "workspaces" / workspace
 
 
@@ -228,7 +234,9 @@ def tofu(run: Run, action: str) -> dict:
     finally:
         variables.unlink(missing_ok=True)
     try:
-        return {name: o.get("value") for name, o in json.loads(out or "{}").items()}
+        # A sensitive output (a password, a kubeconfig) is named, never kept: outputs are shown on the claim.
+        return {name: SENSITIVE if o.get("sensitive") else o.get("value")
+                for name, o in json.loads(out or "{}").items()}
     except (ValueError, AttributeError):
         raise TofuFailed("tofu output -json answered no JSON") from None
 
