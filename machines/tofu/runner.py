@@ -2,6 +2,7 @@
 override pointing at the console's state backend, the inputs as `var.vcluster`, the provider's credentials, then
 TOFU_BINARY with a deadline. Secrets travel in the environment and in a 0600 file removed after the run, never in
 argv, logs or messages."""
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -103,14 +104,15 @@ def _run(argv: list[str], *, cwd: Path, env: dict, timeout_s: float, run: Run | 
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         limit = run.timeout_s if run else timeout_s
         raise TofuFailed(f"{what or argv[1]} killed: the run did not finish within {limit:g} s") from None
     if proc.returncode != 0:
-        tail = (err or out or "").strip()[-STDERR_TAIL:]
-        raise TofuFailed(f"{what or argv[1]} failed (exit {proc.returncode}): "
-                        f"{run.scrub(tail) if run else tail}")
+        said = (err or out or "").strip()
+        tail = (run.scrub(said) if run else said)[-STDERR_TAIL:]  # scrubbed whole: no half secret at the cut
+        raise TofuFailed(f"{what or argv[1]} failed (exit {proc.returncode}): {tail}")
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
