@@ -11,6 +11,8 @@ class MachinesConfig(AppConfig):
         from claims.providers import on_machine_power, on_machine_release, on_machine_view
 
         from . import services
+        # Each kind registers itself (machines.kinds.register) when imported.
+        from .kinds import kubevirt, terraform  # noqa: F401
 
         on_machine_release(services.machine_claims_release)  # a released claim's machine goes
         on_machine_power(services.machine_power_request)  # a claim's power action goes to its machine

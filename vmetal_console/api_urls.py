@@ -37,6 +37,7 @@ v1 = [
     re_path(r"^repair/?$", RepairView.as_view(), name="repair"),
     re_path(r"^hosts/adopt/?$", HostAdoptView.as_view(), name="host-adopt"),  # before the router's hosts/<pk>
     re_path(r"^pools/(?P<id>[0-9]+)/status/?$", PoolStatusView.as_view(), name="pool-status"),
+    path("", include("machines.urls")),  # OpenTofu's state backend, tofu-states
     *router.urls,
 ]
 

@@ -499,3 +499,13 @@ AUTONODES_SWEEP_NEW_AFTER_S = env_float("AUTONODES_SWEEP_NEW_AFTER_S", 30)
 # A pod launched on a node that has been Ready this long and still Pending is decided again (the tenant's scheduler
 # could not place it there after all).
 AUTONODES_BIND_GRACE_S = env_float("AUTONODES_BIND_GRACE_S", 120)
+
+# OpenTofu for terraform providers (machines/tofu, docs/providers-terraform.md): the binary the runner calls, the
+# directory of its workspaces and git caches, how long one command may run unless the provider's `timeout` says,
+# and the state backend's address as OpenTofu reaches the console (the web listener; ALLOWED_HOSTS must take its
+# host). The runner passes OpenTofu only the environment it needs, never the console's own.
+TOFU_BINARY = os.environ.get("TOFU_BINARY", "tofu")
+TOFU_WORKDIR = Path(os.environ.get("TOFU_WORKDIR", VAR_DIR / "tofu"))
+TOFU_TIMEOUT_S = env_float("TOFU_TIMEOUT_S", 3600)
+TOFU_STATE_URL = os.environ.get("TOFU_STATE_URL",
+                                f"http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}/api/v1/tofu/state")
