@@ -6,3 +6,6 @@ from django.apps import AppConfig
 class MachinesConfig(AppConfig):
     name = "machines"
     verbose_name = "Machines (external providers)"
+
+    def ready(self):
+        from .kinds import kubevirt  # noqa: F401  registers the kubeVirt kind
