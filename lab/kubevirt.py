@@ -50,6 +50,17 @@ VMI_PHASES = ("Pending", "Scheduling", "Scheduled", "Running")  # one step per c
 HOST_NODE = "kubevirt-node-1"  # the KubeVirt cluster's own node the lab's VMIs run on
 
 
+def _capacity(vmi_spec: dict) -> dict:
+    """The node's capacity as the guest's kubelet reports it: the domain's cores and memory."""
+    domain = vmi_spec.get("domain") or {}
+    capacity = {"cpu": str((domain.get("cpu") or {}).get("cores") or 1)}
+    memory = ((domain.get("memory") or {}).get("guest")
+              or ((domain.get("resources") or {}).get("requests") or {}).get("memory"))
+    if memory:
+        capacity["memory"] = str(memory)
+    return capacity
+
+
 class KubeVirtEmulator(TenantEmulator):
     """The tenant API emulator with KubeVirt's and CDI's kinds registered."""
 
@@ -203,7 +214,7 @@ class KubeVirtCluster(TenantAPIServer):
             else:
                 printable = "Running" if phase == "Running" else phase
                 if phase == "Running" and vmi["metadata"]["uid"] not in self._guests:
-                    self._boot_guest(core, vm, vmi)
+                    self._boot_guest(core, vmi)
         status = vm.get("status") or {}
         ready = printable == "Running"
         if status.get("printableStatus") != printable or status.get("ready", False) != ready:
@@ -248,37 +259,33 @@ class KubeVirtCluster(TenantAPIServer):
 
     # -- the guest
 
-    def _boot_guest(self, core, vm: dict, vmi: dict) -> None:
+    def _boot_guest(self, core, vmi: dict) -> None:
         """cloud-init in the guest: the NoCloud user data's runcmd joins the tenant it names."""
         uid, spec = vmi["metadata"]["uid"], vmi.get("spec") or {}
         self._guests[uid] = {}  # booted: it joins once, whatever comes of it
         node = spec.get("hostname") or vmi["metadata"]["name"]
         record = {"vmi": f"{vmi['metadata']['namespace']}/{vmi['metadata']['name']}", "node": node,
                   "endpoint": None, "error": None}
-        self.joins.append(record)
         try:
             user_data = yaml.safe_load(self._user_data(core, vmi) or "") or {}
-            for command in user_data.get("runcmd") or [] if isinstance(user_data, dict) else []:
+            commands = (user_data.get("runcmd") or []) if isinstance(user_data, dict) else []
+            for command in commands:
                 try:
                     endpoint, token = parse_join_command(command if isinstance(command, str) else " ".join(command))
                 except ValueError:
                     continue
                 record["endpoint"] = endpoint
-                domain = spec.get("domain") or {}
-                capacity = {"cpu": str((domain.get("cpu") or {}).get("cores") or 1)}
-                memory = ((domain.get("memory") or {}).get("guest")
-                          or ((domain.get("resources") or {}).get("requests") or {}).get("memory"))
-                if memory:
-                    capacity["memory"] = str(memory)
                 kubelet_join(endpoint, token, node, {"node.kubernetes.io/instance-type": "kubevirt"},
-                             capacity=capacity, address="10.244.0.10", sample_pods=False)
+                             capacity=_capacity(spec), address="10.244.0.10", sample_pods=False)
                 self._guests[uid] = {"endpoint": endpoint, "token": token, "node": node}
                 log.info("kubevirt %s: VMI %s joined %s as node %s", self.name, record["vmi"], endpoint, node)
-                return
-            record["error"] = "no join command in the cloud-init user data's runcmd"
+                break
+            else:
+                record["error"] = "no join command in the cloud-init user data's runcmd"
         except Exception as exc:
             record["error"] = str(exc)
             log.warning("kubevirt %s: VMI %s did not join: %s", self.name, record["vmi"], exc)
+        self.joins.append(record)
 
     @staticmethod
     def _user_data(core, vmi: dict) -> str | None:

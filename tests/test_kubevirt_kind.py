@@ -140,7 +140,7 @@ def test_a_claims_vm_is_made_runs_joins_the_tenant_powers_off_and_on_reboots_and
                   and v.get("status", {}).get("phase") == "Running"])
     wait(lambda: kind().progress(machine).state == MachineState.RUNNING)
     assert wait(lambda: node_ready(tenant_api, "alpha-vms-1") == "True")
-    assert len([j for j in kubevirt.joins if j["node"] == "alpha-vms-1" and not j["error"]]) == 3
+    wait(lambda: len([j for j in kubevirt.joins if j["node"] == "alpha-vms-1" and not j["error"]]) == 3)
 
     assert wait(lambda: kind().release(machine))
     assert not kubevirt.vms(NS) and not kubevirt.vmis(NS) and not kubevirt.data_volumes(NS)
