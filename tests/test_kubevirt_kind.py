@@ -184,6 +184,7 @@ def test_a_node_type_merges_into_the_provider_template_or_replaces_it(site, kube
     template = vm_template(site.provider, replaced)
     assert template == own and "networks" not in template["spec"]["template"]["spec"]
     assert deep_merge({"a": {"b": [1], "c": 1}}, {"a": {"b": [2]}}) == {"a": {"b": [2], "c": 1}}  # lists replace
+    assert deep_merge({"a": {"b": 1, "c": 1}}, {"a": {"b": None}}) == {"a": {"c": 1}}  # null removes
 
 
 def test_progress_follows_the_import_and_a_failed_import_fails_the_machine(site, kubevirt, tenant_api):

@@ -47,8 +47,9 @@ def images():
         def log_message(self, *args):
             pass
 
-        def do_HEAD(self):  # noqa: N802
+        def do_GET(self):  # noqa: N802
             self.send_response(200 if self.path == "/ok.img" else 404)
+            self.send_header("Content-Length", "0")
             self.end_headers()
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -36,10 +36,13 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def deep_merge(base: dict, override: dict) -> dict:
-    """override merged into a copy of base: mappings merge key by key, anything else (lists included) replaces."""
+    """override merged into a copy of base as a JSON merge patch (RFC 7386) merges: mappings merge key by key, a
+    null removes the key, anything else (lists included) replaces."""
     merged = copy.deepcopy(base)
     for key, value in (override or {}).items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
