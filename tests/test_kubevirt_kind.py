@@ -303,3 +303,16 @@ def test_an_unreachable_cluster_is_an_error_worth_retrying(site, kubevirt, tenan
     assert kubevirt.token not in refused.value.message
     kubevirt.start(keep_objects=True)
     assert nothing_made(kubevirt)
+
+
+def test_a_namespace_strategy_it_does_not_know_or_no_namespace_is_refused(site, kubevirt, tenant_api):
+    site.provider.config = {**site.provider.config, "namespaceStrategy": "PerNode"}
+    site.provider.save()
+    with pytest.raises(KindError, match="namespaceStrategy 'PerNode' is not one of Provider, VirtualCluster"):
+        kind().fill(machine_for(site), join_for(tenant_api, "alpha-vms-1"))
+    site.provider.config = {**site.provider.config, "namespaceStrategy": "Provider",
+                            "clusterRef": {"cluster": "kubevirt-cluster"}}
+    site.provider.save()
+    with pytest.raises(KindError, match="provider kubevirt: no clusterRef.namespace to make its VirtualMachines in"):
+        kind().fill(machine_for(site, "two-vc4vs"), join_for(tenant_api, "alpha-vms-2"))
+    assert nothing_made(kubevirt)
