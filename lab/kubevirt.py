@@ -26,6 +26,7 @@ import urllib.request
 import kmock
 import yaml
 
+from .redfish import GUEST_HOST
 from .kube import (RESOURCES, TenantAPIServer, TenantEmulator, _api_client, _close, _set_ready, kubelet_join,
                    parse_join_command)
 
@@ -274,6 +275,8 @@ class KubeVirtCluster(TenantAPIServer):
                     endpoint, token = parse_join_command(command if isinstance(command, str) else " ".join(command))
                 except ValueError:
                     continue
+                # A tenant API given to the lab's QEMU guests as the host's address seen from a guest is this host's.
+                endpoint = endpoint.replace(GUEST_HOST, "127.0.0.1", 1) if endpoint.startswith(GUEST_HOST) else endpoint
                 record["endpoint"] = endpoint
                 kubelet_join(endpoint, token, node, {"node.kubernetes.io/instance-type": "kubevirt"},
                              capacity=_capacity(spec), address="10.244.0.10", sample_pods=False)

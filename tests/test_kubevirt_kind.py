@@ -119,8 +119,7 @@ def test_a_claims_vm_is_made_runs_joins_the_tenant_powers_off_and_on_reboots_and
     running = wait(lambda: (p := kind().progress(machine)).state == MachineState.RUNNING and p)
     assert running.node_name == "alpha-vms-1"
     assert wait(lambda: node_ready(tenant_api, "alpha-vms-1") == "True")
-    [vm] = kubevirt.vms(NS)
-    assert vm["status"]["printableStatus"] == "Running"
+    assert wait(lambda: kubevirt.vms(NS)[0].get("status", {}).get("printableStatus") == "Running")
 
     kind().power(machine, "off")
     [vm] = kubevirt.vms(NS)

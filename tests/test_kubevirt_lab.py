@@ -41,7 +41,7 @@ def tenant_api():
 
 
 @pytest.fixture
-def images():
+def image_server():
     """An image server: /ok.img answers 200, anything else 404."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -77,8 +77,8 @@ def status(objects: list[dict], name: str) -> dict:
     return next((o.get("status") or {} for o in objects if o["metadata"]["name"] == name), {})
 
 
-def test_an_image_url_answering_404_fails_its_data_volume_and_the_vm_never_starts(kubevirt, images):
-    make_vm(kubevirt, "bad", f"{images}/missing.img")
+def test_an_image_url_answering_404_fails_its_data_volume_and_the_vm_never_starts(kubevirt, image_server):
+    make_vm(kubevirt, "bad", f"{image_server}/missing.img")
     failed = wait(lambda: status(kubevirt.data_volumes(NS), "bad-root").get("phase") == "Failed"
                   and status(kubevirt.data_volumes(NS), "bad-root"))
     assert "expected status code 200, got 404" in failed["conditions"][0]["message"]
@@ -86,9 +86,9 @@ def test_an_image_url_answering_404_fails_its_data_volume_and_the_vm_never_start
     assert not kubevirt.vmis(NS)
 
 
-def test_a_slow_import_reports_its_progress_and_the_vmi_waits_for_it(kubevirt, images):
+def test_a_slow_import_reports_its_progress_and_the_vmi_waits_for_it(kubevirt, image_server):
     kubevirt.import_s = 1.5
-    make_vm(kubevirt, "slow", f"{images}/ok.img")
+    make_vm(kubevirt, "slow", f"{image_server}/ok.img")
     seen, deadline = set(), time.monotonic() + 10
     while (dv := status(kubevirt.data_volumes(NS), "slow-root")).get("phase") != "Succeeded":
         seen.add((dv.get("phase"), dv.get("progress")))
@@ -101,12 +101,13 @@ def test_a_slow_import_reports_its_progress_and_the_vmi_waits_for_it(kubevirt, i
 
 
 def test_the_guest_joins_the_tenant_its_cloud_init_names_and_a_deleted_vm_takes_its_vmi_and_kubelet(
-        kubevirt, tenant_api, images):
+        kubevirt, tenant_api, image_server):
     api = TenantAPI(tenant_api.kubeconfig())
     token = api.create_bootstrap_token()
     command, _ = api.join("vcluster", tenant_api.endpoint, token.token)
-    make_vm(kubevirt, "vm-1", f"{images}/ok.img", "#cloud-config\n" + yaml.safe_dump({"runcmd": [command]}))
-    node = wait(lambda: api.get_node("vm-1"))
+    make_vm(kubevirt, "vm-1", f"{image_server}/ok.img", "#cloud-config\n" + yaml.safe_dump({"runcmd": [command]}))
+    # the kubelet registers the node, then posts its status
+    node = wait(lambda: (n := api.get_node("vm-1")) and n.get("status", {}).get("capacity") and n)
     assert node["status"]["capacity"]["cpu"] == "2" and node["status"]["capacity"]["memory"] == "2Gi"
     [vmi] = kubevirt.vmis(NS)
     assert vmi["metadata"]["ownerReferences"][0]["kind"] == "VirtualMachine"
@@ -119,8 +120,8 @@ def test_the_guest_joins_the_tenant_its_cloud_init_names_and_a_deleted_vm_takes_
     assert ready
 
 
-def test_a_guest_without_a_join_command_runs_and_says_why_it_did_not_join(kubevirt, images):
-    make_vm(kubevirt, "lonely", f"{images}/ok.img", "#cloud-config\nruncmd:\n  - echo hello\n")
+def test_a_guest_without_a_join_command_runs_and_says_why_it_did_not_join(kubevirt, image_server):
+    make_vm(kubevirt, "lonely", f"{image_server}/ok.img", "#cloud-config\nruncmd:\n  - echo hello\n")
     wait(lambda: kubevirt.joins)
     assert kubevirt.joins == [{"vmi": "vms/lonely", "node": "lonely", "endpoint": None,
                                "error": "no join command in the cloud-init user data's runcmd"}]
