@@ -706,6 +706,8 @@ class TenantAPIServer:
         api.kubeconfig()                      # YAML for the official client (admin token)
     """
 
+    emulator_class: type[TenantEmulator] = TenantEmulator  # a subclass serves more kinds (lab/kubevirt.py)
+
     def __init__(self, name: str, *, host: str = "127.0.0.1", port: int = 0, termination_s: float = 0.2) -> None:
         self.name = name
         self.host = host
@@ -777,7 +779,7 @@ class TenantAPIServer:
         self._stopping = asyncio.Event()
         runner = None
         try:
-            self.emulator = TenantEmulator(admin_token=self.token, termination_s=self.termination_s)
+            self.emulator = self.emulator_class(admin_token=self.token, termination_s=self.termination_s)
             if self._kept is not None:
                 self.emulator.adopt(self._kept)
                 self._kept = None

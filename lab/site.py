@@ -78,6 +78,7 @@ from agent.seed import SeedError, read_seed
 
 from .hardware import ERASE_FAULTS, LAB_HARDWARE, LabHardware
 from .kube import TenantAPIServer, kubelet_join, parse_join_command
+from .kubevirt import KubeVirtCluster
 from .redfish import GUEST_HOST, RedfishLab, port_free
 from .vm import VMServer
 
@@ -145,6 +146,7 @@ def parse_faults(text: str) -> list[tuple[str, str]]:
     return [(kind.strip(), target.strip()) for kind, _, target in
             (item.partition(":") for item in (text or "").split(",")) if kind.strip()]
 NOT_SIMULATED = "the lab no longer simulates this server"  # why a server of a smaller lab is in maintenance
+KUBEVIRT_CLUSTER = "kubevirt"  # the lab KubeVirt cluster: its name, and its kubeconfig's ProviderSecret
 VM_NODE_TYPE = "vm-server"  # VMs have no GPUs and 1 vCPU: a node type of their own, not cpu-server's 64 cores
 IMAGE_NAME = "ubuntu2404-20260926"
 IMAGE_BYTES = 8 * 1024 * 1024
@@ -296,7 +298,7 @@ class LabSite:
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
-                 health: dict | None = None, ipmi_hosts: list[str] | tuple = ()):
+                 health: dict | None = None, ipmi_hosts: list[str] | tuple = (), kubevirt: bool = False):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
@@ -348,6 +350,8 @@ class LabSite:
         if unknown:
             raise ValueError(f"IPMI BMC for unknown or VM host(s): {', '.join(sorted(unknown))}")
         self.tenants: dict[str, TenantAPIServer] = {}
+        # A KubeVirt cluster (lab/kubevirt.py) for a kubeVirt NodeProvider: its VMs join the tenants as nodes.
+        self.kubevirt: KubeVirtCluster | None = KubeVirtCluster(KUBEVIRT_CLUSTER, check_urls=True) if kubevirt else None
         self.images: list[LabImage] = []
         self.redfish: RedfishLab | None = None
         self._image_server: http.server.ThreadingHTTPServer | None = None
@@ -393,6 +397,9 @@ class LabSite:
                                   power_delay=self.power_delay, port=self.bmc_port or last.get("shared", 0)).start()
         for name in self.tenant_names:
             self.tenants[name] = TenantAPIServer(name, port=last.get("tenants", {}).get(name, 0)).start()
+        if self.kubevirt is not None:
+            self.kubevirt.port = last.get("kubevirt", 0)
+            self.kubevirt.start()
         self._ports_keep()
         self._controller = threading.Thread(target=self._control, name="lab-controller", daemon=True)
         self._controller.start()
@@ -410,6 +417,8 @@ class LabSite:
             self.redfish.stop()
         for server in self.tenants.values():
             server.stop()
+        if self.kubevirt is not None:
+            self.kubevirt.stop()
         if self._image_server:
             self._image_server.shutdown()
             self._image_server.server_close()
@@ -469,8 +478,19 @@ class LabSite:
         for name, server in self.tenants.items():
             tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
             tenant_set_api(tenant=tenant, api_endpoint=server.endpoint, kubeconfig=server.kubeconfig(), actor=actor)
+        if self.kubevirt is not None:
+            self.register_kubevirt()
         self.configure_node_types()
         return result.lines + self.follow_size(actor=actor)
+
+    def register_kubevirt(self) -> None:
+        """The lab KubeVirt cluster's kubeconfig where a kubeVirt NodeProvider's clusterRef.cluster finds it."""
+        from machines.clusters import CLUSTER_SECRET_NAMESPACE, KUBECONFIG_KEY
+        from machines.models import ProviderSecret
+
+        ProviderSecret.objects.update_or_create(
+            namespace=CLUSTER_SECRET_NAMESPACE, name=KUBEVIRT_CLUSTER,
+            defaults={"data": json.dumps({KUBECONFIG_KEY: self.kubevirt.kubeconfig()})})
 
     def follow_size(self, *, actor: str = "system:lab") -> list[str]:
         """What a smaller or larger lab means in the console: the servers it no longer simulates go to maintenance,
@@ -570,14 +590,16 @@ class LabSite:
 
         return {"images": free(last.get("images")), "shared": free(last.get("shared")),
                 "bmc": {k: free(v) for k, v in (last.get("bmc") or {}).items()},
-                "tenants": {k: free(v) for k, v in (last.get("tenants") or {}).items()}}
+                "tenants": {k: free(v) for k, v in (last.get("tenants") or {}).items()},
+                "kubevirt": free(last.get("kubevirt"))}
 
     def _ports_keep(self) -> None:
         # The servers an earlier, larger lab simulated keep their BMC ports here: a larger lab again brings them back
         # at the address the console knows.
         bmc = {**self._bmc_recorded, **{name: self.redfish.system_port(name) for name in self.hosts}}
         ports = {"images": self._image_server.server_address[1], "shared": self.redfish.port, "bmc": bmc,
-                 "tenants": {n: t.port for n, t in self.tenants.items()}}
+                 "tenants": {n: t.port for n, t in self.tenants.items()},
+                 "kubevirt": self.kubevirt.port if self.kubevirt is not None else 0}
         (self.var_dir / self.PORTS_FILE).write_text(json.dumps(ports, indent=1))
 
     def _start_image_server(self, port: int = 0) -> None:

@@ -9,7 +9,7 @@ from kubernetes import client
 
 from claims.tenant_api import TenantAPI, TenantAPIError
 
-from .kinds import KindError
+from .errors import KindError
 from .models import ProviderSecret
 
 CLUSTER_SECRET_NAMESPACE = "vcluster-platform"  # where a clusterRef's kubeconfig Secret lives

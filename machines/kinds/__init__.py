@@ -16,12 +16,8 @@ Errors a kind raises: KindError (with a message for people; `retry` False when w
 """
 from dataclasses import dataclass, field
 
-
-class KindError(Exception):
-    def __init__(self, message: str, *, retry: bool = True):
-        super().__init__(message)
-        self.message = message
-        self.retry = retry
+# In a module of its own: machines.clusters raises it too, and the kinds use machines.clusters.
+from ..errors import KindError  # noqa: F401
 
 
 @dataclass
