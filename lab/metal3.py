@@ -218,9 +218,9 @@ class Metal3LabCluster:
             if spec.get("online"):
                 self._boot(host)
             meta = host["metadata"]
-            self._objects.patch_namespaced_custom_object(
-                GROUP, VERSION, meta["namespace"], PLURAL, name, {"metadata": {"annotations": {REBOOT_ANNOTATION: None}}},
-                _content_type=MERGE_PATCH, _request_timeout=5)
+            done = {"metadata": {"annotations": {REBOOT_ANNOTATION: None}}}
+            self._objects.patch_namespaced_custom_object(GROUP, VERSION, meta["namespace"], PLURAL, name, done,
+                                                         _content_type=MERGE_PATCH, _request_timeout=5)
         elif spec.get("online") and not status.get("poweredOn"):
             self._status(host, {"poweredOn": True})
             self._boot(host)
@@ -247,11 +247,11 @@ class Metal3LabCluster:
         """First boot: cloud-init runs the join command of runcmd against the tenant API it names. Later boots: the
         kubelet posts Ready again."""
         name = host["metadata"]["name"]
+        self.boots[name] = self.boots.get(name, 0) + 1  # counted before the node shows it: tests wait on the node
         if name in self.nodes:
             tenant, node_name = self.nodes[name]
             try:
                 tenant.kubelet_start(node_name)
-                self.boots[name] = self.boots.get(name, 0) + 1
             except KubeletJoinError as exc:
                 log.warning("metal3 lab: %s: kubelet cannot post its status: %s", name, exc)
             return
@@ -273,7 +273,6 @@ class Metal3LabCluster:
                 log.warning("metal3 lab: %s: join failed: %s", name, exc)
                 return
             self.nodes[name] = (tenant, node_name)
-            self.boots[name] = self.boots.get(name, 0) + 1
             return
 
     def _shutdown(self, name: str, *, forget: bool = False) -> None:

@@ -8,4 +8,7 @@ class MachinesConfig(AppConfig):
     verbose_name = "Machines (external providers)"
 
     def ready(self):
-        from .kinds import metal3  # noqa: F401  (registers kind metal3: an existing Metal3 cluster's hosts)
+        from .clusters import cluster_client
+        from .kinds import metal3, register
+
+        register("metal3", metal3.Metal3Cluster(cluster_client))  # an existing Metal3 cluster's hosts

@@ -100,7 +100,7 @@ def wait_progress(kind, machine, state, timeout=10.0):
 def node_ready(tenant_api, name):
     node = next((n for n in tenant_api.objects("nodes") if n["metadata"]["name"] == name), None)
     return node is not None and any(c["type"] == "Ready" and c["status"] == "True"
-                                    for c in node["status"]["conditions"])
+                                    for c in (node.get("status") or {}).get("conditions") or [])
 
 
 def eventually(check, timeout=10.0):

@@ -41,7 +41,7 @@ def node(tenant, name):
 def ready(tenant, name):
     found = node(tenant, name)
     return found is not None and any(c["type"] == "Ready" and c["status"] == "True"
-                                     for c in found["status"]["conditions"])
+                                     for c in (found.get("status") or {}).get("conditions") or [])
 
 
 def patch(cluster, name, body):

@@ -17,8 +17,7 @@ from claims.selectors import claim_image
 from pools.models import SERVER_NAME_PROPERTY
 
 from ..choices import DiskProof, MachineState
-from ..clusters import cluster_client
-from . import Join, KindError, Progress, register
+from . import Join, KindError, Progress
 
 GROUP, VERSION, PLURAL = "metal3.io", "v1alpha1", "baremetalhosts"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -154,7 +153,12 @@ def claim_host(cluster: Cluster, candidates: list[dict], annotations: dict, cons
 
 
 class Metal3Cluster:
-    """The Kind (machines.kinds) of an external metal3 provider."""
+    """The Kind (machines.kinds) of an external metal3 provider. `connect` is machines.clusters.cluster_client,
+    handed in by machines.apps: that module raises this package's KindError, so importing it here would close a
+    circle between machines.kinds and machines.clusters."""
+
+    def __init__(self, connect):
+        self.connect = connect
 
     @staticmethod
     def _namespace(provider) -> str | None:
@@ -162,7 +166,7 @@ class Metal3Cluster:
 
     def capacity(self, node_type) -> int | None:
         provider = node_type.provider
-        with cluster_client(provider) as api:
+        with self.connect(provider) as api:
             return len(Cluster(provider, api).hosts(self._namespace(provider), node_type.host_selector))
 
     def fill(self, machine, join: Join) -> None:
@@ -176,7 +180,7 @@ class Metal3Cluster:
             spec["image"]["checksumType"] = image.checksum_type
         if image.format in IMAGE_FORMATS:
             spec["image"]["format"] = image.format
-        with cluster_client(provider) as api:
+        with self.connect(provider) as api:
             cluster = Cluster(provider, api)
             host = cluster.host(machine.namespace, machine.name) if machine.name else None
             if host is None or not _ours(host, machine):
@@ -217,7 +221,7 @@ class Metal3Cluster:
         node_name = (machine.memory or {}).get("node_name", "")
         if not machine.name:
             return Progress(MachineState.CREATING, "no BareMetalHost claimed yet", node_name)
-        with cluster_client(machine.provider) as api:
+        with self.connect(machine.provider) as api:
             host = Cluster(machine.provider, api).host(machine.namespace, machine.name)
         where = f"BareMetalHost {machine.namespace}/{machine.name}"
         if host is None:
@@ -249,13 +253,13 @@ class Metal3Cluster:
             raise KindError(f"unknown power action {action!r}", retry=False)
         if not machine.name:
             raise KindError("no BareMetalHost claimed yet")
-        with cluster_client(machine.provider) as api:
+        with self.connect(machine.provider) as api:
             if Cluster(machine.provider, api).patch(machine.namespace, machine.name, body, tolerate=(404,)) is None:
                 raise KindError(f"BareMetalHost {machine.namespace}/{machine.name} is gone", retry=False)
 
     def release(self, machine) -> bool:
         memory = machine.memory or {}
-        with cluster_client(machine.provider) as api:
+        with self.connect(machine.provider) as api:
             cluster = Cluster(machine.provider, api)
             if not machine.name:
                 return True
@@ -291,5 +295,3 @@ class Metal3Cluster:
         mode = (machine.memory or {}).get("cleaning") or cleaning_mode(machine.node_type)
         return DiskProof.NONE if mode == "disabled" else DiskProof.METAL3_CLEANING
 
-
-register("metal3", Metal3Cluster())
