@@ -28,7 +28,7 @@ USER_DATA_KEY = "userData"  # the key BMO reads in the spec.userData Secret
 CONSUMER = {"apiVersion": "management.loft.sh/v1", "kind": "NodeClaim"}
 CLEANING_MODES = ("metadata", "disabled")
 IMAGE_FORMATS = ("raw", "qcow2", "vdi", "vmdk", "live-iso")  # spec.image.format as BMO takes it
-FREE_STATES = ("available", "ready")  # "ready" is what BMO called available before v0.x; both mean free
+FREE_STATES = ("available", "ready")  # older BMO releases said "ready" for available
 CLAIM_TRIES = 2  # a 409 on a host still free: read it again and try once more, then the next host
 
 
@@ -117,9 +117,9 @@ class Cluster:
                           GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE_PATCH,
                           tolerate=tolerate)
 
-    def put_secret(self, namespace: str, name: str, data: dict, labels: dict) -> None:
+    def put_secret(self, namespace: str, name: str, data: dict, annotations: dict) -> None:
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
         if self._call(f"create Secret {namespace}/{name}", self.core.create_namespaced_secret, namespace, body,
                       tolerate=(409,)) is None:  # there from an earlier try: its data replaced
@@ -187,7 +187,8 @@ class Metal3Cluster:
                 host = self._claim(cluster, machine, mode)
             namespace, name = host["metadata"]["namespace"], host["metadata"]["name"]
             secret = machine.memory["secret"]
-            cluster.put_secret(namespace, secret, {USER_DATA_KEY: join.user_data}, {"vmetal.dev/claim": claim.name})
+            cluster.put_secret(namespace, secret, {USER_DATA_KEY: join.user_data},
+                               {CLAIM_ANNOTATION: _claim_ref(machine)})
             spec["userData"] = {"name": secret, "namespace": namespace}
             cluster.patch(namespace, name, {"spec": spec})
         machine.memory["node_name"] = join.node_name
@@ -208,7 +209,8 @@ class Metal3Cluster:
         namespace, name = host["metadata"]["namespace"], host["metadata"]["name"]
         before = {k: v for k, v in ((host["metadata"].get("annotations") or {}).items()) if k != CLAIM_ANNOTATION}
         machine.name, machine.namespace = name, namespace
-        machine.memory = {"annotations": before, "secret": f"{claim.name}-user-data", "cleaning": mode}
+        machine.memory = {**(machine.memory or {}), "annotations": before, "secret": f"{claim.name}-user-data",
+                          "cleaning": mode}
         machine.made = [{"apiVersion": API_VERSION, "kind": "BareMetalHost", "namespace": namespace, "name": name,
                          "claimed": True},  # given back on release, not deleted
                         {"apiVersion": "v1", "kind": "Secret", "namespace": namespace,
