@@ -154,3 +154,26 @@ def test_a_provisioning_error_is_reported_as_bmo_reports_it_until_the_image_is_c
     patch(cluster, "gpu-01", {"spec": {"image": None}})
     host = cluster.wait_state("gpu-01", "available")
     assert host["status"]["errorType"] == "" and host["status"]["operationalStatus"] == "OK"
+
+
+@pytest.mark.django_db
+def test_the_lab_site_declares_its_metal3_cluster_and_the_console_reaches_its_hosts(tmp_path, tenant):
+    from lab.site import METAL3_CLUSTER, LabSite
+    from machines.kinds import kind_of
+    from pools.models import NodeProvider, NodeType
+
+    site = LabSite(hosts=1, gpu_hosts=1, metal3_cluster_hosts=2, var_dir=tmp_path / "lab")
+    site.tenants["acme"] = tenant
+    site.start_metal3_cluster(step_s=0.02)
+    try:
+        site.register()
+
+        provider = NodeProvider.objects.get(name=METAL3_CLUSTER)
+        node_type = NodeType.objects.get(name=f"{METAL3_CLUSTER}-gpu")
+        assert provider.external and provider.config["clusterRef"] == {"cluster": METAL3_CLUSTER,
+                                                                       "namespace": "metal3"}
+        assert kind_of(provider).capacity(node_type) == 2
+        site.metal3.wait_state(f"{METAL3_CLUSTER}-02", "available")
+        assert site.metal3.tenants == [tenant]
+    finally:
+        site.metal3.stop()

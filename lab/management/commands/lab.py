@@ -36,6 +36,9 @@ class Command(BaseCommand):
                             help="the console's agent listener, where the servers fetch their boot configuration "
                                  "and the agents call home (default AGENT_BOOT_URL, %(default)s)")
         parser.add_argument("--power-delay", default="1-11", help="seconds for a power change to land, lo-hi")
+        parser.add_argument("--metal3-cluster", type=int, default=0, metavar="N",
+                            help="also another site's Metal3 cluster with N BareMetalHosts, and provider lab-metal3 "
+                                 "(kind metal3 with a clusterRef) claiming them (docs/providers-metal3-cluster.md)")
         parser.add_argument("--print-manifests", action="store_true",
                             help="print the BareMetalHost manifests the lab registers, then stop")
 
@@ -57,7 +60,8 @@ class Command(BaseCommand):
                            tenants=[t for t in options["tenants"].split(",") if t], faults=faults,
                            console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)),
                            var_dir=settings.VAR_DIR / "lab",
-                           ipmi_hosts=ipmi_hosts(options["ipmi"], options["hosts"], options["gpu_hosts"]))
+                           ipmi_hosts=ipmi_hosts(options["ipmi"], options["hosts"], options["gpu_hosts"]),
+                           metal3_cluster_hosts=options["metal3_cluster"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         logging.getLogger("lab").setLevel(logging.INFO)
@@ -70,6 +74,9 @@ class Command(BaseCommand):
                 self.stdout.write(line)
             for name, server in site.tenants.items():
                 self.stdout.write(f"tenant {name}: Kubernetes API at {server.url}")
+            if site.metal3:
+                self.stdout.write(f"Metal3 cluster {site.metal3.server.name}: {site.metal3_cluster_hosts} "
+                                  f"BareMetalHosts at {site.metal3.server.url}")
             if options["vms"]:
                 self.stdout.write(f"VM servers boot from the console at {site.vm_console_url} (QEMU's address of this "
                                   f"host): run the console with AGENT_BOOT_URL={site.vm_console_url} "
