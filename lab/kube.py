@@ -837,6 +837,11 @@ class TenantAPIServer:
                      ready: bool = True, **kwargs: Any) -> dict:
         return kubelet_join(self.endpoint, bootstrap_token, node_name, labels, ready=ready, **kwargs)
 
+    def kubelet_start(self, node_name: str) -> dict:
+        """A registered node's kubelet posts Ready again (after a reboot: it has its client certificate by then, so
+        no bootstrap token is needed)."""
+        return _set_ready(self.endpoint, self.token, node_name, "True", "KubeletReady", "kubelet is posting ready status")
+
     def kubelet_stop(self, node_name: str) -> dict:
         """The kubelet stops posting status: the node lifecycle controller marks it NotReady (Ready=Unknown)."""
         return _set_ready(self.endpoint, self.token, node_name, "Unknown", "NodeStatusUnknown",

@@ -79,6 +79,7 @@ from agent.seed import SeedError, read_seed
 from .hardware import ERASE_FAULTS, LAB_HARDWARE, LabHardware
 from .kube import TenantAPIServer, kubelet_join, parse_join_command
 from .kubevirt import KubeVirtCluster
+from .metal3 import Metal3LabCluster
 from .redfish import GUEST_HOST, RedfishLab, port_free
 from .vm import VMServer
 
@@ -298,7 +299,8 @@ class LabSite:
                  console_url: str = "http://127.0.0.1:8000", var_dir: Path | str = ROOT / "var" / "lab",
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
-                 health: dict | None = None, ipmi_hosts: list[str] | tuple = (), kubevirt: bool = False):
+                 health: dict | None = None, ipmi_hosts: list[str] | tuple = (), kubevirt: bool = False,
+                 metal3_cluster_hosts: int = 0):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
@@ -352,6 +354,10 @@ class LabSite:
         self.tenants: dict[str, TenantAPIServer] = {}
         # A KubeVirt cluster (lab/kubevirt.py) for a kubeVirt NodeProvider: its VMs join the tenants as nodes.
         self.kubevirt: KubeVirtCluster | None = KubeVirtCluster(KUBEVIRT_CLUSTER, check_urls=True) if kubevirt else None
+        # Another site's Metal3 cluster (lab/metal3.py): its hosts are BareMetalHosts there, claimed by the console
+        # through provider METAL3_CLUSTER's clusterRef, never registered as the console's own.
+        self.metal3_cluster_hosts = metal3_cluster_hosts
+        self.metal3: Metal3LabCluster | None = None
         self.images: list[LabImage] = []
         self.redfish: RedfishLab | None = None
         self._image_server: http.server.ThreadingHTTPServer | None = None
@@ -401,9 +407,19 @@ class LabSite:
             self.kubevirt.port = last.get("kubevirt", 0)
             self.kubevirt.start()
         self._ports_keep()
+        if self.metal3_cluster_hosts:
+            self.start_metal3_cluster()
         self._controller = threading.Thread(target=self._control, name="lab-controller", daemon=True)
         self._controller.start()
         return self
+
+    def start_metal3_cluster(self, **timings) -> Metal3LabCluster:
+        """The other site's Metal3 cluster with its hosts, its booting servers joining this lab's tenants."""
+        self.metal3 = Metal3LabCluster(METAL3_CLUSTER, tenants=list(self.tenants.values()),
+                                       **{"step_s": 0.5, "clean_s": 2, **timings}).start()
+        for i in range(self.metal3_cluster_hosts):
+            self.metal3.add_host(f"{METAL3_CLUSTER}-{i + 1:02d}", METAL3_CLUSTER_LABELS)
+        return self.metal3
 
     def stop(self) -> None:
         self._stop.set()
@@ -415,6 +431,8 @@ class LabSite:
                 host.vm.power_off()
         if self.redfish:
             self.redfish.stop()
+        if self.metal3:
+            self.metal3.stop()
         for server in self.tenants.values():
             server.stop()
         if self.kubevirt is not None:
@@ -451,6 +469,8 @@ class LabSite:
                                   "properties": {"metal3.vcluster.com/image-url": self.image_url(image),
                                                  "metal3.vcluster.com/image-checksum": image.sha256,
                                                  "metal3.vcluster.com/image-checksum-type": "sha256"}}})
+        if self.metal3_cluster_hosts:
+            docs.append(metal3_cluster_provider())
         for host in self.hosts.values():
             docs.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                          "metadata": {"name": f"{host.name}-bmc", "namespace": "metal3"},
@@ -475,6 +495,13 @@ class LabSite:
         from pools.services import tenant_set_api
 
         result = apply_files([("lab", self.manifests())], actor=actor)
+        if self.metal3:  # the clusterRef's kubeconfig, where machines.clusters reads it
+            from machines.clusters import CLUSTER_SECRET_NAMESPACE, KUBECONFIG_KEY
+            from machines.models import ProviderSecret
+
+            ProviderSecret.objects.update_or_create(
+                namespace=CLUSTER_SECRET_NAMESPACE, name=METAL3_CLUSTER,
+                defaults={"data": json.dumps({KUBECONFIG_KEY: self.metal3.kubeconfig()})})
         for name, server in self.tenants.items():
             tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
             tenant_set_api(tenant=tenant, api_endpoint=server.endpoint, kubeconfig=server.kubeconfig(), actor=actor)
@@ -883,6 +910,21 @@ class LabSite:
                     tail = data[-overlap:] if overlap else b""
                     offset += len(chunk)
         return hits
+
+
+METAL3_CLUSTER = "lab-metal3"
+METAL3_CLUSTER_LABELS = {"role": "gpu", "site": METAL3_CLUSTER}  # `site`: none of the console's own hosts has it
+
+
+def metal3_cluster_provider() -> dict:
+    """The NodeProvider of the lab's Metal3 cluster: kind metal3 with a clusterRef, one NodeType over its hosts."""
+    return {"apiVersion": "management.loft.sh/v1", "kind": "NodeProvider", "metadata": {"name": METAL3_CLUSTER},
+            "spec": {"displayName": "Lab Metal3 cluster (another site's baremetal-operator)",
+                     "metal3": {"clusterRef": {"cluster": METAL3_CLUSTER, "namespace": "metal3"},
+                                "nodeTypes": [{"name": f"{METAL3_CLUSTER}-gpu", "resources": {"cpu": "64",
+                                                                                           "memory": "512Gi"},
+                                               "bareMetalHosts": {"selector": {"matchLabels": {
+                                                   "site": METAL3_CLUSTER}}}}]}}}
 
 
 def _of_dynamic_pool(node_name: str) -> bool:

@@ -11,9 +11,11 @@ class MachinesConfig(AppConfig):
         from claims.providers import on_machine_power, on_machine_release, on_machine_view
 
         from . import services
-        # Each kind registers itself (machines.kinds.register) when imported.
-        from .kinds import kubevirt, terraform  # noqa: F401
+        from .clusters import cluster_client
+        # The kubeVirt and terraform kinds register themselves (machines.kinds.register) when imported.
+        from .kinds import kubevirt, metal3, register, terraform  # noqa: F401
 
+        register("metal3", metal3.Metal3Cluster(cluster_client))  # an existing Metal3 cluster's hosts
         on_machine_release(services.machine_claims_release)  # a released claim's machine goes
         on_machine_power(services.machine_power_request)  # a claim's power action goes to its machine
         on_machine_view(services.machines_view)  # the claim's API answer and page show its machine

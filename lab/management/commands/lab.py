@@ -39,6 +39,9 @@ class Command(BaseCommand):
         parser.add_argument("--kubevirt", action="store_true",
                             help="also run a KubeVirt cluster (lab/kubevirt.py) for a kubeVirt NodeProvider whose "
                                  "clusterRef.cluster is kubevirt")
+        parser.add_argument("--metal3-cluster", type=int, default=0, metavar="N",
+                            help="also another site's Metal3 cluster with N BareMetalHosts, and provider lab-metal3 "
+                                 "(kind metal3 with a clusterRef) claiming them (docs/providers-metal3-cluster.md)")
         parser.add_argument("--print-manifests", action="store_true",
                             help="print the BareMetalHost manifests the lab registers, then stop")
 
@@ -61,7 +64,7 @@ class Command(BaseCommand):
                            console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)),
                            var_dir=settings.VAR_DIR / "lab",
                            ipmi_hosts=ipmi_hosts(options["ipmi"], options["hosts"], options["gpu_hosts"]),
-                           kubevirt=options["kubevirt"])
+                           kubevirt=options["kubevirt"], metal3_cluster_hosts=options["metal3_cluster"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         logging.getLogger("lab").setLevel(logging.INFO)
@@ -77,6 +80,9 @@ class Command(BaseCommand):
             if site.kubevirt is not None:
                 self.stdout.write(f"KubeVirt cluster {site.kubevirt.name}: Kubernetes API at {site.kubevirt.url}, its "
                                   f"kubeconfig in ProviderSecret vcluster-platform/{site.kubevirt.name}")
+            if site.metal3:
+                self.stdout.write(f"Metal3 cluster {site.metal3.server.name}: {site.metal3_cluster_hosts} "
+                                  f"BareMetalHosts at {site.metal3.server.url}")
             if options["vms"]:
                 self.stdout.write(f"VM servers boot from the console at {site.vm_console_url} (QEMU's address of this "
                                   f"host): run the console with AGENT_BOOT_URL={site.vm_console_url} "
