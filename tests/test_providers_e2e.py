@@ -1,0 +1,239 @@
+"""External providers end to end, as a platform engineer uses them: manifests applied (the cluster's kubeconfig
+Secret, the NodeProvider with its node types, an OS image, a tenant's pool), the reconcile and the machines' looks
+as the worker runs them, against the lab's KubeVirt cluster or Metal3 cluster and the tenant's lab API: a claim
+Available with its machine recorded, its node Ready in the tenant, power off and on through the API, release, and
+the machine gone with its proof said. The manifests round-trip through export."""
+import io
+import time
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from claims.choices import ClaimPhase as P
+from claims.models import NodeClaim
+from claims.phases import claims_release
+from claims.tenant_api import TenantAPI
+from events.models import Event
+from lab.kube import TenantAPIServer
+from lab.kubevirt import KubeVirtCluster
+from lab.metal3 import Metal3LabCluster
+from machines.choices import MachineState
+from machines.models import Machine
+from machines.services import claims_fill, machine_advance, machine_power_send
+from manifests.export import export_text
+from pools.models import Tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KUBEVIRT_SITE = """
+apiVersion: v1
+kind: Secret
+metadata: {{name: kv-lab, namespace: vcluster-platform}}
+stringData:
+  kubeconfig: |
+{kubeconfig}
+---
+apiVersion: management.loft.sh/v1
+kind: NodeProvider
+metadata: {{name: kubevirt}}
+spec:
+  kubeVirt:
+    clusterRef: {{cluster: kv-lab, namespace: vms}}
+    virtualMachineTemplate:
+      spec:
+        template:
+          spec:
+            domain: {{cpu: {{cores: 2}}, memory: {{guest: 4Gi}}}}
+    nodeTypes:
+      - name: vm-small
+        resources: {{cpu: "2", memory: 4Gi}}
+        maxCapacity: 3
+        mergeVirtualMachineTemplate:
+          spec: {{template: {{metadata: {{labels: {{size: small}}}}}}}}
+---
+apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata: {{name: ubuntu-vm}}
+spec:
+  properties:
+    metal3.vcluster.com/image-url: https://images.example/ubuntu.qcow2
+    metal3.vcluster.com/image-checksum: "{checksum}"
+    kubevirt.vcluster.com/image-url: https://images.example/ubuntu.qcow2
+    kubevirt.vcluster.com/root-disk-size: 20Gi
+"""
+METAL3_SITE = """
+apiVersion: v1
+kind: Secret
+metadata: {{name: far-site, namespace: vcluster-platform}}
+stringData:
+  kubeconfig: |
+{kubeconfig}
+---
+apiVersion: management.loft.sh/v1
+kind: NodeProvider
+metadata: {{name: far-metal3}}
+spec:
+  metal3:
+    clusterRef: {{cluster: far-site, namespace: metal3}}
+    nodeTypes:
+      - name: far-gpu
+        resources: {{cpu: "64", nvidia.com/gpu: "8"}}
+        bareMetalHosts: {{selector: {{matchLabels: {{role: gpu}}}}}}
+---
+apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata: {{name: ubuntu-vm}}
+spec:
+  properties:
+    metal3.vcluster.com/image-url: http://images.lab/ubuntu-24.04.raw
+    metal3.vcluster.com/image-checksum: "{checksum}"
+"""
+POOL = """
+privateNodes:
+  autoNodes:
+    - provider: {provider}
+      properties: {{vcluster.com/os-image: ubuntu-vm}}
+      static:
+        - name: workers
+          quantity: 1
+"""
+
+
+def indented(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def looks_until(predicate, timeout: float = 30):
+    """What the worker does: the beat's pass, then a look at every machine, until the predicate holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        claims_fill()
+        for machine in Machine.objects.exclude(state=MachineState.GONE):
+            machine_advance(machine_id=machine.pk)
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {[(c.name, c.phase, c.message) for c in NodeClaim.objects.all()]}"
+                         f" {[(m.name, m.state, m.message) for m in Machine.objects.all()]}")
+
+
+def ready(tenant_api, name: str) -> str | None:
+    node = TenantAPI(tenant_api.kubeconfig()).get_node(name)
+    return next((c["status"] for c in (node or {}).get("status", {}).get("conditions", []) if c["type"] == "Ready"),
+                None)
+
+
+def power(claim, action: str) -> None:
+    """A tenant's admin asks (the API); the worker sends it."""
+    from django.contrib.auth.models import User
+    admin = User.objects.filter(is_superuser=True).first() or User.objects.create_superuser("e2e-admin", password="x")
+    client = Client()
+    client.force_login(admin)
+    answer = client.post(f"/api/v1/claims/{claim.pk}/power/", {"action": action}, content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    request = Event.objects.filter(claim_id=claim.pk, data__action=action).latest("pk")
+    assert machine_power_send(machine_id=claim.machine.pk, request_id=request.pk) == "ok"
+
+
+def life(apply, tenant_api, site_text: str, provider: str, proof: str) -> None:
+    lines = apply(site_text)
+    assert any("nodeprovider" in line and "created" in line for line in lines), lines
+    apply(POOL.format(provider=provider), tenant="alpha")
+    Tenant.objects.filter(name="alpha").update(api_endpoint=tenant_api.endpoint, kubeconfig=tenant_api.kubeconfig())
+    call_command("reconcile", stdout=io.StringIO())
+    claim = looks_until(lambda: NodeClaim.objects.filter(phase=P.AVAILABLE).first())
+    machine = Machine.objects.get(claim=claim)
+    assert machine.made and machine.state == MachineState.RUNNING
+    assert ready(tenant_api, claim.node_name) == "True"
+    answer = Client()
+    from django.contrib.auth.models import User
+    answer.force_login(User.objects.create_superuser("reader", password="x"))
+    shown = answer.get(f"/api/v1/claims/{claim.pk}/").json()
+    assert shown["machine"]["name"] == machine.name and shown["machine"]["kind"] == machine.kind
+    assert shown["proof"]["kind"] == proof and not shown["proof"]["final"]
+    assert shown["power"] == {"state": "On"}
+
+    power(claim, "power-off")
+    looks_until(lambda: ready(tenant_api, claim.node_name) != "True")
+    power(claim, "power-on")
+    looks_until(lambda: ready(tenant_api, claim.node_name) == "True")
+    assert answer.get(f"/api/v1/claims/{claim.pk}/").json()["power"] == {"state": "On"}
+
+    exported = export_text()
+    assert f"name: {provider}" in exported
+    assert "token:" not in exported  # the kubeconfig's credentials never leave: the Secret is exported redacted
+
+    claims_release(claims=[NodeClaim.objects.get(pk=claim.pk)], actor="user:e2e", reason="done")
+    looks_until(lambda: NodeClaim.objects.get(pk=claim.pk).phase == P.RELEASED)
+    machine.refresh_from_db()
+    assert machine.state == MachineState.GONE and machine.disk_proof == proof
+    assert TenantAPI(tenant_api.kubeconfig()).get_node(claim.node_name) is None
+    assert answer.get(f"/api/v1/claims/{claim.pk}/").json()["proof"]["final"] is True
+
+
+@pytest.fixture
+def tenant_api():
+    with TenantAPIServer("alpha") as server:
+        yield server
+
+
+def test_a_kubevirt_pool_gets_a_vm_that_joins_powers_off_and_on_and_goes_at_release(apply, tenant_api):
+    with KubeVirtCluster("kv-lab") as cluster:
+        life(apply, tenant_api, KUBEVIRT_SITE.format(kubeconfig=indented(cluster.kubeconfig()), checksum="0" * 64),
+             "kubevirt", "destroyed")
+        assert not cluster.objects("virtualmachines", "vms", group="kubevirt.io", version="v1")
+
+
+def test_a_pool_on_an_existing_metal3_cluster_gets_one_of_its_hosts_and_gives_it_back(apply, tenant_api):
+    with Metal3LabCluster(tenants=[tenant_api], namespace="metal3", clean_s=0.2) as cluster:
+        cluster.add_host("far-gpu-1", {"role": "gpu"})
+        cluster.add_host("far-cpu-1", {"role": "cpu"})
+        cluster.wait_state("far-gpu-1", "available")
+        life(apply, tenant_api, METAL3_SITE.format(kubeconfig=indented(cluster.kubeconfig()), checksum="ab" * 32),
+             "far-metal3", "metal3-cleaning")
+        cluster.wait_state("far-gpu-1", "available")
+
+
+def test_manifests_of_each_kind_round_trip_through_export(apply):
+    apply(KUBEVIRT_SITE.format(kubeconfig=indented("apiVersion: v1\nkind: Config\nclusters: []"), checksum="0" * 64))
+    apply(METAL3_SITE.format(kubeconfig=indented("apiVersion: v1\nkind: Config\nclusters: []"), checksum="ab" * 32))
+    apply("""
+apiVersion: management.loft.sh/v1
+kind: NodeProvider
+metadata: {name: cloud}
+spec:
+  terraform:
+    timeout: 30m
+    nodeTemplate:
+      git: {repository: "https://git.example.com/t.git", tag: v1, subPath: nodes, fetchInterval: 5m}
+    nodeTypes:
+      - name: cloud-small
+        maxCapacity: 4
+        nodeTemplate: {inline: 'resource "null_resource" "n" {}'}
+""")
+    first = export_text()
+    assert "kubeVirt:" in first and "terraform:" in first and "clusterRef:" in first
+    assert "mergeVirtualMachineTemplate" in first and "fetchInterval: 5m" in first
+    lines = apply(first)
+    assert not [line for line in lines if "configured" in line or "created" in line], lines
+    assert export_text() == first
+
+
+@pytest.mark.parametrize("block, message", [
+    ("kubeVirt: {namespaceStrategy: Provider}", "clusterRef"),
+    ("terraform: {timeout: 5m}", "needs an OpenTofu template"),
+    ("terraform: {nodeTemplate: {inline: x, git: {repository: r}}}", "either inline or git"),
+    ("terraform: {nodeTemplate: {git: {repository: r, tag: a, branch: b}}}", "one of branch, tag or commit"),
+    ("kubeVirt: {clusterRef: {cluster: c}, maxCapacity: 99999999999}", "maxCapacity"),
+    ("bcm: {}", "not supported by this console"),
+])
+def test_a_bad_provider_is_refused_with_file_document_and_line_and_nothing_changes(apply, block, message):
+    from django.core.management.base import CommandError
+
+    from pools.models import NodeProvider
+    text = f"apiVersion: management.loft.sh/v1\nkind: NodeProvider\nmetadata: {{name: bad}}\nspec:\n  {block}\n"
+    with pytest.raises(CommandError) as refused:
+        apply(text)
+    assert message in str(refused.value) and "manifest0.yaml" in str(refused.value) and "(line 5)" in str(refused.value)
+    assert not NodeProvider.objects.filter(name="bad").exists()
