@@ -11,6 +11,7 @@ from events.views import live_cursor
 from pools.models import NodePool, NodeType, Tenant
 from pools.selectors import tenants_visible
 
+from .providers import claim_proof, claims_extras
 from . import charts, presenters
 from .choices import ClaimPhase
 from .filtersets import NodeClaimFilterSet
@@ -76,8 +77,11 @@ def claim_context(user, claim: NodeClaim) -> dict:
 
     transitions = list(events_visible(user, Event.objects.filter(claim_id=claim.pk, object_type=ObjectType.CLAIM))
                        .order_by("-pk")[:50])
+    extras = claims_extras([claim])
+    machine = extras["machines"][claim.pk]
     return {"claim": claim, "timeline": presenters.claim_timeline(claim), "transitions": transitions,
-            "total_s": presenters.claim_total(claim), "may_see_host": claim.host is not None}
+            "total_s": presenters.claim_total(claim), "may_see_host": claim.host is not None, "machine": machine,
+            "proof": claim_proof(claim, machine, extras["certificates"].get(claim.name, []))}
 
 
 @console_view()

@@ -153,6 +153,8 @@ def life(apply, tenant_api, site_text: str, provider: str, proof: str) -> None:
     assert shown["machine"]["name"] == machine.name and shown["machine"]["kind"] == machine.kind
     assert shown["proof"]["kind"] == proof and not shown["proof"]["final"]
     assert shown["power"] == {"state": "On"}
+    page = answer.get(f"/claims/{claim.name}/").content.decode()
+    assert machine.name in page and "Proof of erase" in page and shown["proof"]["text"] in page
 
     power(claim, "power-off")
     looks_until(lambda: ready(tenant_api, claim.node_name) != "True")
