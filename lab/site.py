@@ -501,7 +501,7 @@ class LabSite:
 
             ProviderSecret.objects.update_or_create(
                 namespace=CLUSTER_SECRET_NAMESPACE, name=METAL3_CLUSTER,
-                defaults={"data": json.dumps({KUBECONFIG_KEY: self.metal3.kubeconfig()})})
+                defaults={"contents": json.dumps({KUBECONFIG_KEY: self.metal3.kubeconfig()})})
         for name, server in self.tenants.items():
             tenant = Tenant.objects.filter(name=name).first() or Tenant(name=name)
             tenant_set_api(tenant=tenant, api_endpoint=server.endpoint, kubeconfig=server.kubeconfig(), actor=actor)
@@ -517,7 +517,7 @@ class LabSite:
 
         ProviderSecret.objects.update_or_create(
             namespace=CLUSTER_SECRET_NAMESPACE, name=KUBEVIRT_CLUSTER,
-            defaults={"data": json.dumps({KUBECONFIG_KEY: self.kubevirt.kubeconfig()})})
+            defaults={"contents": json.dumps({KUBECONFIG_KEY: self.kubevirt.kubeconfig()})})
 
     def follow_size(self, *, actor: str = "system:lab") -> list[str]:
         """What a smaller or larger lab means in the console: the servers it no longer simulates go to maintenance,

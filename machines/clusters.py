@@ -18,7 +18,7 @@ KUBECONFIG_KEY = "kubeconfig"
 
 def secret_data(secret: ProviderSecret) -> dict:
     try:
-        data = json.loads(str(secret.data) or "{}")
+        data = json.loads(str(secret.contents) or "{}")
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}

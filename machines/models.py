@@ -51,7 +51,7 @@ class ProviderSecret(models.Model):
     namespace = models.CharField(max_length=253, default="vcluster-platform")
     name = models.CharField(max_length=253)
     labels = models.JSONField(default=dict, blank=True)
-    data = EncryptedTextField(blank=True)  # JSON of {key: value}
+    contents = EncryptedTextField(blank=True)  # JSON of {key: value}
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -68,7 +68,7 @@ class TofuState(models.Model):
 
     name = models.CharField(max_length=253, unique=True)  # NODE_CLAIM.PROJECT.node
     provider = models.ForeignKey("pools.NodeProvider", null=True, on_delete=models.SET_NULL, related_name="+")
-    state = EncryptedTextField(blank=True)
+    tofu_state = EncryptedTextField(blank=True)
     serial = models.PositiveBigIntegerField(default=0)
     # The HTTP backend's basic-auth password for this workspace, hashed; the runner passes it in the environment.
     password_hash = models.CharField(max_length=128, blank=True)

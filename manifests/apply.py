@@ -311,7 +311,7 @@ def _apply_provider_secret(ctx: Context, namespace: str, name: str, labels: dict
         return
     if not ctx.dry_run:
         ProviderSecret.objects.update_or_create(namespace=namespace, name=name,
-                                                defaults={"labels": labels, "data": json.dumps(values)})
+                                                defaults={"labels": labels, "contents": json.dumps(values)})
     if secret is None:
         ctx.result.add(what, True)
     else:

@@ -54,7 +54,7 @@ def tenant_api():
 def site(kubevirt, tenant_api):
     """A tenant, a kubeVirt provider whose clusterRef names the lab cluster's kubeconfig, a NodeType, an OSImage."""
     tenant = Tenant.objects.create(name="alpha", api_endpoint=tenant_api.endpoint, kubeconfig=tenant_api.kubeconfig())
-    ProviderSecret.objects.create(name="kubevirt-cluster", data=json.dumps({"kubeconfig": kubevirt.kubeconfig()}))
+    ProviderSecret.objects.create(name="kubevirt-cluster", contents=json.dumps({"kubeconfig": kubevirt.kubeconfig()}))
     provider = NodeProvider.objects.create(name="kubevirt", kind="kubeVirt", config={
         "clusterRef": {"cluster": "kubevirt-cluster", "namespace": NS}, "virtualMachineTemplate": TEMPLATE})
     node_type = NodeType.objects.create(name="vm-small", provider=provider, resources={"cpu": "2", "memory": "4Gi"},

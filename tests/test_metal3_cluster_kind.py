@@ -40,7 +40,7 @@ def lab(tenant_api):
 @pytest.fixture
 def world(lab, tenant_api):
     ProviderSecret.objects.create(namespace="vcluster-platform", name="lab-metal3",
-                                  data=json.dumps({"kubeconfig": lab.kubeconfig()}))
+                                  contents=json.dumps({"kubeconfig": lab.kubeconfig()}))
     provider = NodeProvider.objects.create(name="metal3-lab", kind="metal3",
                                            config={"clusterRef": {"cluster": "lab-metal3", "namespace": NAMESPACE}})
     gpu = NodeType.objects.create(name="gpu-bmh", provider=provider, host_selector={"matchLabels": {"role": "gpu"}})

@@ -28,8 +28,10 @@ def declared_task_names() -> set[str]:
     from claims import task_names as claims_tasks
     from events import task_names as events_tasks
     from hosts import task_names as hosts_tasks
+    from machines import task_names as machines_tasks
 
-    return {value for module in (autonodes_tasks, claims_tasks, events_tasks, hosts_tasks) for name, value in vars(module).items()
+    return {value for module in (autonodes_tasks, claims_tasks, events_tasks, hosts_tasks, machines_tasks)
+            for name, value in vars(module).items()
             if name.isupper() and isinstance(value, str)}
 
 
@@ -44,6 +46,7 @@ def test_every_task_an_app_declares_is_registered_and_routed_to_its_kinds_queue(
     import claims.tasks  # noqa: F401
     import events.tasks  # noqa: F401
     import hosts.tasks  # noqa: F401
+    import machines.tasks  # noqa: F401
 
     registered = {name for name in app.tasks if not name.startswith("celery.")}
     assert declared_task_names() == registered

@@ -139,7 +139,7 @@ def test_a_new_password_for_the_next_run_retires_the_last(tofu, live_server):
 def test_the_state_is_encrypted_in_its_row(tofu):
     tofu.post(state(1, node="plaintext-marker-7"))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT state, password_hash FROM machines_tofustate WHERE name = %s", [WORKSPACE])
+        cursor.execute("SELECT tofu_state, password_hash FROM machines_tofustate WHERE name = %s", [WORKSPACE])
         raw, password_hash = cursor.fetchone()
     assert raw and "plaintext-marker-7" not in raw and "lineage" not in raw
     assert tofu.auth[1] not in password_hash
@@ -173,7 +173,7 @@ def people(db):
 def stuck(name: str = WORKSPACE) -> dict:
     info = lock_info(Who="runner@worker-crashed")
     tofu_credentials(name=name)
-    TofuState.objects.filter(name=name).update(state=state(4, node="secret-state"), serial=4, lock_id=info["ID"],
+    TofuState.objects.filter(name=name).update(tofu_state=state(4, node="secret-state"), serial=4, lock_id=info["ID"],
                                                lock_info=info)
     return info
 

@@ -64,7 +64,7 @@ def fill(machine: Machine) -> None:
 
 
 def stored_state(machine) -> dict:
-    return json.loads(str(TofuState.objects.get(name=workspace_name(machine.claim)).state))
+    return json.loads(str(TofuState.objects.get(name=workspace_name(machine.claim)).tofu_state))
 
 
 def test_the_workspace_is_named_after_the_claim_and_its_project(db):
@@ -263,9 +263,9 @@ def test_a_crashed_run_leaves_a_stuck_lock_that_an_admin_sees_and_releases(tofu_
 
 def test_secrets_stay_out_of_argv_messages_and_logs(tofu_log, caplog):
     ProviderSecret.objects.create(name="cloud-creds", labels={"terraform.vcluster.com/provider": "cloud"},
-                                  data=json.dumps({"CLOUD_API_KEY": "provider-key-s3cr3t-value"}))
+                                  contents=json.dumps({"CLOUD_API_KEY": "provider-key-s3cr3t-value"}))
     ProviderSecret.objects.create(name="other-creds", labels={"terraform.vcluster.com/provider": "elsewhere"},
-                                  data=json.dumps({"OTHER_KEY": "not-for-this-provider"}))
+                                  contents=json.dumps({"OTHER_KEY": "not-for-this-provider"}))
     machine = make_machine({"inline": TEMPLATE + "# fake-tofu: fail-leaking\n"})
     caplog.set_level(logging.DEBUG)
     with pytest.raises(KindError) as failed:

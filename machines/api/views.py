@@ -31,8 +31,8 @@ class TofuStateViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_value_regex = r"[A-Za-z0-9._-]+"
 
     def get_queryset(self):
-        return (TofuState.objects.select_related("provider").defer("state")
-                .annotate(state_length=Length("state")).order_by("name"))
+        return (TofuState.objects.select_related("provider").defer("tofu_state")
+                .annotate(state_length=Length("tofu_state")).order_by("name"))
 
     @extend_schema(request=None, responses={200: TofuStateSerializer,
                                             409: OpenApiResponse(description="the state is not locked")})

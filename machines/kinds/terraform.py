@@ -67,10 +67,10 @@ def provider_env(provider) -> dict:
     environment variable of OpenTofu's (AWS_ACCESS_KEY_ID, ARM_CLIENT_SECRET, ...)."""
     env = {}
     for secret in ProviderSecret.objects.order_by("namespace", "name"):
-        if (secret.labels or {}).get(PROVIDER_LABEL) != provider.name or not secret.data:
+        if (secret.labels or {}).get(PROVIDER_LABEL) != provider.name or not secret.contents:
             continue
         try:
-            data = json.loads(str(secret.data))
+            data = json.loads(str(secret.contents))
         except ValueError:
             raise KindError(f"Secret {secret} is not a mapping of keys to values", retry=False) from None
         env.update({k: str(v) for k, v in data.items() if ENV_NAME.fullmatch(k)})
@@ -141,7 +141,7 @@ class Terraform:
         destroy."""
         workspace = workspace_name(machine.claim)
         state = TofuState.objects.filter(name=workspace).first()
-        if state is not None and state.state:
+        if state is not None and state.tofu_state:
             _apply(machine, _sealed(machine, power=machine.power or "On"), "destroy")
         TofuState.objects.filter(name=workspace).delete()
         runner.forget(workspace)

@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
                 ('namespace', models.CharField(default='vcluster-platform', max_length=253)),
                 ('name', models.CharField(max_length=253)),
                 ('labels', models.JSONField(blank=True, default=dict)),
-                ('data', core.crypto.EncryptedTextField(blank=True)),
+                ('contents', core.crypto.EncryptedTextField(blank=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],
@@ -62,7 +62,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(max_length=253, unique=True)),
-                ('state', core.crypto.EncryptedTextField(blank=True)),
+                ('tofu_state', core.crypto.EncryptedTextField(blank=True)),
                 ('serial', models.PositiveBigIntegerField(default=0)),
                 ('password_hash', models.CharField(blank=True, max_length=128)),
                 ('lock_id', models.CharField(blank=True, max_length=128)),

@@ -56,9 +56,9 @@ def tofu_authenticate(*, name: str, password: str) -> TofuState | None:
 
 def tofu_get(*, name: str) -> Answer:
     state = TofuState.objects.filter(name=name).first()
-    if state is None or not state.state:
+    if state is None or not state.tofu_state:
         return Answer(204)
-    return Answer(200, str(state.state))
+    return Answer(200, str(state.tofu_state))
 
 
 def tofu_put(*, name: str, body: str, lock_id: str | None) -> Answer:
@@ -74,12 +74,12 @@ def tofu_put(*, name: str, body: str, lock_id: str | None) -> Answer:
         state = TofuState.objects.select_for_update().get(name=name)
         if (state.lock_id or lock_id) and lock_id != state.lock_id:
             return Answer(409, _lock_body(state) if state.lock_id else json.dumps({"detail": "not locked"}))
-        if state.state:
-            kept = json.loads(str(state.state))
+        if state.tofu_state:
+            kept = json.loads(str(state.tofu_state))
             if kept.get("lineage") == document.get("lineage") and serial < int(kept.get("serial", 0)):
                 return Answer(409, json.dumps({"detail": f"serial {serial} is older than the kept {state.serial}"}))
-        state.state, state.serial = body, serial
-        state.save(update_fields=["state", "serial", "updated_at"])
+        state.tofu_state, state.serial = body, serial
+        state.save(update_fields=["tofu_state", "serial", "updated_at"])
     return Answer(200)
 
 
@@ -88,8 +88,8 @@ def tofu_delete(*, name: str) -> Answer:
         state = TofuState.objects.select_for_update().get(name=name)
         if state.lock_id:
             return Answer(409, _lock_body(state))
-        state.state, state.serial = "", 0
-        state.save(update_fields=["state", "serial", "updated_at"])
+        state.tofu_state, state.serial = "", 0
+        state.save(update_fields=["tofu_state", "serial", "updated_at"])
     return Answer(200)
 
 
