@@ -138,7 +138,7 @@ def tofu_release_lock(*, name: str, actor: str) -> TofuState:
     """An admin releases a stuck lock (its run crashed or was killed holding it). The Event keeps who did and the
     LockInfo removed; a run still holding it finds its next write refused (tofu_put)."""
     with transaction.atomic():
-        state = TofuState.objects.select_for_update().select_related("provider").get(name=name)
+        state = TofuState.objects.select_for_update(of=("self",)).select_related("provider").get(name=name)
         if not state.lock_id:
             raise NotLocked(f"OpenTofu state {name} is not locked")
         removed = {"ID": state.lock_id, **(state.lock_info or {})}
