@@ -14,10 +14,10 @@ from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
 from hosts.services import hosts_transition_batch
-from pools.choices import GroupFailurePolicy, ProviderKind
+from pools.choices import GroupFailurePolicy
 from pools.fabric import fabric_partition_waits
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
-from pools.models import OS_IMAGE_PROPERTY, SERVER_NAME_PROPERTY, NodePool, NodeType
+from pools.models import OS_IMAGE_PROPERTY, SERVER_NAME_PROPERTY, NodePool, NodeType, external_provider_q
 
 from . import task_names
 from .choices import ClaimPhase as P
@@ -51,8 +51,8 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
     state (every backend), so two claims never get one host; the unique claim→host link guards too."""
     result = AllocationResult()
     # Claims on external providers get machines, not hosts (machines.services.claims_fill).
-    pending = (NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, provider__kind=ProviderKind.METAL3)
-               .exclude(provider__config__has_key="clusterRef").order_by("created_at", "pk"))
+    pending = (NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True).exclude(external_provider_q("provider__"))
+               .order_by("created_at", "pk"))
     if pool_ids is not None:
         pending = pending.filter(pool_id__in=pool_ids)
     if claim_ids is not None:

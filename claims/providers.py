@@ -1,5 +1,10 @@
 """Claims served by something other than a host: apps above claims (machines/: an external provider's machine)
 register here at start; the claims app asks them, knowing nothing of them."""
+from django.db.models import Max, Q
+
+from events.choices import EventKind
+from events.models import Event
+from hosts.models import EraseCertificate
 
 # fn(claims) → ids of those that hold a machine not gone: they go to Releasing and the machine's app releases them
 # once the transaction commits (claims.phases.claims_release).
@@ -42,12 +47,6 @@ REBOOT_ANNOTATION = "machines.vcluster.com/reboot"
 def claims_extras(claims) -> dict:
     """What the API shows beside each claim, read for a whole page in a fixed number of queries: its machine (None:
     a host of the console's own), the erase certificates naming it, and when a reboot was last asked."""
-    from django.db.models import Max, Q
-
-    from events.choices import EventKind
-    from events.models import Event
-    from hosts.models import EraseCertificate
-
     claims = list(claims)
     machines = machines_of([c.pk for c in claims])
     certificates: dict[str, list[int]] = {}

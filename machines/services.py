@@ -2,7 +2,6 @@
 its provider's kind (machines/kinds). Every provider call is network I/O: made outside any transaction, its outcome
 written in a short one after it."""
 import logging
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import yaml
@@ -17,11 +16,13 @@ from claims.phases import claims_transition
 from claims.tenant_api import TenantAPI, TenantAPIError
 from core.tasks import task_send, task_send_on_commit
 from events.choices import EventKind, ObjectType
+from events.models import Event
 from events.services import event_record
 from pools.matching import requirements_match
-from pools.models import NodeType
+from pools.models import NodeType, external_provider_q
 
 from . import task_names
+from .choices import DiskProof
 from .choices import MachineState as M
 from .kinds import Join, KindError, kind_of
 from .models import Machine
@@ -32,12 +33,6 @@ ACTOR = "system:machines"
 # A claim's power actions (the API's words) and what a kind is asked.
 POWER_ACTIONS = {"power-on": "on", "power-off": "off", "power-cycle": "reboot"}
 LIVE_MACHINE = ~Q(state=M.GONE)
-
-
-def external_claims():
-    """Claims whose provider makes its own machines (pools.models.NodeProvider.external)."""
-    return NodeClaim.objects.filter(Q(provider__kind__in=["kubeVirt", "terraform"])
-                                    | Q(provider__kind="metal3", provider__config__has_key="clusterRef"))
 
 
 @dataclass
@@ -51,7 +46,7 @@ def claims_fill(*, actor: str = ACTOR) -> FillResult:
     properties match and whose capacity (the kind's, read outside the transaction) is not used up by live
     machines. The NodeType row is locked while its machines are counted, so two passes never overfill it."""
     result = FillResult()
-    pending = list(external_claims().filter(phase=P.PENDING, host__isnull=True, machine__isnull=True)
+    pending = list(NodeClaim.objects.filter(external_provider_q("provider__"), phase=P.PENDING, host__isnull=True, machine__isnull=True)
                    .select_related("provider").order_by("created_at", "pk"))
     if not pending:
         return result
@@ -226,8 +221,8 @@ def _trouble(machine: Machine, exc: KindError, actor: str) -> str:
 
 
 def _release(machine: Machine, actor: str) -> str:
-    """Drain and delete the node in the tenant (skipped when the tenant is unreachable past nothing: a failed
-    tenant API is retried), then every object the provider made, until the kind says they are gone."""
+    """Drain and delete the node in the tenant (a tenant API that fails is tried again at the next look), then every
+    object the provider made, until the kind says they are gone."""
     claim = machine.claim
     if machine.state != M.DELETING:
         Machine.objects.filter(pk=machine.pk).update(state=M.DELETING, released_at=timezone.now())
@@ -305,8 +300,6 @@ def machine_power_request(*, claim: NodeClaim, action: str, actor: str, reason: 
 def machine_power_send(*, machine_id: int, request_id: int) -> str:
     """The worker's half: the action through the machine's kind, the outcome in the Event log. A request already
     answered is not sent again."""
-    from events.models import Event
-
     machine = Machine.objects.select_related("claim", "provider").filter(pk=machine_id).first()
     request = Event.objects.filter(pk=request_id).first()
     if machine is None or request is None or Event.objects.filter(
@@ -329,18 +322,6 @@ def machine_power_send(*, machine_id: int, request_id: int) -> str:
     return "ok" if ok else "failed"
 
 
-def machines_by_claim(claim_ids) -> dict[int, Machine]:
-    return {m.claim_id: m for m in Machine.objects.filter(claim_id__in=claim_ids)}
-
-
-def node_type_machines(node_type_ids) -> dict[int, int]:
-    """Live machines per NodeType: the claimed side of an external type's capacity."""
-    rows = (Machine.objects.filter(LIVE_MACHINE, node_type_id__in=node_type_ids).values("node_type_id")
-            .annotate(n=Count("pk")))
-    counts = defaultdict(int, {r["node_type_id"]: r["n"] for r in rows})
-    return dict(counts)
-
-
 def expected_proof(machine: Machine) -> str:
     try:
         return kind_of(machine.provider).disk_proof(machine)
@@ -350,8 +331,6 @@ def expected_proof(machine: Machine) -> str:
 
 def machines_view(claim_ids) -> dict[int, dict]:
     """What each claim's machine is, for the API and the claim page (claims.providers.machines_of)."""
-    from .choices import DiskProof
-
     found = {}
     for m in Machine.objects.filter(claim_id__in=list(claim_ids)).select_related("provider"):
         expected = "" if m.disk_proof else expected_proof(m)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from core.crypto import EncryptedTextField
@@ -57,6 +58,11 @@ SERVER_NAME_PROPERTY = "metal3.vcluster.com/server-name"
 EXTENDED_RESOURCE_COST = 10000
 
 
+def external_provider_q(prefix: str = "") -> Q:
+    """NodeProvider.external as a filter; `prefix` reaches the provider from another model ("provider__")."""
+    return ~Q(**{f"{prefix}kind": ProviderKind.METAL3}) | Q(**{f"{prefix}config__has_key": "clusterRef"})
+
+
 class NodeProvider(models.Model):
     name = models.CharField(max_length=253, unique=True, validators=[validate_object_name])
     kind = models.CharField(max_length=32, choices=ProviderKind.choices, default=ProviderKind.METAL3)
@@ -77,7 +83,7 @@ class NodeProvider(models.Model):
     def external(self) -> bool:
         """Its machines come from elsewhere (machines/: KubeVirt, a Metal3 cluster's BareMetalHosts, OpenTofu), not
         from the console's own conductor: a metal3 provider with a clusterRef, or any other kind."""
-        return self.kind != ProviderKind.METAL3 or bool((self.config or {}).get("clusterRef"))
+        return self.kind != ProviderKind.METAL3 or "clusterRef" in (self.config or {})
 
     def clean(self):
         errors = {}

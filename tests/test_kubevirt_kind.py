@@ -4,9 +4,9 @@ names, power through the run strategy, release until every object is gone; the t
 refused before anything is made."""
 import base64
 import json
-import time
 
 import pytest
+from conftest import wait_for as wait
 import yaml
 
 from claims.models import NodeClaim
@@ -28,14 +28,6 @@ TEMPLATE = {"spec": {"template": {"metadata": {"labels": {"tier": "base"}},
                                                                                   "masquerade": {}}]}},
                                            "networks": [{"name": "default", "pod": {}}]}}}}
 
-
-def wait(predicate, timeout: float = 10, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(step)
-    raise AssertionError(f"not within {timeout}s: {predicate}")
 
 
 @pytest.fixture

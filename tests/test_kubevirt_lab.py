@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from conftest import wait_for as wait
 import yaml
 from kubernetes import client
 
@@ -15,14 +16,6 @@ from lab.kubevirt import KubeVirtCluster
 
 NS = "vms"
 
-
-def wait(predicate, timeout: float = 10, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(step)
-    raise AssertionError(f"not within {timeout}s: {predicate}")
 
 
 @pytest.fixture

@@ -26,14 +26,16 @@ from pools.models import Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-KUBEVIRT_SITE = """
+# A cluster's kubeconfig, as a clusterRef names it.
+CLUSTER_SECRET = """
 apiVersion: v1
 kind: Secret
-metadata: {{name: kv-lab, namespace: vcluster-platform}}
+metadata: {{name: {cluster}, namespace: vcluster-platform}}
 stringData:
   kubeconfig: |
 {kubeconfig}
----
+"""
+KUBEVIRT_SITE = """
 apiVersion: management.loft.sh/v1
 kind: NodeProvider
 metadata: {{name: kubevirt}}
@@ -63,13 +65,6 @@ spec:
     kubevirt.vcluster.com/root-disk-size: 20Gi
 """
 METAL3_SITE = """
-apiVersion: v1
-kind: Secret
-metadata: {{name: far-site, namespace: vcluster-platform}}
-stringData:
-  kubeconfig: |
-{kubeconfig}
----
 apiVersion: management.loft.sh/v1
 kind: NodeProvider
 metadata: {{name: far-metal3}}
@@ -100,8 +95,9 @@ privateNodes:
 """
 
 
-def indented(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
+def with_cluster(site: str, cluster: str, kubeconfig: str, checksum: str) -> str:
+    indented = "\n".join("    " + line for line in kubeconfig.splitlines())
+    return CLUSTER_SECRET.format(cluster=cluster, kubeconfig=indented) + "---" + site.format(checksum=checksum)
 
 
 def looks_until(predicate, timeout: float = 30):
@@ -182,7 +178,7 @@ def tenant_api():
 
 def test_a_kubevirt_pool_gets_a_vm_that_joins_powers_off_and_on_and_goes_at_release(apply, tenant_api):
     with KubeVirtCluster("kv-lab") as cluster:
-        life(apply, tenant_api, KUBEVIRT_SITE.format(kubeconfig=indented(cluster.kubeconfig()), checksum="0" * 64),
+        life(apply, tenant_api, with_cluster(KUBEVIRT_SITE, "kv-lab", cluster.kubeconfig(), "0" * 64),
              "kubevirt", "destroyed")
         assert not cluster.objects("virtualmachines", "vms", group="kubevirt.io", version="v1")
 
@@ -192,14 +188,14 @@ def test_a_pool_on_an_existing_metal3_cluster_gets_one_of_its_hosts_and_gives_it
         cluster.add_host("far-gpu-1", {"role": "gpu"})
         cluster.add_host("far-cpu-1", {"role": "cpu"})
         cluster.wait_state("far-gpu-1", "available")
-        life(apply, tenant_api, METAL3_SITE.format(kubeconfig=indented(cluster.kubeconfig()), checksum="ab" * 32),
+        life(apply, tenant_api, with_cluster(METAL3_SITE, "far-site", cluster.kubeconfig(), "ab" * 32),
              "far-metal3", "metal3-cleaning")
         cluster.wait_state("far-gpu-1", "available")
 
 
 def test_manifests_of_each_kind_round_trip_through_export(apply):
-    apply(KUBEVIRT_SITE.format(kubeconfig=indented("apiVersion: v1\nkind: Config\nclusters: []"), checksum="0" * 64))
-    apply(METAL3_SITE.format(kubeconfig=indented("apiVersion: v1\nkind: Config\nclusters: []"), checksum="ab" * 32))
+    apply(with_cluster(KUBEVIRT_SITE, "kv-lab", "apiVersion: v1\nkind: Config\nclusters: []", "0" * 64))
+    apply(with_cluster(METAL3_SITE, "far-site", "apiVersion: v1\nkind: Config\nclusters: []", "ab" * 32))
     apply("""
 apiVersion: management.loft.sh/v1
 kind: NodeProvider
