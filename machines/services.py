@@ -250,7 +250,7 @@ def _release(machine: Machine, actor: str) -> str:
         Machine.objects.filter(pk=machine.pk).update(memory=machine.memory, message="waiting for its objects to go")
         return "releasing"
     with transaction.atomic():
-        Machine.objects.filter(pk=machine.pk).update(state=M.GONE, gone_at=timezone.now(), memory=machine.memory,
+        Machine.objects.filter(pk=machine.pk).update(state=M.GONE, gone_at=timezone.now(), memory=machine.memory, outputs=machine.outputs,
                                                      disk_proof=kind.disk_proof(machine), message="")
         claim = NodeClaim.objects.select_for_update().get(pk=claim.pk)
         if claim.phase == P.RELEASING:
@@ -312,10 +312,12 @@ def machine_power_send(*, machine_id: int, request_id: int) -> str:
     except KindError as exc:
         ok, message = False, f"{action} of {machine.kind} machine {machine.name} failed: {exc.message}"
     with transaction.atomic():
-        if ok and action != "power-cycle":  # a reboot leaves it as it was
-            power = "On" if action == "power-on" else "Off"
-            Machine.objects.filter(pk=machine.pk, state__in=(M.RUNNING, M.STOPPED)).update(
-                power=power, state=M.RUNNING if power == "On" else M.STOPPED)
+        if ok:  # what the kind learnt (a workspace's outputs); a reboot leaves the power as it was
+            changed = {"outputs": machine.outputs, "memory": machine.memory}
+            if action != "power-cycle":
+                power = "On" if action == "power-on" else "Off"
+                changed.update(power=power, state=M.RUNNING if power == "On" else M.STOPPED)
+            Machine.objects.filter(pk=machine.pk, state__in=(M.RUNNING, M.STOPPED)).update(**changed)
         event_record(kind=EventKind.ACTION, object_type=ObjectType.CLAIM, object_name=machine.claim.name,
                      claim_id=machine.claim_id, tenant_id=machine.claim.tenant_id, step=action, actor=request.actor,
                      message=message, data={"request_id": request_id, "ok": ok, "machine": machine.name})

@@ -4,7 +4,9 @@ as the worker runs them, against the lab's KubeVirt cluster or Metal3 cluster an
 Available with its machine recorded, its node Ready in the tenant, power off and on through the API, release, and
 the machine gone with its proof said. The manifests round-trip through export."""
 import io
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -19,12 +21,14 @@ from lab.kube import TenantAPIServer
 from lab.kubevirt import KubeVirtCluster
 from lab.metal3 import Metal3LabCluster
 from machines.choices import MachineState
-from machines.models import Machine
+from machines.models import Machine, TofuState
 from machines.services import claims_fill, machine_advance, machine_power_send
 from manifests.export import export_text
 from pools.models import Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+FAKE_TOFU = Path(__file__).resolve().parent / "fixtures" / "fake_tofu"
 
 # A cluster's kubeconfig, as a clusterRef names it.
 CLUSTER_SECRET = """
@@ -82,6 +86,30 @@ metadata: {{name: ubuntu-vm}}
 spec:
   properties:
     metal3.vcluster.com/image-url: http://images.lab/ubuntu-24.04.raw
+    metal3.vcluster.com/image-checksum: "{checksum}"
+"""
+TERRAFORM_SITE = """
+apiVersion: management.loft.sh/v1
+kind: NodeProvider
+metadata: {{name: cloud}}
+spec:
+  terraform:
+    nodeTemplate:
+      inline: |
+        # fake-tofu: lab-machine
+        variable "vcluster" {{ type = any }}
+        output "power" {{ value = var.vcluster.powerState }}
+    nodeTypes:
+      - name: cloud-small
+        resources: {{cpu: "2", memory: 4Gi}}
+        maxCapacity: 2
+---
+apiVersion: management.loft.sh/v1
+kind: OSImage
+metadata: {{name: ubuntu-vm}}
+spec:
+  properties:
+    metal3.vcluster.com/image-url: https://images.example/ubuntu.qcow2
     metal3.vcluster.com/image-checksum: "{checksum}"
 """
 POOL = """
@@ -154,6 +182,8 @@ def life(apply, tenant_api, site_text: str, provider: str, proof: str) -> None:
 
     power(claim, "power-off")
     looks_until(lambda: ready(tenant_api, claim.node_name) != "True")
+    off = Machine.objects.get(pk=machine.pk)
+    assert off.power == "Off" and off.outputs.get("power", "Off") == "Off"  # a workspace's outputs follow
     power(claim, "power-on")
     looks_until(lambda: ready(tenant_api, claim.node_name) == "True")
     assert answer.get(f"/api/v1/claims/{claim.pk}/").json()["power"] == {"state": "On"}
@@ -191,6 +221,20 @@ def test_a_pool_on_an_existing_metal3_cluster_gets_one_of_its_hosts_and_gives_it
         life(apply, tenant_api, with_cluster(METAL3_SITE, "far-site", cluster.kubeconfig(), "ab" * 32),
              "far-metal3", "metal3-cleaning")
         cluster.wait_state("far-gpu-1", "available")
+
+
+def test_a_pool_on_opentofu_templates_gets_a_workspace_whose_machine_joins_and_is_destroyed_at_release(
+        apply, tenant_api, live_server, settings, tmp_path):
+    """OpenTofu is the stand-in (tests/fixtures/fake_tofu) with a template whose resource is a lab machine: cloud-init
+    from var.vcluster.userData joins the tenant, powerState Off stops its kubelet."""
+    wrapper = tmp_path / "tofu"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_TOFU} \"$@\"\n")
+    wrapper.chmod(0o755)
+    settings.TOFU_BINARY, settings.TOFU_WORKDIR = str(wrapper), tmp_path / "work"
+    settings.TOFU_STATE_URL = f"{live_server.url}/api/v1/tofu/state"
+    life(apply, tenant_api, TERRAFORM_SITE.format(checksum="0" * 64), "cloud", "destroyed")
+    assert Machine.objects.get().outputs == {}  # forgotten with the workspace
+    assert not TofuState.objects.exists()  # destroyed, and its state forgotten
 
 
 def test_manifests_of_each_kind_round_trip_through_export(apply):
