@@ -205,17 +205,26 @@ def _joined(machine: Machine, claim: NodeClaim, actor: str) -> str:
 
 
 def _trouble(machine: Machine, exc: KindError, actor: str) -> str:
-    """A retryable problem is said on the machine and tried again at the next look; one that waiting does not
-    mend fails the claim, and its machine goes (what was made of it is deleted)."""
+    """A retryable problem is said on the machine and tried again at the next look. One that waiting does not
+    mend makes the machine go (what was made of it is deleted); a claim not yet Available then gets another
+    machine, until CLAIM_MAX_ATTEMPTS were made for it (_release), else it fails."""
     if exc.retry:
         Machine.objects.filter(pk=machine.pk).update(message=exc.message)
         return "retry"
     with transaction.atomic():
-        Machine.objects.filter(pk=machine.pk).exclude(state=M.GONE).update(state=M.DELETING, message=exc.message)
         claim = NodeClaim.objects.select_for_update().get(pk=machine.claim_id)
-        if claim.phase in (P.PROVISIONING, P.JOINING, P.AVAILABLE):
+        again = claim.phase in (P.PROVISIONING, P.JOINING) and claim.attempts < settings.CLAIM_MAX_ATTEMPTS
+        memory = {**machine.memory, "failed": exc.message} if again else machine.memory
+        Machine.objects.filter(pk=machine.pk).exclude(state=M.GONE).update(state=M.DELETING, message=exc.message,
+                                                                           memory=memory)
+        if again:
+            NodeClaim.objects.filter(pk=claim.pk).update(
+                message=f"{machine.kind} machine {machine.name} failed ({exc.message}); it is deleted and another "
+                        f"made (attempt {claim.attempts + 1} of {settings.CLAIM_MAX_ATTEMPTS})")
+        elif claim.phase in (P.PROVISIONING, P.JOINING, P.AVAILABLE):
             claims_transition(claims=[claim], to_phase=P.FAILED, actor=actor, reason="ProviderFailed",
-                              message=f"{machine.kind} machine {machine.name}: {exc.message}")
+                              message=f"{machine.kind} machine {machine.name}: {exc.message}"
+                                      + (f" (after {claim.attempts} attempts)" if claim.attempts > 1 else ""))
     task_send_on_commit(task_names.ADVANCE_MACHINE, machine_id=machine.pk)
     return "failed"
 
@@ -250,12 +259,21 @@ def _release(machine: Machine, actor: str) -> str:
         Machine.objects.filter(pk=machine.pk).update(memory=machine.memory, message="waiting for its objects to go")
         return "releasing"
     with transaction.atomic():
-        Machine.objects.filter(pk=machine.pk).update(state=M.GONE, gone_at=timezone.now(), memory=machine.memory, outputs=machine.outputs,
-                                                     disk_proof=kind.disk_proof(machine), message="")
         claim = NodeClaim.objects.select_for_update().get(pk=claim.pk)
         if claim.phase == P.RELEASING:
             claims_transition(claims=[claim], to_phase=P.RELEASED, actor=actor, reason="Released",
                               message=f"{machine.kind} machine {machine.name} is gone")
+        elif machine.memory.get("failed") and claim.phase in (P.PROVISIONING, P.JOINING):
+            # Its failure is in the claim's Event log; the claim is free for the next fill to make another.
+            Machine.objects.filter(pk=machine.pk).delete()
+            claims_transition(claims=[claim], to_phase=P.PENDING, actor=actor, reason="MachineFailed",
+                              message=f"{machine.kind} machine {machine.name} failed: {machine.memory['failed']}; "
+                                      f"it is gone, another is made",
+                              fields={"node_name": "", "bootstrap_token_id": ""})
+            return "gone"
+        Machine.objects.filter(pk=machine.pk).update(state=M.GONE, gone_at=timezone.now(), memory=machine.memory,
+                                                     outputs=machine.outputs, disk_proof=kind.disk_proof(machine),
+                                                     message="")
     return "gone"
 
 

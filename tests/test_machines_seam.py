@@ -192,17 +192,46 @@ def test_release_drains_and_deletes_the_node_then_waits_until_the_machine_is_gon
     assert machine.state == MachineState.GONE and machine.disk_proof == DiskProof.DESTROYED and machine.gone_at
 
 
-def test_a_provider_that_cannot_make_the_machine_fails_the_claim_and_deletes_what_was_made(kind, tenant_api):
+def test_a_machine_that_cannot_be_made_is_deleted_and_another_made_until_the_attempts_are_spent(
+        kind, tenant_api, settings):
+    settings.CLAIM_MAX_ATTEMPTS = 2
     reconcile()
     claims_fill()
     kind.fail_fill = KindError("the template refers to a missing variable", retry=False)
     advance_all()
     claims = list(NodeClaim.objects.all())
-    assert {c.phase for c in claims} == {P.FAILED}
-    assert all("missing variable" in c.message and c.reason == "ProviderFailed" for c in claims)
+    assert {c.phase for c in claims} == {P.PROVISIONING}  # its machine goes first
+    assert all("missing variable" in c.message and "attempt 2 of 2" in c.message for c in claims)
     assert {m.state for m in Machine.objects.all()} == {MachineState.DELETING}
     advance_all(2)
+    assert not Machine.objects.exists() and kind.released  # what was made is deleted
+    assert {(c.phase, c.reason) for c in NodeClaim.objects.all()} == {(P.PENDING, "MachineFailed")}
+    claims_fill()  # the second attempt fails too: the claims fail, their machines go
+    advance_all()
+    claims = list(NodeClaim.objects.all())
+    assert {(c.phase, c.reason) for c in claims} == {(P.FAILED, "ProviderFailed")}
+    assert all("missing variable" in c.message and "after 2 attempts" in c.message for c in claims)
+    advance_all(2)
     assert {m.state for m in Machine.objects.all()} == {MachineState.GONE}
+
+
+def test_a_machine_that_fails_before_its_node_joins_is_replaced_and_the_claim_served(kind, tenant_api):
+    reconcile()
+    claims_fill()
+    advance_all()
+    first = Machine.objects.order_by("pk").first()
+    kind.broken.add(first.name)
+    advance_all(3)  # failed; deleting; gone
+    claim = NodeClaim.objects.get(pk=first.claim_id)
+    assert claim.phase == P.PENDING and "hypervisor lost it" in claim.message
+    kind.broken.clear()
+    kind.machines.pop(first.name)
+    claims_fill()
+    advance_all(2)
+    claim.refresh_from_db()
+    assert claim.phase == P.AVAILABLE and claim.attempts == 2 and claim.node_name in nodes(tenant_api)
+    failures = Event.objects.filter(claim_id=claim.pk, to_state=P.PENDING, message__contains="hypervisor lost it")
+    assert failures.count() == 1  # the first machine's failure stays in the claim's log
 
 
 def test_a_retryable_provider_problem_waits_and_says_why(kind, tenant_api):
