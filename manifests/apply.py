@@ -51,6 +51,7 @@ from pools.sku import DERIVED_LABELS
 from pools.validators import NETWORK_DATA, parse_duration
 
 from machines.clusters import CLUSTER_SECRET_NAMESPACE, KUBECONFIG_KEY, secret_data
+from machines.kinds.metal3 import CLEANING_MODES
 from machines.models import ProviderSecret
 
 from .source import Document, Invalid, ManifestError, Reader, load_documents
@@ -514,6 +515,10 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
         _max_capacity(spec)
     if "nodeTemplate" in provider_config:
         _node_template(spec.child("nodeTemplate"), required=False)
+    if provider_config.get("automatedCleaningMode", "metadata") not in CLEANING_MODES:
+        raise Invalid(spec.path + ("automatedCleaningMode",),
+                      f"must be one of {', '.join(sorted(CLEANING_MODES))} (Metal3's), not "
+                      f"{provider_config['automatedCleaningMode']!r}")
     for key in ("virtualMachineTemplate", "mergeVirtualMachineTemplate"):
         if key in provider_config:
             spec.child(key).mapping()

@@ -79,6 +79,7 @@ spec:
       - name: far-gpu
         resources: {{cpu: "64", nvidia.com/gpu: "8"}}
         bareMetalHosts: {{selector: {{matchLabels: {{role: gpu}}}}}}
+        automatedCleaningMode: metadata
 ---
 apiVersion: management.loft.sh/v1
 kind: OSImage
@@ -257,6 +258,7 @@ spec:
     first = export_text()
     assert "kubeVirt:" in first and "terraform:" in first and "clusterRef:" in first
     assert "mergeVirtualMachineTemplate" in first and "fetchInterval: 5m" in first
+    assert "automatedCleaningMode: metadata" in first
     lines = apply(first)
     assert not [line for line in lines if "configured" in line or "created" in line], lines
     assert export_text() == first
@@ -269,6 +271,8 @@ spec:
     ("terraform: {nodeTemplate: {git: {repository: r, tag: a, branch: b}}}", "one of branch, tag or commit"),
     ("kubeVirt: {clusterRef: {cluster: c}, maxCapacity: 99999999999}", "maxCapacity"),
     ("bcm: {}", "not supported by this console"),
+    ("metal3: {clusterRef: {cluster: c}, nodeTypes: [{name: t, automatedCleaningMode: sometimes}]}",
+     "automatedCleaningMode"),
 ])
 def test_a_bad_provider_is_refused_with_file_document_and_line_and_nothing_changes(apply, block, message):
     from django.core.management.base import CommandError
