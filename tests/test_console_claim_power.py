@@ -6,12 +6,14 @@ no such claim (404), a claim with no node is told so; nothing is recorded then."
 pytest_plugins = ["tests.api_conftest"]
 
 import re  # noqa: E402
+import time  # noqa: E402
 from html import unescape  # noqa: E402
 
 import pytest  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
+from access.sessions import SIGNED_IN_AT  # noqa: E402
 from claims.choices import ClaimPhase  # noqa: E402
 from claims.models import NodeClaim  # noqa: E402
 from events.models import Event  # noqa: E402
@@ -206,3 +208,19 @@ def test_a_claim_with_no_node_is_told_so_and_nothing_is_recorded(world, phase):
     answer = world.client("member_a").post(f"/api/v1/claims/{claim.pk}/power/", {"action": "power-on"},
                                            format="json")
     assert answer.status_code == 409 and "holds no node to power" in answer.json()["detail"]
+
+
+def test_switching_off_or_rebooting_wants_a_recent_sign_in_and_power_on_does_not(world, host_claim, settings):
+    client = browser(world, "member_a")
+    token = csrf_of(client, reverse("claim", args=[host_claim.name]))
+    session = client.session
+    session[SIGNED_IN_AT] = int(time.time() - settings.FRESH_SIGN_IN_S - 5)
+    session.save()
+    for action in ("power-off", "power-cycle"):
+        url = reverse("claim-power", args=[host_claim.name, action])
+        assert "Sign in again" in text(client.get(url))
+        refused = text(client.post(url, {"csrfmiddlewaretoken": token}, follow=True))
+        assert "needs a sign-in of the last" in refused and "nothing was done" in refused
+    assert not Event.objects.filter(step__in=POWER_STEPS).exists()
+    confirm(client, host_claim, "power-on")
+    assert Event.objects.filter(host_id=world.host_a.pk, step="power_on").exists()
