@@ -1,11 +1,19 @@
-"""Claim pages: the list with phases, one claim's step timeline, and the fleet's timings."""
+"""Claim pages: the list with phases, one claim's step timeline and power actions, and the fleet's timings."""
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Value
-from django.http import Http404
+from django.db.models import Q, Value
+from django.http import Http404, HttpResponseBadRequest
+from django.shortcuts import redirect
+from django.views.decorators.http import require_http_methods
 
+from access.sessions import fresh_sign_in_refusal
 from claims.selectors import claims_visible
+from core.actors import actor
+from core.transitions import ConcurrentTransition, IllegalTransition
 from core.views import STAFF, console_view, list_filter, page, paging_query, sort_headers
-from events.choices import ObjectType
+from events.choices import EventKind, ObjectType
+from events.models import Event
 from events.selectors import events_visible
 from events.views import live_cursor
 from pools.models import NodePool, NodeType, Tenant
@@ -13,6 +21,7 @@ from pools.selectors import tenants_visible
 
 from .providers import claim_proof, claims_extras
 from . import charts, presenters
+from .power import POWER_ACTIONS, claim_power, claim_power_allowed, claim_power_refusal
 from .choices import ClaimPhase
 from .filtersets import NodeClaimFilterSet
 from .models import NodeClaim
@@ -73,15 +82,17 @@ def claim_for_page(user, name: str) -> NodeClaim:
 
 
 def claim_context(user, claim: NodeClaim) -> dict:
-    from events.models import Event
-
-    transitions = list(events_visible(user, Event.objects.filter(claim_id=claim.pk, object_type=ObjectType.CLAIM))
-                       .order_by("-pk")[:50])
+    # Its phase changes and the actions on it, its node's power requests and their answers among them.
+    transitions = list(events_visible(user, Event.objects.filter(
+        Q(object_type=ObjectType.CLAIM) | Q(kind=EventKind.ACTION), claim_id=claim.pk)).order_by("-pk")[:50])
     extras = claims_extras([claim])
     machine = extras["machines"][claim.pk]
+    power_state = machine["power"] if machine else (claim.host.power_state if claim.host else "")
     return {"claim": claim, "timeline": presenters.claim_timeline(claim), "transitions": transitions,
             "total_s": presenters.claim_total(claim), "may_see_host": claim.host is not None, "machine": machine,
-            "proof": claim_proof(claim, machine, extras["certificates"].get(claim.name, []))}
+            "proof": claim_proof(claim, machine, extras["certificates"].get(claim.name, [])),
+            "power_state": power_state or "unknown", "may_power": claim_power_allowed(user, claim.tenant),
+            "power_actions": POWER_ACTIONS.items()}
 
 
 @console_view()
@@ -90,6 +101,56 @@ def claim_detail(request, name: str):
     claim = claim_for_page(request.user, name)
     return page(request, "claims/claim.html", {"cursor": cursor, **claim_context(request.user, claim),
                                                "ws_url": f"/ws/claims/{claim.pk}/", "nav": "claims"})
+
+
+# What each power action does, said on its confirmation.
+POWER_WARNINGS = {
+    "power-on": "Switch {node} on (nothing happens if it is on).",
+    "power-off": "Switch {node} off at once (a forced off, not a shutdown): whatever runs on it stops, and the node "
+                 "is NotReady in the tenant's cluster until it is switched on again.",
+    "power-cycle": "Reset {node} (or switch it on, if it is off): whatever runs on it stops at once and it boots "
+                   "again.",
+}
+
+
+@console_view()
+@require_http_methods(["GET", "POST"])
+def claim_power_action(request, name: str, action: str):
+    """GET: the confirmation; POST: the request through claims.power.claim_power (the same as the API's), then back
+    to the claim's page (or the tenant's, `next=tenant`). Who may: claims.power.claim_power_allowed, else 403;
+    another tenant's claim is 404. A refusal is a message and nothing is recorded."""
+    claim = claim_for_page(request.user, name)
+    if action not in POWER_ACTIONS:
+        raise Http404("no such action")
+    if not claim_power_allowed(request.user, claim.tenant):
+        raise PermissionDenied("powering a claim's node is for its tenant's admins and the platform's admins and "
+                               "operators")
+    label = POWER_ACTIONS[action]
+    back = "tenant" if request.GET.get("next", request.POST.get("next")) == "tenant" else ""
+    back_url = redirect("tenant", name=claim.tenant.name) if back else redirect("claim", name=claim.name)
+    # Switching a node off or resetting it is destructive: it wants a recent sign-in, as on the host's page.
+    danger = action != "power-on"
+    fresh_refusal = fresh_sign_in_refusal(request) if danger else ""
+    if request.method == "GET":
+        node = (f"claim {claim.name}'s " + (f"host {claim.host.name}" if claim.host else "machine"))
+        return page(request, "claims/confirm_power.html", {
+            "claim": claim, "action": action, "label": label, "warning": POWER_WARNINGS[action].format(node=node),
+            "refusal": claim_power_refusal(claim), "danger": danger, "next": back, "fresh_refusal": fresh_refusal,
+            "fresh_next": request.get_full_path(), "nav": "claims"})
+    if fresh_refusal:
+        messages.error(request, f"{label}: {fresh_refusal}; nothing was done")
+        return back_url
+    reason = request.POST.get("reason", "").strip()[:500]
+    if "\x00" in reason:  # no browser sends one; PostgreSQL would refuse it in the Event
+        return HttpResponseBadRequest("reason: contains a NUL character")
+    try:
+        done = claim_power(claim=claim, action=action, actor=actor(request),
+                           reason=reason or f"asked by {request.user.username} for claim {claim.name}")
+    except (IllegalTransition, ConcurrentTransition) as exc:
+        messages.error(request, f"{label}: {exc}")
+    else:
+        messages.success(request, done)
+    return back_url
 
 
 @console_view(*STAFF)

@@ -4,7 +4,7 @@ from django.urls import path
 
 import core.converters  # noqa: F401 (registers the <name:...> converter)
 
-from . import fleet_actions, host_pages, tokens, views
+from . import fleet_actions, host_pages, provider_pages, tokens, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -20,6 +20,9 @@ urlpatterns = [
     path("tenants/<name:name>/join-tokens/<int:pk>/revoke/", views.join_token_revoke, name="tenant-join-token-revoke"),
     path("tenants/<name:name>/api-check/", views.tenant_api_check, name="tenant-api-check"),
     path("providers/", views.provider_list, name="providers"),
+    path("providers/<name:name>/", provider_pages.provider_detail, name="provider"),
+    path("providers/<name:name>/workspaces/<name:workspace>/release-lock/", provider_pages.provider_release_lock,
+         name="provider-release-lock"),
     path("node-types/", views.node_type_list, name="node-types"),
     path("environments/", views.environment_list, name="environments"),
     path("images/", views.image_list, name="images"),

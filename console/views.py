@@ -18,6 +18,8 @@ from claims.choices import ClaimPhase
 from claims.ipam import environments_usage
 from claims.lifecycle import LIVE
 from claims.models import ClaimGroup, NodeClaim
+from claims.power import POWER_ACTIONS, claim_power_allowed
+from claims.providers import machines_of
 from claims.tenant_check import tenant_api_console_check, tenant_api_server_check
 from core import scoping
 from core.actors import actor
@@ -80,11 +82,18 @@ def tenant_context(user, tenant: Tenant) -> dict:
     claims = list(claim_presenters.claims_rows_queryset(
         NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED)).order_by("-created_at", "-pk")[:200])
     claim_presenters.with_progress(claims)
+    may_power = claim_power_allowed(user, tenant)
+    if may_power:  # each row's power state beside its buttons: the machine's, or the host's (one query for all)
+        machines = machines_of([c.pk for c in claims if not c.host_id])
+        for c in claims:
+            machine = machines.get(c.pk)
+            c.power_shown = (machine["power"] if machine else c.host.power_state if c.host else "") or "unknown"
     nodes = [c for c in claims if c.phase == ClaimPhase.AVAILABLE]
     used = sum(p.quantity or 0 for p in pools if p.kind == PoolKind.STATIC)
     return {"tenant": tenant, "pools": pools, "claims": claims, "nodes": nodes, "quota_used": used,
             "fabric_partitions": list(tenant.fabric_partitions.order_by("kind")),
-            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {},
+            "may_change": scoping.may_change_tenant(user, tenant), "errors_for": {}, "may_power": may_power,
+            "power_actions": POWER_ACTIONS.items(),
             "api_server_check": tenant_api_server_check(tenant)}
 
 

@@ -473,7 +473,7 @@ def host_power_request(*, host: BareMetalHost, action: str, actor: str, reason: 
         # Locked until commit: a flow cannot start on the host (its state change waits) between this check
         # and the request's Event. The worker checks the state again before it sends the request.
         locked = (BareMetalHost.objects.select_for_update(of=("self",)).filter(pk=host.pk)
-                  .values("state", "claim__tenant_id").first())
+                  .values("state", "claim__tenant_id", "claim__id").first())
         if locked is None:
             raise IllegalTransition(f"{host.name} no longer exists")
         refusal = power_cycle_refusal(locked["state"])
@@ -483,7 +483,8 @@ def host_power_request(*, host: BareMetalHost, action: str, actor: str, reason: 
         reason = (reason or "").strip()
         event = event_record(
             kind=EventKind.ACTION, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
-            tenant_id=locked["claim__tenant_id"], step=POWER_STEPS[action], actor=actor,
+            # With the claim it serves: the claim's page lists its node's power requests and their outcomes.
+            tenant_id=locked["claim__tenant_id"], claim_id=locked["claim__id"], step=POWER_STEPS[action], actor=actor,
             message=f"{words} requested" + (f": {reason}" if reason else ""),
             data={"action": action, "state": locked["state"], "reason": reason})
         request_id = event.pk
@@ -563,7 +564,8 @@ def _power_cycle_outcome(host: BareMetalHost, request: Event, *, ok: bool, messa
     # Its live groups (the fleet, the host's, its tenant's) show its power and timeline.
     event = event_record(
         kind=EventKind.ACTION, object_type=ObjectType.HOST, object_name=host.name, host_id=host.pk,
-        tenant_id=request.tenant_id, step=request.step, actor=request.actor, message=message,
+        tenant_id=request.tenant_id, claim_id=request.claim_id, step=request.step, actor=request.actor,
+        message=message,
         duration_s=seconds_since(started, now) if started else None, data={**data, "ok": ok})
     if not ok:
         log.warning("host %s: %s", host.name, message)

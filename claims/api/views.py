@@ -1,6 +1,6 @@
 """Claims over HTTP: read (a member its tenants' claims), release (a tenant admin of the claim's tenant, or a
 platform admin) through claims.phases.claims_release, power its node (those, and operators) through
-hosts.services.host_power_request, and adopt a running server (admins)."""
+claims.power.claim_power, and adopt a running server (admins)."""
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status, viewsets
@@ -14,12 +14,12 @@ from claims.models import ClaimGroup, NodeClaim
 from claims.presenters import claim_groups_rows
 from claims.selectors import claim_groups_visible, claims_visible
 from claims.phases import claims_release
-from claims.providers import claims_extras, machine_power
+from claims.power import claim_power
+from claims.providers import claims_extras
 from claims.restore import AdoptRefused, host_adopt
 from core import scoping
 from core.api import Conflict, ScopedPermission, ScopedViewMixin, actor, field_errors
 from hosts.api.serializers import HostSerializer
-from hosts.services import host_power_request
 
 from .serializers import (AdoptSerializer, ClaimGroupSerializer, ClaimPowerSerializer, NodeClaimSerializer,
                           ReleaseSerializer)
@@ -67,20 +67,14 @@ class NodeClaimViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
         409: OpenApiResponse(description="the claim has no host, or a flow drives the host's power now")})
     @action(detail=True, methods=["post"])
     def power(self, request, pk=None):
-        """Power the claim's node on, off or cycle it through its BMC: the request is in the Event log at once,
-        a worker sends it and records the BMC's answer. Not while a flow drives the host (provisioning, say)."""
+        """Power the claim's node on, off or cycle it: its host through its BMC, or the machine an external provider
+        made for it. The request is in the Event log at once, with the claim; a worker sends it and records the
+        answer. Not while a flow drives the host (provisioning, say)."""
         claim = self.get_object()
         body = ClaimPowerSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        if claim.phase in LIVE and claim.host_id is None and machine_power(
-                claim=claim, action=body.validated_data["action"], actor=actor(request),
-                reason=body.validated_data["reason"] or f"asked by {request.user.username} for claim {claim.name}"):
-            return Response(self.get_serializer(self.get_object()).data)  # an external provider's machine
-        if claim.host_id is None or claim.phase not in LIVE:
-            raise Conflict(f"claim {claim.name} is {claim.phase} and holds no node to power")
-        host_power_request(host=claim.host, action=body.validated_data["action"], actor=actor(request),
-                           reason=body.validated_data["reason"] or f"asked by {request.user.username} for claim "
-                                                                  f"{claim.name}")
+        claim_power(claim=claim, action=body.validated_data["action"], actor=actor(request),
+                    reason=body.validated_data["reason"] or f"asked by {request.user.username} for claim {claim.name}")
         return Response(self.get_serializer(self.get_object()).data)
 
 
