@@ -135,3 +135,10 @@ def test_the_lab_site_puts_its_kubevirt_clusters_kubeconfig_where_a_providers_cl
         assert cluster_kubeconfig(provider) == site.kubevirt.kubeconfig()
     finally:
         site.kubevirt.stop()
+
+
+def test_qemu_guests_need_the_os_image_and_a_known_guest_kind():
+    with pytest.raises(ValueError, match="os_image"):
+        KubeVirtCluster("kubevirt", guests="qemu")
+    with pytest.raises(ValueError, match="simulated, qemu"):
+        KubeVirtCluster("kubevirt", guests="firecracker")
