@@ -46,10 +46,12 @@ from pathlib import Path
 import kmock
 import yaml
 
+from agent.seed import GPT_RESERVE_BYTES, SEED_REGION_BYTES, SeedError, build_seed_iso, write_seed_to_disk
+
 from .kube import (RESOURCES, TenantAPIServer, TenantEmulator, _api_client, _close, _set_ready, kubelet_join,
                    parse_join_command)
 from .redfish import GUEST_HOST
-from .vm import QEMU, VMError, VMServer, accelerator, qemu_available
+from .vm import QEMU, SERCON_PORT, VMError, VMServer, accelerator, qemu_available
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +117,8 @@ class KubeVirtGuest(VMServer):
 
     def prepare(self, *, user_data: str, meta_data: str, network_config: str | None) -> None:
         """The seed disk as the agent lays it out on a server's disk: the cidata ISO in its last 64 MiB."""
-        from agent.seed import GPT_RESERVE_BYTES, SEED_REGION_BYTES, build_seed_iso, write_seed_to_disk
-
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "sercon.bin").write_bytes(b"\xf8\x03")  # SeaBIOS's text console on COM1, as VMServer's
+        (self.directory / "sercon.bin").write_bytes(SERCON_PORT)  # SeaBIOS's text console, as VMServer's
         with open(self.seed_disk, "wb") as disk:
             disk.truncate(SEED_REGION_BYTES + GPT_RESERVE_BYTES)
         write_seed_to_disk(str(self.seed_disk), build_seed_iso(user_data, meta_data, network_config))
@@ -166,13 +166,11 @@ class KubeVirtCluster(TenantAPIServer):
         super().__init__(name, **kwargs)
         if guests not in GUESTS:
             raise ValueError(f"guests must be one of {', '.join(GUESTS)}, not {guests!r}")
-        if guests == "qemu" and not os_image:
-            raise ValueError("QEMU guests boot the lab OS image: give os_image (python -m lab.vmimage os-image)")
         self.import_s = import_s  # how long an import takes
         self.tick_s = tick_s
         self.check_urls = check_urls  # ask each http(s) image URL before importing it (the lab site's images)
         self.guests = guests
-        self.os_image = Path(os_image) if os_image else None
+        self.os_image = Path(os_image) if os_image else None  # QEMU guests' image: needed by start()
         self.var_dir = Path(var_dir) if var_dir else None  # QEMU guests' disks and consoles (a temporary one if None)
         # TCG on a small host: the lab caps what a guest gets, whatever its domain asks.
         self.guest_ram_mib, self.guest_cores = guest_ram_mib, guest_cores
@@ -218,10 +216,11 @@ class KubeVirtCluster(TenantAPIServer):
             self._own_dir = self.var_dir = None
 
     def _prepare_qemu(self) -> None:
+        if self.os_image is None or not self.os_image.is_file():
+            raise VMError(f"QEMU guests boot the lab OS image: none at {self.os_image} "
+                          "(python -m lab.vmimage os-image builds it)")
         if not qemu_available() or shutil.which("qemu-img") is None:
             raise VMError(f"{QEMU} and qemu-img are not installed (Debian: qemu-system-x86, qemu-utils)")
-        if not self.os_image.is_file():
-            raise VMError(f"no OS image at {self.os_image} (python -m lab.vmimage os-image builds it)")
         if self.var_dir is None:
             self._own_dir = tempfile.TemporaryDirectory(prefix=f"vmetal-kubevirt-{self.name}-")
             self.var_dir = Path(self._own_dir.name)
@@ -491,19 +490,20 @@ class KubeVirtCluster(TenantAPIServer):
         except Exception as exc:
             return f"cloud-init NoCloud data unreadable: {exc}"
         endpoint, token = self._seed_join(user_data)
-        mac = next((i["macAddress"] for i in ((spec.get("domain") or {}).get("devices") or {}).get("interfaces") or []
-                    if i.get("macAddress")), None) or "52:54:00:" + ":".join(
-                        f"{b:02x}" for b in hashlib.sha256(uid.encode()).digest()[:3])
-        cores = int(((spec.get("domain") or {}).get("cpu") or {}).get("cores") or 1)
-        vm = KubeVirtGuest(f"{namespace}-{meta['name']}", mac, self.var_dir / "guests" / f"{namespace}-{meta['name']}-{uid[:8]}",
-                           root_disk=disk, cores=max(1, min(cores, self.guest_cores)),
-                           ram_mib=_guest_ram_mib(spec, self.guest_ram_mib))
+        domain = spec.get("domain") or {}
+        mac = next((i["macAddress"] for i in (domain.get("devices") or {}).get("interfaces") or []
+                    if i.get("macAddress")), None)
+        mac = mac or "52:54:00:" + ":".join(f"{b:02x}" for b in hashlib.sha256(uid.encode()).digest()[:3])
+        cores = int((domain.get("cpu") or {}).get("cores") or 1)
+        name = f"{namespace}-{meta['name']}"
+        vm = KubeVirtGuest(name, mac, self.var_dir / "guests" / f"{name}-{uid[:8]}", root_disk=disk,
+                           cores=max(1, min(cores, self.guest_cores)), ram_mib=_guest_ram_mib(spec, self.guest_ram_mib))
         meta_data = yaml.safe_dump({"instance-id": f"{meta['name']}.{namespace}", "local-hostname": hostname},
                                    sort_keys=False)
         try:
             vm.prepare(user_data=user_data, meta_data=meta_data, network_config=network)
             vm.power_on(boot="Hdd")
-        except (VMError, OSError, ValueError) as exc:
+        except (VMError, SeedError, OSError, ValueError) as exc:
             return f"virt-launcher: {exc}"
         if endpoint and endpoint.startswith(GUEST_HOST):  # the tenant API as this host reaches it
             endpoint = endpoint.replace(GUEST_HOST, "127.0.0.1", 1)
