@@ -535,10 +535,13 @@ class KubeVirtCluster(TenantAPIServer):
         if not guest or guest.get("vm") is None:
             return
         vm = guest["vm"]
-        if guest["record"] is None and f"vmetal-os: node {guest['node']} joined" in vm.console_text():
+        size = vm.console_log.stat().st_size if vm.console_log.exists() else 0
+        if guest["record"] is None and size != guest.get("console_size") and \
+                f"vmetal-os: node {guest['node']} joined" in vm.console_text():
             guest["record"] = {"vmi": guest["vmi"], "node": guest["node"], "endpoint": guest["endpoint"],
                                "error": None}
             self.joins.append(guest["record"])
+        guest["console_size"] = size  # read again only once the console has more to say
         proc = vm.proc
         if proc is None or not vm.exited_by_itself():
             return
