@@ -41,13 +41,13 @@ def qemu_kubevirt(tmp_path):
         _close(api)
 
 
-def make_vm(cluster, name: str) -> None:
+def make_vm(cluster, name: str, storage: str = "2Gi") -> None:
     cluster.core.create_namespaced_secret(NS, {"metadata": {"name": f"{name}-seed"},
                                                "stringData": {"userdata": USER_DATA}})
     cluster.custom.create_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", NS, "datavolumes", {
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": f"{name}-root"},
         "spec": {"source": {"http": {"url": "http://images.lab/os.img"}},
-                 "storage": {"resources": {"requests": {"storage": "2Gi"}}}}})
+                 "storage": {"resources": {"requests": {"storage": storage}}}}})
     cluster.custom.create_namespaced_custom_object("kubevirt.io", "v1", NS, "virtualmachines", {
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
         "spec": {"runStrategy": "Always", "template": {"spec": {
@@ -115,6 +115,16 @@ def test_a_vmi_is_a_qemu_process_on_an_overlay_of_the_image_started_again_when_i
     wait_for(lambda: not disk.exists() and cluster.disks() == [], timeout=10)
     assert not list((cluster.var_dir / "guests").glob("*/cloudinitdisk.img"))  # the seed disks went with the VMIs
 
+
+
+def test_a_data_volume_asking_for_an_unreadable_size_fails_its_import_and_no_disk_or_qemu_is_made(qemu_kubevirt):
+    cluster = qemu_kubevirt
+    make_vm(cluster, "bad", storage="lots")
+    failed = wait_for(lambda: (dv := next(iter(cluster.data_volumes(NS)), {}).get("status") or {})
+                      .get("phase") == "Failed" and dv)
+    assert failed["conditions"][0]["message"].startswith("storage request:")
+    wait_for(lambda: cluster.vms(NS)[0].get("status", {}).get("printableStatus") == "DataVolumeError")
+    assert not cluster.vmis(NS) and cluster.guest(NS, "bad") is None and cluster.disks() == []
 
 
 def test_the_lab_site_runs_its_kubevirt_cluster_with_qemu_guests_of_the_os_image_it_built(images, tmp_path):
