@@ -300,7 +300,7 @@ class LabSite:
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
                  health: dict | None = None, ipmi_hosts: list[str] | tuple = (), kubevirt: bool = False,
-                 metal3_cluster_hosts: int = 0):
+                 kubevirt_guests: str = "simulated", metal3_cluster_hosts: int = 0):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
@@ -353,7 +353,10 @@ class LabSite:
             raise ValueError(f"IPMI BMC for unknown or VM host(s): {', '.join(sorted(unknown))}")
         self.tenants: dict[str, TenantAPIServer] = {}
         # A KubeVirt cluster (lab/kubevirt.py) for a kubeVirt NodeProvider: its VMs join the tenants as nodes.
-        self.kubevirt: KubeVirtCluster | None = KubeVirtCluster(KUBEVIRT_CLUSTER, check_urls=True) if kubevirt else None
+        # Its guests simulated, or QEMU VMs of the lab OS image (built at start) that join by themselves.
+        self.kubevirt: KubeVirtCluster | None = KubeVirtCluster(
+            KUBEVIRT_CLUSTER, check_urls=True, guests=kubevirt_guests,
+            var_dir=self.var_dir / KUBEVIRT_CLUSTER) if kubevirt else None
         # Another site's Metal3 cluster (lab/metal3.py): its hosts are BareMetalHosts there, claimed by the console
         # through provider METAL3_CLUSTER's clusterRef, never registered as the console's own.
         self.metal3_cluster_hosts = metal3_cluster_hosts
@@ -404,6 +407,10 @@ class LabSite:
         for name in self.tenant_names:
             self.tenants[name] = TenantAPIServer(name, port=last.get("tenants", {}).get(name, 0)).start()
         if self.kubevirt is not None:
+            if self.kubevirt.guests == "qemu" and self.kubevirt.os_image is None:
+                from .vmimage import OS_IMAGE, build
+
+                self.kubevirt.os_image = build(["os-image"]).path(OS_IMAGE)  # cached after the first build
             self.kubevirt.port = last.get("kubevirt", 0)
             self.kubevirt.start()
         self._ports_keep()

@@ -172,7 +172,7 @@ class VMServer:
             raise VMError(f"{QEMU} is not installed (Debian: qemu-system-x86, ipxe-qemu)")
         with self._lock:
             self._kill(self.proc)
-            for stale in self.tftp_dir.iterdir():
+            for stale in self.tftp_dir.glob("*"):  # none where the VM has no TFTP (a KubeVirt guest)
                 stale.unlink()
             if chain_script is not None:
                 (self.tftp_dir / BOOT_FILE).write_text(chain_script)

@@ -135,3 +135,24 @@ def test_the_lab_site_puts_its_kubevirt_clusters_kubeconfig_where_a_providers_cl
         assert cluster_kubeconfig(provider) == site.kubevirt.kubeconfig()
     finally:
         site.kubevirt.stop()
+
+
+def test_qemu_guests_need_the_os_image_and_a_known_guest_kind(tmp_path):
+    from lab.vm import VMError
+
+    cluster = KubeVirtCluster("kubevirt", guests="qemu", os_image=tmp_path / "missing.img")
+    with pytest.raises(VMError, match="lab OS image"):
+        cluster.start()
+    assert not cluster.running
+    with pytest.raises(ValueError, match="simulated, qemu"):
+        KubeVirtCluster("kubevirt", guests="firecracker")
+
+
+def test_the_lab_command_refuses_qemu_guests_without_its_kubevirt_cluster():
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="add --kubevirt"):
+        call_command("lab", "--hosts", "0", "--kubevirt-guests", "qemu")
+    with pytest.raises(CommandError, match="invalid choice"):
+        call_command("lab", "--hosts", "0", "--kubevirt", "--kubevirt-guests", "firecracker")

@@ -2,8 +2,10 @@
 Secret, the NodeProvider with its node types, an OS image, a tenant's pool), the reconcile and the machines' looks
 as the worker runs them, against the lab's KubeVirt cluster or Metal3 cluster and the tenant's lab API: a claim
 Available with its machine recorded, its node Ready in the tenant, power off and on through the API, release, and
-the machine gone with its proof said. The manifests round-trip through export."""
+the machine gone with its proof said. The manifests round-trip through export. KubeVirt twice: with the lab's
+simulated guests, and with a QEMU VM booting the lab OS image that reads its NoCloud seed and joins by itself."""
 import io
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,17 +18,25 @@ from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
 from claims.phases import claims_release
 from claims.tenant_api import TenantAPI
+from conftest import wait_for
 from events.models import Event
+from lab import vmimage
 from lab.kube import TenantAPIServer
 from lab.kubevirt import KubeVirtCluster
 from lab.metal3 import Metal3LabCluster
+from lab.redfish import GUEST_HOST
 from machines.choices import MachineState
 from machines.models import Machine, TofuState
 from machines.services import claims_fill, machine_advance, machine_power_send
 from manifests.export import export_text
 from pools.models import Tenant
 
+from .test_vm_lab import alive
+
+pytest_plugins = ["tests.vm_conftest"]
 pytestmark = pytest.mark.django_db(transaction=True)
+# TCG on 2 shared cores: the OS image's boot to its node Ready took 25-125 s (tests/test_vm_images.py).
+GUEST_BOOT_S = 240
 
 FAKE_TOFU = Path(__file__).resolve().parent / "fixtures" / "fake_tofu"
 
@@ -129,7 +139,7 @@ def with_cluster(site: str, cluster: str, kubeconfig: str, checksum: str) -> str
     return CLUSTER_SECRET.format(cluster=cluster, kubeconfig=indented) + "---" + site.format(checksum=checksum)
 
 
-def looks_until(predicate, timeout: float = 30):
+def looks_until(predicate, timeout: float = 30, interval: float = 0.1):
     """What the worker does: the beat's pass, then a look at every machine, until the predicate holds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -138,7 +148,7 @@ def looks_until(predicate, timeout: float = 30):
             machine_advance(machine_id=machine.pk)
         if value := predicate():
             return value
-        time.sleep(0.1)
+        time.sleep(interval)
     raise AssertionError(f"not within {timeout}s: {[(c.name, c.phase, c.message) for c in NodeClaim.objects.all()]}"
                          f" {[(m.name, m.state, m.message) for m in Machine.objects.all()]}")
 
@@ -212,6 +222,80 @@ def test_a_kubevirt_pool_gets_a_vm_that_joins_powers_off_and_on_and_goes_at_rele
         life(apply, tenant_api, with_cluster(KUBEVIRT_SITE, "kv-lab", cluster.kubeconfig(), "0" * 64),
              "kubevirt", "destroyed")
         assert not cluster.objects("virtualmachines", "vms", group="kubevirt.io", version="v1")
+
+
+@pytest.mark.vm
+@pytest.mark.skipif(not shutil.which("qemu-system-x86_64"),
+                    reason="qemu-system-x86_64 is not installed (Debian: qemu-system-x86, qemu-utils)")
+@pytest.mark.timeout(600)  # two boots of the OS image under TCG (measured: see the printed timings)
+def test_a_kubevirt_pool_gets_a_qemu_vm_whose_os_reads_its_seed_joins_by_itself_powers_off_and_on_and_goes(
+        apply, tenant_api, images, tmp_path):
+    started = time.monotonic()
+    with KubeVirtCluster("kv-lab", guests="qemu", os_image=images.path(vmimage.OS_IMAGE),
+                         var_dir=tmp_path / "kubevirt") as cluster:
+        apply(with_cluster(KUBEVIRT_SITE, "kv-lab", cluster.kubeconfig(), "0" * 64))
+        apply(POOL.format(provider="kubevirt"), tenant="alpha")
+        # The VIP the guest joins: the tenant API as a QEMU guest reaches this host.
+        Tenant.objects.filter(name="alpha").update(api_endpoint=f"{GUEST_HOST}:{tenant_api.port}",
+                                                   kubeconfig=tenant_api.kubeconfig())
+        call_command("reconcile", stdout=io.StringIO())
+
+        def console() -> str:
+            guests = [cluster.guest(v["metadata"]["namespace"], v["metadata"]["name"]) for v in cluster.vmis()]
+            return "\n".join(g.console_text()[-3000:] for g in guests if g is not None)
+
+        try:
+            claim = looks_until(lambda: NodeClaim.objects.filter(phase=P.AVAILABLE).first(), GUEST_BOOT_S, 1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe guest's console:\n{console()}") from None
+        joined_s = time.monotonic() - started
+        machine = Machine.objects.get(claim=claim)
+        assert machine.made and machine.state == MachineState.RUNNING
+        guest = cluster.guest(machine.namespace, machine.name)
+        node = TenantAPI(tenant_api.kubeconfig()).get_node(claim.node_name)
+        # Only the guest says these: its OS image's name, the Debian kernel it booted, the address QEMU's DHCP
+        # gave it, the seed it found on its second disk and the join on its console.
+        info = node["status"]["nodeInfo"]
+        assert (info["osImage"], info["kernelVersion"]) == ("vMetal OS (Debian 12 packages)", images.kernel_version)
+        assert {"type": "InternalIP", "address": "10.0.2.15"} in node["status"]["addresses"]
+        text = guest.console_text()
+        assert "seed found on /dev/vdb" in text, text[-3000:]
+        assert f"vmetal-os: node {claim.node_name} joined {GUEST_HOST}:{tenant_api.port}, Ready" in text
+        assert [j["node"] for j in cluster.joins] == [claim.node_name]
+        first_pid, first_boot = guest.proc.pid, info["bootID"]
+        [disk] = cluster.disks()
+
+        power(claim, "power-off")
+        looks_until(lambda: ready(tenant_api, claim.node_name) != "True", 60, 1)
+        [vm] = cluster.vms(machine.namespace)
+        assert vm["spec"]["runStrategy"] == "Halted"
+        wait_for(lambda: cluster.vms(machine.namespace)[0]["status"]["printableStatus"] == "Stopped", timeout=20)
+        assert not alive(first_pid) and cluster.guest(machine.namespace, machine.name) is None and disk.exists()
+        mark = time.monotonic()
+        power(claim, "power-on")
+        try:
+            looks_until(lambda: ready(tenant_api, claim.node_name) == "True", GUEST_BOOT_S, 1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe guest's console:\n{console()}") from None
+        rejoined_s = time.monotonic() - mark
+        node = TenantAPI(tenant_api.kubeconfig()).get_node(claim.node_name)
+        assert node["status"]["nodeInfo"]["bootID"] != first_boot  # a new boot of the guest joined again
+        second = cluster.guest(machine.namespace, machine.name)
+        second_pid = second.proc.pid
+        assert second_pid != first_pid and second.root_disk == disk
+
+        claims_release(claims=[NodeClaim.objects.get(pk=claim.pk)], actor="user:e2e", reason="done")
+        looks_until(lambda: NodeClaim.objects.get(pk=claim.pk).phase == P.RELEASED, 60, 1)
+        machine.refresh_from_db()
+        assert machine.state == MachineState.GONE and machine.disk_proof == "destroyed"
+        assert TenantAPI(tenant_api.kubeconfig()).get_node(claim.node_name) is None
+        ns = machine.namespace
+        assert not cluster.vms(ns) and not cluster.vmis(ns) and not cluster.data_volumes(ns)
+        assert not [s for s in cluster.objects("secrets", ns) if s["metadata"]["name"].startswith(machine.name)]
+        wait_for(lambda: not disk.exists() and not cluster.disks(), timeout=20)
+        assert not alive(second_pid)
+    print(f"KubeVirt with a QEMU guest: claim Available (node Ready) {joined_s:.0f} s after the manifests, "
+          f"Ready again {rejoined_s:.0f} s after power-on; whole test {time.monotonic() - started:.0f} s")
 
 
 def test_a_pool_on_an_existing_metal3_cluster_gets_one_of_its_hosts_and_gives_it_back(apply, tenant_api):

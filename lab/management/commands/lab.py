@@ -1,5 +1,5 @@
 """python manage.py lab --hosts N [--vms N] [--tenants one,two] [--ipmi HOST,...] [--fault HOST=KIND ...]
-[--print-manifests]"""
+[--kubevirt [--kubevirt-guests qemu]] [--metal3-cluster N] [--print-manifests]"""
 import logging
 import os
 import shutil
@@ -9,6 +9,7 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from lab.redfish import GUEST_HOST
 from lab.site import FAULTS, LabSite
 
 
@@ -39,6 +40,10 @@ class Command(BaseCommand):
         parser.add_argument("--kubevirt", action="store_true",
                             help="also run a KubeVirt cluster (lab/kubevirt.py) for a kubeVirt NodeProvider whose "
                                  "clusterRef.cluster is kubevirt")
+        parser.add_argument("--kubevirt-guests", choices=["simulated", "qemu"], default="simulated",
+                            help="the KubeVirt cluster's guests: simulated (default), or QEMU VMs booting the lab OS "
+                                 "image (built from Debian packages at the first start), which read their NoCloud "
+                                 "seed and join by themselves, reaching this host as 10.0.2.2")
         parser.add_argument("--metal3-cluster", type=int, default=0, metavar="N",
                             help="also another site's Metal3 cluster with N BareMetalHosts, and provider lab-metal3 "
                                  "(kind metal3 with a clusterRef) claiming them (docs/providers-metal3-cluster.md)")
@@ -58,13 +63,20 @@ class Command(BaseCommand):
             raise CommandError("--hosts and --vms must be 0 or more")
         if options["vms"] and not shutil.which("qemu-system-x86_64"):
             raise CommandError("--vms needs qemu-system-x86_64 (Debian: qemu-system-x86, ipxe-qemu)")
+        if options["kubevirt_guests"] == "qemu":
+            if not options["kubevirt"]:
+                raise CommandError("--kubevirt-guests qemu is for the KubeVirt cluster: add --kubevirt")
+            if not (shutil.which("qemu-system-x86_64") and shutil.which("qemu-img")):
+                raise CommandError("--kubevirt-guests qemu needs qemu-system-x86_64 and qemu-img "
+                                   "(Debian: qemu-system-x86, qemu-utils)")
         try:
             site = LabSite(hosts=options["hosts"], gpu_hosts=options["gpu_hosts"], vms=options["vms"],
                            tenants=[t for t in options["tenants"].split(",") if t], faults=faults,
                            console_url=options["console_url"], power_delay=(float(lo), float(hi or lo)),
                            var_dir=settings.VAR_DIR / "lab",
                            ipmi_hosts=ipmi_hosts(options["ipmi"], options["hosts"], options["gpu_hosts"]),
-                           kubevirt=options["kubevirt"], metal3_cluster_hosts=options["metal3_cluster"])
+                           kubevirt=options["kubevirt"], kubevirt_guests=options["kubevirt_guests"],
+                           metal3_cluster_hosts=options["metal3_cluster"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         logging.getLogger("lab").setLevel(logging.INFO)
@@ -80,6 +92,11 @@ class Command(BaseCommand):
             if site.kubevirt is not None:
                 self.stdout.write(f"KubeVirt cluster {site.kubevirt.name}: Kubernetes API at {site.kubevirt.url}, its "
                                   f"kubeconfig in ProviderSecret vcluster-platform/{site.kubevirt.name}")
+                if site.kubevirt.guests == "qemu":
+                    endpoints = ", ".join(f"{name} {GUEST_HOST}:{server.port}" for name, server in site.tenants.items())
+                    self.stdout.write(f"KubeVirt guests are QEMU VMs (serial consoles in {site.kubevirt.var_dir}/"
+                                      f"guests/*/console.log); they reach this host as {GUEST_HOST}: give a tenant "
+                                      f"whose pools use kubeVirt that API endpoint ({endpoints or 'no tenants'})")
             if site.metal3:
                 self.stdout.write(f"Metal3 cluster {site.metal3.server.name}: {site.metal3_cluster_hosts} "
                                   f"BareMetalHosts at {site.metal3.server.url}")
