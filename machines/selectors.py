@@ -3,6 +3,9 @@ import logging
 
 from django.db.models import Count
 
+from claims.choices import ClaimPhase
+
+from .choices import MachineState
 from .kinds import KindError, kind_of
 from .models import Machine
 from .services import LIVE_MACHINE
@@ -30,4 +33,44 @@ def machine_capacity(node_types: list) -> dict[int, dict]:
             log.warning("capacity of %s (provider %s): %r", t.name, t.provider.name, exc)
             error = f"the provider could not be asked ({exc.__class__.__name__})"
         found[t.pk] = {"total": total, "claimed": claimed.get(t.pk, 0), "error": error}
+    return found
+
+
+def machine_steps(claim) -> list[dict]:
+    """The claim's machine as timeline steps (claims.providers.MACHINE_STEP_ORDER): make (made → running), join
+    (running → the claim Available: its node Ready and labelled), release (released → every object gone). One
+    query."""
+    m = Machine.objects.filter(claim_id=claim.pk).first()
+    if m is None:
+        return []
+    failed = m.state == MachineState.FAILED or claim.phase == ClaimPhase.FAILED
+
+    def step(name, started, ended, what):
+        status = "done" if ended else ("failed" if failed else "running")
+        message = what if ended else (f"failed: {m.message or claim.message}" if failed else m.message or what)
+        return {"step": name, "machine": m.name, "started_at": started, "ended_at": ended, "status": status,
+                "message": message}
+
+    steps = [step("make", m.created_at, m.running_at, f"{m.kind} machine {m.name} made and running")]
+    if m.running_at:
+        joined = claim.available_at if claim.available_at and claim.available_at >= m.running_at else None
+        if joined or not m.released_at:
+            steps.append(step("join", m.running_at, joined, f"node {claim.node_name} Ready in the tenant"))
+    if m.released_at:
+        steps.append(step("release", m.released_at, m.gone_at, "every object made for it is gone"))
+    return steps
+
+
+def machine_step_durations(recent: int) -> dict[str, list[float]]:
+    """Seconds per machine step over the latest `recent` machines (one query)."""
+    rows = (Machine.objects.order_by("-pk")
+            .values_list("created_at", "running_at", "released_at", "gone_at", "claim__available_at")[:recent])
+    found: dict[str, list[float]] = {}
+    for created, running, released, gone, available in rows:
+        if running:
+            found.setdefault("make", []).append((running - created).total_seconds())
+            if available and available >= running:
+                found.setdefault("join", []).append((available - running).total_seconds())
+        if released and gone:
+            found.setdefault("release", []).append((gone - released).total_seconds())
     return found
