@@ -128,7 +128,7 @@ class NodeTypeAdmin(ServiceDeleteMixin, RecordedAdmin):
         c = self._capacity(node_type)
         if c.get("machines"):  # an external provider's type: its kind's capacity, its live machines
             limit = "no limit" if c["total"] is None else f"{c['total']} machine(s)"
-            return f"{limit}, {c['claimed']} claimed" + (f" (provider: {c['error']})" if c["error"] else "")
+            return f"{limit}, {c['claimed']} claimed" + (f" (provider: {c['provider_error']})" if c["provider_error"] else "")
         # Every column of the capacity vocabulary that counts a host (they add up to the total).
         parts = [f"{n} {name.replace('_', ' ')}" for name, n in c.items() if name != "total" and n]
         return f"{c['total']} host(s) match" + (f": {', '.join(parts)}" if parts else "")

@@ -40,14 +40,15 @@ def machine_capacity(node_types: list) -> dict[int, dict]:
 def capacity_shown(node_types: list) -> dict[int, dict]:
     """What the capacity views show (the node types page, the API, `manage.py status`): a host type's columns of
     hosts; an external provider's type its provider's capacity as the same columns (total, available, provisioned:
-    its live machines) with `machines`: True, `claimed`, and `error` when the provider could not be asked. Total
+    its live machines) with `machines`: True, `claimed`, and `provider_error` when the provider could not be asked
+    (not `error`: that column counts hosts in error). Total
     and available are None where the provider sets no limit. Network I/O: outside any transaction."""
     shown = node_type_capacity(node_types)
     for pk, m in machine_capacity(node_types).items():
         total, claimed = m["total"], m["claimed"]
         shown[pk] = {**dict.fromkeys(shown[pk], 0), "total": total, "provisioned": claimed,
                      "available": None if total is None else max(0, total - claimed),
-                     "machines": True, "claimed": claimed, "error": m.get("error") or ""}
+                     "machines": True, "claimed": claimed, "provider_error": m.get("error") or ""}
     return shown
 
 

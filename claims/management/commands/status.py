@@ -31,7 +31,7 @@ class Command(BaseCommand):
             c = t["capacity"]
             if c.get("machines"):  # an external provider's type: its kind's capacity, its live machines
                 total = "no limit" if c["total"] is None else c["total"]
-                columns = f"{c['claimed']} machine(s) claimed" + (f"; provider: {c['error']}" if c["error"] else "")
+                columns = f"{c['claimed']} machine(s) claimed" + (f"; provider: {c['provider_error']}" if c["provider_error"] else "")
             else:
                 total = c["total"]
                 columns = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in c.items()
