@@ -286,7 +286,8 @@ def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod]
             kept_where = group_where(pool.shared_topology()) + (f" ({where})" if where else "")
         types = tuple(
             TypeOption(name=t.name, cost=t.effective_cost(), allocatable=resources[t.pk], properties=properties[t.pk],
-                       free_hosts=(min(free_hosts[t.pk], in_place[t.pk][1]) if in_place.get(t.pk) is not None
+                       free_hosts=(min(free_hosts[t.pk], in_place[t.pk][1])
+                                   if in_place.get(t.pk) is not None and free_hosts[t.pk] is not None
                                    else free_hosts[t.pk]),
                        free_domains=domains.get((t.pk, shares)))
             for t in matching[pool.pk])
@@ -386,16 +387,39 @@ def _refused(pod: PendingPod, ready: list[NodeClaim]) -> frozenset[str]:
     return frozenset(c.name for c in ready if c.available_at + SEEN_READY_AFTER <= pod.scheduler_message_at)
 
 
-def _free_hosts(node_types: list[NodeType]) -> dict[int, int]:
+def _free_hosts(node_types: list[NodeType]) -> dict[int, int | None]:
     """Per type: its available hosts, less the claims (of any tenant) already waiting for one of that type. Two
-    queries whatever the number of types."""
+    queries whatever the number of types. An external provider's type has no host here: its room instead
+    (_external_room; None: no limit)."""
     if not node_types:
         return {}
+    external = [t for t in node_types if t.provider.external]
+    hosts = [t for t in node_types if not t.provider.external]
+    free: dict[int, int | None] = _external_room(external)
+    if not hosts:
+        return free
     available = BareMetalHost.objects.filter(state__in=list(FREE)).aggregate(
-        **{f"t{t.pk}": Count("pk", filter=label_selector_q(t.host_selector)) for t in node_types})
-    promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=node_types)
+        **{f"t{t.pk}": Count("pk", filter=label_selector_q(t.host_selector)) for t in hosts})
+    promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=hosts)
                     .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))
-    return {t.pk: max(0, available[f"t{t.pk}"] - promised.get(t.pk, 0)) for t in node_types}
+    free.update({t.pk: max(0, available[f"t{t.pk}"] - promised.get(t.pk, 0)) for t in hosts})
+    return free
+
+
+def _external_room(node_types: list[NodeType]) -> dict[int, int | None]:
+    """An external provider's type (machines/): the maxCapacity its provider declares for it (kubeVirt,
+    OpenTofu; none: no limit) less its claims not ended, whatever their tenant. Read from the database only: a
+    decision holds the tenant's lock, and a kind's own answer (a Metal3 cluster's hosts) is network I/O, which
+    machines.services.claims_fill asks outside any transaction before it makes a machine."""
+    if not node_types:
+        return {}
+    live = dict(NodeClaim.objects.filter(phase__in=ACTIVE, node_type__in=node_types).order_by()
+                .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))
+    room: dict[int, int | None] = {}
+    for t in node_types:
+        limit = (t.provider_config or {}).get("maxCapacity") or (t.provider.config or {}).get("maxCapacity")
+        room[t.pk] = None if not limit else max(0, int(limit) - live.get(t.pk, 0))
+    return room
 
 
 def _answer(pods: list[PendingPod], *, claim: NodeClaim, pool: NodePool, now, reason: str) -> list[PendingPod]:

@@ -14,12 +14,14 @@ from hosts.models import BareMetalHost
 
 from .choices import ALLOCATE, ClaimPhase
 from .models import NodeClaim
+from .providers import MACHINE_FLOW, MACHINE_STEP_ORDER, machine_step_durations
 from .stats import percentile
 
 
 # Flows in the order a host lives them: registered, inspected, serving a claim (the claim's wait, provision),
 # released, retested. A flow not named here comes after them, by name.
-FLOW_ORDER = ("register", "inspect", "claim", "provision", "deprovision", "retest", "idle_check")
+# An external provider's machine (machines/) lives its own steps in place of provision and deprovision.
+FLOW_ORDER = ("register", "inspect", "claim", "provision", MACHINE_FLOW, "deprovision", "retest", "idle_check")
 CLAIM_STEPS = (ALLOCATE, "pending → available")  # the claim's own rows: the wait for a host, then the whole way
 
 
@@ -27,6 +29,8 @@ def flow_steps(flow: str) -> tuple[str, ...]:
     """The steps of `flow` in the order it runs them, from the step engine's registry (hosts.lifecycle.FLOWS)."""
     if flow == "claim":
         return CLAIM_STEPS
+    if flow == MACHINE_FLOW:
+        return MACHINE_STEP_ORDER
     registered = FLOWS.get(flow)
     return tuple(dict.fromkeys(step.name for step in registered.steps)) if registered else ()
 
@@ -55,6 +59,9 @@ def step_timings(recent: int = 5000) -> list[dict]:
               .order_by("-available_at")[:1000]]
     if totals:
         by_step[("claim", CLAIM_STEPS[-1])] = totals
+    for step, values in machine_step_durations(recent).items():  # external providers' machines (machines/)
+        if values:
+            by_step[(MACHINE_FLOW, step)] = values
     result = [{"flow": flow, "step": step, "n": len(values), "p50": percentile(values, 50),
                "p95": percentile(values, 95), "max": max(values)}
               for (flow, step), values in by_step.items()]

@@ -16,6 +16,7 @@ from hosts.models import HostCommand
 
 from .choices import ALLOCATE, ClaimPhase
 from .models import ClaimGroup, NodeClaim
+from .providers import MACHINE_FLOW, machine_steps
 from .selectors import claims_visible
 
 # The seed's table, step by step: what happens, where the time goes, and the flow steps that do it.
@@ -154,6 +155,12 @@ def claim_timeline(claim: NodeClaim, *, now: datetime | None = None) -> Timeline
             (bar.ended_at - bar.started_at).total_seconds()
         bar.status = "failed" if message.startswith(("failed", "skipped")) else "done"
         bar.message = message
+    for step in machine_steps(claim):  # an external provider's machine: its own steps (machines/)
+        started, ended = step["started_at"], step["ended_at"]
+        bars.append(StepBar(name=step["step"], flow=MACHINE_FLOW, host=step["machine"], started_at=started,
+                            ended_at=ended, duration_s=(ended - started).total_seconds() if ended else None,
+                            status=step["status"] if ended or step["status"] == "failed" else "running",
+                            message=step["message"], attempt=attempt_at(started)))
     live = claim.phase not in (ClaimPhase.RELEASED, ClaimPhase.FAILED)
     last_attempt = max((b.attempt for b in bars), default=1)
     running = None

@@ -13,6 +13,13 @@ MACHINE_HOLDERS: list = []
 MACHINE_POWER: list = []
 # fn(claim_ids) → {claim id: what its machine is, as the API and the claim page show it}.
 MACHINE_VIEWS: list = []
+# The steps of a claim's machine, for the claim's timeline and the fleet's timings: fn(claim) → [{"step",
+# "machine", "started_at", "ended_at", "status", "message"}] in MACHINE_STEP_ORDER; fn(recent) → {step: [seconds]}
+# over the latest `recent` machines.
+MACHINE_STEPS: list = []
+MACHINE_STEP_DURATIONS: list = []
+MACHINE_FLOW = "machine"
+MACHINE_STEP_ORDER = ("make", "join", "release")  # made → running; running → its node Ready; released → gone
 
 
 def on_machine_release(holders) -> None:
@@ -28,6 +35,25 @@ def on_machine_power(fn) -> None:
 def on_machine_view(fn) -> None:
     if fn not in MACHINE_VIEWS:
         MACHINE_VIEWS.append(fn)
+
+
+def on_machine_steps(steps, durations) -> None:
+    if steps not in MACHINE_STEPS:
+        MACHINE_STEPS.append(steps)
+    if durations not in MACHINE_STEP_DURATIONS:
+        MACHINE_STEP_DURATIONS.append(durations)
+
+
+def machine_steps(claim) -> list[dict]:
+    return [step for fn in MACHINE_STEPS for step in fn(claim)]
+
+
+def machine_step_durations(recent: int) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    for fn in MACHINE_STEP_DURATIONS:
+        for step, values in fn(recent).items():
+            found.setdefault(step, []).extend(values)
+    return found
 
 
 def machines_of(claim_ids) -> dict[int, dict]:

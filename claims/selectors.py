@@ -11,12 +11,13 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from core import scoping
-from hosts.capacity import NEVER_ALLOCATED, node_type_capacity, not_allocatable_q
+from hosts.capacity import NEVER_ALLOCATED, not_allocatable_q
 from hosts.choices import HostState
 from hosts.lifecycle import FREE
 from hosts.models import BareMetalHost
 from hosts.selectors import image_write_failures
 from hosts.topology import host_topology
+from pools.capacity import capacity_shown
 from pools.matching import label_selector_q, requirements_match
 from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
@@ -51,7 +52,7 @@ def fleet_status() -> dict:
                           "quantity": pool.quantity, "claims": phases})
         tenants.append({"name": tenant.name, "namespace": tenant.namespace, "pools": pools})
     node_types = list(NodeType.objects.select_related("provider").order_by("name"))
-    capacity = node_type_capacity(node_types)
+    capacity = capacity_shown(node_types)  # an external provider's types: asked over the network, no transaction
     return {
         "version": STATUS_VERSION,
         "generated_at": timezone.now().isoformat(),

@@ -17,7 +17,7 @@ from events.views import live_cursor
 from hosts.capacity import node_type_capacity
 from machines.kinds.terraform import UNTESTED
 from machines.models import TofuState
-from machines.selectors import lock_timeout_s, node_types_capacity, provider_machines, provider_workspaces
+from machines.selectors import lock_timeout_s, machine_capacity, provider_machines, provider_workspaces
 from machines.tofu.backend import NotLocked, tofu_release_lock
 from pools.choices import ProviderKind
 from pools.models import NodeProvider
@@ -63,7 +63,7 @@ def provider_detail(request, name: str):
     provider = provider_for(request.user, name)
     node_types = list(provider.node_types.order_by("name"))
     if provider.external:  # the kind's capacity: network I/O for some kinds, asked here outside any transaction
-        capacity = node_types_capacity(provider, node_types)
+        capacity = machine_capacity(node_types)
     else:  # the console's own hosts, counted as /node-types/ counts them
         capacity = {pk: {"hosts": c} for pk, c in node_type_capacity(node_types).items()}
     for node_type in node_types:

@@ -27,11 +27,12 @@ from core.views import STAFF, console_view, is_htmx, list_filter, page, role_of
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 from events.views import live_cursor
-from hosts.capacity import capacity_columns, node_type_capacity
+from hosts.capacity import capacity_columns
 from hosts.models import BareMetalHost
 from hosts.preflight import environment_hosts_q, preflight_summary
 from manifests.apply import Fields, apply_files
 from manifests.source import ManifestError
+from pools.capacity import capacity_shown
 from pools.choices import PoolKind
 from pools.filtersets import (
     NodeEnvironmentFilterSet,
@@ -332,7 +333,7 @@ def provider_list(request):
 def node_type_list(request):
     filters = list_filter(request, NodeTypeFilterSet, NodeType.objects.select_related("provider"))
     types = list(filters.qs)
-    capacity = node_type_capacity(types)
+    capacity = capacity_shown(types)  # an external provider's types: as its kind says (network I/O, no transaction)
     for t in types:
         t.capacity = capacity[t.pk]
         t.cost_shown = t.effective_cost()

@@ -6,21 +6,39 @@ from django.db.models import Count, Q
 from django.db.models.fields.json import KeyTextTransform
 
 from pools.matching import label_selector_q
-from pools.models import NodeType
+from pools.models import NodeType, external_provider_q
 
 from .choices import HostState
 from .lifecycle import CLAIMED, FREE
 from .models import BareMetalHost
 
 
+def external_types(node_types: list[NodeType]) -> set[int]:
+    """The types whose machines come from an external provider (machines/): none of the console's hosts is theirs,
+    whatever their selector says. From the rows' providers when loaded, else in one query."""
+    provider = NodeType._meta.get_field("provider")
+    external = {t.pk for t in node_types if provider.is_cached(t) and t.provider.external}
+    unread = [t.pk for t in node_types if not provider.is_cached(t)]
+    if unread:
+        external |= set(NodeType.objects.filter(external_provider_q("provider__"), pk__in=unread)
+                        .values_list("pk", flat=True))
+    return external
+
+
+def host_selector_q(node_type: NodeType, external: set[int]) -> Q:
+    return Q(pk__in=[]) if node_type.pk in external else label_selector_q(node_type.host_selector)
+
+
 def node_type_capacity(node_types: list[NodeType]) -> dict[int, dict[str, int]]:
     """{type id: {"total", and each of COLUMNS}} in one query, whatever the number of types: the hosts each type's
-    selector matches, each counted once in exactly one column."""
+    selector matches, each counted once in exactly one column. An external provider's type matches no host (its
+    machines are counted by pools.capacity.machine_capacity)."""
     if not node_types:
         return {}
     aggregates = {}
+    external = external_types(node_types)
     for t in node_types:
-        q = label_selector_q(t.host_selector)
+        q = host_selector_q(t, external)
         aggregates[f"t{t.pk}_total"] = Count("pk", filter=q)
         for name, column in COLUMNS.items():
             aggregates[f"t{t.pk}_{name}"] = Count("pk", filter=q & column.q)
@@ -142,7 +160,10 @@ def fleet_capacity(node_types: list[NodeType] | None = None) -> dict:
     back. One query whatever the fleet's size: hosts grouped by rack, each NodeType a set of filtered counts summed
     over the racks."""
     if node_types is None:
-        node_types = list(NodeType.objects.order_by("name"))
+        node_types = list(NodeType.objects.select_related("provider").order_by("name"))
+    # The hosts' card: an external provider's types have no host here (their machines: the node types page).
+    external = external_types(node_types)
+    node_types = [t for t in node_types if t.pk not in external]
     aggregates = _columns("", None)
     for t in node_types:
         aggregates.update(_columns(f"t{t.pk}_", label_selector_q(t.host_selector)))

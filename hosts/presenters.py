@@ -23,7 +23,7 @@ from hosts.selectors import (
 )
 from pools.matching import label_selector_matches
 from pools.firmware import below_minimums, wanted_settings
-from pools.models import NodeType
+from pools.models import NodeType, external_provider_q
 from pools.selectors import node_types_selecting
 
 from .bmc.client import SCHEMES
@@ -53,7 +53,10 @@ def sort_columns(query) -> list[dict]:
 
 
 def node_types_by_selector() -> list[NodeType]:
-    return list(NodeType.objects.only("name", "host_selector").order_by("name"))
+    """The types a host of the console's own can count for: not an external provider's (its machines are not
+    hosts here, whatever its selector says)."""
+    return list(NodeType.objects.exclude(external_provider_q("provider__")).select_related("provider")
+                .only("name", "host_selector", "provider__kind", "provider__config").order_by("name"))
 
 
 def node_type_of(host: BareMetalHost, node_types: list[NodeType]) -> str:

@@ -475,7 +475,8 @@ class LabSite:
                          "spec": {"displayName": f"{image.name} (lab, {image.format})", "format": image.format,
                                   "properties": {"metal3.vcluster.com/image-url": self.image_url(image),
                                                  "metal3.vcluster.com/image-checksum": image.sha256,
-                                                 "metal3.vcluster.com/image-checksum-type": "sha256"}}})
+                                                 "metal3.vcluster.com/image-checksum-type": "sha256",
+                                                 **self._kubevirt_image(image)}}})
         if self.metal3_cluster_hosts:
             docs.append(metal3_cluster_provider())
         for host in self.hosts.values():
@@ -602,6 +603,13 @@ class LabSite:
                 subprocess.run([qemu_img, "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
             self.images.append(LabImage(f"{IMAGE_NAME}-qcow2", qcow2, _sha256(qcow2), "qcow2"))
         (directory / "SHA256SUMS").write_text("".join(f"{i.sha256}  {i.path.name}\n" for i in self.images))
+
+    def _kubevirt_image(self, image: LabImage) -> dict:
+        """With the lab's KubeVirt cluster: a VM's root disk is imported from the same image (its controller asks
+        the URL, so it must be the lab image server's)."""
+        if self.kubevirt is None:
+            return {}
+        return {"kubevirt.vcluster.com/image-url": self.image_url(image), "kubevirt.vcluster.com/root-disk-size": "20Gi"}
 
     def image_url(self, image: LabImage) -> str:
         return f"http://127.0.0.1:{self._image_server.server_address[1]}/{image.path.name}"

@@ -1,35 +1,87 @@
-"""Reads of an external provider for its console page: its NodeTypes with the kind's capacity and the live machines,
-its machines, and (kind terraform) its OpenTofu workspaces with their locks, a stuck one marked."""
+"""Reads of external providers' machines: each NodeType's capacity as its kind says and the machines it holds, the
+machines' timeline steps, and (kind terraform) a provider's OpenTofu workspaces with their locks, a stuck one
+marked."""
+import logging
 from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
+from claims.choices import ClaimPhase
 from pools.choices import ProviderKind
 
 from .choices import MachineState
 from .kinds import KindError, kind_of
 from .models import Machine, TofuState
+from .services import LIVE_MACHINE
 from .tofu.runner import TofuFailed, duration_s
 
+log = logging.getLogger(__name__)
 
-def node_types_capacity(provider, node_types: list) -> dict[int, dict]:
-    """{type id: {"capacity": int | None, "error": str, "live": int}}: the kind's capacity of each type (network I/O
-    for some kinds, a Metal3 cluster's hosts: the caller asks outside any transaction; a failure is said, not raised)
-    and the machines of that type not gone."""
-    live = dict(Machine.objects.filter(node_type__in=node_types).exclude(state=MachineState.GONE).order_by()
-                .values("node_type_id").annotate(n=Count("pk")).values_list("node_type_id", "n"))
+
+def machine_capacity(node_types: list) -> dict[int, dict]:
+    """{type id: {"total", "claimed", "error"}} for the external providers' types among these: total as the kind
+    says (None: no limit; a provider that cannot be asked: None with the error), claimed its machines not gone
+    (one query). The kinds' calls are network I/O: never call this inside a transaction."""
+    external = [t for t in node_types if t.provider.external]
+    if not external:
+        return {}
+    claimed = dict(Machine.objects.filter(LIVE_MACHINE, node_type__in=external).order_by()
+                   .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))
     found = {}
-    for node_type in node_types:
-        capacity, error = None, ""
+    for t in external:
+        total, error = None, ""
         try:
-            capacity = kind_of(provider).capacity(node_type)
+            total = kind_of(t.provider).capacity(t)
         except KindError as exc:
             error = exc.message
         except (TypeError, ValueError) as exc:  # a maxCapacity that is not a number
             error = f"capacity unreadable: {exc}"
-        found[node_type.pk] = {"capacity": capacity, "error": error, "live": live.get(node_type.pk, 0)}
+        except Exception as exc:  # a provider's answer must never take a page down: said, and logged
+            log.warning("capacity of %s (provider %s): %r", t.name, t.provider.name, exc)
+            error = f"the provider could not be asked ({exc.__class__.__name__})"
+        found[t.pk] = {"total": total, "claimed": claimed.get(t.pk, 0), "error": error}
+    return found
+
+
+def machine_steps(claim) -> list[dict]:
+    """The claim's machine as timeline steps (claims.providers.MACHINE_STEP_ORDER): make (made → running), join
+    (running → the claim Available: its node Ready and labelled), release (released → every object gone). One
+    query."""
+    m = Machine.objects.filter(claim_id=claim.pk).first()
+    if m is None:
+        return []
+    failed = m.state == MachineState.FAILED or claim.phase == ClaimPhase.FAILED
+
+    def step(name, started, ended, what):
+        status = "done" if ended else ("failed" if failed else "running")
+        message = what if ended else (f"failed: {m.message or claim.message}" if failed else m.message or what)
+        return {"step": name, "machine": m.name, "started_at": started, "ended_at": ended, "status": status,
+                "message": message}
+
+    steps = [step("make", m.created_at, m.running_at, f"{m.kind} machine {m.name} made and running")]
+    if m.running_at:
+        joined = claim.available_at if claim.available_at and claim.available_at >= m.running_at else None
+        if joined or not m.released_at:
+            steps.append(step("join", m.running_at, joined, f"node {claim.node_name} Ready in the tenant"))
+    if m.released_at:
+        steps.append(step("release", m.released_at, m.gone_at, "every object made for it is gone"))
+    return steps
+
+
+def machine_step_durations(recent: int) -> dict[str, list[float]]:
+    """Seconds per machine step over the latest `recent` machines (one query)."""
+    rows = (Machine.objects.order_by("-pk")
+            .values_list("created_at", "running_at", "released_at", "gone_at", "claim__available_at")[:recent])
+    found: dict[str, list[float]] = {}
+    for created, running, released, gone, available in rows:
+        if running:
+            found.setdefault("make", []).append((running - created).total_seconds())
+            if available and available >= running:
+                found.setdefault("join", []).append((available - running).total_seconds())
+        if released and gone:
+            found.setdefault("release", []).append((gone - released).total_seconds())
     return found
 
 

@@ -42,8 +42,8 @@ class FillResult:
 
 
 def claims_fill(*, actor: str = ACTOR) -> FillResult:
-    """Pending claims on external providers get a machine each: the cheapest NodeType of their provider whose
-    properties match and whose capacity (the kind's, read outside the transaction) is not used up by live
+    """Pending claims on external providers get a machine each: the NodeType a dynamic pool's decision chose for
+    the claim, else the cheapest NodeType of their provider whose properties match and whose capacity (the kind's, read outside the transaction) is not used up by live
     machines. The NodeType row is locked while its machines are counted, so two passes never overfill it."""
     result = FillResult()
     pending = list(NodeClaim.objects.filter(external_provider_q("provider__"), phase=P.PENDING, host__isnull=True, machine__isnull=True)
@@ -60,8 +60,11 @@ def claims_fill(*, actor: str = ACTOR) -> FillResult:
             capacity[node_type.pk] = 0
             log.warning("capacity of %s: %s", node_type.name, exc.message)
     for claim in pending:
-        candidates = [t for t in types if t.provider_id == claim.provider_id
-                      and requirements_match(claim.requirements, t.effective_properties())]
+        if claim.node_type_id:  # chosen already (a dynamic pool's decision, by cost and fit): that type only
+            candidates = [t for t in types if t.pk == claim.node_type_id and t.provider_id == claim.provider_id]
+        else:
+            candidates = [t for t in types if t.provider_id == claim.provider_id
+                          and requirements_match(claim.requirements, t.effective_properties())]
         if not candidates:
             result.waiting[claim.name] = "no NodeType of its provider matches its requirements"
             _wait(claim, "NoNodeType", result.waiting[claim.name])

@@ -19,10 +19,10 @@ def database_in_use() -> bool:
 
 
 def demo_load(*, hosts: bool, actor: str = "system:demo") -> int:
-    """Apply the demo site (and its hosts when asked), tenant `one`'s static pools and tenant `two`'s dynamic pool;
-    the number of objects changed. Applied as `apply` does: over whatever is there, so the callers decide whether
+    """Apply the demo site (and its hosts when asked), its KubeVirt provider, tenant `one`'s static pools (one of
+    them on KubeVirt) and tenant `two`'s dynamic pool; the number of objects changed. Applied as `apply` does: over whatever is there, so the callers decide whether
     the database may take it."""
-    files = [DEMO / "site.yaml"] + ([DEMO / "hosts.yaml"] if hosts else [])
+    files = [DEMO / "site.yaml"] + ([DEMO / "hosts.yaml"] if hosts else []) + [DEMO / "kubevirt.yaml"]
     changed = apply_files([(str(f), f.read_text()) for f in files], actor=actor).changed
     for tenant in ("one", "two"):
         path = DEMO / f"tenant-{tenant}.yaml"

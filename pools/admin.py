@@ -27,7 +27,7 @@ from events.admin import (
 from events.choices import EventKind, ObjectType
 from events.services import event_record
 
-from .capacity import node_type_capacity
+from .capacity import capacity_shown
 from .choices import PoolKind
 from .models import (
     FabricPartition,
@@ -78,7 +78,7 @@ class NodeTypeChangeList(ChangeList):
         super().get_results(request)
         # Capacity for the whole page in one query (pools.capacity), not one per row.
         node_types = list(self.result_list)
-        capacity = node_type_capacity(node_types)
+        capacity = capacity_shown(node_types)
         for node_type in node_types:
             node_type.capacity = capacity[node_type.pk]
 
@@ -106,7 +106,7 @@ class NodeTypeAdmin(ServiceDeleteMixin, RecordedAdmin):
     @staticmethod
     def _capacity(node_type) -> dict:
         if not hasattr(node_type, "capacity"):  # the change page: one type
-            node_type.capacity = node_type_capacity([node_type])[node_type.pk]
+            node_type.capacity = capacity_shown([node_type])[node_type.pk]
         return node_type.capacity
 
     @admin.display(description="total")
@@ -126,6 +126,9 @@ class NodeTypeAdmin(ServiceDeleteMixin, RecordedAdmin):
         if node_type.pk is None:
             return "-"
         c = self._capacity(node_type)
+        if c.get("machines"):  # an external provider's type: its kind's capacity, its live machines
+            limit = "no limit" if c["total"] is None else f"{c['total']} machine(s)"
+            return f"{limit}, {c['claimed']} claimed" + (f" (provider: {c['provider_error']})" if c["provider_error"] else "")
         # Every column of the capacity vocabulary that counts a host (they add up to the total).
         parts = [f"{n} {name.replace('_', ' ')}" for name, n in c.items() if name != "total" and n]
         return f"{c['total']} host(s) match" + (f": {', '.join(parts)}" if parts else "")

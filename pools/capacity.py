@@ -20,6 +20,38 @@ def node_type_capacity(node_types: list) -> dict[int, dict[str, int]]:
     return _source(node_types)
 
 
+# External providers' NodeTypes (machines/): {type id: {"total": int | None, "claimed": int, "error": str}}, the
+# total from the provider's kind (None: no limit), claimed its live machines. The machines app registers it. The
+# kinds answer over the network: ask only outside a transaction, never in the allocator's.
+_machine_capacity = None
+
+
+def machine_capacity_source(fn) -> None:
+    global _machine_capacity
+    _machine_capacity = fn
+
+
+def machine_capacity(node_types: list) -> dict[int, dict]:
+    if _machine_capacity is None or not node_types:
+        return {}
+    return _machine_capacity(node_types)
+
+
+def capacity_shown(node_types: list) -> dict[int, dict]:
+    """What the capacity views show (the node types page, the API, `manage.py status`): a host type's columns of
+    hosts; an external provider's type its provider's capacity as the same columns (total, available, provisioned:
+    its live machines) with `machines`: True, `claimed`, and `provider_error` when the provider could not be asked
+    (not `error`: that column counts hosts in error). Total
+    and available are None where the provider sets no limit. Network I/O: outside any transaction."""
+    shown = node_type_capacity(node_types)
+    for pk, m in machine_capacity(node_types).items():
+        total, claimed = m["total"], m["claimed"]
+        shown[pk] = {**dict.fromkeys(shown[pk], 0), "total": total, "provisioned": claimed,
+                     "available": None if total is None else max(0, total - claimed),
+                     "machines": True, "claimed": claimed, "provider_error": m.get("error") or ""}
+    return shown
+
+
 # NodeEnvironments' addresses ({env id: {size, used, free, leaked}}): the claims app, which hands them out
 # (claims.ipam), registers the source.
 _address_usage = None

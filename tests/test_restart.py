@@ -57,7 +57,7 @@ def admin_client() -> APIClient:
 def test_bin_run_starts_with_prepare_which_loads_the_demo_into_an_empty_database():
     assert start_up_commands() == [["prepare", "--no-demo-hosts"], ["reconcile-world"]]
     printed = start_up()
-    assert "demo data: 10 object(s) created or changed" in printed and "login: admin / " in printed
+    assert "demo data: 13 object(s) created or changed" in printed and "login: admin / " in printed
     assert NodePool.objects.get(name="gpu").quantity == 1 and OSImage.objects.count() == 1
     assert NodePool.objects.get(tenant__name="two", name="gpu-auto").kind == "dynamic"
 

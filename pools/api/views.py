@@ -19,7 +19,7 @@ from core.api import ScopedViewMixin, actor
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_delete, object_update
-from pools.capacity import node_type_capacity
+from pools.capacity import capacity_shown
 from pools.filtersets import (
     NodeEnvironmentFilterSet,
     NodePoolFilterSet,
@@ -151,16 +151,16 @@ class NodeTypeViewSet(ConfigViewSet):
     def get_serializer(self, *args, **kwargs):
         if args and args[0] is not None:
             objects = list(args[0]) if kwargs.get("many") else [args[0]]
-            kwargs["context"] = {**self.get_serializer_context(), "capacity": node_type_capacity(objects)}
+            kwargs["context"] = {**self.get_serializer_context(), "capacity": capacity_shown(objects)}
         return super().get_serializer(*args, **kwargs)
 
     def perform_create(self, serializer):
         super().perform_create(serializer)
-        serializer.context["capacity"] = node_type_capacity([serializer.instance])
+        serializer.context["capacity"] = capacity_shown([serializer.instance])
 
     def perform_update(self, serializer):
         super().perform_update(serializer)
-        serializer.context["capacity"] = node_type_capacity([serializer.instance])
+        serializer.context["capacity"] = capacity_shown([serializer.instance])
 
     def perform_destroy(self, instance):
         node_type_delete(node_type=instance, actor=actor(self.request))

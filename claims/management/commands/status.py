@@ -25,11 +25,18 @@ class Command(BaseCommand):
         if hosts["warm"]:
             self.stdout.write(f"  of which warm   {hosts['warm']} (available, on in the agent's ramdisk: a claim "
                               "writes its image at once)")
-        self.stdout.write("\nNodeTypes:                  total   cost  hosts (each in one column of the capacity)")
+        self.stdout.write("\nNodeTypes:                  total   cost  hosts (each in one column of the capacity), or "
+                          "an external provider's machines")
         for t in status["node_types"]:
             c = t["capacity"]
-            columns = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in c.items() if name != "total" and n)
-            self.stdout.write(f"  {t['name']:<24} {c['total']:>6} {t['cost']:>6}  {columns or 'none'}")
+            if c.get("machines"):  # an external provider's type: its kind's capacity, its live machines
+                total = "no limit" if c["total"] is None else c["total"]
+                columns = f"{c['claimed']} machine(s) claimed" + (f"; provider: {c['provider_error']}" if c["provider_error"] else "")
+            else:
+                total = c["total"]
+                columns = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in c.items()
+                                    if name != "total" and n) or "none"
+            self.stdout.write(f"  {t['name']:<24} {total:>8} {t['cost']:>6}  {columns}")
         self.stdout.write("\nTenants and pools:")
         for tenant in status["tenants"]:
             self.stdout.write(f"  {tenant['name']} ({tenant['namespace']})")
