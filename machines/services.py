@@ -42,9 +42,10 @@ class FillResult:
 
 
 def claims_fill(*, actor: str = ACTOR) -> FillResult:
-    """Pending claims on external providers get a machine each: the NodeType a dynamic pool's decision chose for
-    the claim, else the cheapest NodeType of their provider whose properties match and whose capacity (the kind's, read outside the transaction) is not used up by live
-    machines. The NodeType row is locked while its machines are counted, so two passes never overfill it."""
+    """Pending claims on external providers get a machine each: of the NodeType a dynamic pool's decision chose
+    for the claim (or an earlier machine of it had), else of the cheapest NodeType of their provider whose
+    properties match and whose capacity (the kind's, read outside the transaction) is not used up by live machines.
+    The NodeType row is locked while its machines are counted, so two passes never overfill it."""
     result = FillResult()
     pending = list(NodeClaim.objects.filter(external_provider_q("provider__"), phase=P.PENDING, host__isnull=True, machine__isnull=True)
                    .select_related("provider").order_by("created_at", "pk"))
