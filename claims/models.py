@@ -6,7 +6,7 @@ from core.crypto import EncryptedTextField
 from core.labels import validate_labels, validate_taints
 from pools.validators import check_taints, collect, validate_string_map
 
-from .choices import ClaimPhase
+from .choices import ClaimPhase, ReleasePurpose
 
 
 class ClaimGroup(models.Model):
@@ -70,6 +70,9 @@ class NodeClaim(models.Model):
     reason = models.CharField(max_length=64, blank=True)  # machine-readable: NoCapacity, NoNodeType, ...
     message = models.TextField(blank=True)  # for people
     attempts = models.PositiveIntegerField(default=0)  # hosts allocated to it so far
+    # Set when it is released: why (claims.choices.ReleasePurpose), read by the release gate.
+    release_purpose = models.CharField(max_length=16, choices=ReleasePurpose.choices, blank=True,
+                                       default=ReleasePurpose.FREE)
     # Names of hosts that failed it: taken again only when no other can free up; CLAIM_MAX_ATTEMPTS distinct
     # ones fail the claim.
     failed_hosts = models.JSONField(default=list, blank=True)

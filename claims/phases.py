@@ -24,6 +24,7 @@ from pools.services import pools_changed
 
 from . import task_names
 from .choices import ClaimPhase as P
+from .choices import ReleasePurpose
 from .ipam import HOLDS_NO_HOST, addresses_free
 from .lifecycle import LIVE, check_phase_change
 from .models import ClaimGroup, NodeClaim
@@ -99,10 +100,16 @@ def claims_transition(*, claims: Iterable[NodeClaim], to_phase: str, actor: str,
 
 
 @transaction.atomic
-def claims_release(*, claims: list[NodeClaim], actor: str, reason: str) -> None:
+def claims_release(*, claims: list[NodeClaim], actor: str, reason: str,
+                   purpose: str = ReleasePurpose.FREE) -> None:
     """Give claims back. A claim without a host is released at once; one with a host goes to
     Releasing and its host to deprovisioning (drain, clean and return to the pool); one with an external provider's
-    machine goes to Releasing and its machine is released (MACHINE_HOLDERS)."""
+    machine goes to Releasing and its machine is released (MACHINE_HOLDERS). `purpose` (ReleasePurpose) is kept on
+    each claim for the release gate."""
+    if purpose:
+        NodeClaim.objects.filter(pk__in=[c.pk for c in claims]).update(release_purpose=purpose)
+        for claim in claims:
+            claim.release_purpose = purpose
     held = set().union(*(holders([c for c in claims if c.host_id is None]) for holders in MACHINE_HOLDERS))
     by_phase = defaultdict(list)
     for claim in claims:
