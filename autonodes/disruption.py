@@ -40,16 +40,16 @@ do-not-disrupt), made for bare metal (a minimum node lifetime; a long default co
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
+from claims.drift import claim_drift
 from claims.models import NodeClaim
 from claims.phases import claims_release
 from claims.reconcile import claims_create
@@ -61,9 +61,9 @@ from events.models import Event
 from events.services import events_record
 from pools.choices import ConsolidationPolicy, PoolKind
 from pools.matching import requirements_match
-from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, Tenant
-from pools.validators import parse_quantity
-from pools.validators import parse_cron, parse_duration
+from pools.models import NodePool, NodeType, Tenant
+from pools.budgets import DEFAULT_BUDGET, allowance, budget_window, budgets, in_force  # noqa: F401 (read here)
+from pools.validators import parse_duration, parse_quantity
 
 from .choices import DecisionReason as R
 from .fit import (
@@ -88,10 +88,8 @@ DEFAULT_POLICY = ConsolidationPolicy.WHEN_EMPTY
 DEFAULT_CONSOLIDATE_AFTER_GPU = timedelta(minutes=30)
 DEFAULT_CONSOLIDATE_AFTER_CPU = timedelta(minutes=10)
 DEFAULT_MIN_NODE_LIFETIME = timedelta(minutes=30)
-DEFAULT_BUDGET = {"nodes": "10%"}
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-UNLIMITED = 2**31 - 1
 # A replacement that failed is not made again at once: a broken image or no server of the type would otherwise
 # launch and fail a claim on every pass: never relaunched in a loop.
 REPLACEMENT_RETRY = timedelta(minutes=30)
@@ -125,105 +123,10 @@ def expire_after(pool: NodePool) -> timedelta | None:
     return parse_duration(pool.expire_after) if pool.expire_after else None
 
 
-def budgets(pool: NodePool) -> list[dict]:
-    return list((pool.disruption or {}).get("budgets") or [DEFAULT_BUDGET])
-
-
-def _next_firing(cron, after: datetime) -> datetime:
-    """The schedule's first firing strictly after `after` (minute resolution), in UTC."""
-    start, delta, _ = cron.remaining_delta(after.astimezone(UTC), tz=UTC)
-    return start + delta
-
-
-def budget_window(budget: dict, now: datetime) -> tuple[bool, datetime | None]:
-    """(in force now, until when: None when it has no schedule or is not in force). As Karpenter: in force when
-    the schedule fired within the last `duration` (its next firing after now − duration is not after now)."""
-    if budget.get("schedule") is None:
-        return True, None
-    cron = parse_cron(str(budget["schedule"]))
-    duration = parse_duration(str(budget["duration"]))
-    fired = _next_firing(cron, now - duration)
-    if fired > now:
-        return False, None
-    for _ in range(10_000):  # the latest firing so far, then windows that overlap it
-        following = _next_firing(cron, fired)
-        if following > now:
-            break
-        fired = following
-    until = fired + duration
-    for _ in range(1_000):  # windows that begin before this one ends extend it
-        following = _next_firing(cron, fired)
-        if following >= until:
-            return True, until
-        fired, until = following, following + duration
-    return True, None  # windows overlap without end (every minute for an hour): in force, no end in sight
-
-
-def budget_nodes(budget: dict, total: int) -> int:
-    """A budget's node count for a pool of `total` nodes: a percentage rounded up, as Karpenter does."""
-    nodes = str(budget.get("nodes", "10%")).strip()
-    if nodes.endswith("%"):
-        return math.ceil(int(nodes[:-1]) * total / 100)
-    return int(nodes)
-
-
-@dataclass
-class Allowance:
-    allowed: int  # nodes this reason may disrupt at once (before those already being disrupted)
-    budget: dict | None  # the binding budget (None: no budget in force for this reason)
-    until: datetime | None  # when that budget stops being in force (scheduled budgets)
-
-
-def allowance(pool: NodePool, reason: str, total: int, now: datetime) -> Allowance:
-    """The most restrictive budget in force for this reason. A budget that cannot be read blocks (fail closed,
-    as Karpenter); apply refuses such budgets, so only a row changed behind the validators' back gets here."""
-    best = Allowance(UNLIMITED, None, None)
-    for budget in budgets(pool):
-        if budget.get("reasons") and reason not in budget["reasons"]:
-            continue
-        try:
-            active, until = budget_window(budget, now)
-            allowed = budget_nodes(budget, total)
-        except (ValueError, TypeError):
-            return Allowance(0, budget, None)
-        if active and allowed < best.allowed:
-            best = Allowance(allowed, budget, until)
-    return best
-
-
-def in_force(pool: NodePool, now: datetime | None = None) -> list[dict]:
-    """The pool's budgets in force now, each with "until" (a datetime or None), for the pool page."""
-    now = now or timezone.now()
-    shown = []
-    for budget in budgets(pool):
-        try:
-            active, until = budget_window(budget, now)
-        except (ValueError, TypeError):
-            active, until = True, None
-        if active:
-            shown.append({**budget, "until": until})
-    return shown
-
-
 def drift(claim: NodeClaim, pool: NodePool) -> str | None:
-    """Why the claim's node no longer is what the pool would make now (None: it is)."""
-    if claim.properties != pool.properties:
-        old, new = claim.properties.get(OS_IMAGE_PROPERTY), pool.properties.get(OS_IMAGE_PROPERTY)
-        if old != new:
-            return f"OS image {old or '(none)'} → {new or '(none)'}"
-        return "the pool's properties changed"
-    if claim.node_labels != pool.node_labels:
-        return "the pool's nodeLabels changed"
-    if _taint_set(claim.taints) != _taint_set(pool.taints):
-        return "the pool's taints changed"
-    if claim.node_type is not None and not requirements_match(pool.node_type_selector,
-                                                               claim.node_type.effective_properties()):
-        return f"the pool's nodeTypeSelector no longer matches {claim.node_type.name}"
-    return None
-
-
-def _taint_set(taints: list) -> set:
-    return {(t.get("key", ""), str(t.get("value", "") or ""), t.get("effect", "")) for t in taints or []}
+    """Why the claim's node no longer is what the pool would make now (None: it is): claims.drift's first change."""
+    changes = claim_drift(claim, pool)
+    return changes[0] if changes else None
 
 
 # --- what runs where ---------------------------------------------------------------------------------------------

@@ -116,3 +116,25 @@ class NodeUsage(models.Model):
 
     def __str__(self) -> str:
         return f"usage of claim {self.claim_id}"
+
+
+class PoolRoll(models.Model):
+    """A static pool's roll of its drifted nodes (autonodes.roll), as its last pass left it: how far it is and
+    what it waits for, for the tenant page."""
+
+    pool = models.OneToOneField("pools.NodePool", on_delete=models.CASCADE, related_name="roll")
+    started_at = models.DateTimeField(null=True, blank=True)  # None: no roll under way
+    replaced = models.PositiveIntegerField(default=0)  # drifted nodes taken out so far in this roll
+    total = models.PositiveIntegerField(default=0)  # replaced + drifted ones left
+    # For people: "1 of 3 replaced, replacing one-x7k2q" / "held: the budget's window is closed until 02:00".
+    status = models.CharField(max_length=300, blank=True)
+    # What holds it ("budget:0", "do-not-disrupt:node", "replacement-failed", ...; "" when nothing): a Blocked
+    # decision Event is written when this changes, not on every pass.
+    held_by = models.CharField(max_length=200, blank=True)
+    next_at = models.DateTimeField(null=True, blank=True)  # when it may go on (a window, a retry)
+    retry_at = models.DateTimeField(null=True, blank=True)  # a failed replacement is made again from then
+    failure = models.CharField(max_length=300, blank=True)  # what the last failed replacement said
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"roll of pool {self.pool_id}"

@@ -1,7 +1,7 @@
 """Celery tasks of Auto Nodes: thin, idempotent, safe to run twice."""
 from celery import shared_task
 
-from . import disruption, launches, services, task_names
+from . import disruption, launches, roll, services, task_names
 
 
 @shared_task(name=task_names.DISRUPT)
@@ -34,3 +34,12 @@ def decide_waiting() -> int:
 def check_launches() -> list[str]:
     """Beat: dynamic pools' claims past their launch deadline, reported once (never relaunched)."""
     return launches.launches_check()
+
+
+@shared_task(name=task_names.ROLL)
+def roll_pools() -> dict:
+    """Celery beat's roll pass (AUTONODES_ROLL_EVERY_S): static pools' drifted nodes replaced within their budgets."""
+    result = roll.pools_roll()
+    return {"tenants": len(result.tenants), "skipped": result.skipped, "drifted": len(result.drifted),
+            "replacing": result.replacing, "reimaging": result.reimaging, "released": result.released,
+            "held": result.held}

@@ -220,7 +220,8 @@ def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeTy
         claim.attempts += 1
     _link_claims_to_hosts(claims)
     claims_transition(claims=claims, to_phase=P.PROVISIONING, actor=actor, reason="Scheduled", message=message,
-                      fields={"node_type": node_type, "attempts": F("attempts") + 1},
+                      fields={"node_type": node_type, "attempts": F("attempts") + 1,
+                              "node_type_properties": node_type.effective_properties()},
                       event_messages={c.pk: f"host {c.host_name} ({node_type.name})" for c in claims})
     _say_retried(claims, node_type.name)
 

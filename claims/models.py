@@ -91,6 +91,18 @@ class NodeClaim(models.Model):
     # clamped: claims.selectors.launch_deadlines), and when it was reported past that (once; it is not relaunched).
     launch_deadline_at = models.DateTimeField(null=True, blank=True)
     launch_reported_at = models.DateTimeField(null=True, blank=True)
+    # What the node was made from beyond the pool's snapshot above, for drift (claims.drift): the OSImage written
+    # ({"name", "url", "checksum"}, at its write) and its NodeType's properties (at allocation).
+    image = models.JSONField(default=dict, blank=True)
+    node_type_properties = models.JSONField(default=dict, blank=True)
+    # Drifted: since when the node is no longer what its pool would make now, and what changed ("OS image a → b;
+    # labels: team=ml added"); cleared when it is again. A static pool's roll replaces drifted nodes.
+    drifted_since = models.DateTimeField(null=True, blank=True)
+    drift = models.CharField(max_length=500, blank=True)
+    # A replacement made first (a drift roll, a dynamic pool's expiry or drift): the claim it replaces, released
+    # once this one is Available. While both are live, the pair counts once towards the pool's quantity.
+    replacement_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="replacements")
 
     class Meta:
         ordering = ["-created_at", "name"]
@@ -115,12 +127,16 @@ class NodeClaim(models.Model):
         return ClaimPhase.colour(self.phase)
 
     def conditions(self) -> list[dict]:
-        """Scheduled / Provisioned / Joined, as vCluster reports them."""
-        return [
+        """Scheduled / Provisioned / Joined, as vCluster reports them; Drifted as Karpenter's NodeClaims do."""
+        conditions = [
             {"type": name, "status": "True" if at else "False", "lastTransitionTime": at.isoformat() if at else None}
             for name, at in (("Scheduled", self.scheduled_at), ("Provisioned", self.provisioned_at),
                              ("Joined", self.joined_at))
         ]
+        if self.drifted_since:
+            conditions.append({"type": "Drifted", "status": "True", "reason": "Drifted", "message": self.drift,
+                               "lastTransitionTime": self.drifted_since.isoformat()})
+        return conditions
 
 
 class AddressAllocation(models.Model):

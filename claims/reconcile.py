@@ -64,14 +64,19 @@ def pools_reconcile(*, pool_ids: list[int] | None = None, actor: str = "system:r
     return result
 
 
+# A pool's live claims, a replacement made first and the live claim it replaces counted once (a drift roll's
+# pair is one node of the quantity until the old one goes).
+_LIVE_COUNT = (Count("claims", filter=Q(claims__phase__in=list(LIVE)))
+               - Count("claims", filter=Q(claims__phase__in=list(LIVE), claims__replacement_of__phase__in=list(LIVE))))
+
+
 def _pools_off_quantity(pool_ids: list[int] | None) -> list[int]:
     """The static pools (of `pool_ids`, else all) whose live claims differ from their quantity, by id: two
     queries whatever the number of pools, so a pass with nothing to do stays cheap."""
     pools = NodePool.objects.filter(kind=PoolKind.STATIC)
     if pool_ids is not None:
         pools = pools.filter(pk__in=pool_ids)
-    rows = list(pools.order_by("pk").annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE))))
-                .values_list("pk", "quantity", "group", "live"))
+    rows = list(pools.order_by("pk").annotate(live=_LIVE_COUNT).values_list("pk", "quantity", "group", "live"))
     grouped = _live_groups([pk for pk, _, group, _ in rows if isinstance(group, dict) and group.get("size")])
     off = []
     for pk, quantity, group, live_claims in rows:
@@ -97,7 +102,7 @@ def _pool_reconcile(*, pool_id: int, actor: str) -> tuple[list[str], list[str], 
     if not NodePool.objects.filter(pk=pool_id, kind=PoolKind.STATIC).select_for_update(no_key=True).exists():
         return [], [], False  # gone, or made dynamic, meanwhile
     p = (NodePool.objects.filter(pk=pool_id).select_related("tenant", "provider")
-         .annotate(live=Count("claims", filter=Q(claims__phase__in=list(LIVE)))).get())
+         .annotate(live=_LIVE_COUNT).get())
     quantity = p.quantity or 0
     if p.group_size:  # whole groups only: claims from before the pool had groups count one by one
         ungrouped, groups = _live_groups([p.pk]).get(p.pk, (0, 0))

@@ -39,6 +39,7 @@ from pools.fabric import FabricRangeFull, fabric_partitions_assign
 from pools.validators import parse_duration
 
 from .choices import ClaimPhase as P
+from .drift import image_written
 from .ipam import claim_address, claim_environment, network_data_override
 from .models import NodeClaim
 from .selectors import claim_image
@@ -118,6 +119,7 @@ def step_write_image(run: Run) -> dict:
             failure.message = (f"OS image {image.name} failed to write on {len(failed)} hosts "
                                f"({', '.join(sorted(failed))}): {failure.message}")
         raise
+    image_written(claim=claim, image=image)
     return {"image": image.name, "image_url": image.url, "image_checksum": image.checksum,
             "bytes": result.get("bytes_written"), "disk": result.get("disk")}
 

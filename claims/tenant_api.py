@@ -524,6 +524,19 @@ class TenantAPI:
                 raise TenantAPIError(f"list nodes: tenant API answered something that is not a node list: "
                                      f"{type(exc).__name__}") from None
 
+    def list_node_annotations(self) -> dict[str, dict]:
+        """Every node of the tenant: its name → its annotations (karpenter.sh/do-not-disrupt on a Node)."""
+        import json
+
+        with self._client() as api:
+            response = self._call("list nodes", client.CoreV1Api(api).list_node, _preload_content=False)
+            try:
+                items = json.loads(response.data).get("items") or []
+                return {item["metadata"]["name"]: dict(item["metadata"].get("annotations") or {}) for item in items}
+            except (ValueError, AttributeError, KeyError, TypeError) as exc:
+                raise TenantAPIError(f"list nodes: tenant API answered something that is not a node list: "
+                                     f"{type(exc).__name__}") from None
+
     def list_node_pods(self) -> list[dict]:
         """Every pod bound to a node and not finished (Succeeded or Failed), as dicts: one list call for the whole
         tenant, which autonodes.disruption reads to see what runs on each node. Parsed straight from the JSON:

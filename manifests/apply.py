@@ -707,7 +707,7 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
 
 
 STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile",
-                 "topology", "group"}
+                 "topology", "group", "disruption"}
 DYNAMIC_FIELDS = {"name", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile", "limits",
                   "disruption", "expireAfter", "weight", "topology", "group"}
 
@@ -774,6 +774,8 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
         if quantity < 0:
             raise Invalid(pool.path + ("quantity",), f"must be 0 or more, not {quantity}")
         values["quantity"] = quantity
+        # Ours: the budgets its drift roll keeps to (autonodes.roll), as a dynamic pool's.
+        values["disruption"] = pool.child("disruption", {}).mapping({"budgets"}).value
     else:
         values.update(limits=pool.string_map("limits"), disruption=pool.child("disruption", {}).mapping().value,
                       expire_after=pool.str("expireAfter"), weight=pool.int("weight"))

@@ -155,6 +155,7 @@ def _pool(pool) -> dict:
     body = {"name": pool.name}
     if pool.kind == PoolKind.STATIC:
         body["quantity"] = pool.quantity
+        _put(body, "disruption", pool.disruption)  # its drift roll's budgets
     _put(body, "nodeTypeSelector", pool.node_type_selector)
     _put(body, "nodeLabels", dict(sorted(pool.node_labels.items())))
     _put(body, "taints", pool.taints)

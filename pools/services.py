@@ -73,6 +73,9 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
     Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).first()
     existing = {p.name: p for p in tenant.pools.select_for_update(no_key=True, of=("self",))
                 .select_related("provider").order_by("pk")}
+    for pool in existing.values():
+        pool.tenant = tenant
+    inherited = {name: pool.properties for name, pool in existing.items()}  # what their claims are made from
     object_update(tenant, {"private_nodes_enabled": enabled, "provider_properties": provider_properties},
                   actor=actor, object_type=ObjectType.TENANT, tenant=tenant)
     declared = {spec.name for spec in pools}
@@ -83,6 +86,13 @@ def tenant_private_nodes_apply(*, tenant: Tenant, enabled: bool, provider_proper
         pool = existing.get(spec.name) or NodePool(tenant=tenant, name=spec.name)
         values = {"provider": spec.provider, "kind": spec.kind, **_pool_defaults(), **spec.values}
         created, changes = object_update(pool, values, actor=actor, object_type=ObjectType.POOL, tenant=tenant)
+        if not created and spec.name in inherited and inherited[spec.name] != pool.properties:
+            # Its autoNodes entry's properties flow into its claims (the OS image): a change of the pool.
+            before, after = inherited[spec.name], pool.properties
+            event_record(kind=EventKind.CHANGE, object_type=ObjectType.POOL, object_name=str(pool), actor=actor,
+                         tenant=tenant, message=f"properties: {before} → {after}",
+                         data={"properties": [before, after]})
+            changes = {**changes, "properties": (before, after)}
         result.pools[spec.name] = (created, changes)
         if changes and not created:
             NodePool.objects.filter(pk=pool.pk).update(version=F("version") + 1)

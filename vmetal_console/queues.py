@@ -29,8 +29,9 @@ TASK_KIND = {
     # A drive an agent's call asked for (its lookup, a result, a boot fetch): the agent waits for its next command.
     hosts_tasks.DRIVE_HOST_FOR_AGENT: AGENT,
     # Auto Nodes: decisions and disruption read tenants' Kubernetes APIs (TENANT_API_TIMEOUT_S a call).
+    # Static pools' drift roll reads them too (a tenant with a drifted node).
     **dict.fromkeys([autonodes_tasks.DECIDE, autonodes_tasks.DECIDE_WAITING, autonodes_tasks.DISRUPT,
-                     autonodes_tasks.CHECK_LAUNCHES], AUTONODES),
+                     autonodes_tasks.CHECK_LAUNCHES, autonodes_tasks.ROLL], AUTONODES),
     # Named to say they stay in DEFAULT: each is quick and only touches the database (the join token's revoke: one
     # call with its timeout, retried by countdown, not by waiting).
     **dict.fromkeys([hosts_tasks.SWEEP_OVERDUE_HOSTS, hosts_tasks.DRIVE_STALE_HOSTS, hosts_tasks.REPAIR_DUE,

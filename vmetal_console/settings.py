@@ -273,6 +273,9 @@ CELERY_BEAT_SCHEDULE = {
     # of each tenant's pods per pass.
     "autonodes-disrupt": {"task": autonodes_tasks.DISRUPT,
                           "schedule": float(os.environ.get("AUTONODES_DISRUPT_EVERY_S", "10"))},
+    # Static pools' drifted nodes replaced within their budgets (autonodes/roll.py): the tenant API is read only
+    # for a tenant with a drifted node or a roll under way.
+    "autonodes-roll": {"task": autonodes_tasks.ROLL, "schedule": float(os.environ.get("AUTONODES_ROLL_EVERY_S", "30"))},
     # Auto Nodes: pods that wait (a limit, the quota, no free host) are decided again now and then.
     "autonodes-decide-waiting": {"task": autonodes_tasks.DECIDE_WAITING,
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},

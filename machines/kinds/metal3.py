@@ -13,6 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from claims.drift import image_written
 from claims.selectors import claim_image
 from pools.models import SERVER_NAME_PROPERTY
 
@@ -191,6 +192,7 @@ class Metal3Cluster:
                                {CLAIM_ANNOTATION: _claim_ref(machine)})
             spec["userData"] = {"name": secret, "namespace": namespace}
             cluster.patch(namespace, name, {"spec": spec})
+        image_written(claim=claim, image=image)
         machine.memory["node_name"] = join.node_name
 
     def _claim(self, cluster: Cluster, machine, mode: str) -> dict:
