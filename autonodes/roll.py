@@ -234,16 +234,14 @@ class _PoolPass:
             self._say("", "")
             return
         roll.total = roll.replaced + len(drifted)
-        progress = f"{roll.replaced} of {roll.total} replaced"
-        if in_flight:
-            progress += f", replacing {', '.join(old.name for old, _ in in_flight)}"
+        progress = _progress(roll, in_flight)
         candidates = [c for c in drifted if c.pk not in replacing]
         if not candidates:
             if not in_flight and not down:  # done
                 roll.started_at = None
                 self._say(progress, "")
             else:
-                self._say(progress + (f", {down} node(s) being re-imaged" if down else ""), "")
+                self._say(progress + (f", {down} node(s) not serving yet" if down else ""), "")
             return
         if hold := self._hold_before():
             key, why = hold
@@ -256,14 +254,11 @@ class _PoolPass:
             if why := self.guarded.get(claim.node_name):
                 guarded.append((f"do-not-disrupt:{claim.node_name}", why))
             elif left > 0:
-                self._start(claim)
-                in_flight.append((claim, None))
+                in_flight.append((claim, self._start(claim)))
                 left -= 1
             else:
                 waiting.append(claim)
-        progress = f"{roll.replaced} of {roll.total} replaced"
-        if in_flight:
-            progress += f", replacing {', '.join(old.name for old, _ in in_flight)}"
+        progress = _progress(roll, in_flight) + (f", {down} node(s) not serving yet" if down else "")
         if waiting:
             key, says = self._budget_says(budget)
             self._say(f"{progress}; {says}", key)
@@ -324,7 +319,8 @@ class _PoolPass:
             return
         in_flight.append((old, new))
 
-    def _start(self, claim: NodeClaim) -> None:
+    def _start(self, claim: NodeClaim) -> NodeClaim | None:
+        """Replace a drifted node: its replacement first (returned), else re-imaged in place (None)."""
         why = f"drifted: {claim.drift}"
         if self._free_host() and self.quota.take():
             new = claims_create(pool=self.pool, count=1, actor=self.actor, message=f"replaces {claim.name} ({why})")[0]
@@ -332,7 +328,7 @@ class _PoolPass:
             self.result.replacing[claim.name] = new.name
             self._event(R.DRIFTED, [claim], f"replacing {claim.name} ({why}): new claim {new.name} first, "
                                             f"{claim.name} released once it is Ready", replacement=new.name)
-            return
+            return new
         claims_release(claims=[claim], actor=self.actor, reason=f"re-imaged for pool {self.pool.name} ({why})",
                        purpose=ReleasePurpose.REIMAGE)
         task_send_on_commit(claim_tasks.RECONCILE_POOLS, pool_ids=[self.pool.pk])  # its new claim
@@ -341,6 +337,7 @@ class _PoolPass:
         self.result.reimaging.append(claim.name)
         self._event(R.DRIFTED, [claim], f"re-imaging {claim.name} in place ({why}): no free host for a replacement "
                                         "first; drained and released, the pool makes its new node")
+        return None
 
     def _free_host(self) -> bool:
         """Whether a host of a type this pool takes is free now (a replacement first would get it)."""
@@ -368,6 +365,18 @@ class _PoolPass:
             host_id=claims[0].host_id if len(claims) == 1 else None, actor=self.actor, message=message,
             data={"reason": str(reason), "pool": self.pool.name, "claims": [c.name for c in claims],
                   "nodes": [c.node_name for c in claims], **extra}))
+
+
+def _progress(roll: PoolRoll, in_flight: list[tuple[NodeClaim, NodeClaim | None]]) -> str:
+    """"1 of 3 replaced, replacing one-x7k2q" (a replacement made first) / "re-imaging one-x7k2q" (in place)."""
+    text = f"{roll.replaced} of {roll.total} replaced"
+    first = [old.name for old, new in in_flight if new is not None]
+    in_place = [old.name for old, new in in_flight if new is None]
+    if first:
+        text += f", replacing {', '.join(first)}"
+    if in_place:
+        text += f", re-imaging {', '.join(in_place)}"
+    return text
 
 
 def _hhmm(moment: datetime) -> str:

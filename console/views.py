@@ -71,7 +71,7 @@ def tenant_for(user, name: str) -> Tenant:
 def tenant_context(user, tenant: Tenant) -> dict:
     """Pools with their claims by phase, live claims with progress, nodes, quota, fabric partitions, the tenant
     API check. A fixed number of queries."""
-    pools = list(tenant.pools.select_related("provider").order_by("name"))
+    pools = list(tenant.pools.select_related("provider", "roll").order_by("name"))  # roll: a static pool's drift
     counts = {}
     for row in (NodeClaim.objects.filter(tenant=tenant).exclude(phase=ClaimPhase.RELEASED).order_by()
                 .values("pool_id", "phase").annotate(n=Count("pk"))):

@@ -12,6 +12,8 @@ class ConditionSerializer(serializers.Serializer):
     type = serializers.CharField()
     status = serializers.CharField()
     lastTransitionTime = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(required=False)
+    message = serializers.CharField(required=False, help_text="Drifted: what changed since the node was made")
 
 
 class GroupSummarySerializer(serializers.Serializer):
@@ -33,6 +35,15 @@ class NodeClaimSerializer(serializers.ModelSerializer):
     node_type = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     host = serializers.CharField(source="host_name", read_only=True)
     conditions = ConditionSerializer(many=True, read_only=True)
+    drifted_since = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="since when its node is no longer what its pool would make now (null: it is); see drift")
+    drift = serializers.CharField(read_only=True, help_text="what changed: \"OS image ubuntu-a → ubuntu-b; labels: "
+                                                            "team=ml added\"; empty when not drifted")
+    replacement_of = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True,
+        help_text="the claim this one replaces (a drift roll's replacement made first); released once this is "
+                  "Available")
     group = serializers.SerializerMethodField(help_text="its all-or-nothing group; null when placed on its own")
     machine = serializers.SerializerMethodField(
         help_text="the machine an external provider made for it (a KubeVirt VirtualMachine, a Metal3 cluster's "
@@ -49,7 +60,8 @@ class NodeClaimSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "namespace", "tenant", "pool", "group", "provider", "node_type", "host", "node_name",
                   "ip_address", "phase", "phase_changed_at", "reason", "message", "attempts", "requirements",
                   "properties", "node_labels", "taints", "conditions", "created_at", "scheduled_at", "provisioned_at",
-                  "joined_at", "available_at", "released_at", "machine", "proof", "power", "annotations"]
+                  "joined_at", "available_at", "released_at", "drifted_since", "drift", "replacement_of", "machine",
+                  "proof", "power", "annotations"]
         read_only_fields = fields
 
     def _extras(self, obj) -> dict:

@@ -33,7 +33,7 @@ class NodeClaimViewSet(ScopedViewMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return claims_visible(self.request.user,
-                              NodeClaim.objects.select_related("tenant", "provider", "node_type"))
+                              NodeClaim.objects.select_related("tenant", "provider", "node_type", "replacement_of"))
 
     def get_serializer(self, *args, **kwargs):
         # The groups of the claims shown, with their state, read once for the page (two queries).
