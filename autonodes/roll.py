@@ -15,8 +15,9 @@ disruption budgets, as dynamic pools' drift is (autonodes.disruption), one pool'
 #   its new claim.
 # - held, saying why: a node with karpenter.sh/do-not-disrupt (on the Node, or a pod on it), the budget (a
 #   window that is closed), an OS image that cannot be written (nothing is erased for an image that would fail),
-#   a replacement that failed (the old node keeps serving; made again after REPLACEMENT_RETRY), a pool of
-#   all-or-nothing groups (not rolled node by node, as dynamic pools' groups).
+#   a replacement that failed (the old node keeps serving; made again after REPLACEMENT_RETRY), a claim of the
+#   pool that is Failed (an in-place re-image's new node that did not come), a pool of all-or-nothing groups (not
+#   rolled node by node, as dynamic pools' groups).
 # Each action, and each hold that starts or changes, is one decision Event on the pool.
 from __future__ import annotations
 
@@ -275,6 +276,9 @@ class _PoolPass:
         if self.roll.retry_at is not None and self.roll.retry_at > self.now:
             self.roll.next_at = self.roll.retry_at
             return "replacement-failed", f"{self.roll.failure}; tried again from {_hhmm(self.roll.retry_at)}"
+        if failed := [c for c in self.claims if c.phase == P.FAILED and c.replacement_of_id is None]:
+            # A node that did not come back (an in-place re-image's new claim): no other goes before it is seen to.
+            return "failed", f"claim {failed[0].name} is Failed ({failed[0].message or failed[0].reason})"
         _, problem = os_image(self.pool.properties.get(OS_IMAGE_PROPERTY) or "")
         if problem:
             return f"image:{problem[0]}", f"{problem[1]}: no node is replaced with an image that cannot be written"

@@ -13,6 +13,7 @@ from django.db import transaction
 from core.errors import InUse
 from core.labels import error_location
 from core.limits import node_count_error
+from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import ObjectType
 from events.services import object_update
@@ -50,6 +51,7 @@ from pools.services import (
 from pools.sku import DERIVED_LABELS
 from pools.validators import NETWORK_DATA, parse_duration
 
+from autonodes import task_names as autonodes_tasks
 from machines.clusters import CLUSTER_SECRET_NAMESPACE, KUBECONFIG_KEY, secret_data
 from machines.kinds.metal3 import CLEANING_MODES
 from machines.models import ProviderSecret
@@ -749,6 +751,8 @@ def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
         raise Invalid(entries_reader.path, "; ".join(exc.messages)) from None
     for name, (created, changes) in result.pools.items():
         ctx.result.add(f"nodepool/{tenant.name}/{name}", created, changes)
+    if any(changes and not created for created, changes in result.pools.values()):
+        task_send_on_commit(autonodes_tasks.ROLL)  # what a pool's nodes are made from may have changed: drift
     for name in result.deleted:
         ctx.result.line(f"nodepool/{tenant.name}/{name} deleted")
         ctx.result.changed += 1

@@ -1,7 +1,7 @@
 """Static pools follow what their nodes are made from: a changed OS image (or OSImage, NodeType, labels, taints)
 makes their serving claims Drifted, with what changed, and the roll replaces them within the pool's budgets:
 a new node first where a host is free, else re-imaged in place; do-not-disrupt, closed windows, an image that
-cannot be written and a failed replacement hold it, saying why. Claims are made Available in PostgreSQL; the
+cannot be written and a failed replacement hold it, saying why. Claims are made Available in the database; the
 tenant's pods and Nodes live in a lab tenant API (lab.kube.TenantAPIServer), read as in production."""
 import datetime
 
@@ -22,7 +22,7 @@ from pools.models import NodePool, NodeProvider, NodeType, OSImage, Tenant
 
 from .test_autonodes_disruption import Tenants, make_available
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 IMAGE = "vcluster.com/os-image"
 SUM_A, SUM_B = "a" * 64, "b" * 64
@@ -228,6 +228,19 @@ def test_a_failed_replacement_leaves_the_old_node_serving_and_says_why(site):
     assert NodeClaim.objects.exclude(phase__in=["Released", "Releasing"]).count() == 1  # not made again yet
     assert status(pool).startswith(f"0 of 1 replaced; held: replacement {new.name} of {old.name} failed (image "
                                    f"write failed: 404); {old.name} keeps serving; tried again from ")
+
+
+def test_a_node_that_did_not_come_back_from_its_re_image_holds_the_rest(site):
+    tenant = site.tenant("one")
+    pool = site.static(tenant, quantity=3, budgets=[{"nodes": "2"}])
+    first, *rest = site.serving(pool, 3)
+    point_at(tenant, "ubuntu-2604")
+    NodeClaim.objects.filter(pk=first.pk).update(phase=ClaimPhase.FAILED, message="image write failed: 404")
+
+    roll.pools_roll()
+
+    assert all(NodeClaim.objects.get(pk=c.pk).phase == "Available" for c in rest)
+    assert status(pool) == f"0 of 2 replaced; held: claim {first.name} is Failed (image write failed: 404)"
 
 
 def test_an_image_that_cannot_be_written_replaces_nothing(site):
