@@ -279,8 +279,9 @@ async def resync(communicator, since: int, ids=()) -> str:
     return await receive_until(communicator, 'id="live-cursor"')
 
 
-async def receive_until(communicator, pattern: str, timeout: float = 5.0) -> str:
-    """Messages until what arrived matches (a change may take a few messages, or come after another)."""
+async def receive_until(communicator, pattern: str, timeout: float = 20.0) -> str:
+    """Messages until what arrived matches (a change may take a few messages, or come after another). The
+    deadline is generous: a loaded CI machine's worker may take seconds to send what is due."""
     deadline = asyncio.get_running_loop().time() + timeout
     received = ""
     while True:

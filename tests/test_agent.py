@@ -653,7 +653,9 @@ def test_the_console_being_down_at_first_is_retried(tmp_path, caplog):
     caplog.set_level("INFO")
     port = free_port()
     agent, thread, box = start_agent(f"http://127.0.0.1:{port}", lab_hardware(tmp_path), once=True)
-    wait_for(lambda: "lookup failed" in caplog.text, timeout=10)  # it tried while nothing listened, and waits
+    # It tried twice while nothing listened, and waits (the console starts only then: a busy machine's slow
+    # thread must not find it up at its first retry).
+    wait_for(lambda: "retry 2" in caplog.text, timeout=30)
     assert thread.is_alive()
     fake = FakeConsole(port=port)
     try:
