@@ -247,6 +247,18 @@ def _say_skipped(tenant: Tenant, why: str) -> None:
         next_action=text, next_action_at=None)
 
 
+def tenant_pools_locked(tenant_id: int, kind: str) -> tuple[Tenant | None, list[int], list[NodePool]]:
+    """The tenant and its pools of this kind, locked in that order (the tenant's lock: one decision at a time per
+    tenant); (None, [], []) for a tenant gone or being deleted. Inside the caller's transaction."""
+    tenant = Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
+    if tenant is None or tenant.deleting_since is not None:
+        return None, [], []
+    locked = list(NodePool.objects.filter(tenant_id=tenant_id, kind=kind).order_by("pk")
+                  .select_for_update(no_key=True).values_list("pk", flat=True))
+    return tenant, locked, list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider")
+                                .order_by("pk"))
+
+
 @retry_on_deadlock(also=(ConcurrentTransition,))  # a claim that moved meanwhile: look again
 def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
                    now: datetime | None = None) -> DisruptResult:
@@ -254,14 +266,11 @@ def tenant_disrupt(*, tenant_id: int, pods: list[dict], actor: str = ACTOR,
     dynamic pools allow, under the tenant's lock (one decision at a time per tenant: autonodes.services)."""
     result = DisruptResult()
     with transaction.atomic():
-        tenant = Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
-        if tenant is None or tenant.deleting_since is not None:
+        tenant, locked, pools = tenant_pools_locked(tenant_id, PoolKind.DYNAMIC)
+        if tenant is None:
             return result
         now = now or timezone.now()
         result.tenants.append(tenant.name)
-        locked = list(NodePool.objects.filter(tenant_id=tenant_id, kind=PoolKind.DYNAMIC).order_by("pk")
-                      .select_for_update(no_key=True).values_list("pk", flat=True))
-        pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk"))
         claims = list(NodeClaim.objects.filter(pool_id__in=locked).exclude(phase=P.RELEASED)
                       .select_related("node_type__provider", "group").order_by("created_at", "pk"))
         by_node = defaultdict(list)

@@ -51,7 +51,7 @@ from pools.matching import requirements_match
 from pools.models import OS_IMAGE_PROPERTY, NodePool, NodeType, OSImage, Tenant
 
 from .choices import DecisionReason as R
-from .disruption import REPLACEMENT_RETRY, pod_key
+from .disruption import REPLACEMENT_RETRY, pod_key, tenant_pools_locked
 from .fit import DO_NOT_DISRUPT, do_not_disrupt
 from .live import demand_changed
 from .models import PoolRoll
@@ -132,14 +132,11 @@ def tenant_roll(*, tenant_id: int, pods: list[dict], annotations: dict[str, dict
     the tenant's lock (one decision at a time per tenant, as dynamic pools' disruption)."""
     result = result if result is not None else RollResult()
     with transaction.atomic():
-        tenant = Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
-        if tenant is None or tenant.deleting_since is not None:
+        tenant, locked, pools = tenant_pools_locked(tenant_id, PoolKind.STATIC)
+        if tenant is None:
             return result
         now = now or timezone.now()
         result.tenants.append(tenant.name)
-        locked = list(NodePool.objects.filter(tenant_id=tenant_id, kind=PoolKind.STATIC).order_by("pk")
-                      .select_for_update(no_key=True).values_list("pk", flat=True))
-        pools = list(NodePool.objects.filter(pk__in=locked).select_related("tenant", "provider").order_by("pk"))
         claims = list(NodeClaim.objects.filter(tenant_id=tenant_id).exclude(phase=P.RELEASED)
                       .select_related("node_type").order_by("created_at", "pk"))
         guarded = _guarded(pods, annotations)
