@@ -132,7 +132,7 @@ def _mig(args: list[str], prof: dict, gpus: list[dict]) -> int:
             return 6
         print("+-------------------------------------------------------+\n| GPU instances:                      "
               "                  |\n| GPU   Name             Profile  Instance   Placement  |\n|                  "
-              "        ID       ID       Start:Size |\n|==========================================================|")
+              "        ID       ID       Start:Size |\n|=======================================================|")
         for g, n, p in rows:
             size = int(p.split("g", 1)[0])
             print(f"|  {g['index']:>2}  MIG {p:<14} {MIG_PROFILE_IDS.get(p, 0):>4} {n + 1:>8}  {n:>9}:{size:<6}|")
@@ -222,22 +222,20 @@ def _settings(args: list[str], prof: dict, gpus: list[dict]) -> int | None:
             print(f"{'Enabled' if on else 'Disabled'} MIG Mode for GPU {bus}.")
         if "-rac" in args:
             st.update(app_graphics=DEFAULT_CLOCKS[0], app_memory=DEFAULT_CLOCKS[1])
-            print("All done.")
         if "-rgc" in args:
             st["locked_graphics"] = None
             print(f"GPU clocks reset to default for GPU {bus}.")
         if "-rmc" in args:
             print(f"Memory clocks reset to default for GPU {bus}.")
         if "-pl" in args:
-            st["power_limit"] = float(args[args.index("-pl") + 1])
-            print(f"Power limit for GPU {bus} was set to {st['power_limit']:.2f} W from "
-                  f"{DEFAULT_POWER_LIMIT:.2f} W.")
+            was, st["power_limit"] = st["power_limit"], float(args[args.index("-pl") + 1])
+            print(f"Power limit for GPU {bus} was set to {st['power_limit']:.2f} W from {was:.2f} W.")
         if "-pm" in args:
             on = args[args.index("-pm") + 1] == "1"
             st["persistence"] = "Enabled" if on else "Disabled"
             print(f"{'Enabled' if on else 'Disabled'} persistence mode for GPU {bus}.")
     _save_gpu_states(states)
-    if "-mig" in args or "-rac" in args:
+    if code == 0 and ("-mig" in args or "-rac" in args):
         print("All done.")
     return code
 
