@@ -212,9 +212,9 @@ def gpu_state(args: dict, ctx: Context) -> dict:
         run = _run(argv, 300, env)
         facts["actions"].append(run)
         if run["exit_code"] not in (0, *tolerated):
+            said = next((ln.strip() for ln in (run["stderr"] + "\n" + run["stdout"]).splitlines() if ln.strip()), "")
             errors.append(f"{' '.join(argv)}: exit {run['exit_code']} "
-                          f"({SMI_CODES.get(run['exit_code'], 'unknown')}): "
-                          f"{(run['stdout'] + run['stderr']).strip()[-300:]}")
+                          f"({SMI_CODES.get(run['exit_code'], 'unknown')}): {said[:300]}")
         return run
 
     rows = _rows(before)
