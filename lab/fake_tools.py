@@ -10,7 +10,10 @@ GPU during the diagnostic: Fail, exit 226), gpu-reset-busy (a process holds the 
 nvlink-slow (GPU N's NVLinks partly down: `nvidia-smi nvlink --status` shows them inactive, busbw ~330 GB/s),
 xid-intermittent (an XID 94 on GPU N in the first `dcgmi diag` of level 2 or more only: xid-intermittent.fired
 beside the profile records that it showed), burnin-fail (Targeted Stress fails on GPU N at `dcgmi diag -r 3`
-or 4 with DCGM_FR_STRESS_LEVEL; levels 1 and 2 pass). A missing GPU (the lab's gpu-missing) is simply absent
+or 4 with DCGM_FR_STRESS_LEVEL; levels 1 and 2 pass), mig-busy (GPU N's MIG mode cannot be changed: "In use by
+another client"), ecc-uncorrectable (GPU N: 2 volatile uncorrectable ECC errors, a row remap pending). The GPUs'
+settings (MIG mode and instances, clocks, power limit, persistence mode) are kept in gpu-state.json beside the
+profile, so that nvidia-smi answers the same across calls and a test can play a tenant that changed them. A missing GPU (the lab's gpu-missing) is simply absent
 from the profile's list.
 Disk faults (the disk's "fault"): erase-skips-region (the erase reports success, the middle quarter of the
 disk is left untouched), erase-fails (the erase command fails).
@@ -60,6 +63,183 @@ SMI_FIELDS = {"index": lambda g, u: str(g["index"]), "name": lambda g, u: g["nam
 NVLINKS = 18  # an H100/H200 SXM GPU has 18 NVLink 4 links of 26.562 GB/s
 
 
+# --- the GPUs' settings, kept per server across calls (gpu-state.json beside the profile) -------------------
+# What a tenant may change and the release gate resets: MIG mode and instances, application and locked clocks,
+# the power limit, persistence mode. ECC counts come from the profile's faults (ecc-uncorrectable). A test plays
+# the tenant with lab.site.LabSite.set_gpu_state; mig-busy (GPU N) refuses every MIG mode change: "In use by
+# another client", as while a process holds the GPU.
+GPU_DEFAULTS = {"mig_current": "Disabled", "mig_pending": "Disabled", "instances": [], "persistence": "Enabled",
+                "app_graphics": 1980, "app_memory": 3201, "locked_graphics": None, "power_limit": 700.0}
+DEFAULT_CLOCKS = (1980, 3201)
+DEFAULT_POWER_LIMIT = 700.0
+# Profile name → the ID nvidia-smi mig -lgip prints for an H200 (141 GB).
+MIG_PROFILE_IDS = {"1g.18gb": 19, "1g.18gb+me": 20, "1g.35gb": 15, "2g.35gb": 14, "3g.71gb": 9, "4g.71gb": 5,
+                   "7g.141gb": 0}
+
+
+def _gpu_state_path() -> Path:
+    return Path(os.environ["VMETAL_LAB_PROFILE"]).with_name("gpu-state.json")
+
+
+def gpu_states(prof: dict) -> dict[str, dict]:
+    path = _gpu_state_path()
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    return {str(g["index"]): {**GPU_DEFAULTS, **kept.get(str(g["index"]), {})} for g in prof.get("gpus") or []}
+
+
+def _save_gpu_states(states: dict) -> None:
+    _gpu_state_path().write_text(json.dumps(states, indent=1))
+
+
+def _state_field(field: str, g: dict, st: dict, prof: dict, nounits: bool) -> str:
+    mhz, watts = ("", "") if nounits else (" MHz", " W")
+    ecc = g["index"] in faulty_gpus(prof, "ecc-uncorrectable")
+    values = {
+        "mig.mode.current": st["mig_current"], "mig.mode.pending": st["mig_pending"],
+        "persistence_mode": st["persistence"],
+        "clocks.applications.graphics": f"{st['app_graphics']}{mhz}",
+        "clocks.default_applications.graphics": f"{DEFAULT_CLOCKS[0]}{mhz}",
+        "clocks.applications.memory": f"{st['app_memory']}{mhz}",
+        "clocks.default_applications.memory": f"{DEFAULT_CLOCKS[1]}{mhz}",
+        "power.limit": f"{st['power_limit']:.2f}{watts}", "power.default_limit": f"{DEFAULT_POWER_LIMIT:.2f}{watts}",
+        "ecc.errors.corrected.volatile.total": "3" if ecc else "0",
+        "ecc.errors.uncorrected.volatile.total": "2" if ecc else "0",
+        "ecc.errors.uncorrected.aggregate.total": "2" if ecc else "0",
+        # Hopper remaps rows instead of retiring pages: nvidia-smi prints [N/A] for these.
+        "retired_pages.sbe": "[N/A]", "retired_pages.dbe": "[N/A]", "retired_pages.pending": "[N/A]",
+    }
+    return values.get(field, "[N/A]")
+
+
+def _mig(args: list[str], prof: dict, gpus: list[dict]) -> int:
+    """nvidia-smi mig -lgi / -dci / -dgi / -cgi LIST [-C], each with -i N, as an H200 prints them."""
+    target = args[args.index("-i") + 1] if "-i" in args else None
+    states = gpu_states(prof)
+    chosen = [g for g in gpus if target is None or str(g["index"]) == target]
+    if not chosen:
+        print(f"No devices were found matching {target}", file=sys.stderr)
+        return 6
+    for g in chosen:
+        st = states[str(g["index"])]
+        if st["mig_current"] != "Enabled":
+            print(f"Unable to manage MIG on GPU {g['index']}: MIG mode is not enabled (Insufficient Permissions?)"
+                  if "-cgi" in args else "No GPU instances found: Not Found", file=sys.stderr)
+            return 6 if "-cgi" not in args else 3
+    if "-lgi" in args:
+        rows = [(g, n, p) for g in chosen for n, p in enumerate(states[str(g["index"])]["instances"])]
+        if not rows:
+            print("No GPU instances found: Not Found", file=sys.stderr)
+            return 6
+        print("+-------------------------------------------------------+\n| GPU instances:                      "
+              "                  |\n| GPU   Name             Profile  Instance   Placement  |\n|                  "
+              "        ID       ID       Start:Size |\n|=======================================================|")
+        for g, n, p in rows:
+            size = int(p.split("g", 1)[0])
+            print(f"|  {g['index']:>2}  MIG {p:<14} {MIG_PROFILE_IDS.get(p, 0):>4} {n + 1:>8}  {n:>9}:{size:<6}|")
+        print("+-------------------------------------------------------+")
+        return 0
+    if "-dci" in args or "-dgi" in args:
+        found = False
+        for g in chosen:
+            st = states[str(g["index"])]
+            for n, _ in enumerate(st["instances"]):
+                found = True
+                if "-dci" in args:
+                    print(f"Successfully destroyed compute instance ID  0 from GPU {g['index']:>2} GPU instance ID "
+                          f"{n + 1:>2}")
+                else:
+                    print(f"Successfully destroyed GPU instance ID {n + 1:>2} from GPU {g['index']:>2}")
+            if "-dgi" in args:
+                st["instances"] = []
+        _save_gpu_states(states)
+        if not found:
+            print(f"No {'compute' if '-dci' in args else 'GPU'} instances found: Not Found", file=sys.stderr)
+            return 6
+        return 0
+    if "-cgi" in args:
+        wanted = args[args.index("-cgi") + 1].split(",")
+        unknown = [p for p in wanted if p not in MIG_PROFILE_IDS and not (p.isdigit() and int(p) in
+                                                                          MIG_PROFILE_IDS.values())]
+        if unknown:
+            print(f"Unable to create a GPU instance on GPU {chosen[0]['index']} using profile {unknown[0]}: "
+                  "Invalid Argument", file=sys.stderr)
+            return 2
+        for g in chosen:
+            st = states[str(g["index"])]
+            names = {v: k for k, v in MIG_PROFILE_IDS.items()}
+            for p in wanted:
+                name = names[int(p)] if p.isdigit() else p
+                if sum(int(q.split("g", 1)[0]) for q in st["instances"]) + int(name.split("g", 1)[0]) > 7:
+                    print(f"Unable to create a GPU instance on GPU {g['index']} using profile {name}: "
+                          "Insufficient Resources", file=sys.stderr)
+                    _save_gpu_states(states)
+                    return 2
+                st["instances"].append(name)
+                n = len(st["instances"])
+                print(f"Successfully created GPU instance ID {n:>2} on GPU {g['index']:>2} using profile MIG {name} "
+                      f"(ID {MIG_PROFILE_IDS[name]:>2})")
+                if "-C" in args:
+                    print(f"Successfully created compute instance ID  0 on GPU {g['index']:>2} GPU instance ID "
+                          f"{n:>2} using profile MIG {name} (ID {MIG_PROFILE_IDS[name]:>2})")
+        _save_gpu_states(states)
+        return 0
+    print("nvidia-smi mig: option not simulated in the lab", file=sys.stderr)
+    return 2
+
+
+def _settings(args: list[str], prof: dict, gpus: list[dict]) -> int | None:
+    """-mig 0|1, -rac, -rgc, -rmc, -pl W, -pm 0|1 (with -i N); None when `args` asks none of them."""
+    flags = ("-mig", "-rac", "-rgc", "-rmc", "-pl", "-pm")
+    if not any(f in args for f in flags):
+        return None
+    target = args[args.index("-i") + 1] if "-i" in args else None
+    states = gpu_states(prof)
+    chosen = [g for g in gpus if target is None or str(g["index"]) == target]
+    if not chosen:
+        print(f"No devices were found matching {target}", file=sys.stderr)
+        return 6
+    busy = faulty_gpus(prof, "mig-busy")
+    code = 0
+    for g in chosen:
+        st, bus = states[str(g["index"])], g["pci_bus"]
+        if "-mig" in args:
+            on = args[args.index("-mig") + 1] == "1"
+            word = "Enabled" if on else "Disabled"
+            if g["index"] in busy and st["mig_current"] != word:
+                print(f"Unable to {'enable' if on else 'disable'} MIG Mode for GPU {bus}: In use by another client\n"
+                      f"{bus} is currently being used by one or more other processes (e.g. CUDA application or a "
+                      "monitoring application such as another instance of nvidia-smi). Please first kill all "
+                      "processes using the device and retry the command or reboot the system to make MIG mode "
+                      "effective.", file=sys.stderr)
+                code = 255
+                continue
+            if not on and st["instances"]:
+                print(f"Unable to disable MIG Mode for GPU {bus}: In use by another client (GPU instances exist)",
+                      file=sys.stderr)
+                code = 255
+                continue
+            st.update(mig_current=word, mig_pending=word)
+            print(f"{'Enabled' if on else 'Disabled'} MIG Mode for GPU {bus}.")
+        if "-rac" in args:
+            st.update(app_graphics=DEFAULT_CLOCKS[0], app_memory=DEFAULT_CLOCKS[1])
+        if "-rgc" in args:
+            st["locked_graphics"] = None
+            print(f"GPU clocks reset to default for GPU {bus}.")
+        if "-rmc" in args:
+            print(f"Memory clocks reset to default for GPU {bus}.")
+        if "-pl" in args:
+            was, st["power_limit"] = st["power_limit"], float(args[args.index("-pl") + 1])
+            print(f"Power limit for GPU {bus} was set to {st['power_limit']:.2f} W from {was:.2f} W.")
+        if "-pm" in args:
+            on = args[args.index("-pm") + 1] == "1"
+            st["persistence"] = "Enabled" if on else "Disabled"
+            print(f"{'Enabled' if on else 'Disabled'} persistence mode for GPU {bus}.")
+    _save_gpu_states(states)
+    if code == 0 and ("-mig" in args or "-rac" in args):
+        print("All done.")
+    return code
+
+
 def nvidia_smi(args: list[str]) -> int:
     prof = profile()
     gpus = prof.get("gpus") or []
@@ -70,9 +250,32 @@ def nvidia_smi(args: list[str]) -> int:
         fields = query.split(",")
         if "noheader" not in fmt:
             print(", ".join(fields))
+        states = gpu_states(prof)
+        target = args[args.index("-i") + 1] if "-i" in args else None
         for g in gpus:
-            print(", ".join(SMI_FIELDS[f](g, nounits) if f in SMI_FIELDS else "[N/A]" for f in fields))
+            if target is not None and str(g["index"]) != target:
+                continue
+            st = states[str(g["index"])]
+            print(", ".join(SMI_FIELDS[f](g, nounits) if f in SMI_FIELDS else _state_field(f, g, st, prof, nounits)
+                            for f in fields))
         return 0
+    remap = next((a.split("=", 1)[1] for a in args if a.startswith("--query-remapped-rows=")), None)
+    if remap:
+        fields = remap.split(",")
+        if "noheader" not in fmt:
+            print(", ".join(fields))
+        for g in gpus:
+            ecc = g["index"] in faulty_gpus(prof, "ecc-uncorrectable")
+            row = {"gpu_bus_id": g["pci_bus"], "gpu_uuid": g["uuid"], "remapped_rows.correctable": "0",
+                   "remapped_rows.uncorrectable": "1" if ecc else "0", "remapped_rows.pending": "Yes" if ecc else "No",
+                   "remapped_rows.failure": "No"}
+            print(", ".join(row.get(f, "[N/A]") for f in fields))
+        return 0
+    if args[:1] == ["mig"]:
+        return _mig(args[1:], prof, gpus)
+    changed = _settings(args, prof, gpus)
+    if changed is not None:
+        return changed
     apps = next((a.split("=", 1)[1] for a in args if a.startswith("--query-compute-apps=")), None)
     if apps:
         fields = apps.split(",")

@@ -22,7 +22,7 @@ slow-power (power changes land after 60 s), agent-crash (the agent dies after it
 corrupt-image (the image reaches that server with a flipped byte), no-tftp (its network boot finds no boot
 file: the VM's TFTP directory stays empty, a simulated server gets no boot configuration); disk faults erase-skips-region (the erase
 reports success but leaves the middle quarter of the disk untouched) and erase-fails (the erase command
-fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy (on GPU 0 or on
+fails), on the first disk or on `KIND:DISK`; GPU faults gpu-dcgm-fail, gpu-xid, gpu-reset-busy, mig-busy, ecc-uncorrectable (on GPU 0 or on
 `KIND:N`) and nccl-slow, played by the fake nvidia-smi / dcgmi / all_reduce_perf (lab/fake_tools.py) that
 the agent finds on its PATH. BIOS and firmware faults, played by its BMC (lab/redfish.py): bios-no-stick (every
 pending BIOS setting, or `bios-no-stick:ATTRIBUTE`, is dropped at the reboot that should apply it) and
@@ -99,7 +99,8 @@ spec:
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_FAULTS = ("gpu-dcgm-fail", "gpu-xid", "gpu-reset-busy", "nccl-slow", "nvlink-slow", "xid-intermittent",
-              "burnin-fail")
+              "burnin-fail", "mig-busy", "ecc-uncorrectable")
+GPU_STATE = "gpu-state.json"  # beside the host's profile: its GPUs' settings (lab/fake_tools.py)
 SKU_FAULTS = ("gpu-missing", "disk-small")  # the hardware itself differs from the SKU
 # A lying agent: what its ramdisk reports of the disks is not the hardware (the BMC still reports the truth).
 LIE_FAULTS = ("agent-omits-disk", "agent-forges-serial", "agent-misreports-size", "agent-extra-disk")
@@ -391,6 +392,7 @@ class LabSite:
                 host.vm.prepare()
                 continue
             self._write_profile(host)
+            (host.directory / GPU_STATE).unlink(missing_ok=True)  # GPUs as from the factory
         self._make_images()
         # The ports of the lab's last start in this var_dir, where still free: a restart re-registers its servers,
         # tenant APIs and images at the addresses they had, so the console's objects do not change.
@@ -870,6 +872,22 @@ class LabSite:
         lab_host = self.hosts[host]
         lab_host.fault = fault
         self._write_profile(lab_host)
+
+    def set_gpu_state(self, host: str, **settings) -> None:
+        """A tenant's changes to every GPU of the server, as the fake nvidia-smi keeps them (lab/fake_tools.py):
+        mig_current / mig_pending ("Enabled"), instances (["1g.18gb", ...]), persistence ("Disabled"),
+        app_graphics / app_memory (MHz), power_limit (W)."""
+        lab_host = self.hosts[host]
+        path = lab_host.directory / GPU_STATE
+        states = json.loads(path.read_text()) if path.exists() else {}
+        for gpu in lab_host.profile()["gpus"]:
+            states[str(gpu["index"])] = {**states.get(str(gpu["index"]), {}), **settings}
+        path.write_text(json.dumps(states, indent=1))
+
+    def gpu_state(self, host: str) -> dict:
+        """The server's GPU settings as the fake nvidia-smi keeps them ({} when none changed since the start)."""
+        path = self.hosts[host].directory / GPU_STATE
+        return json.loads(path.read_text()) if path.exists() else {}
 
     @staticmethod
     def _write_profile(host: LabHost) -> None:

@@ -380,7 +380,8 @@ def apply_node_provider(ctx: Context, doc: Document) -> None:
 
 
 NODE_TYPE_FIELDS = {"name", "displayName", "resources", "bareMetalHosts", "properties", "cost", "zone", "region",
-                    "cleaning", "healthCheck", "sku", "health", "repair", "warm", "inspectionMode", "firmware"}
+                    "cleaning", "healthCheck", "sku", "health", "repair", "warm", "inspectionMode", "firmware",
+                    "gpu"}
 
 
 def _check_external_block(kind: str, block: Reader) -> None:
@@ -545,9 +546,10 @@ def _apply_node_type(ctx: Context, spec: Reader, name: str, provider: NodeProvid
                 "resources": spec.string_map("resources"), "cost": cost, "host_selector": selector.value,
                 "declared_in_provider": declared_in_provider, "sku": spec.child("sku", {}).mapping().value,
                 "health": spec.child("health", {}).mapping().value, "repair": repair, "firmware": firmware.value,
+                "gpu": spec.child("gpu", {}).mapping().value,
                 "provider_config": provider_config, **gate},
                {"properties": spec.path + ("properties",), "resources": spec.path + ("resources",),
-                "firmware": firmware.path,
+                "firmware": firmware.path, "gpu": spec.path + ("gpu",),
                 "sku": spec.path + ("sku",), "health": spec.path + ("health",), "repair": spec.path + ("repair",),
                 "host_selector": selector.path, "name": spec.path + ("name",), **gate_paths},
                object_type=ObjectType.NODETYPE)

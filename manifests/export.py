@@ -72,6 +72,7 @@ def _node_type_body(t: NodeType) -> dict:
         body["firmware"] = {**({"settings": dict(sorted(t.firmware["settings"].items()))}
                                if t.firmware.get("settings") else {}),
                             **({"components": t.firmware["components"]} if t.firmware.get("components") else {})}
+    _put(body, "gpu", t.gpu)
     if t.warm_hosts:
         body["warm"] = {key: getattr(t, field) for key, field in WARM.items()}
     _put(body, "inspectionMode", t.inspection_mode)

@@ -24,6 +24,7 @@ from .choices import (
     ProviderKind,
 )
 from .firmware import check_firmware
+from .gpu import check_gpu
 from .health_tiers import check_health
 from .matching import validate_label_selector, validate_requirements
 from .sku import check_sku
@@ -133,6 +134,9 @@ class NodeType(models.Model):
     # BIOS settings its hosts must have and minimum firmware versions (pools/firmware.py): applied at intake and before a
     # provision, verified after the reboot (hosts/flows/firmware.py); a setting that does not stick sends the host to repair.
     firmware = models.JSONField(default=dict, blank=True)
+    # The state its GPUs are handed over in (pools/gpu.py): MIG layout (none by default) and persistence mode; the
+    # release gate resets every GPU to it and checks it (hosts/gate/gpu_state.py).
+    gpu = models.JSONField(default=dict, blank=True)
     # An external provider's per-type block as written (machines/kinds): kubeVirt's virtualMachineTemplate,
     # mergeVirtualMachineTemplate and maxCapacity; terraform's nodeTemplate and maxCapacity. metal3 uses host_selector.
     provider_config = models.JSONField(default=dict, blank=True)
@@ -177,6 +181,7 @@ class NodeType(models.Model):
         collect(errors, "sku", lambda: check_sku(self.sku))
         collect(errors, "health", lambda: check_health(self.health))
         collect(errors, "firmware", lambda: check_firmware(self.firmware))
+        collect(errors, "gpu", lambda: check_gpu(self.gpu))
         collect(errors, "repair", lambda: check_repair(self.repair))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))

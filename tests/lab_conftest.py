@@ -50,14 +50,15 @@ def lab_factory(agent_server, tmp_path, worker_settings, settings):
     """lab_factory(hosts=2, gpu_hosts=1, tenants=[...], faults={...}) → a started, registered LabSite. `warm`: how
     many gpu-servers are kept warm after their gate (the demo keeps one; tests keep none unless they ask);
     `firmware`: the gpu-server NodeType's BIOS settings and firmware minimums (pools/firmware.py), set before the
-    servers register."""
+    servers register; `gpu`: its GPUs' handover state (pools/gpu.py)."""
     worker_settings.update(FAST)
     for key, value in FAST.items():
         if hasattr(settings, key):
             setattr(settings, key, type(getattr(settings, key))(float(value)))
     sites = []
 
-    def make(warm: int = 0, warm_idle_minutes: int = 30, firmware: dict | None = None, **kwargs):
+    def make(warm: int = 0, warm_idle_minutes: int = 30, firmware: dict | None = None, gpu: dict | None = None,
+             **kwargs):
         from pools.models import NodeType
 
         kwargs.setdefault("power_delay", (0.2, 0.5))
@@ -65,7 +66,7 @@ def lab_factory(agent_server, tmp_path, worker_settings, settings):
         sites.append(site)
         call_command("apply", "-f", str(DEMO / "site.yaml"), verbosity=0)
         NodeType.objects.filter(name="gpu-server").update(warm_hosts=warm, warm_idle_minutes=warm_idle_minutes,
-                                                          firmware=firmware or {})
+                                                          firmware=firmware or {}, gpu=gpu or {})
         site.register()
         return site
 

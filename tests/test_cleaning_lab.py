@@ -77,7 +77,8 @@ def test_every_planted_fault_at_registration_sends_its_host_to_repair_with_the_e
     assert set(EraseCertificate.objects.filter(host=good, result="pass").values_list("disk", flat=True)) == {
         "nvme0n1", "nvme1n1"}
     runs = {r.suite: r for r in HealthCheckRun.objects.filter(host=good)}
-    assert {s: r.verdict for s, r in runs.items()} == {"gpu-reset": "pass", "dcgmi": "pass", "nccl": "pass"}
+    assert {s: r.verdict for s, r in runs.items()} == {"gpu-reset": "pass", "gpu-state": "pass", "dcgmi": "pass",
+                                                      "nccl": "pass"}
     assert runs["nccl"].thresholds == {"min_busbw_gbps": 400.0}
 
 
@@ -108,7 +109,7 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
         assert all(c.claim_name and c.document["previous_tenant"] == "one" for c in certs)
         release = certs.first().flow_id
         runs = HealthCheckRun.objects.filter(host=host, flow_id=release)
-        assert {r.suite for r in runs if r.verdict == "pass"} == {"gpu-reset", "dcgmi", "nccl"}, name
+        assert {r.suite for r in runs if r.verdict == "pass"} == {"gpu-reset", "gpu-state", "dcgmi", "nccl"}, name
         method = "metadata" if name == "gpu-08" else "full"
         assert erase_done.data["flow"] == "deprovision" and erase_done.data["policy"]["method"] == method, name
         erase = HostCommand.objects.get(host=host, name="erase", flow_id=release)

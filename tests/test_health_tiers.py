@@ -154,8 +154,8 @@ def test_handover_runs_on_every_provision_and_a_failure_gives_the_claim_another_
     pool_set_quantity(pool=NodePool.objects.get(tenant__name="one"), quantity=0, actor="user:test")
     wait_for(lambda: BareMetalHost.objects.get(name="gpu-02").state == "available", timeout=90)
     release = Event.objects.filter(host=gpu02, step="health_nccl", message="done").latest("id").data["flow_id"]
-    assert tiers_of(gpu02, release) == {("release", "gpu-reset"): "pass", ("release", "dcgmi"): "pass",
-                                        ("release", "nccl"): "pass"}
+    assert tiers_of(gpu02, release) == {("release", "gpu-reset"): "pass", ("release", "gpu-state"): "pass",
+                                        ("release", "dcgmi"): "pass", ("release", "nccl"): "pass"}
 
     # The timing page shows each tier's duration.
     timings = tier_timings()
@@ -185,8 +185,9 @@ def test_intake_runs_a_burn_in_on_a_new_host_and_after_repair_and_burnin_fail_fa
     assert "Targeted Stress" in failed.message or "stress level" in failed.message, failed.message
     # Only the intake failed: the release gate's DCGM level 2 and NCCL passed on the same host.
     inspect = failed.data["flow_id"]
-    assert tiers_of(gpu02, inspect) == {("release", "gpu-reset"): "pass", ("release", "dcgmi"): "pass",
-                                        ("release", "nccl"): "pass", ("intake", "burn-in"): "fail"}
+    assert tiers_of(gpu02, inspect) == {("release", "gpu-reset"): "pass", ("release", "gpu-state"): "pass",
+                                        ("release", "dcgmi"): "pass", ("release", "nccl"): "pass",
+                                        ("intake", "burn-in"): "fail"}
 
     # After repair (the GPU replaced): the retest runs the intake again, and passes.
     site.set_fault("gpu-02", "")

@@ -101,8 +101,9 @@ def test_a_released_host_is_drained_cleaned_and_re_imaged_for_another_tenant(
     host = BareMetalHost.objects.get(name="gpu-01")
     assert host.state == "available"
     # The release gate, in this order and one step after another (each starts after the one before is done),
-    # then the host's return to the pool: drain, delete the node, erase, verify, GPU reset, health suites.
-    gate = ["drain_node", "delete_node", "erase", "verify_erase", "gpu_reset", "health_dcgm", "health_nccl"]
+    # then the host's return to the pool: drain, delete the node, erase, verify, GPU reset, GPU state, health suites.
+    gate = ["drain_node", "delete_node", "erase", "verify_erase", "gpu_reset", "gpu_state", "health_dcgm",
+            "health_nccl"]
     log = list(Event.objects.filter(host=host, kind="step", data__flow="deprovision", step__in=gate,
                                     message__in=["started", "done"]).order_by("id").values_list("id", "step", "message"))
     assert [(step, message) for _, step, message in log] == [(s, m) for s in gate for m in ("started", "done")], log

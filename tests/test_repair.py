@@ -103,7 +103,7 @@ def test_a_mended_host_passes_its_retest_and_then_may_return_to_service(lab_fact
     passed = Event.objects.filter(host=host, from_state="retesting", to_state="repair").order_by("-id").first()
     assert passed.data["retest"] == "passed", lab_report()
     runs = HealthCheckRun.objects.filter(flow_id=passed.data["flow_id"])
-    assert {r.suite: r.verdict for r in runs} == {"gpu-reset": "pass", "dcgmi": "pass", "nccl": "pass"}
+    assert {r.suite: r.verdict for r in runs} == {"gpu-reset": "pass", "gpu-state": "pass", "dcgmi": "pass", "nccl": "pass"}
     assert BareMetalHost.objects.get().state == "repair"  # a retest does not return the host by itself
 
     services.host_return_to_service(host=BareMetalHost.objects.get(), actor="user:ops")

@@ -53,7 +53,7 @@ def test_an_intermittent_xid_is_repaired_by_a_gpu_reset_and_the_host_returns_wit
     assert attempt.started_at < attempt.finished_at
     # Its evidence: the checks it ran again, all passing; the failed run that sent it to repair is the case's.
     runs = {r["suite"]: r["verdict"] for r in attempt.evidence["health_runs"]}
-    assert runs == {"gpu-reset": "pass", "dcgmi": "pass", "nccl": "pass"}
+    assert runs == {"gpu-reset": "pass", "gpu-state": "pass", "dcgmi": "pass", "nccl": "pass"}
     failed = HealthCheckRun.objects.get(pk=case.evidence["health_run"])
     assert failed.verdict == "fail" and "XID 94 for GPU 3" in " ".join(failed.reasons)
     # The remedy did not erase again: the failed run's erase had been verified before its GPU check failed.

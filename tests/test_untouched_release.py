@@ -73,7 +73,7 @@ def test_a_wrong_vip_sends_the_host_back_without_an_erase_and_fixing_it_lets_the
     # side (nothing joined), the note, and the power-off.
     assert deprovision_steps(host) == ["drain_node", "delete_node", "no_erase_needed", "power_off_after_clean"], \
         lab_report()
-    assert not Event.objects.filter(host=host, step__in=["erase", "verify_erase", "gpu_reset", "health_dcgm",
+    assert not Event.objects.filter(host=host, step__in=["erase", "verify_erase", "gpu_reset", "gpu_state", "health_dcgm",
                                                          "health_nccl"], data__flow="deprovision").exists()
     note = Event.objects.get(host=host, kind="step", step="no_erase_needed", message="done")
     assert note.data["reason"] == NOTHING_WRITTEN and note.data["failed_at"] == "check_tenant_api"

@@ -152,3 +152,102 @@ def health_check(args: dict, ctx: Context) -> dict:
         run = _run(["nvidia-smi", "nvlink", "--status"], float(args.get("timeout_s") or 60), env)
         return {"suite": "links", **run}
     raise CommandError(f"health_check: unknown suite {suite!r} (dcgm, nccl or links)")
+
+
+# --- gpu_state: every GPU back to the state its NodeType hands it over in ------------------------------------
+# The agent runs the commands and reports what it read before and after, raw; the console parses and judges
+# (hosts/gate/gpu_state.py): it never takes the agent's word that a GPU is in its default state.
+
+STATE_QUERY = ("index,pci.bus_id,uuid,name,mig.mode.current,mig.mode.pending,persistence_mode,"
+               "clocks.applications.graphics,clocks.default_applications.graphics,clocks.applications.memory,"
+               "clocks.default_applications.memory,power.limit,power.default_limit,"
+               "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,"
+               "ecc.errors.uncorrected.aggregate.total,retired_pages.sbe,retired_pages.dbe,retired_pages.pending")
+REMAP_QUERY = ("gpu_bus_id,gpu_uuid,remapped_rows.correctable,remapped_rows.uncorrectable,remapped_rows.pending,"
+               "remapped_rows.failure")
+NOT_FOUND = 6  # nvidia-smi mig -dci / -dgi / -lgi with nothing to destroy or list: "Not Found"
+NOT_SUPPORTED = 3  # e.g. -rmc on a GPU without locked memory clocks
+
+
+def _read_state(env: dict | None) -> dict:
+    """What the GPUs say now: the --query-gpu CSV, the remapped rows and each GPU's MIG GPU instances."""
+    query = _run(["nvidia-smi", f"--query-gpu={STATE_QUERY}", "--format=csv,noheader,nounits"], 60, env)
+    remap = _run(["nvidia-smi", f"--query-remapped-rows={REMAP_QUERY}", "--format=csv,noheader"], 60, env)
+    instances = {}
+    for row in _csv(query["stdout"]) if query["exit_code"] == 0 else []:
+        if row and row[0].isdigit() and len(row) > 5 and "Enabled" in (row[4], row[5]):
+            instances[row[0]] = _run(["nvidia-smi", "mig", "-lgi", "-i", row[0]], 60, env)
+    return {"query": query, "remapped": remap, "instances": instances}
+
+
+def _rows(state: dict) -> list[dict]:
+    fields = STATE_QUERY.split(",")
+    return [dict(zip(fields, row)) for row in _csv(state["query"]["stdout"]) if row and row[0].isdigit()]
+
+
+def gpu_state(args: dict, ctx: Context) -> dict:
+    """Bring every GPU to the NodeType's state: MIG instances destroyed, MIG mode as declared (a GPU whose new
+    mode is pending is reset), the declared GPU instances created (with their default compute instances), application
+    and locked clocks reset, the power limit back at its default, persistence mode as declared; then read it all
+    back. Fails, with the facts, when a command fails; the console judges the state read back either way."""
+    expected = int(args.get("expected_gpus") or 0)
+    layout = [str(p) for p in args.get("mig_layout") or []]
+    persistence = bool(args.get("persistence_mode", True))
+    env = ctx.hardware.tool_env()
+    if shutil.which("nvidia-smi", path=(env or os.environ).get("PATH")) is None:
+        if expected:
+            raise CommandError(f"nvidia-smi not found: {expected} GPU(s) expected, none can be reset or checked",
+                               {"expected": expected})
+        return {"skipped": "no nvidia-smi and no GPU expected"}
+    before = _read_state(env)
+    facts = {"expected": expected, "mig_layout": layout, "persistence_mode": persistence, "before": before,
+             "actions": [], "after": None}
+    if before["query"]["exit_code"] != 0:
+        code = before["query"]["exit_code"]
+        raise CommandError(f"nvidia-smi exited {code} ({SMI_CODES.get(code, 'unknown')}): "
+                           f"{(before['query']['stderr'] or before['query']['stdout']).strip()[-300:]}", facts)
+    errors = []
+
+    def act(argv: list[str], tolerated: tuple[int, ...] = ()) -> dict:
+        run = _run(argv, 300, env)
+        facts["actions"].append(run)
+        if run["exit_code"] not in (0, *tolerated):
+            said = next((ln.strip() for ln in (run["stderr"] + "\n" + run["stdout"]).splitlines() if ln.strip()), "")
+            errors.append(f"{' '.join(argv)}: exit {run['exit_code']} "
+                          f"({SMI_CODES.get(run['exit_code'], 'unknown')}): {said[:300]}")
+        return run
+
+    rows = _rows(before)
+    for n, gpu in enumerate(rows):
+        i = gpu["index"]
+        ctx.progress(int(100 * n / max(1, len(rows))), f"GPU {i}: back to its default state")
+        mig_on = "Enabled" in (gpu.get("mig.mode.current"), gpu.get("mig.mode.pending"))
+        if mig_on:  # compute instances first: a GPU instance with one in it cannot be destroyed
+            act(["nvidia-smi", "mig", "-dci", "-i", i], (NOT_FOUND,))
+            act(["nvidia-smi", "mig", "-dgi", "-i", i], (NOT_FOUND,))
+        want = "Enabled" if layout else "Disabled"
+        if gpu.get("mig.mode.current") != want or gpu.get("mig.mode.pending") != want:
+            if gpu.get("mig.mode.current") not in ("[N/A]", "N/A", None) or layout:
+                run = act(["nvidia-smi", "-i", i, "-mig", "1" if layout else "0"])
+                if run["exit_code"] == 0:
+                    mode = _run(["nvidia-smi", "-i", i, "--query-gpu=mig.mode.current,mig.mode.pending",
+                                 "--format=csv,noheader"], 60, env)
+                    modes = (_csv(mode["stdout"]) or [[]])[0]
+                    if len(modes) == 2 and modes[0] != modes[1]:  # A100: the new mode takes a GPU reset
+                        act(["nvidia-smi", "--gpu-reset", "-i", i])
+        if layout:
+            act(["nvidia-smi", "mig", "-i", i, "-cgi", ",".join(layout), "-C"])
+        act(["nvidia-smi", "-i", i, "-rac"], (NOT_SUPPORTED,))
+        act(["nvidia-smi", "-i", i, "-rgc"], (NOT_SUPPORTED,))
+        act(["nvidia-smi", "-i", i, "-rmc"], (NOT_SUPPORTED,))
+        default_limit = gpu.get("power.default_limit", "")
+        if default_limit and default_limit[0].isdigit() and gpu.get("power.limit") != default_limit:
+            act(["nvidia-smi", "-i", i, "-pl", default_limit], (NOT_SUPPORTED,))
+        act(["nvidia-smi", "-i", i, "-pm", "1" if persistence else "0"])
+    ctx.progress(100, "reading the GPUs' state back")
+    facts["after"] = _read_state(env)
+    if len(rows) < expected:
+        errors.insert(0, f"nvidia-smi lists {len(rows)} GPU(s); {expected} expected")
+    if errors:
+        raise CommandError("GPU state reset failed: " + "; ".join(errors[:4]), {**facts, "errors": errors})
+    return facts

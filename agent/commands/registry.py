@@ -9,7 +9,7 @@ from typing import Callable
 from agent.commands.base import CommandError, Context
 from agent.commands.endpoint import check_endpoint
 from agent.commands.erase import erase, erase_metadata, verify_erase
-from agent.commands.gpu import gpu_reset, health_check
+from agent.commands.gpu import gpu_reset, gpu_state, health_check
 from agent.commands.image import write_image
 from agent.commands.inspection import inspect
 from agent.commands.power import reboot_to_disk
@@ -25,6 +25,7 @@ COMMANDS: dict[str, Callable[[dict, Context], dict]] = {
     "erase": erase,
     "verify_erase": verify_erase,
     "gpu_reset": gpu_reset,
+    "gpu_state": gpu_state,
     "health_check": health_check,
     "reboot_to_disk": reboot_to_disk,
     "check_endpoint": check_endpoint,

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 ACTOR = "system:repair"
 STEP = "repair_ladder"  # the step name of the ladder's own Events
 # Gate steps that run after a verified erase: a failure there leaves the disks erased and verified.
-AFTER_ERASE = frozenset({"gpu_reset", "health_dcgm", "health_nccl"})
+AFTER_ERASE = frozenset({"gpu_reset", "gpu_state", "health_dcgm", "health_nccl"})
 # States in which a host's repair case stays open (it is being repaired, retested or waits).
 IN_REPAIR = frozenset({HostState.REPAIR, HostState.REPAIRING, HostState.RETESTING})
 
@@ -96,7 +96,7 @@ def classify(*, step: str, message: str, data: dict | None) -> tuple[str, str]:
     where = f"GPU {', '.join(gpus)}" if gpus else ""
     if step == "health_nccl":
         return FailureKind.NCCL_SLOW, ""
-    if step in ("health_dcgm", "gpu_reset"):
+    if step in ("health_dcgm", "gpu_reset", "gpu_state"):
         reasons = " ".join(run.reasons if run is not None and isinstance(run.reasons, list) else []).lower()
         return (FailureKind.GPU_XID if "xid" in text or "xid" in reasons else FailureKind.GPU_HEALTH), where
     certs = [c for c in evidence.get("certificates") or [] if isinstance(c, int)]

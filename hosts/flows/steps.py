@@ -10,6 +10,7 @@ from django.utils.dateparse import parse_datetime
 from events.choices import EventKind
 from events.models import Event
 from pools.choices import InspectionMode
+from pools.gpu import node_type_gpu
 from pools.health_tiers import node_type_tiers
 from pools.selectors import node_types_selecting
 from pools.sku import sku_deviations
@@ -19,7 +20,7 @@ from hosts.boot import ramdisk as boot_path
 from hosts.engine.agent import agent_command, boot_settled
 from hosts.engine.drive import boot_again, step_retry
 from hosts.engine.flow import Run, Step, StepFailed, Waiting, deadline_setting
-from hosts.gate import certificates, cleaning, health
+from hosts.gate import certificates, cleaning, gpu_state, health
 from hosts.gate.census import census_take, inventory_disks, record_from
 from hosts.lifecycle import FLOWS
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
@@ -313,7 +314,7 @@ def step_erase_metadata(run: Run) -> dict:
 
 # --- the release gate: erase → verify → GPU reset → health suite (hosts/gate/cleaning.py decides) ---------
 
-GATE_STEPS = frozenset({"erase", "verify_erase", "gpu_reset", "health_dcgm", "health_nccl"})
+GATE_STEPS = frozenset({"erase", "verify_erase", "gpu_reset", "gpu_state", "health_dcgm", "health_nccl"})
 
 
 def evidence_trimmed(value, limit: int = 4000):
@@ -494,6 +495,38 @@ def step_gpu_reset(run: Run) -> dict:
                                  parsed={"verdict": "pass", "reasons": [], "gpus": gpus},
                                  raw=_joined_runs(result.get("runs")), thresholds={"expected_gpus": expected})
     return {"gpus": len(gpus), "health_run": row.pk}
+
+
+def step_gpu_state(run: Run) -> dict:
+    """Every GPU back to its NodeType's state (pools/gpu.py: MIG layout, persistence mode; clocks and power limit
+    at their defaults) and its memory read (agent: `gpu_state`). The console judges what was read back
+    (hosts/gate/gpu_state.py), whether the agent said it succeeded or not; a GPU not in that state, a reset that
+    failed or a report of the wrong shape fails the gate, to repair."""
+    gate = run_gate(run)
+    expected = _gpus(run)
+    if not expected:
+        return {"skipped": "no GPU on this host or its NodeType"}
+    _release_budget(run)
+    # A gate decided by an older console has no "gpu": the NodeType's, as it is now.
+    want = gate.get("gpu") or node_type_gpu(cleaning.node_type_for(run.host, run.claim))
+    args = {"expected_gpus": expected, "mig_layout": want["migLayout"], "persistence_mode": want["persistenceMode"]}
+    failure = None
+    try:
+        result = agent_command(run, "gpu_state", args)
+    except StepFailed as failed:
+        failure, result = failed, failed.evidence
+    parsed = gpu_state.judge(result, expected_gpus=expected, want=want,
+                             failure=failure.message.removeprefix("agent: ") if failure else "")
+    actions = result.get("actions") if isinstance(result, dict) and isinstance(result.get("actions"), list) else []
+    row = cleaning.record_health(host=run.host, flow_id=run.flow["id"], suite="gpu-state", gate=gate, parsed=parsed,
+                                 raw=_joined_runs([r for r in actions if isinstance(r, dict)]),
+                                 thresholds={"expected_gpus": expected, "mig_layout": want["migLayout"] or "none",
+                                             "persistence_mode": want["persistenceMode"],
+                                             "max_retired_pages": gpu_state.MAX_RETIRED_PAGES})
+    if parsed["verdict"] != "pass":
+        raise StepFailed("GPU state: " + "; ".join(parsed["reasons"][:3]), repair=True,
+                         evidence={"health_run": row.pk, "reasons": parsed["reasons"][:20]})
+    return {"health_run": row.pk, "gpus": len(parsed["gpus"]), "mig_layout": want["migLayout"] or "none"}
 
 
 def _joined_runs(runs) -> dict:
@@ -700,6 +733,7 @@ CLEANING_STEPS = [
     Step("erase", step_erase, deadline_setting("ERASE_DEADLINE_S")),
     Step("verify_erase", step_verify_erase, deadline_setting("VERIFY_DEADLINE_S")),
     Step("gpu_reset", step_gpu_reset, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
+    Step("gpu_state", step_gpu_state, deadline_setting("AGENT_COMMAND_DEADLINE_S")),
     Step("health_dcgm", step_health_dcgm, deadline_setting("HEALTH_DEADLINE_S")),
     Step("health_nccl", step_health_nccl, deadline_setting("HEALTH_DEADLINE_S")),
 ]

@@ -21,6 +21,7 @@ from agent import __version__ as agent_version
 from events.choices import ObjectType
 from events.models import Event
 from pools.choices import CleaningPolicy
+from pools.gpu import node_type_gpu
 from pools.health_tiers import node_type_tiers
 from pools.matching import label_selector_matches
 from pools.models import NodeType, Tenant
@@ -97,6 +98,7 @@ def gate_for(host: BareMetalHost, claim=None) -> dict:
                    "dcgm_level": tiers["release"]["dcgmLevel"],
                    "nccl_min_busbw_gbps": tiers["release"]["ncclMinBusbwGBps"],
                    "budget": tiers["release"].get("budget"), "budget_s": tiers["release"].get("budget_s")},
+        "gpu": node_type_gpu(node_type),
     }
     if host.automated_cleaning_mode == "disabled":
         gate["policy"]["note"] = ("automatedCleaningMode: disabled is not honoured: no host returns to the pool "

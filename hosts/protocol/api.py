@@ -32,6 +32,7 @@ from core.tasks import task_send_on_commit
 from hosts import task_names
 from hosts.boot import ramdisk as boot_path
 from hosts.choices import HostState
+from hosts.gate import gpu_state
 from hosts.lifecycle import AGENT_STATES
 from hosts.models import AgentSession, BareMetalHost, CommandStatus, HostCommand, RamdiskBoot
 from hosts.services import publish_progress
@@ -299,6 +300,18 @@ def result(request, body):
     if command.status in (CommandStatus.DONE, CommandStatus.FAILED):
         return {}  # a result sent twice: the first one counted
     ok = body.get("ok") is True
+    check = REPORT_SHAPES.get(command.name)
+    problems = check(body.get("result")) if check is not None else []
+    if problems:
+        # A report the console cannot read is no report: the command fails with the reason, its content is kept
+        # nowhere, and the step that asked for it fails (to repair, for the release gate's).
+        reason = f"{command.name} report refused: malformed ({'; '.join(problems[:3])})"
+        log.warning("host %s: %s", session.host_id, reason)
+        with transaction.atomic():
+            HostCommand.objects.filter(pk=command.pk, status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).update(
+                status=CommandStatus.FAILED, result={}, progress=None, error=reason[:2000], finished_at=timezone.now())
+            task_send_on_commit(task_names.DRIVE_HOST_FOR_AGENT, host_id=session.host_id)
+        raise Refused(400, reason)
     result = body.get("result") if isinstance(body.get("result"), dict) else {}
     with transaction.atomic():
         HostCommand.objects.filter(pk=command.pk, status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).update(
@@ -307,6 +320,11 @@ def result(request, body):
             finished_at=timezone.now())
         task_send_on_commit(task_names.DRIVE_HOST_FOR_AGENT, host_id=session.host_id)
     return {}
+
+
+# The reports whose shape the console checks before it keeps them (a malformed one is refused): the command's
+# name → a function returning what is wrong ([] when nothing).
+REPORT_SHAPES: dict[str, Callable[[object], list[str]]] = {"gpu_state": gpu_state.report_problems}
 
 
 # --- The boot path (hosts/boot/ramdisk.py): what the server's firmware or BMC fetches, once per boot -----------------

@@ -153,7 +153,7 @@ class NodeTypeSerializer(StrictModelSerializer):
     class Meta:
         model = NodeType
         fields = ["id", "name", "provider", "display_name", "zone", "region", "properties", "resources", "cost",
-                  "effective_cost", "host_selector", "sku", "health", "firmware", "declared_in_provider",
+                  "effective_cost", "host_selector", "sku", "health", "firmware", "gpu", "declared_in_provider",
                   *RELEASE_GATE_FIELDS, "repair", "warm_hosts", "warm_idle_minutes", "capacity", "created_at", "updated_at"]
         read_only_fields = ["declared_in_provider", "created_at", "updated_at"]
 
