@@ -47,13 +47,15 @@ def fresh_database() -> None:
 
 
 class Worker:
-    def __init__(self, concurrency: int = 4, log: str = "/tmp/vmetal-bench-worker.log"):
-        self.concurrency, self.log = concurrency, log
+    def __init__(self, concurrency: int = 4, log: str = "/tmp/vmetal-bench-worker.log", queues: tuple[str, ...] = ()):
+        """queues: the kinds of vmetal_console.queues it consumes (all when empty)."""
+        self.concurrency, self.log, self.queues = concurrency, log, queues
 
     def __enter__(self):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "vmetal_console", "worker", "-P", "threads", "-c", str(self.concurrency),
-             "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info"],
+             "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info",
+             *(["-Q", ",".join(os.environ["CELERY_QUEUE_PREFIX"] + q for q in self.queues)] if self.queues else [])],
             cwd=ROOT, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while "ready." not in Path(self.log).read_text():
