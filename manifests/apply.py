@@ -10,6 +10,8 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from claims.choices import ClaimPhase
+from claims.models import NodeClaim
 from core.errors import InUse
 from core.labels import error_location
 from core.limits import node_count_error
@@ -34,6 +36,7 @@ from pools.models import (
     CHECKSUM_LENGTHS,
     WARM_MAX_HOSTS,
     WARM_MAX_IDLE_MINUTES,
+    OS_IMAGE_PROPERTY,
     NodeEnvironment,
     NodeProvider,
     NodeType,
@@ -165,6 +168,7 @@ def apply_files(files: list[tuple[str, str]], *, actor: str, tenant: str | None 
                     raise doc.error(exc) from None
             ctx.check_credentials()
             ctx.check_quotas()
+            ctx.report_drift_sources()
             if dry_run:
                 raise DryRun
     except DryRun:
@@ -219,6 +223,38 @@ class Context:
             warning = tenant_quota_warning(tenant=tenant, quota=tenant.quota_nodes)
             if warning:
                 self.result.warn(warning)
+
+    def report_drift_sources(self) -> None:
+        """A changed NodeType or OSImage is a change of every static pool whose serving nodes were made from it
+        (they drift, and the pool rolls them): said as the pool's change, unless the pool's own document changed."""
+        changed = {item["what"] for item in self.result.items if item["verb"] == "configured"}
+        types = {what.split("/", 1)[1] for what in changed if what.startswith("nodetype/")}
+        images = {what.split("/", 1)[1] for what in changed if what.startswith("osimage/")}
+        if not types and not images:
+            return
+        sources: dict[tuple[str, str], set[str]] = {}
+        serving = (NodeClaim.objects.filter(phase=ClaimPhase.AVAILABLE, pool__kind=PoolKind.STATIC)
+                   .values_list("pool__tenant__name", "pool__name", "node_type__name", "properties"))
+        for tenant, pool, node_type, properties in serving:
+            made_from = sources.setdefault((tenant, pool), set())
+            if node_type in types:
+                made_from.add(f"nodetype/{node_type}")
+            if (properties or {}).get(OS_IMAGE_PROPERTY) in images:
+                made_from.add(f"osimage/{properties[OS_IMAGE_PROPERTY]}")
+        for (tenant, pool), made_from in sorted(sources.items()):
+            what = f"nodepool/{tenant}/{pool}"
+            if not made_from or what in changed:
+                continue
+            line = f"{what} configured (its nodes were made from {', '.join(sorted(made_from))}, changed: they drift)"
+            item = {"what": what, "verb": "configured", "changes": [(name, "", "changed") for name in sorted(made_from)]}
+            # Its own document, applied unchanged in the same run, is said once: as this change.
+            at = next((i for i, it in enumerate(self.result.items) if it["what"] == what), None)
+            if at is None:
+                self.result.lines.append(line)
+                self.result.items.append(item)
+            else:
+                self.result.lines[at], self.result.items[at] = line, item
+            self.result.changed += 1
 
     def update(self, what: str, obj, values: dict, paths: dict[str, tuple], *, object_type: str, tenant=None,
                self_link: str = ""):

@@ -289,6 +289,28 @@ def test_apply_says_a_pool_is_configured_when_its_image_property_changes(apply, 
         "nodepool/one/gpu unchanged", "nodepool/one/cpu unchanged"]
 
 
+def test_apply_says_the_pools_whose_nodes_were_made_from_a_changed_osimage_or_node_type_are_configured(
+        apply, demo_site, seed_block):
+    from conftest import DEMO
+
+    apply(seed_block, tenant="one")
+    pools_reconcile()
+    for claim in NodeClaim.objects.filter(pool__tenant__name="one", pool__name="gpu"):
+        NodeClaim.objects.filter(pk=claim.pk).update(phase=ClaimPhase.AVAILABLE, available_at=timezone.now())
+    site = (DEMO / "site.yaml").read_text()
+    lines = apply(site.replace("3f1c0c3a2f1e", "4f1c0c3a2f1e"))
+    assert "nodepool/one/gpu configured (its nodes were made from osimage/ubuntu2404-20260926, changed: they " \
+           "drift)" in lines
+    assert not [line for line in lines if line.startswith("nodepool/one/cpu")]  # no node of it serves yet
+    # Applied with the pool's own document, unchanged: said once, as the change.
+    lines = apply(site.replace("3f1c0c3a2f1e", "5f1c0c3a2f1e"), seed_block, tenant="one")
+    assert [line for line in lines if line.startswith("nodepool/one/gpu")] == [
+        "nodepool/one/gpu configured (its nodes were made from osimage/ubuntu2404-20260926, changed: they drift)"]
+    assert "nodepool/one/cpu unchanged" in lines
+    lines = apply(site.replace("3f1c0c3a2f1e", "5f1c0c3a2f1e"))  # nothing changed: no pool said
+    assert "osimage/ubuntu2404-20260926 unchanged" in lines and not [line for line in lines if "nodepool" in line]
+
+
 def test_a_static_pool_takes_disruption_budgets_only(apply, demo_site, seed_block):
     budgets = seed_block.replace("          quantity: 1\n", "          quantity: 1\n          disruption:\n"
                                  "            budgets:\n              - nodes: \"1\"\n", 1)
