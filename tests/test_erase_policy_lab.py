@@ -2,9 +2,11 @@
 its pool marks kept (the tenant's bytes still there, the OS disk erased, the certificate saying kept and why) and the
 pool's own replacement claim gets the host back; the move to another tenant then purges every disk and none of the
 first tenant's bytes is left. Real Celery worker, real agents on file-backed disks, the lab's fake `nvme`."""
+import io
 import secrets
 
 import pytest
+from django.core.management import call_command
 
 from claims.choices import ClaimPhase, ReleasePurpose
 from claims.models import NodeClaim
@@ -31,7 +33,7 @@ def available(tenant: str, but=None):
 
 def test_a_reimage_keeps_the_pool_s_data_disk_and_a_move_to_another_tenant_purges_every_disk(
         lab_factory, celery_worker_process, apply):
-    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one", "two"], disk_bytes=64 * 1024 * 1024)
+    site = lab_factory(hosts=1, gpu_hosts=1, tenants=["one", "two"], disk_bytes=96 * 1024 * 1024)
     NodeType.objects.filter(name="gpu-server").update(cleaning_disks=RULES)
     wait_hosts("available", 1, timeout=60)
     apply(gpu_pool(1) + KEEP_SCRATCH, tenant="one")
@@ -42,6 +44,10 @@ def test_a_reimage_keeps_the_pool_s_data_disk_and_a_move_to_another_tenant_purge
 
     # A re-image for the same pool: the scratch disk is kept, the OS disk erased; the pool's next claim has it back.
     claims_release(claims=[first], actor="user:test", reason="re-image", purpose=ReleasePurpose.REIMAGE)
+    wait_for(lambda: NodeClaim.objects.filter(pk=first.pk, phase=ClaimPhase.RELEASED).exists(), timeout=120)
+    host = BareMetalHost.objects.get()
+    assert (host.state, host.kept_for_pool.name) == ("available", "gpu"), lab_report()
+    call_command("reconcile", stdout=io.StringIO())  # the pool's next claim (a drift roll makes it itself)
     second = wait_for(lambda: available("one", but=first), timeout=120)
     assert second.host.name == "gpu-01", lab_report()
     certs = {c.disk: c for c in EraseCertificate.objects.filter(claim_name=first.name)}
