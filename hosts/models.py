@@ -277,7 +277,7 @@ class EraseCertificate(models.Model):
     disk = models.CharField(max_length=64)
     serial = models.CharField(max_length=128, blank=True)
     model = models.CharField(max_length=200, blank=True)
-    method = models.CharField(max_length=16, blank=True)  # the method performed (metadata, full, secure)
+    method = models.CharField(max_length=32, blank=True)  # the method performed (pools.erase_rules.METHODS, kept)
     method_type = models.CharField(max_length=16, blank=True)  # Clear, Purge, None
     result = models.CharField(max_length=4, choices=Verdict.choices)
     previous_tenant = models.CharField(max_length=253, blank=True)
