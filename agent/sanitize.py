@@ -1,4 +1,5 @@
-"""Disk sanitisation as a cleaning policy names it: `metadata`, `full` or `secure`, with an explicit fallback.
+"""Disk sanitisation as a cleaning policy or an erase plan names it: `metadata`, `full`, `secure` or one drive
+command, with an explicit fallback.
 
 - metadata: zero the first and last 2 MiB (partition tables, GPT backup, RAID/LVM/filesystem signatures).
   Not a sanitisation in NIST SP 800-88 terms; recorded as such.
@@ -9,6 +10,11 @@
   progress from `nvme sanitize-log`. ATA: `hdparm --user-master u --security-set-pass P DEV`, then
   `--security-erase-enhanced P` when supported, else `--security-erase P`; a frozen drive is woken once
   through suspend-to-RAM (`rtcwake -m mem`), the usual way to unfreeze it, and given up on if still frozen.
+
+The console's per-disk plan (hosts/gate/plan.py) may name one drive command instead of `secure`'s pick:
+nvme-format (ses=1), nvme-crypto-format (ses=2), nvme-sanitize-crypto / -block / -overwrite, crypto-erase (ses=2
+or sanitize crypto, whichever the controller offers), ata-secure-erase; one the drive does not offer cannot run,
+and each disk's chain of methods is tried in order.
 
 A method that cannot run (no tool, not supported, frozen) or that fails moves to the policy's fallback if it
 names one, and the result says so (`fallback_from`, `fallback_reason`, every attempt); without a fallback
