@@ -1,4 +1,5 @@
-"""Disk sanitisation as a cleaning policy names it: `metadata`, `full` or `secure`, with an explicit fallback.
+"""Disk sanitisation as a cleaning policy or an erase plan names it: `metadata`, `full`, `secure` or one drive
+command, with an explicit fallback.
 
 - metadata: zero the first and last 2 MiB (partition tables, GPT backup, RAID/LVM/filesystem signatures).
   Not a sanitisation in NIST SP 800-88 terms; recorded as such.
@@ -9,6 +10,11 @@
   progress from `nvme sanitize-log`. ATA: `hdparm --user-master u --security-set-pass P DEV`, then
   `--security-erase-enhanced P` when supported, else `--security-erase P`; a frozen drive is woken once
   through suspend-to-RAM (`rtcwake -m mem`), the usual way to unfreeze it, and given up on if still frozen.
+
+The console's per-disk plan (hosts/gate/plan.py) may name one drive command instead of `secure`'s pick:
+nvme-format (ses=1), nvme-crypto-format (ses=2), nvme-sanitize-crypto / -block / -overwrite, crypto-erase (ses=2
+or sanitize crypto, whichever the controller offers), ata-secure-erase; one the drive does not offer cannot run,
+and each disk's chain of methods is tried in order.
 
 A method that cannot run (no tool, not supported, frozen) or that fails moves to the policy's fallback if it
 names one, and the result says so (`fallback_from`, `fallback_reason`, every attempt); without a fallback
@@ -38,7 +44,16 @@ from agent.verify import BLOCK, MiB, metadata_regions
 
 WRITE_CHUNK = 4 * MiB  # the usual max_sectors_kb: one request each, not split by the block layer
 WRITE_QUEUE_DEPTH = 8  # O_DIRECT writes in flight at once
-METHODS = ("metadata", "full", "secure")
+# One drive command each, where a plan names which (pools/erase_rules.py has the same names): the NVMe variants a
+# method allows, in the order tried; `secure` is the drive's strongest, whichever it offers.
+NVME_VARIANTS = {
+    "secure": ("crypto-format", "sanitize-crypto", "sanitize-block", "sanitize-overwrite", "format"),
+    "nvme-format": ("format",), "nvme-crypto-format": ("crypto-format",),
+    "nvme-sanitize-crypto": ("sanitize-crypto",), "nvme-sanitize-block": ("sanitize-block",),
+    "nvme-sanitize-overwrite": ("sanitize-overwrite",), "crypto-erase": ("crypto-format", "sanitize-crypto"),
+}
+DRIVE_METHODS = (*NVME_VARIANTS, "ata-secure-erase")
+METHODS = ("metadata", "full", *DRIVE_METHODS[1:], "secure")
 # Weakest first: a fallback is only ever to a method the policy names.
 STRENGTH = {"metadata": 0, "full": 1, "secure": 2}
 
@@ -67,8 +82,13 @@ class Policy:
     metadata_mib: int = 2
     allow_suspend: bool = True  # ATA: try suspend/resume to unfreeze a frozen drive
     tool_timeout_s: float = 6 * 3600
+    # A disk's own chain from the console's erase plan (hosts/gate/plan.py), tried in order; then `method` and
+    # `fallback` are its first two.
+    methods: tuple[str, ...] = ()
 
     def chain(self) -> list[str]:
+        if self.methods:
+            return list(dict.fromkeys(self.methods))
         return [self.method] + ([self.fallback] if self.fallback and self.fallback != self.method else [])
 
 
@@ -82,6 +102,7 @@ def _now() -> str:
 def erase_disk(disk: Disk, policy: Policy, hardware: Hardware, progress: Progress = lambda f, m: None) -> dict:
     """Erase one disk by the policy, falling back only as the policy allows. Raises EraseFailed."""
     attempts = []
+    asked = policy.chain()[0]
     for method in policy.chain():
         started = _now()
         try:
@@ -90,12 +111,12 @@ def erase_disk(disk: Disk, policy: Policy, hardware: Hardware, progress: Progres
             attempts.append({"method": method, "error": str(exc), "started_at": started, "ended_at": _now(),
                              **({"commands": exc.attempts} if getattr(exc, "attempts", None) else {})})
             continue
-        result.update({"requested": policy.method, "started_at": started, "ended_at": _now(),
+        result.update({"requested": asked, "started_at": started, "ended_at": _now(),
                        "attempts": attempts,
-                       "fallback_from": policy.method if method != policy.method else None,
+                       "fallback_from": asked if method != asked else None,
                        "fallback_reason": attempts[-1]["error"] if attempts else None})
         return result
-    tail = f"; the policy allows no fallback from {policy.method}" if not policy.fallback else ""
+    tail = f"; the policy allows no fallback from {asked}" if len(policy.chain()) < 2 else ""
     raise EraseFailed("; ".join(f"{a['method']}: {a['error']}" for a in attempts) + tail, attempts)
 
 
@@ -227,16 +248,30 @@ def tool_version(argv: list[str], env: dict | None = None) -> str:
     return record["output"].splitlines()[0].strip() if record["output"] else "unknown"
 
 
-NVME_SANITIZE = [(0x1, 4, "cryptographic erase"), (0x2, 2, "block erase"), (0x4, 3, "overwrite")]
+NVME_SANITIZE = [(0x1, 4, "cryptographic erase", "sanitize-crypto"), (0x2, 2, "block erase", "sanitize-block"),
+                 (0x4, 3, "overwrite", "sanitize-overwrite")]
 
 
-def erase_secure(disk: Disk, policy: Policy, hardware: Hardware, progress: Progress) -> dict:
+def erase_secure(disk: Disk, policy: Policy, hardware: Hardware, progress: Progress, method: str = "secure") -> dict:
     if disk.type == "nvme":
-        return nvme_secure_erase(disk, policy, progress, hardware.tool_env())
-    return ata_secure_erase(disk, policy, progress, hardware.tool_env())
+        if method == "ata-secure-erase":
+            raise MethodUnavailable(f"{disk.name} is an NVMe drive: no ATA security feature set")
+        result = nvme_secure_erase(disk, policy, progress, hardware.tool_env(), variants=NVME_VARIANTS[method])
+    else:
+        if method not in ("secure", "ata-secure-erase"):
+            raise MethodUnavailable(f"{disk.name} ({disk.type}) is not an NVMe drive: no {method}")
+        result = ata_secure_erase(disk, policy, progress, hardware.tool_env())
+    return {**result, "method": method}
 
 
-def nvme_secure_erase(disk: Disk, policy: Policy, progress: Progress, env: dict | None = None) -> dict:
+def _drive_method(method: str):
+    def erase(disk: Disk, policy: Policy, hardware: Hardware, progress: Progress) -> dict:
+        return erase_secure(disk, policy, hardware, progress, method)
+    return erase
+
+
+def nvme_secure_erase(disk: Disk, policy: Policy, progress: Progress, env: dict | None = None,
+                      variants: tuple[str, ...] = NVME_VARIANTS["secure"]) -> dict:
     def run(argv, timeout):
         return run_tool(argv, timeout, env=env)
 
@@ -249,18 +284,22 @@ def nvme_secure_erase(disk: Disk, policy: Policy, progress: Progress, env: dict 
     except (ValueError, TypeError, AttributeError):
         raise MethodUnavailable("nvme id-ctrl: the answer is not the JSON nvme-cli 2.x prints") from None
     version = tool_version(["nvme", "version"], env)
-    variants = []
+    offered = []
     if fna & 0x4:
-        variants.append(("format", ["nvme", "format", disk.path, "--ses=2", "--force"],
-                         "NVMe Format NVM, Secure Erase Setting 2: cryptographic erase (the media key is replaced)"))
-    for bit, action, name in NVME_SANITIZE:
+        offered.append(("crypto-format", "format", ["nvme", "format", disk.path, "--ses=2", "--force"],
+                        "NVMe Format NVM, Secure Erase Setting 2: cryptographic erase (the media key is replaced)"))
+    for bit, action, name, variant in NVME_SANITIZE:
         if sanicap & bit:
-            variants.append(("sanitize", ["nvme", "sanitize", disk.path, f"--sanact={action}"],
-                             f"NVMe Sanitize, action {action}: {name} of all user data, caches included"))
-    variants.append(("format", ["nvme", "format", disk.path, "--ses=1", "--force"],
-                     "NVMe Format NVM, Secure Erase Setting 1: user data erase"))
+            offered.append((variant, "sanitize", ["nvme", "sanitize", disk.path, f"--sanact={action}"],
+                            f"NVMe Sanitize, action {action}: {name} of all user data, caches included"))
+    offered.append(("format", "format", ["nvme", "format", disk.path, "--ses=1", "--force"],
+                    "NVMe Format NVM, Secure Erase Setting 1: user data erase"))
+    chosen = [(kind, argv, details) for variant, kind, argv, details in offered if variant in variants]
+    if not chosen:
+        raise MethodUnavailable(f"the controller does not offer {' or '.join(variants)} (fna={fna:#x}, "
+                                f"sanicap={sanicap:#x})")
     tried = [{"command": ident["command"], "exit_code": 0, "output": f"fna={fna:#x} sanicap={sanicap:#x}"}]
-    for kind, argv, details in variants:
+    for kind, argv, details in chosen:
         progress(0.05, " ".join(argv[:2] + argv[3:]))
         record = run(argv, policy.tool_timeout_s)
         tried.append({k: record[k] for k in ("command", "exit_code", "output")})
@@ -433,4 +472,5 @@ def ata_secure_erase(disk: Disk, policy: Policy, progress: Progress, env: dict |
 
 
 _run_tool = run_tool
-METHOD_FUNCTIONS = {"metadata": erase_metadata, "full": erase_full, "secure": erase_secure}
+METHOD_FUNCTIONS = {"metadata": erase_metadata, "full": erase_full, "secure": erase_secure,
+                    **{m: _drive_method(m) for m in DRIVE_METHODS if m != "secure"}}

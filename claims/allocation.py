@@ -13,7 +13,7 @@ from hosts.capacity import node_type_capacity, preflight_held_back
 from hosts.choices import HostState
 from hosts.lifecycle import ConcurrentTransition
 from hosts.models import BareMetalHost
-from hosts.services import hosts_transition_batch
+from hosts.services import hosts_kept_clear, hosts_transition_batch
 from pools.choices import GroupFailurePolicy
 from pools.fabric import fabric_partition_waits
 from pools.matching import label_selector_q, normalize_requirement, requirements_match
@@ -98,9 +98,11 @@ def claims_allocate(*, pool_ids: list[int] | None = None, claim_ids: list[int] |
         elif claim.pool_id in topology_pools:
             where = ("pool", topology_pools[claim.pool_id])
         env = environments[claim.pk]
-        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tried, where, env.pk if env else None)
+        # By pool too: a host holding a pool's kept data disks is that pool's alone (claims.selectors.free_hosts).
+        key = (claim.provider_id, _requirements_key(claim.requirements), pinned, tried, where, env.pk if env else None,
+               claim.pool_id)
         groups[key].append(claim)
-    for (provider_id, _, pinned, tried, where, _env), claims in groups.items():
+    for (provider_id, _, pinned, tried, where, _env, _pool), claims in groups.items():
         candidates = [t for t in node_types if t.provider_id == provider_id
                       and requirements_match(claims[0].requirements, t.effective_properties())]
         if not candidates:
@@ -183,14 +185,15 @@ def _allocate_group(claims: list[NodeClaim], node_type: NodeType, pinned: str, a
         try:
             with transaction.atomic():
                 environments_lock(claims)  # before the hosts: one allocation at a time per environment (IPAM)
-                free = free_hosts(node_type, excluded=excluded)
+                pool_id = claims[0].pool_id
+                free = free_hosts(node_type, excluded=excluded, pool_id=pool_id)
                 if pinned:
                     free = free.filter(name=pinned)
                 if only is not None:
                     free = free.filter(pk__in=only)
                 tried = sorted({name for claim in claims for name in claim.failed_hosts})
                 hosts = list(free.select_for_update(skip_locked=True, of=("self",))
-                             .order_by(*host_order(tried))[: len(claims)])
+                             .order_by(*host_order(tried, pool_id))[: len(claims)])
                 if not hosts:
                     return 0
                 # Each claim's address in this same transaction; one that cannot get one takes no host.
@@ -214,6 +217,10 @@ def _bind(hosts: list[BareMetalHost], claims: list[NodeClaim], node_type: NodeTy
           message: str) -> None:
     """Hosts to provisioning and each claim to its host, in the caller's transaction (hosts locked by it)."""
     tenant_of = {h.pk: c.tenant_id for h, c in zip(hosts, claims)}
+    for host, claim in zip(hosts, claims):
+        if host.kept_until is not None:  # free_hosts gave it to its own pool only: the kept data is this node's
+            hosts_kept_clear(host=host, actor=actor, reason=f"its pool {claim.pool}'s claim {claim.name} has it "
+                                                            "back, with its kept data disks")
     _hosts_to_provisioning(hosts, actor=actor, reason=f"allocated to a {node_type.name} claim", tenant_ids=tenant_of)
     for host, claim in zip(hosts, claims):
         claim.host, claim.host_name, claim.node_type = host, host.name, node_type
@@ -245,7 +252,8 @@ def _allocate_in_place(where: tuple, claims: list[NodeClaim], candidates: list[N
                 # One allocation per pool at a time, so that two workers do not start it on two domains.
                 NodePool.objects.select_for_update(no_key=True).filter(pk=owner.pk).exists()
                 domain = domain or pool_domain(owner, shares)
-            by_domain = free_by_domain(node_type, shares, excluded=excluded, tried_last=tried)
+            by_domain = free_by_domain(node_type, shares, excluded=excluded, tried_last=tried,
+                                       pool_id=claims[0].pool_id)
             if domain is None and by_domain:
                 fits = [(len(pks), d) for d, pks in by_domain.items() if len(pks) >= len(claims)]
                 domain = min(fits)[1] if fits else max((len(pks), d) for d, pks in by_domain.items())[1]
@@ -334,7 +342,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
                     pk=group.pk, placed_at__isnull=True).exists():
                 return "gone", {}
             environments_lock(claims)  # before the hosts, as _allocate_group (claims.ipam)
-            by_domain = free_by_domain(node_type, shares, tried_last=tried)
+            by_domain = free_by_domain(node_type, shares, tried_last=tried, pool_id=claims[0].pool_id)
             counts = {domain: len(pks) for domain, pks in by_domain.items()}
             fitting = sorted((n, domain) for domain, n in counts.items() if n >= need)
             for _, domain in fitting:
@@ -342,7 +350,7 @@ def _place_group_once(group: ClaimGroup, claims: list[NodeClaim], node_type: Nod
                     with transaction.atomic():
                         hosts = list(BareMetalHost.objects.filter(pk__in=by_domain[domain], state__in=FREE_STATES)
                                      .select_for_update(skip_locked=True, of=("self",))
-                                     .order_by(*host_order(tried))[:need])
+                                     .order_by(*host_order(tried, claims[0].pool_id))[:need])
                         if len(hosts) < need:
                             raise _FellShort
                         # Every member's address in this same transaction (claims.ipam), or none placed.

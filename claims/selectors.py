@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Case, Count, F, QuerySet, When, Window
+from django.db.models import Case, Count, F, Q, QuerySet, When, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -142,31 +142,43 @@ def domain_name(shares: tuple[str, ...], domain: tuple[str, ...]) -> str:
 FREE_STATES = tuple(sorted(FREE))
 
 
-def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = ()):
-    """The available hosts of a type the allocator may take (both paths: one by one and whole groups); what must
-    never be allocated is left out here, once."""
+def held_for_others_q(pool_id: int | None) -> Q:
+    """Hosts whose kept data disks hold them for a pool other than `pool_id` (hosts/gate/plan.py), or whose hold
+    ended and whose full erase has not run yet: no claim but one of that pool's, in time, may have them."""
+    held = Q(kept_until__isnull=False)
+    if pool_id is None:
+        return held
+    return held & ~(Q(kept_for_pool_id=pool_id) & Q(kept_until__gt=timezone.now()))
+
+
+def free_hosts(node_type: NodeType, *, excluded: tuple[str, ...] = (), pool_id: int | None = None):
+    """The available hosts of a type the allocator may take for a claim of pool `pool_id` (both paths: one by one
+    and whole groups); what must never be allocated is left out here, once."""
     return (BareMetalHost.objects.filter(label_selector_q(node_type.host_selector), state__in=FREE_STATES)
             .exclude(name__in=excluded)
+            .exclude(held_for_others_q(pool_id))  # another tenant's data is never handed over
             .exclude(NEVER_ALLOCATED))  # a red preflight: never (hosts/preflight.py)
 
 
-def host_order(tried: list[str]) -> list:
+def host_order(tried: list[str], pool_id: int | None = None) -> list:
     """The order the allocator takes free hosts in: hosts that already failed these claims last (when they are
     all that is left), before them hosts held back (a BMC that does not answer: hosts.capacity), which the
-    flow's BMC step would only confirm or clear; among the rest warm hosts first (hosts/flows/warm.py: on in the
-    ramdisk, they skip power-on, boot and lookup), the longest warm first."""
+    flow's BMC step would only confirm or clear; among the rest a host held for the claims' own pool first (its
+    kept data disks are that pool's), then warm hosts (hosts/flows/warm.py: on in the ramdisk, they skip
+    power-on, boot and lookup), the longest warm first."""
+    own = [Case(When(kept_for_pool_id=pool_id, then=0), default=1)] if pool_id else []
     return [Case(When(name__in=list(tried), then=2), When(not_allocatable_q(), then=1), default=0),
             Case(When(state=HostState.CHECKING, then=1), default=0),  # an idle check is pre-empted last
-            F("warm_since").asc(nulls_last=True), "pk"]
+            *own, F("warm_since").asc(nulls_last=True), "pk"]
 
 
 def free_by_domain(node_type: NodeType, shares: tuple[str, ...], excluded: tuple[str, ...] = (),
-                    tried_last: list[str] | tuple = ()) -> dict[tuple[str, ...], list[int]]:
+                    tried_last: list[str] | tuple = (), pool_id: int | None = None) -> dict[tuple[str, ...], list[int]]:
     """The free hosts of a type, by what they share ({("r2",): [host ids]}), each list in the order the
     allocator takes them (as _allocate_group: hosts held back, then hosts that failed these claims, last).
     A host that does not say where it sits (no such label) is in no domain."""
-    free = free_hosts(node_type, excluded=excluded)
-    order = host_order(list(tried_last))
+    free = free_hosts(node_type, excluded=excluded, pool_id=pool_id)
+    order = host_order(list(tried_last), pool_id)
     by_domain = defaultdict(list)
     for pk, labels in free.order_by(*order).values_list("pk", "labels"):
         topology = host_topology(labels)

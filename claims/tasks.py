@@ -3,7 +3,7 @@ from celery import shared_task
 
 from hosts.restore import world_check
 
-from . import ipam, steps, task_names
+from . import ipam, kept, steps, task_names
 from .allocation import allocate_soon
 from .reconcile import claim_group_place_again, pools_reconcile
 from .restore import world_reconcile as reconcile_with_world
@@ -47,3 +47,9 @@ def world_reconcile(reimport: bool = True) -> dict:
     result = reconcile_with_world(reimport=reimport)
     return {"restored": result.restored, "decided": len(result.decisions) - result.held_left,
             "held": result.held_left, "reimported": result.reimported, "refused": len(result.refused)}
+
+
+# A host held for a pool whose re-image kept its data disks: once the hold ends, the full erase (claims/kept.py).
+@shared_task(name=task_names.END_KEPT_HOLDS)
+def end_kept_holds() -> dict:
+    return {"erasing": kept.kept_holds_end()}

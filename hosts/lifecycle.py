@@ -16,7 +16,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # After inspection a host is cleaned and checked once (deprovisioning) before it joins the pool.
     # Registration's initial clean and health check fail into repair, as a release's do.
     S.INSPECTING: frozenset({S.AVAILABLE, S.DEPROVISIONING, S.REPAIR, S.ERROR, S.MAINTENANCE}),
-    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE, S.CHECKING, S.SERVICING}),
+    # Deprovisioning from the pool: the full erase of a host whose hold on kept data disks ended (hosts/gate/plan.py).
+    S.AVAILABLE: frozenset({S.PROVISIONING, S.INSPECTING, S.REGISTERING, S.MAINTENANCE, S.CHECKING, S.SERVICING,
+                            S.DEPROVISIONING}),
     # A servicing action (a firmware update): back to the pool, or to repair with the evidence when it failed.
     S.SERVICING: frozenset({S.AVAILABLE, S.REPAIR, S.ERROR, S.MAINTENANCE}),
     # The idle check: back to the pool, to repair when it fails, or pre-empted by a claim (provisioning).

@@ -91,6 +91,14 @@ class BareMetalHost(models.Model):
     # A ramdisk boot found raced (hosts/boot/ramdisk.py), not yet dealt with by the host's flow: the next drive, under
     # its lease, boots the host again (read with the row the drive loads anyway: no query of its own).
     raced_boot_id = models.IntegerField(null=True, blank=True)
+    # Data disks kept by a re-image of the same pool (hosts/gate/plan.py): the host is that pool's alone until
+    # `kept_until`; then, or when the pool is gone or needs it no more, the full erase before anyone else has it
+    # (hosts.services.hosts_kept_release). Set before the erase that keeps them; emptied by an erase that keeps
+    # nothing, and when the pool's own claim takes the host back. `kept_disks`: [{disk, serial, role}].
+    kept_for_pool = models.ForeignKey("pools.NodePool", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="+")
+    kept_until = models.DateTimeField(null=True, blank=True, db_index=True)
+    kept_disks = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -269,7 +277,7 @@ class EraseCertificate(models.Model):
     disk = models.CharField(max_length=64)
     serial = models.CharField(max_length=128, blank=True)
     model = models.CharField(max_length=200, blank=True)
-    method = models.CharField(max_length=16, blank=True)  # the method performed (metadata, full, secure)
+    method = models.CharField(max_length=32, blank=True)  # the method performed (pools.erase_rules.METHODS, kept)
     method_type = models.CharField(max_length=16, blank=True)  # Clear, Purge, None
     result = models.CharField(max_length=4, choices=Verdict.choices)
     previous_tenant = models.CharField(max_length=253, blank=True)

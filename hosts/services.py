@@ -708,3 +708,55 @@ def publish_progress(host_id: int) -> None:
     """Tell the host's live views that its flow's progress changed (a retry, a heartbeat): no Event."""
     transaction.on_commit(lambda: live.publish([f"host-{host_id}"], {"object": "host", "ids": [host_id],
                                                                       "progress": True}))
+
+
+# --- data kept by a re-image: the host held for its pool (hosts/gate/plan.py) ------------------------------
+
+def hosts_kept_set(*, host: BareMetalHost, pool, disks: list[dict], actor: str) -> None:
+    """Before an erase that keeps data disks: the host is `pool`'s alone until KEPT_DISKS_HOLD_S from now (the
+    allocator gives it to no other pool's claim: claims.selectors.free_hosts). Idempotent per pool."""
+    until = timezone.now() + timedelta(seconds=settings.KEPT_DISKS_HOLD_S)
+    with transaction.atomic():
+        if BareMetalHost.objects.filter(pk=host.pk, kept_for_pool=pool, kept_until__isnull=False).exists():
+            return
+        BareMetalHost.objects.filter(pk=host.pk).update(kept_for_pool=pool, kept_until=until, kept_disks=disks,
+                                                        updated_at=timezone.now())
+        event_record(kind=EventKind.CHANGE, object_type=ObjectType.HOST, object_name=host.name, host=host,
+                     actor=actor, message=(f"held for pool {pool} until {until:%Y-%m-%d %H:%M} UTC: its data disks "
+                                           f"{', '.join(d['disk'] for d in disks)} are kept for a re-image of that "
+                                           "pool; no other pool's claim gets it"),
+                     data={"kept": {"pool": str(pool), "until": until.isoformat(), "disks": disks}})
+    host.kept_for_pool, host.kept_until, host.kept_disks = pool, until, disks
+
+
+def hosts_kept_clear(*, host: BareMetalHost, actor: str, reason: str) -> bool:
+    """The hold ends because no kept data is left to hold it for (every disk erased, or the pool's own claim took
+    the host back). True when there was one."""
+    with transaction.atomic():
+        changed = BareMetalHost.objects.filter(pk=host.pk, kept_until__isnull=False).update(
+            kept_for_pool=None, kept_until=None, kept_disks=[], updated_at=timezone.now())
+        if changed:
+            event_record(kind=EventKind.CHANGE, object_type=ObjectType.HOST, object_name=host.name, host=host,
+                         actor=actor, message=f"no longer held for a pool: {reason}", data={"kept": None})
+    host.kept_for_pool, host.kept_until, host.kept_disks = None, None, []
+    return bool(changed)
+
+
+def hosts_kept_release(*, ended: dict[int, str], actor: str) -> list[str]:
+    """Free held hosts whose hold ended ({host id: why}; claims.kept decides, or an admin's action) go through the
+    full erase of a release to another tenant (deprovisioning with no claim: hosts/gate/plan.py) before anyone has
+    them. Returns the names of the hosts sent."""
+    sent = []
+    for host in BareMetalHost.objects.filter(pk__in=list(ended), kept_until__isnull=False,
+                                             state=HostState.AVAILABLE).select_related("kept_for_pool"):
+        why = ended[host.pk]
+        try:
+            host_transition(host=host, to_state=HostState.DEPROVISIONING, actor=actor,
+                            reason=f"the hold on its kept data disks ended ({why}): every disk erased at the "
+                                   "strongest level before another tenant has it",
+                            data={"kept": {"pool": str(host.kept_for_pool) if host.kept_for_pool else None,
+                                           "disks": host.kept_disks, "ended": why}})
+        except (ConcurrentTransition, IllegalTransition):
+            continue  # a claim of its pool took it meanwhile, or another writer moved it
+        sent.append(host.name)
+    return sent

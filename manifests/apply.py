@@ -4,6 +4,7 @@ OSImage, Metal3 BareMetalHost and v1 Secret documents."""
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -43,7 +44,8 @@ from pools.models import (
     OSImage,
     Tenant,
 )
-from pools.matching import label_selector_matches
+from pools.erase_rules import check_disk_rules, check_keep_disks
+from pools.matching import label_selector_matches, requirements_match
 from pools.selectors import labels_derived, node_types_selecting
 from pools.services import (
     PoolSpec,
@@ -481,9 +483,26 @@ CLEANING = {"policy": "cleaning_policy", "fallback": "cleaning_fallback", "erase
 HEALTH_CHECK = {"dcgmLevel": "health_dcgm_level", "ncclMinBusbwGBps": "health_nccl_min_busbw_gbps"}
 
 
+def _disk_rules(cleaning: Reader) -> list:
+    """spec.cleaning.disks (pools/erase_rules.py), each mistake at its own rule's line."""
+    rules = cleaning.child("disks", [])
+    rules.items()
+    try:
+        check_disk_rules(rules.value)
+    except ValidationError as exc:
+        message = exc.messages[0]
+        where = re.match(r"disks\[(\d+)\]((?:\.\w+)*): ", message)
+        path = rules.path
+        if where:
+            path += (int(where.group(1)), *[p for p in where.group(2).split(".") if p])
+            message = message[where.end():]
+        raise Invalid(path, message) from None
+    return rules.value
+
+
 def _release_gate(spec: Reader) -> tuple[dict, dict]:
     """spec.cleaning and spec.healthCheck → (NodeType values, the path of each)."""
-    cleaning = spec.child("cleaning", {}).mapping(set(CLEANING))
+    cleaning = spec.child("cleaning", {}).mapping(set(CLEANING) | {"disks"})
     health = spec.child("healthCheck", {}).mapping(set(HEALTH_CHECK))
     default = {name: NodeType._meta.get_field(name).get_default()
                for name in (*CLEANING.values(), *HEALTH_CHECK.values())}
@@ -495,8 +514,10 @@ def _release_gate(spec: Reader) -> tuple[dict, dict]:
         "erase_verify_full": cleaning.bool("eraseVerifyFull", default["erase_verify_full"]),
         "health_dcgm_level": health.int("dcgmLevel", default["health_dcgm_level"]),
         "health_nccl_min_busbw_gbps": health.number("ncclMinBusbwGBps"),
+        "cleaning_disks": _disk_rules(cleaning),
     }
     paths = {field: cleaning.path + (key,) for key, field in CLEANING.items()}
+    paths["cleaning_disks"] = cleaning.path + ("disks",)
     paths.update({field: health.path + (key,) for key, field in HEALTH_CHECK.items()})
     return values, paths
 
@@ -747,9 +768,9 @@ def _tenant_upsert(ctx: Context, name: str, *, namespace: str | None, display_na
 
 
 STATIC_FIELDS = {"name", "quantity", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile",
-                 "topology", "group", "disruption"}
+                 "topology", "group", "disruption", "cleaning"}
 DYNAMIC_FIELDS = {"name", "nodeTypeSelector", "nodeLabels", "taints", "terminationGracePeriod", "profile", "limits",
-                  "disruption", "expireAfter", "weight", "topology", "group"}
+                  "disruption", "expireAfter", "weight", "topology", "group", "cleaning"}
 
 
 def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
@@ -796,6 +817,29 @@ def _apply_private_nodes(ctx: Context, tenant: Tenant, config: Reader) -> None:
         ctx.result.changed += 1
 
 
+def _keep_disks(pool: Reader, provider: NodeProvider) -> list:
+    """The pool's cleaning.keepOnReimage: data disk roles its NodeTypes let a pool keep (pools/erase_rules.py)."""
+    cleaning = pool.child("cleaning", {}).mapping({"keepOnReimage"})
+    keep = cleaning.child("keepOnReimage", [])
+    try:
+        check_keep_disks(keep.value)
+    except ValidationError as exc:
+        raise Invalid(keep.path, exc.messages[0].removeprefix("keepOnReimage: ")) from None
+    if not keep.value:
+        return []
+    selector = pool.list("nodeTypeSelector")
+    types = [t for t in NodeType.objects.filter(provider=provider)
+             if requirements_match(selector, t.effective_properties())] if isinstance(selector, list) else []
+    for i, role in enumerate(keep.value):
+        allowing = [t for t in types if any(isinstance(r, dict) and r.get("role") == role and
+                                            r.get("keepOnReimage") is True for r in t.cleaning_disks or [])]
+        if types and not allowing:
+            raise Invalid(keep.path + (i,), f"no NodeType of this pool ({', '.join(t.name for t in types)}) lets a "
+                                            f"pool keep disk role {role!r}: its spec.cleaning.disks must name it "
+                                            "with keepOnReimage: true")
+    return list(keep.value)
+
+
 def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> tuple[PoolSpec, Reader]:
     name = pool.str("name", required=True)
     if name in seen:
@@ -810,6 +854,7 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
         # Ours, beside vCluster's fields: where the nodes sit and whether they come in all-or-nothing groups.
         "topology": pool.child("topology", {}).value,
         "group": pool.child("group", {}).value,
+        "keep_disks": _keep_disks(pool, provider),
     }
     if kind == PoolKind.STATIC:
         quantity = pool.int("quantity", required=True)
@@ -830,7 +875,7 @@ def _pool_spec(pool: Reader, kind: str, provider: NodeProvider, seen: dict) -> t
     except ValidationError as exc:
         field_paths = {"node_type_selector": "nodeTypeSelector", "node_labels": "nodeLabels", "taints": "taints",
                        "disruption": "disruption", "limits": "limits", "quantity": "quantity",
-                       "topology": "topology", "group": "group"}
+                       "topology": "topology", "group": "group", "keep_disks": "cleaning"}
         raise _invalid_from(exc, {name: pool.path + (field_paths.get(name, name),)
                                   for name in getattr(exc, "error_dict", {})}) from None
     return PoolSpec(name=name, provider=provider, kind=kind, values=values), pool

@@ -65,6 +65,8 @@ def _node_type_body(t: NodeType) -> dict:
     # that restores it.
     body["cleaning"] = {key: _number(getattr(t, field)) for key, field in CLEANING.items()
                         if getattr(t, field) not in (None, "")}
+    if t.cleaning_disks:
+        body["cleaning"]["disks"] = t.cleaning_disks
     body["healthCheck"] = {key: _number(getattr(t, field)) for key, field in HEALTH_CHECK.items()
                            if getattr(t, field) is not None}
     _put(body, "repair", t.repair)  # only what was written: kinds left out climb the default ladder
@@ -164,6 +166,8 @@ def _pool(pool) -> dict:
     _put(body, "profile", pool.profile)
     _put(body, "topology", dict(sorted(pool.topology.items())))
     _put(body, "group", dict(sorted(pool.group.items())))
+    if pool.keep_disks:
+        body["cleaning"] = {"keepOnReimage": pool.keep_disks}
     if pool.kind == PoolKind.DYNAMIC:
         _put(body, "limits", dict(sorted(pool.limits.items())))
         _put(body, "disruption", pool.disruption)

@@ -23,6 +23,7 @@ from .choices import (
     PoolKind,
     ProviderKind,
 )
+from .erase_rules import check_disk_rules, check_keep_disks
 from .firmware import check_firmware
 from .gpu import check_gpu
 from .health_tiers import check_health
@@ -122,6 +123,9 @@ class NodeType(models.Model):
     erase_concurrency = models.PositiveSmallIntegerField(default=4, help_text="disks erased at once")
     erase_verify_share = models.FloatField(default=0.01, help_text="share of each disk read back (0.01 = 1%)")
     erase_verify_full = models.BooleanField(default=False, help_text="read every byte back instead of a sample")
+    # Per disk (pools/erase_rules.py): the OS disk's and data disks' methods for a re-image of the same pool, and
+    # which data disks a pool may keep then. A host that may go to another tenant gets every disk purged anyway.
+    cleaning_disks = models.JSONField(default=list, blank=True)
     health_dcgm_level = models.PositiveSmallIntegerField(default=2, help_text="dcgmi diag -r N; 0: not run")
     health_nccl_min_busbw_gbps = models.FloatField(null=True, blank=True,
                                                    help_text="all_reduce_perf busbw at 8 GiB; blank: not run")
@@ -183,6 +187,7 @@ class NodeType(models.Model):
         collect(errors, "firmware", lambda: check_firmware(self.firmware))
         collect(errors, "gpu", lambda: check_gpu(self.gpu))
         collect(errors, "repair", lambda: check_repair(self.repair))
+        collect(errors, "cleaning_disks", lambda: check_disk_rules(self.cleaning_disks))
         collect(errors, "host_selector", lambda: check_host_selector(self.host_selector),
                 lambda: validate_label_selector(self.host_selector))
         collect(errors, "resources",
@@ -463,6 +468,9 @@ class NodePool(models.Model):
     topology = models.JSONField(default=dict, blank=True)
     # All-or-nothing groups (validate_group): {"size": 4, "onMemberFailure": "Replace" | "ReleaseGroup"}.
     group = models.JSONField(default=dict, blank=True)
+    # The data disk roles (its NodeType's `cleaning.disks`) kept on a re-image of this pool (pools/erase_rules.py):
+    # never on a release that may take the host to another tenant.
+    keep_disks = models.JSONField(default=list, blank=True)
     # Optimistic concurrency: bumped on every change.
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -506,6 +514,7 @@ class NodePool(models.Model):
         collect(errors, "limits", lambda: check_quantities(self.limits), lambda: validate_limits(self.limits))
         collect(errors, "topology", lambda: validate_topology(self.topology))
         collect(errors, "group", lambda: validate_group(self.group))
+        collect(errors, "keep_disks", lambda: check_keep_disks(self.keep_disks))
         size = self.group_size
         if (self.kind == PoolKind.STATIC and size and "group" not in errors and isinstance(self.quantity, int)
                 and "quantity" not in errors and self.quantity % size):

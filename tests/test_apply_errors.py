@@ -180,7 +180,7 @@ def test_a_bad_cleaning_or_health_value_is_refused_at_its_line(refused, bad, exp
 
 def test_an_unknown_cleaning_field_is_a_typo_not_ignored(refused):
     refused(GATED.format(**GOOD_GATE).replace("eraseVerifyShare", "verifySamplePercent"),
-            expect="spec.cleaning.verifySamplePercent: unknown field; expected one of eraseConcurrency, "
+            expect="spec.cleaning.verifySamplePercent: unknown field; expected one of disks, eraseConcurrency, "
                    "eraseVerifyFull, eraseVerifyShare, fallback, policy", line=11, document=1)
 
 

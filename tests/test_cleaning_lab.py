@@ -91,7 +91,8 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
     broken = {"gpu-02": "gpu-xid:6", "gpu-05": "gpu-dcgm-fail:0", "gpu-07": "erase-skips-region:nvme1n1"}
     for name, fault in broken.items():  # the hardware breaks while tenant one uses it
         site.set_fault(name, fault)
-    # The NodeType's erase settings reach the agent; one host's own policy wins over its NodeType's.
+    # The NodeType's erase settings reach the agent; one host's own policy wins over its NodeType's (for the policy;
+    # each disk's method is the plan's).
     NodeType.objects.filter(name="gpu-server").update(erase_concurrency=1, erase_verify_share=0.02)
     BareMetalHost.objects.filter(name="gpu-08").update(cleaning_policy="metadata")
     started = Event.objects.order_by("-id").values_list("id", flat=True).first()
@@ -114,7 +115,10 @@ def test_eight_hosts_released_after_three_broke_exactly_those_three_go_to_repair
         assert erase_done.data["flow"] == "deprovision" and erase_done.data["policy"]["method"] == method, name
         erase = HostCommand.objects.get(host=host, name="erase", flow_id=release)
         assert (erase.args["method"], erase.args["concurrency"], erase.args["verify"]) == (method, 1, {"share": 0.02})
-        assert {c.method for c in certs} == {method}, name
+        # A release to the free pool may hand the host to another tenant: every disk purged whatever the policy
+        # (hosts/gate/plan.py), the policy's method only where it is a purge.
+        assert [p["methods"] for p in erase.args["plan"]] == [["secure", "full"]] * 2, name
+        assert {(c.method, c.method_type) for c in certs} == {("secure", "Purge")}, name
     for name in broken:
         assert repair_event(name).from_state == "deprovisioning"
         assert not Event.objects.filter(host__name=name, id__gt=started, to_state="available").exists()

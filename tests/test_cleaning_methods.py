@@ -375,3 +375,28 @@ def test_another_key_at_verification_is_refused_not_read_as_canaries_gone(tmp_pa
     assert execute("erase", {"erase_id": "e1", "key": KEY, "method": "full"}, ctx).ok
     result = execute("verify_erase", {"erase_id": "e1", "key": "77" * 32}, ctx).result
     assert not result["passed"] and "the key differs" in result["disks"][0]["error"]
+
+
+def test_a_plan_keeps_one_disk_untouched_and_erases_the_other_by_the_command_it_names(tmp_path):
+    hw = make_disks(tmp_path, {}, {"sanicap": 0x3})
+    kept_before = read(hw.disks()[0].path)
+    erased, checked = erase_and_verify(hw, tmp_path, method="full", plan=[
+        {"serial": "S0", "name": "nvme0n1", "keep": True, "methods": []},
+        {"serial": "S1", "name": "nvme1n1", "keep": False, "methods": ["nvme-sanitize-crypto", "full"]}])
+    kept, purged = erased["disks"]
+    assert (kept["kept"], kept["method"]) == (True, "kept") and "canaries_planted" not in kept
+    assert read(hw.disks()[0].path) == kept_before  # not a canary written on it
+    assert (purged["method"], purged["method_type"], purged["fallback_from"]) == ("nvme-sanitize-crypto", "Purge",
+                                                                                  None)
+    assert any("--sanact=4" in c for c in purged["commands"])
+    assert [d["name"] for d in checked["disks"]] == ["nvme1n1"] and checked["passed"]
+
+
+def test_a_named_purge_the_drive_does_not_offer_falls_back_as_the_plan_says_and_says_why(tmp_path):
+    hw = make_disks(tmp_path, {"sanicap": 0x2, "fna": 0})  # block erase only: no crypto erase
+    erased, checked = erase_and_verify(hw, tmp_path, plan=[
+        {"serial": "S0", "name": "nvme0n1", "methods": ["crypto-erase", "nvme-sanitize-block", "full"]}])
+    disk = erased["disks"][0]
+    assert (disk["requested"], disk["method"], disk["method_type"]) == ("crypto-erase", "nvme-sanitize-block", "Purge")
+    assert "does not offer crypto-format or sanitize-crypto" in disk["fallback_reason"]
+    assert checked["passed"]

@@ -70,7 +70,8 @@ def test_a_release_whose_tenant_api_is_away_records_the_failure_and_still_erases
         skipped = Event.objects.get(host=host, kind="step", step=step, message__startswith="skipped",
                                     data__flow="deprovision")
         assert "tenant API unreachable" in skipped.message, skipped.message
-    assert site.read_disk("gpu-01", 0, 16) == bytes(16)  # the tenant's image is gone from the disk
+    # The tenant's image is gone from the disk: purged (hosts/gate/plan.py), its content now indeterminate.
+    assert site.read_disk("gpu-01", 0, 16) != b"VMETAL-LAB-IMAGE"
 
 
 def drive_durations(worker) -> list[float]:

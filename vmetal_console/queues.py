@@ -36,7 +36,8 @@ TASK_KIND = {
     # call with its timeout, retried by countdown, not by waiting).
     **dict.fromkeys([hosts_tasks.SWEEP_OVERDUE_HOSTS, hosts_tasks.DRIVE_STALE_HOSTS, hosts_tasks.REPAIR_DUE,
                      hosts_tasks.IDLE_CHECKS_START, claims_tasks.RECONCILE_POOLS, claims_tasks.REVOKE_JOIN_TOKEN,
-                     claims_tasks.PLACE_GROUP_AGAIN, claims_tasks.FREE_LEAKED_ADDRESSES, events_tasks.PRUNE_AUDIT],
+                     claims_tasks.PLACE_GROUP_AGAIN, claims_tasks.FREE_LEAKED_ADDRESSES, claims_tasks.END_KEPT_HOLDS,
+                     events_tasks.PRUNE_AUDIT],
                     DEFAULT),
 }
 

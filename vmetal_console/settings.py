@@ -264,6 +264,8 @@ CELERY_BEAT_SCHEDULE = {
     # The repair ladder's catch-up: hosts in repair whose next rung was asked for and never started (hosts/flows/repair.py).
     "repair-due": {"task": hosts_tasks.REPAIR_DUE, "schedule": float(os.environ.get("REPAIR_DUE_EVERY_S", "60"))},
     # IPAM: addresses whose claim is gone or holds no host are freed, with an Event each (claims/ipam.py).
+    # Hosts held for a pool that kept their data disks (claims/kept.py): a hold that ended means the full erase.
+    "end-kept-holds": {"task": claims_tasks.END_KEPT_HOLDS, "schedule": float(os.environ.get("KEPT_HOLDS_EVERY_S", "60"))},
     "free-leaked-addresses": {"task": claims_tasks.FREE_LEAKED_ADDRESSES,
                               "schedule": float(os.environ.get("IPAM_LEAK_CHECK_EVERY_S", "300"))},
     # Dynamic pools' claims past their launch deadline: reported once, never relaunched (autonodes/launches.py).
@@ -487,6 +489,8 @@ CERTIFICATE_ARCHIVE_DIR = os.environ.get("CERTIFICATE_ARCHIVE_DIR", "")
 # How soon the world reconcile after a restore tries again the hosts whose BMC or tenant API did not answer.
 RESTORE_RETRY_S = env_float("RESTORE_RETRY_S", 15)
 CLEANING_DEFAULT_POLICY = os.environ.get("CLEANING_DEFAULT_POLICY", "full")  # for a host no NodeType matches
+# How long a host whose data disks a re-image kept waits for its pool's claim before the full erase (hosts/gate/plan.py).
+KEPT_DISKS_HOLD_S = int(os.environ.get("KEPT_DISKS_HOLD_S", "3600"))
 ERASE_DEADLINE_S = env_float("ERASE_DEADLINE_S", 3 * 3600)
 VERIFY_DEADLINE_S = env_float("VERIFY_DEADLINE_S", 3 * 3600)
 HEALTH_DEADLINE_S = env_float("HEALTH_DEADLINE_S", 2 * 3600)

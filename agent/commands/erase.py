@@ -2,6 +2,7 @@
 and `verify_erase` (read the canaries and a sample back with O_DIRECT)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -94,9 +95,32 @@ class _Progress:
         return report
 
 
+def _disk_plans(args: dict) -> list[dict]:
+    """The console's per-disk plan (hosts/gate/plan.py): [{serial, name, keep, methods}]; [] erases every disk by
+    the one policy."""
+    plans = args.get("plan") or []
+    if not isinstance(plans, list) or not all(isinstance(p, dict) for p in plans):
+        raise CommandError("erase: plan must be a list of {serial, name, keep, methods}")
+    for p in plans:
+        for value in p.get("methods") or []:
+            if value not in sanitize.METHODS:
+                raise CommandError(f"erase: unknown method {value!r} (known: {', '.join(sanitize.METHODS)})")
+        if not p.get("keep") and not p.get("methods"):
+            raise CommandError(f"erase: the plan for disk {p.get('serial') or p.get('name')} names no method")
+    return plans
+
+
+def _plan_of(plans: list[dict], disk) -> dict | None:
+    """A disk's entry: by serial (names change between boots), by name for a disk without one."""
+    if disk.serial:
+        return next((p for p in plans if p.get("serial") == disk.serial), None)
+    return next((p for p in plans if not p.get("serial") and p.get("name") == disk.name), None)
+
+
 def erase(args: dict, ctx: Context) -> dict:
-    """Plant canaries and fingerprint a sample (for the verification), then erase every disk by the policy,
-    several at a time. The plan is kept in the ramdisk for `verify_erase`; no key and no disk content is."""
+    """Plant canaries and fingerprint a sample (for the verification), then erase every disk by the policy (or
+    each by its entry of the console's plan; a disk it keeps is left untouched, no canary planted), several at a
+    time. The plan is kept in the ramdisk for `verify_erase`; no key and no disk content is."""
     erase_id = str(require(args, "erase_id", "erase"))
     master = _master_key(args, "erase")
     method = args.get("method", "full")
@@ -104,6 +128,7 @@ def erase(args: dict, ctx: Context) -> dict:
     for value in (method, fallback or "full"):
         if value not in sanitize.METHODS:
             raise CommandError(f"erase: unknown method {value!r} (known: {', '.join(sanitize.METHODS)})")
+    plans = _disk_plans(args)
     policy = sanitize.Policy(method=method, fallback=fallback, metadata_mib=int(args.get("metadata_mib", 2)),
                              allow_suspend=bool(args.get("allow_suspend", True)),
                              tool_timeout_s=float(args.get("tool_timeout_s", 6 * 3600)))
@@ -124,22 +149,29 @@ def erase(args: dict, ctx: Context) -> dict:
         facts = {"name": disk.name, "path": disk.path, "serial": disk.serial, "model": disk.model,
                  "vendor": disk.vendor, "type": disk.type, "size_bytes": disk.size_bytes,
                  "rotational": disk.rotational}
+        entry = _plan_of(plans, disk) if plans else None
+        if entry is not None and entry.get("keep"):
+            report(1.0, "kept")
+            return {**facts, "ok": True, "kept": True, "method": "kept"}, None
+        own = dataclasses.replace(policy, methods=tuple(entry["methods"])) if entry else policy
+        chain = own.chain()
+        first = chain[0]
         key = verify.disk_key(master, disk.serial or disk.name)
         try:
-            the_plan = verify.plan(key, disk.size_bytes, method, canaries=canaries, share=share, chunk=chunk,
-                                   metadata_mib=policy.metadata_mib)
+            the_plan = verify.plan(key, disk.size_bytes, first, canaries=canaries, share=share, chunk=chunk,
+                                   metadata_mib=own.metadata_mib)
             report(0.0, "planting canaries")
             prepared = verify.prepare(disk.path, key, the_plan, lambda f: report(0.05 * f, "fingerprinting"),
-                                      fingerprint="secure" in (method, fallback))
-            result = sanitize.erase_disk(disk, policy, ctx.hardware,
+                                      fingerprint=any(m in sanitize.DRIVE_METHODS for m in chain))
+            result = sanitize.erase_disk(disk, own, ctx.hardware,
                                          lambda f, m: report(0.05 + 0.95 * f, m))
         except verify.VerifyError as exc:
             return {**facts, "ok": False, "error": f"before the erase: {exc}"}, None
         except sanitize.EraseFailed as exc:
-            return {**facts, "ok": False, "error": str(exc), "requested": method, "attempts": exc.attempts}, None
-        if result["method"] == "metadata" and method != "metadata":
+            return {**facts, "ok": False, "error": str(exc), "requested": first, "attempts": exc.attempts}, None
+        if result["method"] == "metadata" and first != "metadata":
             # Fallen back to a metadata wipe: verify what it claims, the two ends, and say so.
-            the_plan.regions = verify.metadata_regions(disk.size_bytes, policy.metadata_mib)
+            the_plan.regions = verify.metadata_regions(disk.size_bytes, own.metadata_mib)
             prepared.fingerprints += [(o, "", None) for s, n in the_plan.regions
                                       for o in range(s, s + n - the_plan.chunk + 1, the_plan.chunk)]
         result.pop("regions", None)

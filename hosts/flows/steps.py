@@ -22,10 +22,12 @@ from hosts.engine.drive import boot_again, step_retry
 from hosts.engine.flow import Run, Step, StepFailed, Waiting, deadline_setting
 from hosts.gate import certificates, cleaning, gpu_state, health
 from hosts.gate.census import census_take, inventory_disks, record_from
+from hosts.gate.plan import erase_plan
+from hosts.gate.plan import kept as kept_disks
 from hosts.lifecycle import FLOWS
 from hosts.models import AgentSession, BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
 from hosts.selectors import BMC_DRIVES, host_inspection_mode, host_sku_deviations, sku_deviations_text
-from hosts.services import host_bmc_contact, host_derive_labels
+from hosts.services import host_bmc_contact, host_derive_labels, hosts_kept_clear, hosts_kept_set
 
 from .warm import not_kept_warm, step_keep_warm, warm_wanted
 
@@ -393,8 +395,11 @@ def step_erase(run: Run) -> dict:
     gate = run_gate(run)
     census = _census(run)
     policy = gate["policy"]
+    plan = _erase_plan(run, gate, census)
     args = {"erase_id": run.flow["id"], "method": policy["method"], "fallback": policy["fallback"],
-            "concurrency": policy["concurrency"], "verify": {"share": policy["verify_share"]}}
+            "concurrency": policy["concurrency"], "verify": {"share": policy["verify_share"]},
+            "plan": [{"serial": e["serial"], "name": e["disk"], "keep": e["action"] == "keep",
+                      "methods": e["methods"]} for e in plan["disks"]]}
     try:
         result = agent_command(run, "erase", args, secret_args={"key": cleaning.canary_key(run.flow["id"])})
     except StepFailed as failure:
@@ -408,11 +413,29 @@ def step_erase(run: Run) -> dict:
         raise
     run.data["erase"] = result
     run.save_flow()
-    return {"policy": policy, "census": {"source": census["source"], "bmc": census["bmc"],
-                                         "disks": [d["serial"] or d["name"] for d in census["disks"]]},
+    return {"policy": policy, "next_owner": plan["next_owner"],
+            "plan": [{k: e[k] for k in ("disk", "role", "action", "level", "methods")} for e in plan["disks"]],
+            "census": {"source": census["source"], "bmc": census["bmc"],
+                       "disks": [d["serial"] or d["name"] for d in census["disks"]]},
             "disks": [{k: d.get(k) for k in ("name", "method", "method_type", "fallback_from",
                                              "bytes_written", "canaries_planted")}
                       for d in result.get("disks", [])]}
+
+
+def _erase_plan(run: Run, gate: dict, census: dict) -> dict:
+    """Which disks this erase keeps and how it erases the others (hosts/gate/plan.py): decided once per flow run,
+    after the census and before the erase command. Data it keeps holds the host for its pool (hosts_kept_set)
+    from before the command is sent, so that no failure on the way can free the host for another pool."""
+    plan = gate.get("plan")
+    if plan is None:
+        node_type = cleaning.node_type_for(run.host, run.claim)
+        plan = erase_plan(host=run.host, claim=run.claim, node_type=node_type, census=census, policy=gate["policy"])
+        gate["plan"] = plan
+        run.save_flow()
+    kept = kept_disks(plan)
+    if kept and run.claim is not None:
+        hosts_kept_set(host=run.host, pool=run.claim.pool, disks=kept, actor="system:flow")
+    return plan
 
 
 def step_verify_erase(run: Run) -> dict:
@@ -435,6 +458,9 @@ def step_verify_erase(run: Run) -> dict:
         raise StepFailed(f"erase verification failed: {why or 'no disk was verified'}", repair=True,
                          evidence={"certificates": [c.pk for c in certs], "verify": result,
                                    "census": run.data.get("census")})
+    if not kept_disks(gate.get("plan")):
+        hosts_kept_clear(host=run.host, actor="system:flow",
+                         reason="every disk erased and verified: no tenant's data is kept on it")
     return {"certificates": [str(c.certificate_id) for c in certs],
             "bytes_read": sum(d.get("bytes_read") or 0 for d in result.get("disks", []))}
 

@@ -29,6 +29,7 @@ from pools.models import NodeType, Tenant
 from hosts.gate import certificates
 from hosts.gate.archive import certificates_archive_on_commit
 from hosts.gate.census import census_match
+from hosts.gate.plan import METHOD_WORDS, plan_findings, planned_for
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 
 STRENGTH = {CleaningPolicy.METADATA: 0, CleaningPolicy.FULL: 1, CleaningPolicy.SECURE: 2}
@@ -204,20 +205,33 @@ def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previou
         if existing is not None and (existing.result == "pass" or verify is None):
             issued.append(existing)
             continue
+        # The plan, not the agent, says whether a disk may be kept: by the census's disk, never the reported one.
+        entry = planned_for(gate.get("plan"), observed, name) if observed else None
+        kept = bool((erased or {}).get("kept"))
         if erased is None and verified is None:  # a disk of the census the agent never reported
             passed, findings = False, list(problems)
+        elif kept and entry is not None and entry["action"] == "keep":
+            passed, findings = not problems, list(problems)
+        elif kept:
+            passed = False
+            findings = problems + (plan_findings(entry, erased) or [
+                "the agent kept this disk, and no plan of the console keeps it"])
         else:
             passed, findings = judge_disk(erased, verified)
-            passed, findings = passed and not problems, problems + findings
+            broken = plan_findings(entry, erased)
+            passed, findings = passed and not problems and not broken, problems + broken + findings
+            if entry is not None and entry["action"] == "keep":
+                findings.append("the plan kept this disk; the agent erased it (its data is gone)")
         body = certificate_body(host=host, flow_id=flow_id, gate=gate, previous=previous, disk=name,
                                 erased=erased or {}, verified=verified, passed=passed, findings=findings,
                                 census=census, observed=observed, census_findings=problems, boot=boot,
-                                boot_id=boot_id, at=now)
+                                boot_id=boot_id, at=now, planned=entry)
         signature, signed_with = certificates.sign(body)
         fields = {"host": host, "host_name": host.name, "serial": (observed or {}).get("serial") or "",
                   "model": (observed or {}).get("model") or "",
                   "method": (erased or {}).get("method") or (verified or {}).get("method") or "",
-                  "method_type": (erased or {}).get("method_type") or "", "result": "pass" if passed else "fail",
+                  "method_type": "" if kept else (erased or {}).get("method_type") or "",
+                  "result": "pass" if passed else "fail",
                   "previous_tenant": previous.get("tenant", ""), "claim_name": previous.get("claim", ""),
                   "started_at": parse_datetime((erased or {}).get("started_at") or ""),
                   "ended_at": parse_datetime((erased or {}).get("ended_at") or ""),
@@ -236,8 +250,30 @@ def issue_certificates(*, host: BareMetalHost, flow_id: str, gate: dict, previou
     return issued
 
 
+def _disk_policy(gate: dict, planned: dict | None, erased: dict, passed: bool) -> dict | None:
+    """What the erase plan chose for this disk and why (hosts/gate/plan.py), and the level reached: "Purge by NVMe
+    sanitize crypto erase: ...", "kept: ...". None for an erase without a per-disk plan."""
+    plan = gate.get("plan")
+    if planned is None:
+        return {"next_owner": plan.get("next_owner"), "why": "this disk is not in the erase plan"} if plan else None
+    out = {"next_owner": plan.get("next_owner"), "pool": plan.get("pool"), "role": planned["role"],
+           "action": planned["action"], "planned_level": planned["level"], "planned_methods": planned["methods"]}
+    if erased.get("kept"):
+        return {**out, "level": None, "method": "kept", "why": planned["why"]}
+    level, method = erased.get("method_type") or None, erased.get("method") or ""
+    words = METHOD_WORDS.get(method, method or "no method")
+    details = erased.get("method_details")
+    why = f"{level or 'no sanitisation'} by {words}{f' ({details})' if details else ''}: {planned['why']}"
+    if planned["level"] == "Purge" and level == "Clear":
+        why += ("; only Clear was possible: " + (erased.get("fallback_reason") or "the drive has no enhanced "
+                                                 "(purge) erase, only the normal one"))
+    if not passed:
+        why += "; not achieved: see the verification's findings"
+    return {**out, "level": level, "method": method, "why": why}
+
+
 def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, passed, findings, census, observed,
-                     census_findings, boot, boot_id, at) -> dict:
+                     census_findings, boot, boot_id, at, planned: dict | None = None) -> dict:
     """The fields of NIST SP 800-88 Rev. 2 Appendix G, plus host, previous tenant and claim. What identifies the
     medium (`media`) is what the console observed itself: the census's disk (inventory of record, BMC), never
     the agent's word; `observed_by_console` and `reported_by_agent` say which facts come from whom."""
@@ -247,6 +283,7 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
     seen = observed or {}
     media_type = MEDIA.get(seen.get("type") or "", seen.get("type") or "unknown")
     told = {**(verified or {}), **erased}
+    kept = bool(erased.get("kept")) and bool(planned) and planned.get("action") == "keep"
     return {
         "certificate_id": str(uuid.uuid4()),
         "standard": "NIST SP 800-88 Rev. 2, Appendix G: certificate of sanitization",
@@ -296,8 +333,9 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
             "commands": erased.get("commands") or [],
             "started_at": erased.get("started_at"), "ended_at": erased.get("ended_at"),
         },
+        "disk_policy": _disk_policy(gate, planned, erased, passed),
         "verification": {
-            "method": _verification_method(verified),
+            "method": ("none: the disk was kept, not erased" if kept else _verification_method(verified)),
             "mode": (verified or {}).get("mode"),
             "expectation": (verified or {}).get("expectation"),
             "canaries": (verified or {}).get("canaries"),
@@ -308,17 +346,21 @@ def certificate_body(*, host, flow_id, gate, previous, disk, erased, verified, p
             "findings": findings,
         },
         "post_sanitization_classification": (
+            f"tenant data remains: kept for pool {(gate.get('plan') or {}).get('pool')}, whose re-image alone may "
+            "have the host" if kept and passed else
             "no tenant data remains (verified: the agent's read-back of keyed canaries and samples, recounted by "
             "the console, on a disk of the console's census)" if passed
             else "tenant data may remain: not cleared for reuse"),
-        "destination": ("reuse within the vMetal fleet, once the host's GPU health suite passes" if passed
+        "destination": (f"the same pool ({(gate.get('plan') or {}).get('pool')}), re-imaged; the host is held for "
+                        "it" if kept and passed else
+                        "reuse within the vMetal fleet, once the host's GPU health suite passes" if passed
                         else "the repair pool, with this record as evidence"),
         "sanitized_by": {"name": f"vmetal-agent {agent_version}", "title": "ramdisk agent (automated)",
                          "date": erased.get("ended_at"), "location": host.name,
                          "boot_id": boot_id or None},
         "validated_by": {"name": "vMetal Console", "title": "release gate (system:flow)", "date": at.isoformat(),
                          "location": location or None},
-        "result": "pass" if passed else "fail",
+        "result": ("kept" if kept else "pass") if passed else "fail",
     }
 
 
