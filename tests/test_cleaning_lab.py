@@ -48,10 +48,11 @@ def test_every_planted_fault_at_registration_sends_its_host_to_repair_with_the_e
     assert EraseCertificate.objects.get(host__name="gpu-01", disk="nvme1n1").result == "pass"
     assert skip.data["evidence"]["certificates"]
 
-    # erase-fails: the overwrite fails (the lab's disk answers EIO) and gpu-server's policy allows no fallback.
+    # erase-fails: a registered host may serve any tenant, so its disks are purged: the drive's secure erase fails
+    # (the lab's disk answers EIO) and the disk is failed, not passed on.
     fails = reasons["gpu-02"]
     assert fails.step == "erase" and "Input/output error" in fails.message, fails.message
-    assert "the policy allows no fallback from full" in fails.message
+    assert "every NVMe secure erase command failed" in fails.message
     assert EraseCertificate.objects.get(host__name="gpu-02", disk="nvme1n1").result == "fail"
 
     # GPU faults: the health suite, in DCGM's and nccl-tests' own words.
