@@ -41,8 +41,3 @@ def kept_holds_end(*, actor: str = "system:kept-disks") -> list[str]:
         "kept_for_pool__tenant")
     ended = {h.pk: why for h in held if (why := kept_end_reason(h, now=now))}
     return hosts_kept_release(ended=ended, actor=actor) if ended else []
-
-
-def host_kept_end(*, host: BareMetalHost, actor: str, reason: str) -> list[str]:
-    """An admin ends a host's hold: the full erase now, whatever the pool still wants."""
-    return hosts_kept_release(ended={host.pk: f"ended by {actor}: {reason}"}, actor=actor)

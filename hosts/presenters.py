@@ -244,16 +244,16 @@ def flow_log(host: BareMetalHost) -> dict:
 ACTION_LABELS = {"maintenance-on": "Maintenance on", "maintenance-off": "Maintenance off", "retry": "Retry",
                  "power-cycle": "Power cycle", "power-on": "Power on", "power-off": "Power off", "retest": "Retest",
                  "return-to-service": "Return to service", "retire": "Retire", "preflight": "Run preflight",
-                 "delete": "Delete"}
+                 "delete": "Delete", "end-hold": "End the hold"}
 # What the fleet board's selection may do (console.fleet_actions), in its menu's order. Release is the claim's.
 BULK_ACTIONS = (("maintenance-on", "Maintenance on"), ("maintenance-off", "Maintenance off"), ("retry", "Retry"),
                 ("retest", "Retest"), ("power-on", "Power on"), ("power-off", "Power off"),
                 ("power-cycle", "Power cycle"), ("release", "Release (its claim)"),
                 ("edit", "Edit (credentials, labels)"), ("delete", "Delete"))
-DANGEROUS_ACTIONS = frozenset({"power-cycle", "power-off", "retire", "delete"})
+DANGEROUS_ACTIONS = frozenset({"power-cycle", "power-off", "retire", "delete", "end-hold"})
 # Taking a host out of the fleet for good (retire, delete), changing its BMC credentials (edit) and a tenant's
 # claim are the platform admin's; operators do the rest.
-ADMIN_ONLY_ACTIONS = frozenset({"retire", "release", "delete", "edit"})
+ADMIN_ONLY_ACTIONS = frozenset({"retire", "release", "delete", "edit", "end-hold"})
 
 
 def host_actions(host: BareMetalHost, *, admin: bool = True) -> list[dict]:
@@ -274,6 +274,8 @@ def host_actions(host: BareMetalHost, *, admin: bool = True) -> list[dict]:
         allowed += ["power-on", "power-off", "power-cycle"]
     if host.state != HostState.RETIRED:
         allowed.append("preflight")
+    if host.kept_until is not None and host.state == HostState.AVAILABLE:
+        allowed.append("end-hold")
     allowed.append("delete")  # its confirmation says why not, when it may not go (host_removal_refusal)
     return [{"slug": slug, "label": ACTION_LABELS[slug], "danger": slug in DANGEROUS_ACTIONS} for slug in allowed
             if admin or slug not in ADMIN_ONLY_ACTIONS]

@@ -156,7 +156,11 @@ ACTIONS["preflight"] = ("Run preflight", "Check {host}'s BMC network (Redfish or
 ACTIONS["delete"] = ("Delete", "Delete {host} for good: it leaves the fleet and its row is removed. Its erase "
                                "certificates, health runs and Events are kept. Only a host that serves no claim and "
                                "that no flow drives (available, in maintenance, error, repair or retired) may go.")
-REASON_REQUIRED = {"retire"}
+ACTIONS["end-hold"] = ("End the hold", "{host} keeps data disks of the pool it was re-imaged for, and only that "
+                                       "pool's claims may have it. End the hold: every disk of {host} is erased at "
+                                       "the strongest level now, the kept data is gone, and any tenant may have it "
+                                       "next. The reason is required and goes in the Event log.")
+REASON_REQUIRED = {"retire", "end-hold"}
 
 
 @console_view(scoping.ADMIN, scoping.OPERATOR)
@@ -255,6 +259,12 @@ def action_run(*, host: BareMetalHost, action: str, actor: str, reason: str = ""
     elif action == "preflight":
         preflight_request(host_ids=[host.pk], actor=actor)
         return f"{label}: asked for {host.name}; the result will appear on its page"
+    elif action == "end-hold":
+        if not reason.strip():
+            raise IllegalTransition(f"ending the hold on {host.name}'s kept data disks needs a reason")
+        if not services.hosts_kept_release(ended={host.pk: f"ended by {actor}: {reason}"}, actor=actor):
+            raise IllegalTransition(f"{host.name} holds no kept data disks now (only a free host on hold does)")
+        return f"{label}: every disk of {host.name} is being erased; then it serves any tenant"
     elif action == "delete":
         services.host_delete(host=host, actor=actor)
         return f"{label}: {host.name} deleted; its certificates, health runs and Events are kept"

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from claims.allocation import claims_allocate
 from claims.choices import ClaimPhase, ReleasePurpose
-from claims.kept import host_kept_end, kept_holds_end
+from claims.kept import kept_holds_end
 from claims.models import NodeClaim
 from events.models import Event
 from hosts.gate import certificates, cleaning
@@ -240,7 +240,7 @@ def test_a_hold_that_ends_sends_the_host_to_the_full_erase_before_anyone_else_ha
         pool.tenant.save(update_fields=["deleting_since"])
     if how == "admin":
         assert kept_holds_end() == []  # the pool still wants it: the hold stands
-        assert host_kept_end(host=host, actor="user:admin", reason="the tenant asked") == [host.name]
+        end_hold_from_the_host_page(host, "the tenant asked")
     else:
         assert kept_holds_end() == [host.name]
     host.refresh_from_db()
@@ -339,3 +339,36 @@ def test_a_bad_erase_choice_is_refused_at_apply_with_its_line_and_nothing_change
     assert expect in message and f"(line {line})" in message, message
     assert before == (list(NodeType.objects.values_list("name", "cleaning_disks")),
                       list(NodePool.objects.values_list("name", "keep_disks")))
+
+
+def end_hold_from_the_host_page(host, reason: str) -> None:
+    from django.contrib.auth.models import User
+
+    from .test_console_host_actions import browser, confirm, text
+
+    admin = User.objects.create_superuser("hold-admin", password="x")
+    page = text(browser(admin).get(f"/hosts/{host.name}/"))
+    assert "kept for pool one/gpu" in page and "End the hold" in page
+    refused = confirm(browser(admin), host.name, "end-hold", {"reason": ""})
+    assert "needs a reason" in text(refused) and BareMetalHost.objects.get(pk=host.pk).state == "available"
+    done = confirm(browser(admin), host.name, "end-hold", {"reason": reason})
+    assert "every disk of" in text(done)
+    assert Event.objects.filter(host=host, to_state="deprovisioning", message__contains=reason).exists()
+
+
+def test_who_sees_a_hold_and_who_may_end_it(world, client):
+    from django.contrib.auth.models import Group, User
+
+    host, pool = world
+    hold(host, pool)
+    admin = User.objects.create_superuser("hold-admin", password="x")
+    client.force_login(admin)
+    kept = client.get(f"/api/v1/hosts/{host.pk}/").json()["kept"]
+    assert kept["pool"] == "one/gpu" and kept["disks"] == [{"disk": "nvme1n1", "serial": "S-DATA", "role": "scratch"}]
+    operator = User.objects.create_user("olly", password="x")
+    operator.groups.add(Group.objects.get_or_create(name="operators")[0])
+    client.force_login(operator)
+    assert "End the hold" not in client.get(f"/hosts/{host.name}/").content.decode()
+    assert client.post(f"/hosts/{host.name}/actions/end-hold/", {"reason": "mine now"}).status_code == 403
+    host.refresh_from_db()
+    assert host.state == "available" and host.kept_until is not None  # nothing changed

@@ -151,6 +151,10 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
     warm = serializers.BooleanField(source="is_warm", read_only=True,
                                     help_text="available and on in the agent's ramdisk: a claim skips power-on, "
                                               "network boot and lookup (its NodeType's warm.hosts)")
+    kept = serializers.SerializerMethodField(
+        help_text="data disks kept by an in-place re-image, and the pool they are held for: {pool: \"tenant/pool\" "
+                  "(null: deleted), until, disks: [{disk, serial, role}]}; only that pool's claims may have the host "
+                  "until then, and every disk is erased when the hold ends; null: no hold")
     sku_deviations = serializers.SerializerMethodField(
         help_text="how the host's last inventory differs from the SKU of each NodeType that selects it: "
                   "{NodeType: [\"GPUs: 7 of 8 NVIDIA H200\", ...]}; empty: it conforms (or was never inspected)")
@@ -163,7 +167,7 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
                   "inventory", "sku_deviations", "firmware", "power_state", "state", "state_changed_at",
                   "deadline_at", "error_type", "error_message", "error_count", *CLAIM_FIELDS, "erase_certificates",
                   "health_runs", "preflight_ok", "preflight_checked_at", "preflight_reason", "preflight_tls", "preflight_checks",
-                  "warm", "warm_since", "warm_until", "created_at", "updated_at"]
+                  "warm", "warm_since", "warm_until", "kept", "created_at", "updated_at"]
         read_only_fields = ["inventory", "firmware", "power_state", "state", "state_changed_at", "deadline_at",
                             "error_type", "error_message", "error_count", "preflight_ok", "preflight_checked_at",
                             "preflight_reason", "warm_since", "warm_until", "created_at", "updated_at"]
@@ -182,6 +186,14 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
         if isinstance(self.instance, models.Model):
             for name in self.FIXED_AFTER_CREATE:
                 self.fields[name].read_only = True
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_kept(self, obj) -> dict | None:
+        if obj.kept_until is None:
+            return None
+        pool = obj.kept_for_pool
+        return {"pool": f"{pool.tenant.name}/{pool.name}" if pool else None, "until": obj.kept_until,
+                "disks": obj.kept_disks}
 
     def get_preflight_tls(self, obj) -> str:
         return ((obj.preflight or {}).get("bmc") or {}).get("tls", "")
