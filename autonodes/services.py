@@ -15,7 +15,8 @@ from django.utils import timezone
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
 from claims.reconcile import claim_group_create, claims_create
-from claims.selectors import group_free_domains, group_where, launch_deadlines, pool_free_domain
+from claims.selectors import (group_free_domains, group_where, held_for_others_q, launch_deadlines,
+                             pool_free_domain)
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
@@ -398,7 +399,8 @@ def _free_hosts(node_types: list[NodeType]) -> dict[int, int | None]:
     free: dict[int, int | None] = _external_room(external)
     if not hosts:
         return free
-    available = BareMetalHost.objects.filter(state__in=list(FREE)).aggregate(
+    # A host held for a static pool's kept data is no dynamic pool's to count on (claims.selectors).
+    available = BareMetalHost.objects.filter(state__in=list(FREE)).exclude(held_for_others_q(None)).aggregate(
         **{f"t{t.pk}": Count("pk", filter=label_selector_q(t.host_selector)) for t in hosts})
     promised = dict(NodeClaim.objects.filter(phase=P.PENDING, host__isnull=True, node_type__in=hosts)
                     .values_list("node_type").annotate(n=Count("pk")).values_list("node_type", "n"))

@@ -119,6 +119,27 @@ def test_six_pods_of_eight_gpus_make_four_claims_and_two_wait_on_the_limit_repor
 
 
 @pytest.mark.django_db
+def test_hosts_held_for_a_static_pools_kept_data_are_not_counted_as_free(two, apply, seed_block):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from hosts.models import BareMetalHost
+
+    apply(seed_block, tenant="one")
+    static = NodePool.objects.get(tenant__name="one", name="gpu")
+    gpu_hosts = BareMetalHost.objects.filter(name__startswith="gpu-")
+    held = list(gpu_hosts.order_by("name").values_list("pk", flat=True)[:3])
+    BareMetalHost.objects.filter(pk__in=held).update(kept_for_pool=static,
+                                                     kept_until=timezone.now() + timedelta(hours=1))
+    gpu_pods(two, 2)
+    tenant_decide(tenant_id=two.pk)
+    assert NodeClaim.objects.filter(pool__name="burst").count() == 1  # one GPU host is free, three are held
+    assert {p.reason for p in PendingPod.objects.filter(status=DemandStatus.WAITING)} == {
+        "not added: no free host of type gpu-server"}
+
+
+@pytest.mark.django_db
 def test_a_cpu_pod_gets_a_cpu_server_not_a_gpu_server(two):
     gpu_pods(two, 1)
     pending(two, "web-0", owner="Deployment/web", requests={"cpu": "8", "memory": "16Gi"})
