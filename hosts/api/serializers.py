@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import NoNulJSONField, StrictModelSerializer, StrictSerializer
-from hosts.gate.cleaning import effective_cleaning
+from hosts.gate.cleaning import effective_cleaning, node_type_for
 from hosts.models import BareMetalHost, EraseCertificate, HealthCheckRun
 from hosts.selectors import host_sku_deviations
 from pools.models import NodeType
@@ -209,10 +209,13 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
 
     @extend_schema_field(serializers.DictField(child=serializers.ListField(child=serializers.CharField())))
     def get_sku_deviations(self, obj) -> dict:
+        return host_sku_deviations(obj, self._node_types())
+
+    def _node_types(self) -> list[NodeType]:
         types = self.context.get("sku_node_types")
         if types is None:  # read once per response, however many hosts it lists
             types = self.context["sku_node_types"] = list(NodeType.objects.all())
-        return host_sku_deviations(obj, types)
+        return types
 
     def get_has_bmc_credentials(self, obj) -> bool:
         return bool(obj.bmc_username and obj.bmc_password)
@@ -221,7 +224,8 @@ class HostSerializer(StrictModelSerializer, _ClaimLinks):
     def get_effective_cleaning(self, obj) -> dict:
         """The method the gate will use at the host's next release: the host's override, else its NodeType's
         (hosts.gate.cleaning: the claim's, else the strictest whose selector matches), else the site's default."""
-        cleaning = effective_cleaning(obj, _claim(obj))
+        claim = _claim(obj)
+        cleaning = effective_cleaning(obj, node_type=node_type_for(obj, claim, self._node_types()))
         return {key: cleaning[key] for key in ("method", "fallback", "source", "node_type")}
 
     @extend_schema_field(EraseCertificateLinkSerializer(many=True))

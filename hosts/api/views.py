@@ -70,7 +70,8 @@ class HostViewSet(ScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     def get_queryset(self):
         return hosts_visible(self.request.user,
-                             BareMetalHost.objects.select_related("claim__tenant", "kept_for_pool__tenant"))
+                             BareMetalHost.objects.select_related("claim__tenant", "claim__node_type",
+                                                                 "kept_for_pool__tenant"))
 
     def get_serializer_class(self):
         if getattr(self, "swagger_fake_view", False) or scoping.may_see_bmc(self.request.user):

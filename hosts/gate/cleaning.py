@@ -37,11 +37,12 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MEDIA = {"nvme": "NVMe SSD", "ssd": "SATA/SAS SSD", "hdd": "hard disk"}
 
 
-def node_type_for(host: BareMetalHost, claim=None):
-    """The claim's NodeType, else the one the host's labels select (the strictest cleaning when several do)."""
+def node_type_for(host: BareMetalHost, claim=None, types=None):
+    """The claim's NodeType, else the one the host's labels select (the strictest cleaning when several do).
+    `types`: every NodeType, when the caller has read them already (a list of hosts reads them once)."""
     if claim is not None and claim.node_type_id:
         return claim.node_type
-    matching = [t for t in NodeType.objects.all() if t.host_selector and
+    matching = [t for t in (NodeType.objects.all() if types is None else types) if t.host_selector and
                 label_selector_matches(t.host_selector, host.labels or {})]
     if not matching:
         return None
