@@ -499,8 +499,8 @@ class NodePool(models.Model):
             elif node_count_error(self.quantity):
                 errors["quantity"] = node_count_error(self.quantity)
             if isinstance(self.disruption, dict) and set(self.disruption) - {"budgets"}:
-                errors["disruption"] = ("a static pool's disruption has budgets only (its drift roll), not "
-                                        f"{', '.join(sorted(set(self.disruption) - {'budgets'}))}")
+                errors["disruption"] = [("a static pool's disruption has budgets only (its drift roll), not "
+                                         f"{', '.join(sorted(set(self.disruption) - {'budgets'}))}")]
         elif self.quantity is not None:
             errors["quantity"] = "a dynamic pool has limits, not a quantity"
         # Shapes first (a number where a list belongs is an error, not a TypeError), then the meaning.

@@ -36,5 +36,5 @@ def test_beat_runs_the_reconciler_the_sweeper_the_re_drive_the_bmc_and_launch_ch
                          "autonodes.tasks.check_launches", "claims.tasks.free_leaked_addresses", "events.tasks.prune_audit",
                          "autonodes.tasks.decide_waiting", "autonodes.tasks.disrupt", "hosts.tasks.repair_due",
                          "hosts.tasks.sweep_warm_hosts", "hosts.tasks.idle_checks_start",
-                         "machines.tasks.reconcile_machines"}
+                         "machines.tasks.reconcile_machines", "autonodes.tasks.roll", "claims.tasks.end_kept_holds"}
     assert scheduled <= set(app.tasks)
