@@ -111,14 +111,22 @@ def _state_field(field: str, g: dict, st: dict, prof: dict, nounits: bool) -> st
     return values.get(field, "[N/A]")
 
 
-def _mig(args: list[str], prof: dict, gpus: list[dict]) -> int:
-    """nvidia-smi mig -lgi / -dci / -dgi / -cgi LIST [-C], each with -i N, as an H200 prints them."""
+def _chosen(args: list[str], gpus: list[dict]) -> list[dict] | None:
+    """The GPUs `-i N` names (all without -i); None, said as nvidia-smi says it, when none matches."""
     target = args[args.index("-i") + 1] if "-i" in args else None
-    states = gpu_states(prof)
     chosen = [g for g in gpus if target is None or str(g["index"]) == target]
     if not chosen:
         print(f"No devices were found matching {target}", file=sys.stderr)
+        return None
+    return chosen
+
+
+def _mig(args: list[str], prof: dict, gpus: list[dict]) -> int:
+    """nvidia-smi mig -lgi / -dci / -dgi / -cgi LIST [-C], each with -i N, as an H200 prints them."""
+    chosen = _chosen(args, gpus)
+    if chosen is None:
         return 6
+    states = gpu_states(prof)
     for g in chosen:
         st = states[str(g["index"])]
         if st["mig_current"] != "Enabled":
@@ -192,12 +200,10 @@ def _settings(args: list[str], prof: dict, gpus: list[dict]) -> int | None:
     flags = ("-mig", "-rac", "-rgc", "-rmc", "-pl", "-pm")
     if not any(f in args for f in flags):
         return None
-    target = args[args.index("-i") + 1] if "-i" in args else None
-    states = gpu_states(prof)
-    chosen = [g for g in gpus if target is None or str(g["index"]) == target]
-    if not chosen:
-        print(f"No devices were found matching {target}", file=sys.stderr)
+    chosen = _chosen(args, gpus)
+    if chosen is None:
         return 6
+    states = gpu_states(prof)
     busy = faulty_gpus(prof, "mig-busy")
     code = 0
     for g in chosen:
@@ -299,10 +305,8 @@ def nvidia_smi(args: list[str]) -> int:
                 print(f"\t Link {link}: " + ("<inactive>" if down else "26.562 GB/s"))
         return 0
     if "--gpu-reset" in args or "-r" in args:
-        target = args[args.index("-i") + 1] if "-i" in args else None
-        chosen = [g for g in gpus if target is None or str(g["index"]) == target]
-        if not chosen:
-            print(f"No devices were found matching {target}", file=sys.stderr)
+        chosen = _chosen(args, gpus)
+        if chosen is None:
             return 6
         busy = [g for g in chosen if g["index"] in faulty_gpus(prof, "gpu-reset-busy")]
         if busy:
