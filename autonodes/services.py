@@ -14,9 +14,10 @@ from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
-from claims.reconcile import claim_group_create, claims_create
+from claims.reconcile import ClaimsAsk, claim_group_create, claims_create_many
 from claims.selectors import (group_free_domains, group_where, held_for_others_q, launch_deadlines,
                              pool_free_domain)
+from core.rows import rows_update
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
@@ -118,6 +119,8 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             return result
         pools = list(NodePool.objects.filter(tenant=tenant, kind=PoolKind.DYNAMIC).select_related("provider")
                      .order_by("pk"))
+        for pool in pools:
+            pool.tenant = tenant  # the row locked above: the claims made below name it
         node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
         claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE).select_related("node_type", "pool"))
         open_claims = {c.pk: c for c in claims if c.phase in OPEN}
@@ -155,27 +158,31 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         type_of = {t.name: t for t in node_types}
         events: list[Event] = []
 
-        # New nodes: one claims_create and one Event per pool and NodeType.
+        # New nodes: claims for every pool and NodeType in one claims_create_many, one Event per pool and NodeType.
         groups: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
         for launch in outcome.launches:
             groups[(launch.pool, launch.node_type)].append(launch.pods)
         deadlines = launch_deadlines({type_of[t] for _, t in groups}
                                      | {type_of[g.node_type] for g in outcome.groups})  # one read for all
         answered: list[PendingPod] = []  # written in one statement below
+        launches = []  # (pool, NodeType, its nodes' pods, all those pods, the decision's message)
         for (pool_name, type_name), nodes in groups.items():
-            pool, node_type = pool_of[pool_name], type_of[type_name]
             members = [by_key[k] for keys in nodes for k in keys]
-            message = (f"added {len(nodes)} {type_name} for {_owners(members)}: {_describe(members)}")
-            created = claims_create(pool=pool, count=len(nodes), node_type=node_type, actor=actor,
-                                    message=f"{pool.name}: {message}", launch_deadline=deadlines[node_type.pk])
+            launches.append((pool_of[pool_name], type_of[type_name], nodes, members,
+                             f"added {len(nodes)} {type_name} for {_owners(members)}: {_describe(members)}"))
+        made = claims_create_many(asks=[
+            ClaimsAsk(pool=pool, count=len(nodes), node_type=node_type, message=f"{pool.name}: {message}",
+                      launch_deadline=deadlines[node_type.pk])
+            for pool, node_type, nodes, _members, message in launches], actor=actor)
+        for (pool, node_type, nodes, members, message), created in zip(launches, made):
             for claim, keys in zip(created, nodes):
                 result.launched[claim.name] = list(keys)
                 answered += _answer([by_key[k] for k in keys], claim=claim, pool=pool, now=now,
-                                    reason=f"a {type_name} node is being added for it (claim {claim.name})")
+                                    reason=f"a {node_type.name} node is being added for it (claim {claim.name})")
             events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
                                 tenant_id=tenant.pk, actor=actor, message=message,
                                 data={"reason": DecisionReason.LAUNCHED.value, "pool": pool.name,
-                                      "node_type": type_name, "pods": sorted(str(m) for m in members),
+                                      "node_type": node_type.name, "pods": sorted(str(m) for m in members),
                                       "claims": [c.name for c in created]}))
 
         # New groups (pools with group.size): one claim_group_create and one Event per group, naming it.
@@ -214,10 +221,12 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             where = "its node" if claim.phase == P.AVAILABLE else f"its node, on its way ({claim.phase})"
             answered += _answer(members, claim=claim, pool=claim.pool, now=now,
                                 reason=f"fits on claim {claim.name}: waits for {where}")
-        PendingPod.objects.bulk_update(answered, ["status", "claim", "pool", "decided_at", "reason", "updated_at"])
+        rows_update(answered, ["status", "claim", "pool", "decided_at", "reason", "updated_at"])
 
         events += _verdicts(tenant, outcome.waiting, DemandStatus.WAITING, by_key, pool_of, now, actor)
         events += _verdicts(tenant, outcome.unservable, DemandStatus.UNSERVABLE, by_key, pool_of, now, actor)
+        rows_update([by_key[k] for k in (*outcome.waiting, *outcome.unservable)],
+                    ["status", "claim", "pool", "reason", "decided_at"])
         result.waiting = {k: v.message for k, v in outcome.waiting.items()}
         result.unservable = {k: v.message for k, v in outcome.unservable.items()}
         events_record(events)
@@ -228,8 +237,9 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
 
 def _verdicts(tenant: Tenant, verdicts: dict[str, Verdict], status: str, by_key: dict[str, PendingPod],
               pool_of: dict[str, NodePool], now, actor: str) -> list[Event]:
-    """Write waiting or unservable pods; an Event per (pool, reason) for the pods whose answer changed (so a
-    pod that stays waiting, or stays unservable, is reported once, not at every decision)."""
+    """Answer waiting or unservable pods (on the objects: the caller writes them); an Event per (pool, reason)
+    for the pods whose answer changed (so a pod that stays waiting, or stays unservable, is reported once, not
+    at every decision)."""
     events = []
     groups: dict[tuple[str, str, str], list[PendingPod]] = defaultdict(list)
     for key, verdict in verdicts.items():
@@ -237,11 +247,11 @@ def _verdicts(tenant: Tenant, verdicts: dict[str, Verdict], status: str, by_key:
     reported: dict[tuple[str, str], list[tuple[PendingPod, str]]] = defaultdict(list)
     for (pool_name, reason, message), members in groups.items():
         pool = pool_of.get(pool_name)
-        PendingPod.objects.filter(pk__in=[m.pk for m in members]).update(
-            status=status, claim=None, pool=pool, reason=message, decided_at=now)
         for member in members:
             if (member.status, member.reason) != (status, message):
                 reported[(pool_name, reason)].append((member, message))
+            # The caller writes every verdict in one statement (updated_at untouched, as an update() leaves it).
+            member.status, member.claim, member.pool, member.reason, member.decided_at = status, None, pool, message, now
     for (pool_name, reason), members in reported.items():
         names = sorted(str(m) for m, _ in members)
         message = members[0][1]

@@ -166,12 +166,44 @@ def claims_create(*, pool: NodePool, count: int, actor: str, node_type: NodeType
     The caller holds the tenant's lock (one decision at a time per tenant); hosts are allocated on commit.
     Each is expected Available within `launch_deadline` (default: its NodeType's measured launch p95, the cap
     without a type or a history); a caller creating several groups reads launch_deadlines once and passes it."""
-    if launch_deadline is None:
-        launch_deadline = launch_deadlines([node_type])[node_type.pk] if node_type else launch_deadline_unknown_type()
-    claims = _claims_create([(pool, count)], actor, node_type=node_type, message=message,
-                            launch_deadline_at=timezone.now() + timedelta(seconds=launch_deadline.seconds))
-    task_send_on_commit(task_names.RECONCILE_POOLS, pool_ids=[pool.pk])  # allocates this pool's pending claims
-    return claims
+    return claims_create_many(asks=[ClaimsAsk(pool=pool, count=count, node_type=node_type, message=message,
+                                              launch_deadline=launch_deadline)], actor=actor)[0]
+
+
+@dataclass(frozen=True)
+class ClaimsAsk:
+    """`count` new Pending claims in `pool`, optionally of one NodeType, as claims_create takes them."""
+
+    pool: NodePool
+    count: int
+    node_type: NodeType | None = None
+    message: str = ""
+    launch_deadline: LaunchDeadline | None = None
+
+
+def claims_create_many(*, asks: list[ClaimsAsk], actor: str) -> list[list[NodeClaim]]:
+    """claims_create for several pools and NodeTypes at once (a decision that launches several types): one read
+    of the deadlines not given, one of the names, one insert of the claims and one of their Events, one
+    allocation on commit, however many asks. Returns each ask's claims, in order."""
+    if not asks:
+        return []
+    unknown = {a.node_type.pk: a.node_type for a in asks if a.launch_deadline is None and a.node_type}
+    measured = launch_deadlines(unknown.values()) if unknown else {}
+    now = timezone.now()
+
+    def deadline_at(ask: ClaimsAsk):
+        deadline = ask.launch_deadline or (measured[ask.node_type.pk] if ask.node_type
+                                           else launch_deadline_unknown_type())
+        return now + timedelta(seconds=deadline.seconds)
+
+    claims = _claims_insert([(a.pool, a.count, a.node_type, a.message, deadline_at(a)) for a in asks], actor)
+    task_send_on_commit(task_names.RECONCILE_POOLS,  # allocates these pools' pending claims
+                        pool_ids=list(dict.fromkeys(a.pool.pk for a in asks)))
+    created, start = [], 0
+    for ask in asks:
+        created.append(claims[start:start + ask.count])
+        start += ask.count
+    return created
 
 
 def claim_group_create(*, pool: NodePool, size: int, actor: str, node_type: NodeType | None = None,
@@ -235,23 +267,33 @@ def claim_group_place_again(*, group_id: int, placements: int, actor: str = "sys
 def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type: NodeType | None = None,
                    message: str = "", launch_deadline_at=None, group: ClaimGroup | None = None,
                    failed_hosts: list[str] | None = None) -> list[NodeClaim]:
-    tenant_names = [pool.tenant.name for pool, missing in growing for _ in range(missing)]
+    return _claims_insert([(pool, missing, node_type, message, launch_deadline_at) for pool, missing in growing],
+                          actor, group=group, failed_hosts=failed_hosts)
+
+
+def _claims_insert(growing: list[tuple[NodePool, int, NodeType | None, str, object]], actor: str, *,
+                   group: ClaimGroup | None = None, failed_hosts: list[str] | None = None) -> list[NodeClaim]:
+    """(pool, count, NodeType or None, message, launch deadline) each: the claims in one insert, their Events in
+    another, whatever the number of pools and types."""
+    tenant_names = [pool.tenant.name for pool, missing, *_ in growing for _ in range(missing)]
     names = iter(_new_claim_names(tenant_names))
 
-    def requirements(pool):
+    def requirements(pool, node_type):
         if node_type is None:
             return pool.node_type_selector
         # A dynamic pool's decision chose the type: the allocator takes only that one.
         return [*pool.node_type_selector, {"property": NODE_TYPE_PROPERTY, "operator": "In", "values": [node_type.name]}]
 
-    claims = [
-        NodeClaim(name=next(names), namespace=pool.tenant.namespace, tenant=pool.tenant, pool=pool,
-                  pool_name=pool.name, provider=pool.provider, requirements=requirements(pool),
-                  properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
-                  node_type=node_type, group=group, failed_hosts=list(failed_hosts or []), reason="Created",
-                  message="waiting for a host", launch_deadline_at=launch_deadline_at)
-        for pool, missing in growing for _ in range(missing)
-    ]
+    claims, messages = [], []
+    for pool, missing, node_type, message, launch_deadline_at in growing:
+        for _ in range(missing):
+            claims.append(NodeClaim(
+                name=next(names), namespace=pool.tenant.namespace, tenant=pool.tenant, pool=pool,
+                pool_name=pool.name, provider=pool.provider, requirements=requirements(pool, node_type),
+                properties=pool.properties, node_labels=pool.node_labels, taints=pool.taints,
+                node_type=node_type, group=group, failed_hosts=list(failed_hosts or []), reason="Created",
+                message="waiting for a host", launch_deadline_at=launch_deadline_at))
+            messages.append(message or f"pool {pool.name} needs a node")
     NodeClaim.objects.bulk_create(claims)
     created = {c.name: c for c in claims}
     if not all(c.pk for c in claims):  # backends that do not return ids from bulk inserts
@@ -259,9 +301,8 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
             created[name].pk = pk
     events_record([
         Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
-              tenant_id=c.tenant_id, to_state=P.PENDING, message=message or f"pool {c.pool_name} needs a node",
-              actor=actor)
-        for c in claims
+              tenant_id=c.tenant_id, to_state=P.PENDING, message=message, actor=actor)
+        for c, message in zip(claims, messages)
     ])
     return claims
 
