@@ -101,14 +101,19 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         # order (core/transactions.py: tenant → pools → hosts → claims). A second decision waits here and then
         # sees the first one's pods as launched. NO KEY: the claims and Events inserted below (here and
         # elsewhere) check the tenant's key with FOR KEY SHARE, which this lock does not block.
-        tenant = Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).first()
+        # Its watcher's row comes with it (OF self: the lock is the tenant's alone).
+        tenant = (Tenant.objects.select_for_update(no_key=True, of=("self",)).select_related("watch")
+                  .filter(pk=tenant_id).first())
         if tenant is None or tenant.deleting_since is not None:
             result.skipped = "tenant gone or being deleted"
             return result
         pods = list(PendingPod.objects.filter(tenant=tenant).order_by("seen_at", "pk"))
         if not pods:
             return result
-        watch = TenantWatch.objects.filter(tenant=tenant).first()
+        try:
+            watch = tenant.watch
+        except TenantWatch.DoesNotExist:
+            watch = None
         if watch is not None and watch.state == WatchState.BACKING_OFF:
             # Its API is down: what we know of its pods may be stale, so nothing is decided until it is back.
             why = "not decided: the tenant's API is unreachable; decisions resume when the watch reconnects"
@@ -122,7 +127,14 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         for pool in pools:
             pool.tenant = tenant  # the row locked above: the claims made below name it
         node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
-        claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE).select_related("node_type", "pool"))
+        claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE))
+        # Their NodeTypes and dynamic pools are those just read (a join per claim costs more than the claims).
+        type_by_pk, pool_by_pk = {t.pk: t for t in node_types}, {p.pk: p for p in pools}
+        for claim in claims:
+            if claim.node_type_id is not None:
+                claim.node_type = type_by_pk[claim.node_type_id]
+            if claim.pool_id in pool_by_pk:
+                claim.pool = pool_by_pk[claim.pool_id]
         open_claims = {c.pk: c for c in claims if c.phase in OPEN}
         # What runs on the Ready nodes of dynamic pools (autonodes.disruption keeps it).
         usage = {u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=list(open_claims),
@@ -158,7 +170,8 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         type_of = {t.name: t for t in node_types}
         events: list[Event] = []
 
-        # New nodes: claims for every pool and NodeType in one claims_create_many, one Event per pool and NodeType.
+        # New nodes: claims for every pool and NodeType in one claims_create_many, one Event per pool and NodeType
+        # (written with the claims' own and the verdicts' in one insert, at the end).
         groups: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
         for launch in outcome.launches:
             groups[(launch.pool, launch.node_type)].append(launch.pods)
@@ -173,11 +186,11 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         made = claims_create_many(asks=[
             ClaimsAsk(pool=pool, count=len(nodes), node_type=node_type, message=f"{pool.name}: {message}",
                       launch_deadline=deadlines[node_type.pk])
-            for pool, node_type, nodes, _members, message in launches], actor=actor)
+            for pool, node_type, nodes, _members, message in launches], actor=actor, events=events)
         for (pool, node_type, nodes, members, message), created in zip(launches, made):
             for claim, keys in zip(created, nodes):
                 result.launched[claim.name] = list(keys)
-                answered += _answer([by_key[k] for k in keys], claim=claim, pool=pool, now=now,
+                answered += _answer([by_key[k] for k in keys], claim=claim, now=now,
                                     reason=f"a {node_type.name} node is being added for it (claim {claim.name})")
             events.append(Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=pool.name,
                                 tenant_id=tenant.pk, actor=actor, message=message,
@@ -198,7 +211,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             group_name = created[0].group.name
             for claim, keys in zip(created, launch.nodes):
                 result.launched[claim.name] = list(keys)
-                answered += _answer([by_key[k] for k in keys], claim=claim, pool=pool, now=now,
+                answered += _answer([by_key[k] for k in keys], claim=claim, now=now,
                                     reason=f"a {launch.node_type} node is being added for it (claim {claim.name}, "
                                            f"group {group_name} of {size})")
             result.groups[group_name] = [c.name for c in created]
@@ -219,7 +232,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         for claim_id, members in placed.items():
             claim = open_claims[claim_id]
             where = "its node" if claim.phase == P.AVAILABLE else f"its node, on its way ({claim.phase})"
-            answered += _answer(members, claim=claim, pool=claim.pool, now=now,
+            answered += _answer(members, claim=claim, now=now,
                                 reason=f"fits on claim {claim.name}: waits for {where}")
         rows_update(answered, ["status", "claim", "pool", "decided_at", "reason", "updated_at"])
 
@@ -251,7 +264,8 @@ def _verdicts(tenant: Tenant, verdicts: dict[str, Verdict], status: str, by_key:
             if (member.status, member.reason) != (status, message):
                 reported[(pool_name, reason)].append((member, message))
             # The caller writes every verdict in one statement (updated_at untouched, as an update() leaves it).
-            member.status, member.claim, member.pool, member.reason, member.decided_at = status, None, pool, message, now
+            member.status, member.claim, member.pool = status, None, pool
+            member.reason, member.decided_at = message, now
     for (pool_name, reason), members in reported.items():
         names = sorted(str(m) for m, _ in members)
         message = members[0][1]
@@ -434,10 +448,11 @@ def _external_room(node_types: list[NodeType]) -> dict[int, int | None]:
     return room
 
 
-def _answer(pods: list[PendingPod], *, claim: NodeClaim, pool: NodePool, now, reason: str) -> list[PendingPod]:
-    """The pods are launched on `claim` (a new node, or one that exists or is on its way)."""
+def _answer(pods: list[PendingPod], *, claim: NodeClaim, now, reason: str) -> list[PendingPod]:
+    """The pods are launched on `claim` (a new node, or one that exists or is on its way), in its pool."""
     for pod in pods:
-        pod.status, pod.claim, pod.pool, pod.decided_at, pod.reason = DemandStatus.LAUNCHED, claim, pool, now, reason
+        pod.status, pod.claim, pod.pool_id = DemandStatus.LAUNCHED, claim, claim.pool_id
+        pod.decided_at, pod.reason = now, reason
         pod.updated_at = now  # bulk_update does not set auto_now fields: the pool pages' signature reads it
     return pods
 

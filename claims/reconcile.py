@@ -181,10 +181,12 @@ class ClaimsAsk:
     launch_deadline: LaunchDeadline | None = None
 
 
-def claims_create_many(*, asks: list[ClaimsAsk], actor: str) -> list[list[NodeClaim]]:
+def claims_create_many(*, asks: list[ClaimsAsk], actor: str,
+                       events: list[Event] | None = None) -> list[list[NodeClaim]]:
     """claims_create for several pools and NodeTypes at once (a decision that launches several types): one read
     of the deadlines not given, one of the names, one insert of the claims and one of their Events, one
-    allocation on commit, however many asks. Returns each ask's claims, in order."""
+    allocation on commit, however many asks. `events`: a list of the caller's, which it records itself (one
+    insert with its own), the claims' Events go to. Returns each ask's claims, in order."""
     if not asks:
         return []
     unknown = {a.node_type.pk: a.node_type for a in asks if a.launch_deadline is None and a.node_type}
@@ -196,7 +198,8 @@ def claims_create_many(*, asks: list[ClaimsAsk], actor: str) -> list[list[NodeCl
                                            else launch_deadline_unknown_type())
         return now + timedelta(seconds=deadline.seconds)
 
-    claims = _claims_insert([(a.pool, a.count, a.node_type, a.message, deadline_at(a)) for a in asks], actor)
+    claims = _claims_insert([(a.pool, a.count, a.node_type, a.message, deadline_at(a)) for a in asks], actor,
+                            events=events)
     task_send_on_commit(task_names.RECONCILE_POOLS,  # allocates these pools' pending claims
                         pool_ids=list(dict.fromkeys(a.pool.pk for a in asks)))
     created, start = [], 0
@@ -272,7 +275,8 @@ def _claims_create(growing: list[tuple[NodePool, int]], actor: str, *, node_type
 
 
 def _claims_insert(growing: list[tuple[NodePool, int, NodeType | None, str, object]], actor: str, *,
-                   group: ClaimGroup | None = None, failed_hosts: list[str] | None = None) -> list[NodeClaim]:
+                   group: ClaimGroup | None = None, failed_hosts: list[str] | None = None,
+                   events: list[Event] | None = None) -> list[NodeClaim]:
     """(pool, count, NodeType or None, message, launch deadline) each: the claims in one insert, their Events in
     another, whatever the number of pools and types."""
     tenant_names = [pool.tenant.name for pool, missing, *_ in growing for _ in range(missing)]
@@ -299,11 +303,13 @@ def _claims_insert(growing: list[tuple[NodePool, int, NodeType | None, str, obje
     if not all(c.pk for c in claims):  # backends that do not return ids from bulk inserts
         for pk, name in NodeClaim.objects.filter(name__in=list(created)).values_list("pk", "name"):
             created[name].pk = pk
-    events_record([
-        Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
-              tenant_id=c.tenant_id, to_state=P.PENDING, message=message, actor=actor)
-        for c, message in zip(claims, messages)
-    ])
+    recorded = [Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
+                      tenant_id=c.tenant_id, to_state=P.PENDING, message=message, actor=actor)
+                for c, message in zip(claims, messages)]
+    if events is None:
+        events_record(recorded)
+    else:
+        events += recorded
     return claims
 
 
