@@ -136,9 +136,11 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             if claim.pool_id in pool_by_pk:
                 claim.pool = pool_by_pk[claim.pool_id]
         open_claims = {c.pk: c for c in claims if c.phase in OPEN}
-        # What runs on the Ready nodes of dynamic pools (autonodes.disruption keeps it).
-        usage = {u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=list(open_claims),
-                                                                 checked_at__isnull=False)}
+        # What runs on the Ready nodes of dynamic pools (autonodes.disruption keeps it): nothing to read while every
+        # node is on its way.
+        ready_ids = [pk for pk, c in open_claims.items() if c.phase == P.AVAILABLE]
+        usage = ({u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=ready_ids, checked_at__isnull=False)}
+                 if ready_ids else {})
         changed = max([p.updated_at for p in pools] + [t.updated_at for t in node_types], default=None)
 
         kept, undecided = [], []
