@@ -7,9 +7,10 @@
 CPU-only pods), 10 NodeTypes (GPU servers of 2, 4 and 8 GPUs, CPU servers of 16 to 128 cores), each tenant with
 a GPU pool, a CPU pool and a tainted pool, limits, and one claim in flight to place pods on. First through
 `autonodes.simulation.simulate` alone (pure: CPU seconds of one pass over every tenant; target < 1 s), then
-through `autonodes.services.tenant_decide` on PostgreSQL (its own database, `vmetal_bench`, dropped and made
-each run; 1,000 available hosts): the process's CPU and wall time for one pass that launches, and for a second
-pass on the same demand (it must launch nothing), and PostgreSQL's backend CPU beside it.
+through `autonodes.services.tenant_decide` on PostgreSQL (its own database, `vmetal_bench_autoscale` or the one
+DATABASE_URL names, dropped and made each run; 1,000 available hosts): the process's CPU and wall time for one pass
+that launches, and for a second pass on the same demand (it must launch nothing), PostgreSQL's backend CPU beside
+it, and the SQL statements a tenant's decision sent (its transaction's BEGIN and COMMIT not counted).
 
 (b) The lab end to end: a fresh database and lab per batch size (gpu-servers enough for the batch), the
 console's processes as in production (agent listener, a Celery worker with beat, `manage.py watch-pods`), and
@@ -197,11 +198,19 @@ def bench_tenant_decide(args) -> dict:
     ids = [t.pk for t in tenants]
     connection.ensure_connection()
     result = {}
+    statements = [0]
+
+    def count(execute, sql, params, many, context):
+        statements[0] += 1
+        return execute(sql, params, many, context)
+
     for label in ("first", "again"):
+        statements[0] = 0
         db_before, wall, cpu = backends_cpu(), time.monotonic(), time.process_time()
-        decisions = [tenant_decide(tenant_id=tenant_id) for tenant_id in ids]
+        with connection.execute_wrapper(count):
+            decisions = [tenant_decide(tenant_id=tenant_id) for tenant_id in ids]
         result[label] = {"cpu_s": time.process_time() - cpu, "wall_s": time.monotonic() - wall,
-                         "db_cpu_s": backends_cpu() - db_before,
+                         "db_cpu_s": backends_cpu() - db_before, "queries": statements[0] / len(ids),
                          "launched": sum(len(d.launched) for d in decisions),
                          "waiting": sum(len(d.waiting) for d in decisions),
                          "unservable": sum(len(d.unservable) for d in decisions)}
@@ -223,8 +232,9 @@ def part_a(args) -> None:
     for label, words in (("first", "one pass that launches"), ("again", "a second pass on the same demand")):
         r = db[label]
         print(f"  tenant_decide × {args.tenants} on PostgreSQL, {words}: {r['cpu_s']:.2f} s CPU in this process "
-              f"(+ {r['db_cpu_s']:.2f} s PostgreSQL), {r['wall_s']:.2f} s wall; {r['launched']} claims, "
-              f"{r['waiting']} pods waiting, {r['unservable']} unservable", flush=True)
+              f"(+ {r['db_cpu_s']:.2f} s PostgreSQL), {r['wall_s']:.2f} s wall, {r['queries']:.1f} queries a tenant; "
+              f"{r['launched']} claims, {r['waiting']} pods waiting, {r['unservable']} unservable "
+              f"(load {' '.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
     print(f"  claims in the database after both passes: {db['claims']} (the second pass launched "
           f"{db['again']['launched']})")
 
