@@ -128,10 +128,10 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             pool.tenant = tenant  # the row locked above: the claims made below name it
         node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
         claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE))
-        # Their NodeTypes and dynamic pools are those just read (a join per claim costs more than the claims).
+        # Their NodeTypes and dynamic pools are the rows just read: joining them again costs more than the claims do.
         type_by_pk, pool_by_pk = {t.pk: t for t in node_types}, {p.pk: p for p in pools}
         for claim in claims:
-            if claim.node_type_id is not None:
+            if claim.node_type_id in type_by_pk:
                 claim.node_type = type_by_pk[claim.node_type_id]
             if claim.pool_id in pool_by_pk:
                 claim.pool = pool_by_pk[claim.pool_id]
