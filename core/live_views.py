@@ -362,6 +362,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.sent: dict = {}  # key → the newest Event id the fragment last sent for it reflects
         self.visible: set[int] = set()
         self.cursor: int | None = None
+        self.frame_cursor: int | None = None  # the cursor the re-sync frame being rendered moves to
         self.cursor_unsent = False
         self.progress_seen: dict[int, tuple] = {}
         self.resync_due = False
@@ -502,6 +503,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             if groups is None:
                 return [], None
             new_cursor = self.latest_cursor()  # read first: what renders below includes at least this much
+            self.frame_cursor = new_cursor  # a render that reads changes up to a cursor may take this one
             found = self._keys_since(self.cursor or 0, new_cursor) if new_cursor > (self.cursor or 0) else {}
             for key, version in found.items():
                 if key not in keys and self.sent.get(key, 0) >= version:
@@ -511,7 +513,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 for key in self._progress_keys():
                     keys.setdefault(key, Need()).since = time.monotonic()
         else:
-            groups = self.joined
+            groups, self.frame_cursor = self.joined, None
         parts = self.render(keys) if keys else []
         if resync:
             for key in keys:

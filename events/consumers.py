@@ -65,7 +65,7 @@ class EventLogPageConsumer(EventLogConsumer):
         if ("new",) not in keys or self.query.get("page", "1") != "1":
             return []
         top = self.cursor or 0 if self.top is None else self.top
-        upto = latest_event_id()
+        upto = latest_event_id() if self.frame_cursor is None else self.frame_cursor
         data = QueryDict(mutable=True)
         data.update(self.query)
         filtered = EventFilterSet(log_query(data), queryset=events_visible(
