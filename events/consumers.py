@@ -18,7 +18,7 @@ from .views import log_query
 MAX_REPLAY = 20000  # events one re-sync reads; past that it renders everything the page shows
 MAX_NEW = 100  # new events one frame adds to the Event log page (its page size)
 ROWS = FragmentCache()  # Event log rows, keyed by the scope that sees them (core.live_views.scope_key)
-ROW_TTL_S = 60.0
+ROW_TTL_S = 60.0  # an Event row is read again after this long: the names it links to may have changed
 
 
 class EventLogConsumer(LiveConsumer):
