@@ -1,11 +1,13 @@
 """Live views of claims: the claims list (phases) and one claim's page (phase, step timeline, progress)."""
+import time
+
 from django.http import QueryDict
 
 from claims.selectors import claims_visible
 from core import scoping
-from core.live_views import RESYNC, group_rule
+from core.live_views import RESYNC, FragmentCache, Need, group_rule, scope_key, scope_tenants
 from events.choices import ObjectType
-from events.selectors import events_visible
+from events.selectors import events_visible, latest_event_id
 from hosts.consumers import HostAwareConsumer
 
 from . import presenters
@@ -15,20 +17,34 @@ from .models import NodeClaim
 group_rule("claim", lambda user, pk: claims_visible(user).filter(pk=pk).exists())
 
 
+ROWS = FragmentCache()  # claim rows and group tables, keyed by the scope that sees them (core.live_views.scope_key)
+
+
+def in_scope(scope: tuple, claims):
+    """The claims a scope sees: a shared fragment is read for its key's scope, whoever reads it."""
+    tenants = scope_tenants(scope)
+    return claims if tenants is None else claims.filter(tenant_id__in=tenants)
+
+
 class ClaimListConsumer(HostAwareConsumer):
     """The rows the page shows, and new claims that match the page's filters (added at the top of the first
-    page). Admins and auditors listen to every claim; members to their tenants'."""
+    page). Admins and auditors listen to every claim; members to their tenants'. Pages of one scope share each
+    changed row's read and render (ROWS), as the fleet board's do."""
+
+    scope = scope_key([])  # sees nothing until authorized (wanted_groups sets it, again at each re-sync)
 
     def authorize(self) -> bool:
         return scoping.role(self.user) != scoping.NOBODY
 
     def wanted_groups(self) -> set[str]:
         ids = scoping.tenant_ids(self.user)
+        self.scope = scope_key(ids)
         return {"claims"} if ids is None else {f"tenant-{t}" for t in ids}
 
     def keys_for_message(self, message: dict) -> set:
         if message.get("object") == "claim":
             ids = message.get("ids", ())
+            ROWS.want([("claim", *self.scope, i) for i in ids], time.monotonic())
             # A claim in an all-or-nothing group changes its group's row too (which group: read when rendering).
             return {self._key(i) for i in ids} | {("group-of", i) for i in ids}
         return set()
@@ -48,27 +64,51 @@ class ClaimListConsumer(HostAwareConsumer):
     def all_keys(self) -> set:
         return {("claim", i) for i in self.visible} | {("groups",)}
 
-    def render(self, keys: set) -> list[str]:
-        ids = [k[1] for k in keys if k[0] == "claim"]
-        tenants = scoping.tenant_ids(self.user)
+    def render(self, keys: dict) -> list[str]:
+        scope = self.scope
+        tenants = scope_tenants(scope)
         show_tenant = tenants is None or len(tenants) != 1
-        claims = list(presenters.claims_rows_queryset(claims_visible(self.user).filter(pk__in=ids)))
-        parts = presenters.render_claim_rows(presenters.with_progress(claims), show_tenant=show_tenant)
-        members = [k[1] for k in keys if k[0] == "group-of"]
-        if ("groups",) in keys or (members and claims_visible(self.user).filter(
-                pk__in=members, group__isnull=False).exists()):
+
+        def read(ids) -> dict:
+            claims = list(presenters.claims_rows_queryset(in_scope(scope, NodeClaim.objects.filter(pk__in=ids))))
+            html = presenters.render_claim_rows(presenters.with_progress(claims), show_tenant=show_tenant)
+            return {claim.pk: (row, claim.group_id) for claim, row in zip(claims, html)}
+
+        # Every claim a key names is read (its row, and its group: whether the group table changes), once per
+        # process and scope for all the pages told of it.
+        needs: dict = {}
+        for key, need in keys.items():
+            if key[0] in ("claim", "new", "group-of"):
+                needs[("claim", *scope, key[1])] = needs.get(("claim", *scope, key[1]), Need()) | need
+        found = ROWS.rows(needs, read, latest_event_id)
+
+        def row(claim_id: int):
+            item = found.get(("claim", *scope, claim_id))
+            return None if item is None else item[1]
+
+        parts = []
+        for key in keys:
+            if key[0] == "claim" and row(key[1]) is not None:  # one gone, or out of scope, sends nothing
+                parts.append(row(key[1])[0])
+                self.sent[key] = max(self.sent.get(key, 0), found[("claim", *scope, key[1])][0])
+        members = [k for k in keys if k[0] == "group-of" and row(k[1]) is not None and row(k[1])[1] is not None]
+        if ("groups",) in keys or members:
             # The group table whole (at most 50 rows): new groups appear, released ones go, each row's state moves.
-            parts.append(presenters.render_claim_groups_section(self.user))
-        new = [k[1] for k in keys if k[0] == "new" and k[1] not in self.visible]
+            need = Need()
+            for key in [("groups",), *members]:
+                need = need | keys.get(key, Need())
+            parts.append(ROWS.one(("groups", *scope), need, lambda: presenters.render_claim_groups_section(
+                None, claims=in_scope(scope, NodeClaim.objects.all())), latest_event_id)[1])
+        new = [k[1] for k in keys if k[0] == "new" and k[1] not in self.visible and row(k[1]) is not None]
         if new and self.query.get("page", "1") == "1":
             data = QueryDict(mutable=True)
             data.update(self.query)
-            # The page's own filters, on the claims this user may see: a claim that does not match stays off.
-            matching = NodeClaimFilterSet(data, queryset=claims_visible(self.user).filter(pk__in=new)).qs
-            added = list(presenters.claims_rows_queryset(matching).order_by("-created_at", "-pk"))
+            # The page's own filters, on the claims this scope sees: a claim that does not match stays off.
+            matching = NodeClaimFilterSet(data, queryset=in_scope(scope, NodeClaim.objects.filter(pk__in=new))).qs
+            added = list(matching.order_by("-created_at", "-pk").values_list("pk", flat=True))
             if added:
-                self.visible.update(c.pk for c in added)
-                rows = "".join(presenters.render_claim_rows(presenters.with_progress(added), show_tenant=show_tenant))
+                self.visible.update(added)
+                rows = "".join(row(pk)[0] for pk in added)
                 parts += ['<tr id="claims-empty" hx-swap-oob="delete"></tr>',
                           f'<tbody hx-swap-oob="afterbegin:#claims-rows">{rows}</tbody>']
         return parts

@@ -6,6 +6,7 @@ read from the Event log."""
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db.models import QuerySet
 from django.template.loader import render_to_string
 from django.utils import timezone
 
@@ -338,14 +339,17 @@ def claim_groups_rows(groups) -> list:
     return groups
 
 
-def live_claim_groups(user, limit: int = 50) -> list:
-    """The groups the claims list shows: those with a member in the user's scope that is not released, newest
-    first, each with its state (claim_groups_rows)."""
-    live = claims_visible(user).exclude(phase=ClaimPhase.RELEASED).filter(group__isnull=False)
+def live_claim_groups(user, limit: int = 50, *, claims: QuerySet | None = None) -> list:
+    """The groups the claims list shows: those with a member in the user's scope (or among `claims`) that is not
+    released, newest first, each with its state (claim_groups_rows)."""
+    live = (claims_visible(user) if claims is None else claims).exclude(phase=ClaimPhase.RELEASED).filter(
+        group__isnull=False)
     return claim_groups_rows(ClaimGroup.objects.filter(pk__in=live.values("group_id"))
                              .order_by("-created_at", "-pk")[:limit])
 
 
-def render_claim_groups_section(user) -> str:
-    """The claims list's group table (the section, hidden while there is none), for the page and its live view."""
-    return render_to_string("claims/partials/claim_groups_section.html", {"groups": live_claim_groups(user)})
+def render_claim_groups_section(user, *, claims: QuerySet | None = None) -> str:
+    """The claims list's group table (the section, hidden while there is none), for the page and its live view
+    (which passes the claims of its scope instead of a user)."""
+    return render_to_string("claims/partials/claim_groups_section.html",
+                            {"groups": live_claim_groups(user, claims=claims)})

@@ -107,28 +107,39 @@ class Need:
     def __init__(self, since: float = 0.0, version: int = 0):
         self.since, self.version = since, version
 
+    def __or__(self, other: "Need") -> "Need":
+        """What both ask for: a read after the later announcement, reflecting the newer Event."""
+        return Need(max(self.since, other.since), max(self.version, other.version))
+
 
 class FragmentCache:
     """Rendered fragments shared by the consumers of one process. Twenty admins watching the fleet board get
     the same row for the same change: the first consumer to flush reads and renders it, the others take it.
     A fragment is reused only when it was read after the change was announced (the message arrives after
-    the commit), so a cached fragment is never older than what the consumer was told."""
+    the commit), so a cached fragment is never older than what the consumer was told.
+
+    A key names who may see the fragment as well as what it shows: pages whose users see different rows (an
+    admin every tenant's claims, a member their tenants') put their scope in the key (`scope_key`), so a
+    fragment read for one scope is never served to another."""
 
     def __init__(self, size: int = 20000):
         self.size = size
-        self.items: dict = {}  # key → (read at, newest Event id then, html)
+        self.items: dict = {}  # key → (read at, newest Event id then, value: the html, or what the page needs)
         self.wanted: dict = {}  # key → since: changes announced to some consumer of this process, not read yet
         self.lock = threading.Lock()
+        self.reading: dict = {}  # a kind (the key less its last part) → the lock its readers take in turn
 
     def want(self, keys, since: float) -> None:
         with self.lock:
             for key in keys:
                 self.wanted[key] = max(self.wanted.get(key, 0.0), since)
 
-    def take_wanted(self, kind: str) -> list:
-        """Keys any consumer will need: the first consumer to read fetches them for all in one query."""
+    def take_wanted(self, kind) -> list:
+        """Keys any consumer will need: the first consumer to read fetches them for all in one query. kind: the
+        key's first part, or a tuple of its first parts (a kind and a scope)."""
+        kind = kind if isinstance(kind, tuple) else (kind,)
         with self.lock:
-            keys = [k for k in self.wanted if k[0] == kind]
+            keys = [k for k in self.wanted if k[:len(kind)] == kind]
             for key in keys:
                 del self.wanted[key]
         return keys
@@ -140,7 +151,7 @@ class FragmentCache:
             return None
         return item[1], item[2]
 
-    def put(self, key, read_at: float, upto: int, html: str) -> None:
+    def put(self, key, read_at: float, upto: int, html) -> None:
         with self.lock:
             if len(self.items) >= self.size:
                 for old in list(self.items)[: self.size // 4]:
@@ -148,6 +159,65 @@ class FragmentCache:
             current = self.items.get(key)
             if current is None or current[0] <= read_at:
                 self.items[key] = (read_at, upto, html)
+
+    def _reader(self, kind: tuple) -> threading.Lock:
+        with self.lock:
+            return self.reading.setdefault(kind, threading.Lock())
+
+    def one(self, key, need: Need, make, upto) -> tuple[int, object]:
+        """One fragment (a count, a card): the cached one when current, or `make()` read now and kept for the
+        others. upto() gives the newest Event id, read before the fragment. Returns (Event id it reflects, value)."""
+        with self._reader(key):  # one consumer reads, the others waiting here take its fragment
+            cached = self.get(key, need)
+            if cached is not None:
+                return cached
+            read_at, newest = time.monotonic(), upto()
+            value = make()
+            self.put(key, read_at, newest, value)
+            return newest, value
+
+    def rows(self, wanted: dict, read, upto) -> dict:
+        """Row fragments, keyed `(*kind, id)` (kind: a name and, where users see different rows, their scope):
+        wanted maps key → Need. Those not current in the cache are read at once with the rows of that kind any
+        other consumer of the process was told about (`want`), by read(ids) → {id: value} (the rows that exist,
+        in the reader's scope: every consumer of one kind shares it), and kept for the others. upto() gives the
+        newest Event id, read before the rows. Returns key → (Event id it reflects, value), None where the row
+        is gone."""
+        found: dict = {}
+        by_kind: dict = {}
+        for key, need in wanted.items():
+            by_kind.setdefault(key[:-1], {})[key] = need
+        for kind, needs in by_kind.items():
+            with self._reader(kind):  # one consumer reads, the others waiting here take its rows
+                missing = []
+                for key, need in needs.items():
+                    cached = self.get(key, need)
+                    if cached is None:
+                        missing.append(key)
+                    else:
+                        found[key] = cached
+                if not missing:
+                    continue
+                read_at, newest = time.monotonic(), upto()
+                ids = {k[-1] for k in missing} | {k[-1] for k in self.take_wanted(kind)}
+                values = read(ids)
+                for pk, value in values.items():
+                    self.put((*kind, pk), read_at, newest, value)
+                for key in missing:
+                    found[key] = (newest, values[key[-1]]) if key[-1] in values else None
+        return found
+
+
+def scope_key(tenant_ids: list[int] | None) -> tuple:
+    """What decides which rows a user sees (scoping.tenant_ids): every tenant's (admins, operators, auditors) or
+    those of their tenants. Pages of users with the same scope share fragments; a fragment's key carries it,
+    and its rows are read for the scope (`scope_tenants`), not for whichever user read them first."""
+    return ("all",) if tenant_ids is None else ("tenants", *sorted(tenant_ids))
+
+
+def scope_tenants(scope: tuple) -> list[int] | None:
+    """The tenants a scope key sees; None: all of them."""
+    return None if scope[0] == "all" else list(scope[1:])
 
 
 class Hub:
@@ -292,6 +362,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.sent: dict = {}  # key → the newest Event id the fragment last sent for it reflects
         self.visible: set[int] = set()
         self.cursor: int | None = None
+        self.frame_cursor: int | None = None  # the cursor the re-sync frame being rendered moves to
         self.cursor_unsent = False
         self.progress_seen: dict[int, tuple] = {}
         self.resync_due = False
@@ -432,6 +503,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             if groups is None:
                 return [], None
             new_cursor = self.latest_cursor()  # read first: what renders below includes at least this much
+            self.frame_cursor = new_cursor  # a render that reads changes up to a cursor may take this one
             found = self._keys_since(self.cursor or 0, new_cursor) if new_cursor > (self.cursor or 0) else {}
             for key, version in found.items():
                 if key not in keys and self.sent.get(key, 0) >= version:
@@ -441,7 +513,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 for key in self._progress_keys():
                     keys.setdefault(key, Need()).since = time.monotonic()
         else:
-            groups = self.joined
+            groups, self.frame_cursor = self.joined, None
         parts = self.render(keys) if keys else []
         if resync:
             for key in keys:

@@ -1,10 +1,12 @@
 """The live views' source of changes: the Event log. Every page's consumer builds on EventLogConsumer."""
+import time
+
 from django.db.models import Max
 from django.http import QueryDict
 from django.template.loader import render_to_string
 
 from core import scoping
-from core.live_views import FLEET_GROUPS, RESYNC, LiveConsumer
+from core.live_views import FLEET_GROUPS, RESYNC, FragmentCache, LiveConsumer, Need, scope_key, scope_tenants
 
 from .choices import ObjectType
 from .filtersets import EventFilterSet
@@ -15,6 +17,8 @@ from .views import log_query
 
 MAX_REPLAY = 20000  # events one re-sync reads; past that it renders everything the page shows
 MAX_NEW = 100  # new events one frame adds to the Event log page (its page size)
+ROWS = FragmentCache()  # Event log rows, keyed by the scope that sees them (core.live_views.scope_key)
+ROW_TTL_S = 60.0  # an Event row is read again after this long: the names it links to may have changed
 
 
 class EventLogConsumer(LiveConsumer):
@@ -35,12 +39,14 @@ class EventLogPageConsumer(EventLogConsumer):
     no host, claim or tenant (catalogue changes) arrive with the periodic re-sync."""
 
     top: int | None = None  # the newest Event id the page shows or has passed over
+    scope = scope_key([])  # sees nothing until authorized (wanted_groups sets it, again at each re-sync)
 
     def authorize(self) -> bool:
         return scoping.role(self.user) != scoping.NOBODY
 
     def wanted_groups(self) -> set[str]:
         ids = scoping.tenant_ids(self.user)
+        self.scope = scope_key(ids)
         return set(FLEET_GROUPS) if ids is None else {f"tenant-{t}" for t in ids}
 
     def keys_for_message(self, message: dict) -> set:
@@ -59,17 +65,32 @@ class EventLogPageConsumer(EventLogConsumer):
         if ("new",) not in keys or self.query.get("page", "1") != "1":
             return []
         top = self.cursor or 0 if self.top is None else self.top
-        upto = latest_event_id()
+        upto = latest_event_id() if self.frame_cursor is None else self.frame_cursor
         data = QueryDict(mutable=True)
         data.update(self.query)
         filtered = EventFilterSet(log_query(data), queryset=events_visible(
             self.user, Event.objects.filter(pk__gt=top, pk__lte=upto))).qs
-        new = list(filtered.order_by("-pk")[:MAX_NEW])
+        new = list(filtered.order_by("-pk").values_list("pk", flat=True)[:MAX_NEW])
         self.top = max(top, upto)
         if not new:
             return []
-        new = events_link(new, self.user)  # the page's links, on the live rows too
-        rows = "".join(render_to_string("events/partials/event_row.html", {"e": e}) for e in new)
+        scope = self.scope
+
+        def read(ids) -> dict:
+            tenants = scope_tenants(scope)
+            events = Event.objects.filter(pk__in=ids)
+            events = list(events if tenants is None else events.filter(tenant_id__in=tenants))
+            # The page's links, on the live rows too: host links for those who see the fleet (the scope's).
+            return {e.pk: render_to_string("events/partials/event_row.html", {"e": e})
+                    for e in events_link(events, None, sees_fleet=tenants is None)}
+
+        # An Event does not change: its row, rendered once for a scope, serves every page of that scope that
+        # shows it (re-read after a while: the names it links to may change).
+        since = Need(since=time.monotonic() - ROW_TTL_S)
+        found = ROWS.rows({("event", *scope, pk): since for pk in new}, read, latest_event_id)
+        rows = "".join(found[key][1] for key in (("event", *scope, pk) for pk in new) if found.get(key))
+        if not rows:
+            return []
         return ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
                 f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']
 

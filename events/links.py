@@ -49,13 +49,17 @@ class Link:
     url: str
 
 
-def events_link(events: Iterable, user, *, tenants: dict[int, str] | None = None) -> list:
+def events_link(events: Iterable, user, *, tenants: dict[int, str] | None = None,
+                sees_fleet: bool | None = None) -> list:
     """Sets on each Event `own_link` (the page of the object it is about, or None) and `links` (the pages of the other
     objects it names: host, claim, pool, tenant). Three queries for any number of events, two when the caller has
-    the tenants' names (`tenants`: those the user sees). Hosts are linked only for those who see the fleet; a tenant
-    member reaches its claims, pools and tenants."""
+    the tenants' names (`tenants`: those the user sees). Hosts are linked only for those who see the fleet (the
+    user's role, or `sees_fleet` from a caller that renders for a scope rather than a user); a tenant member
+    reaches its claims, pools and tenants."""
     events = list(events)
-    hosts = names_of("host", {e.host_id for e in events}) if scoping.sees_everything(user) else {}
+    if sees_fleet is None:
+        sees_fleet = scoping.sees_everything(user)
+    hosts = names_of("host", {e.host_id for e in events}) if sees_fleet else {}
     claims = names_of("claim", {e.claim_id for e in events})
     if tenants is None:
         tenants = names_of("tenant", {e.tenant_id for e in events})

@@ -1,5 +1,4 @@
 """Live views of hosts: the fleet board (hosts by state) and one host's page."""
-import threading
 import time
 
 from django.http import QueryDict
@@ -36,7 +35,6 @@ class HostAwareConsumer(EventLogConsumer):
 
 
 FRAGMENTS = FragmentCache()  # fleet rows and counts: the same for every admin and auditor
-FETCH = threading.Lock()
 
 
 class FleetConsumer(HostAwareConsumer):
@@ -76,55 +74,34 @@ class FleetConsumer(HostAwareConsumer):
             for key, value in self.query.items():
                 data[key] = value
             query = without_state(data).urlencode()
-            need = keys[("counts",)]
-            with FETCH:  # one consumer reads, the others waiting here take its fragment
-                cached = FRAGMENTS.get(("counts", query), need)
-                if cached is None:
-                    read_at, upto = time.monotonic(), latest_event_id()
-                    counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
-                    html = presenters.render_counts(presenters.state_counts(counted.qs), query)
-                    FRAGMENTS.put(("counts", query), read_at, upto, html)
-                else:
-                    html = cached[1]
-            parts.append(html)
+
+            def counts() -> str:
+                counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
+                return presenters.render_counts(presenters.state_counts(counted.qs), query)
+
+            parts.append(FRAGMENTS.one(("counts", query), keys[("counts",)], counts, latest_event_id)[1])
         if ("capacity",) in keys:  # the same card for every admin and auditor: read once per change
-            with FETCH:
-                cached = FRAGMENTS.get(("capacity",), keys[("capacity",)])
-                if cached is None:
-                    read_at, upto = time.monotonic(), latest_event_id()
-                    html = presenters.render_capacity(fleet_capacity(node_types()))
-                    FRAGMENTS.put(("capacity",), read_at, upto, html)
-                else:
-                    html = cached[1]
-            parts.append(html)
+            parts.append(FRAGMENTS.one(("capacity",), keys[("capacity",)],
+                                       lambda: presenters.render_capacity(fleet_capacity(node_types())),
+                                       latest_event_id)[1])
         if ("attention",) in keys:  # the "needs attention" card: a few rows, with the actions this user may take
             parts.append(presenters.render_attention(acts_on_hosts=scoping.acts_on_hosts(self.user)))
-        wanted = {key: need for key, need in keys.items() if key[0] == "host"}
+
+        def read(ids) -> dict:
+            hosts = list(presenters.row_queryset(BareMetalHost.objects.filter(pk__in=ids)))
+            presenters.decorate_rows(hosts, node_types())
+            return {host.pk: html for host, html in zip(hosts, presenters.render_rows(hosts, may_see_bmc=True))}
+
+        # The rows other consumers of this process were told about too, in the same read. Each is tagged with
+        # the newest Event id: a later re-sync finds the row current and sends nothing.
+        found = FRAGMENTS.rows({key: need for key, need in keys.items() if key[0] == "host"}, read, latest_event_id)
         rows = {}
-        with FETCH:
-            missing = []
-            for key, need in wanted.items():
-                cached = FRAGMENTS.get(key, need)
-                if cached is None:
-                    missing.append(key)
-                else:
-                    self.sent[key] = max(self.sent.get(key, 0), cached[0])
-                    rows[key[1]] = cached[1]
-            if missing:
-                # The rows other consumers of this process were told about too, in the same query.
-                # Tagged with the newest Event id: a later re-sync finds the row current and sends nothing.
-                read_at, upto = time.monotonic(), latest_event_id()
-                fetch = {k[1] for k in missing} | {k[1] for k in FRAGMENTS.take_wanted("host")}
-                hosts = list(presenters.row_queryset(BareMetalHost.objects.filter(pk__in=fetch)))
-                presenters.decorate_rows(hosts, node_types())
-                mine = {k[1] for k in missing}
-                for host, html in zip(hosts, presenters.render_rows(hosts, may_see_bmc=True)):
-                    FRAGMENTS.put(("host", host.pk), read_at, upto, html)
-                    if host.pk in mine:
-                        self.sent[("host", host.pk)] = max(self.sent.get(("host", host.pk), 0), upto)
-                        rows[host.pk] = html
-                for pk in mine - {host.pk for host in hosts}:  # deleted: the page drops its row
-                    rows[pk] = f'<tr id="host-{pk}" hx-swap-oob="delete"></tr>'
+        for key, item in found.items():
+            if item is None:  # deleted: the page drops its row
+                rows[key[1]] = f'<tr id="host-{key[1]}" hx-swap-oob="delete"></tr>'
+            else:
+                self.sent[key] = max(self.sent.get(key, 0), item[0])
+                rows[key[1]] = item[1]
         return parts + [rows[i] for i in sorted(rows)]
 
 
