@@ -28,7 +28,7 @@ Checked at the end (exit status 1 if any fails):
   stuck hosts       a host in an in-progress state past its deadline_at (hosts/lifecycle.py deadline_for) at any
                     sample, or moved to error or repair during the soak (the deadline sweep's or a gate's verdict)
   erased releases   every claim released from a host has a passing erase certificate (hosts.EraseCertificate,
-                    claim_name) signed after its release
+                    claim_name) signed by its release gate (between its scheduling and its Released)
   memory            each console process's RSS after warm-up within ±10 % of its first sample after warm-up
   connections       the most connections to the bench database ≤ the console's pools + the bench's own
 Printed: Event rows and bytes per host-hour over the measured window, step events apart from the rest, and the disk a
@@ -316,7 +316,9 @@ class Soak:
         for name, at in EraseCertificate.objects.filter(result="pass", claim_name__in=releases.values("name")) \
                 .values_list("claim_name", "created_at"):
             passing.setdefault(name, []).append(at)
-        unerased = [c.name for c in releases if not any(at >= c.released_at for at in passing.get(c.name, []))]
+        # Signed by the release's gate: after the claim's host was scheduled, before the claim is Released.
+        unerased = [c.name for c in releases if not any(c.scheduled_at <= at <= c.released_at
+                                                        for at in passing.get(c.name, []))]
         verdict("releases without an erase certificate", unerased,
                 f"{releases.count()} releases from a host, {sum(map(len, passing.values()))} passing certificates")
 
@@ -382,7 +384,7 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--web-pool", type=int, default=10, help="the agent listener's PostgreSQL connections")
-    parser.add_argument("--register-batch", type=int, default=100, help="servers registered at a time (warm-up)")
+    parser.add_argument("--register-batch", type=int, default=200, help="servers registered at a time (warm-up)")
     parser.add_argument("--sample", type=float, default=60, help="seconds between samples")
     parser.add_argument("--settle", type=float, default=900, help="after the churn, seconds for the work under way")
     parser.add_argument("--timeout", type=float, default=3600, help="registration and the first claims, each")
