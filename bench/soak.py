@@ -119,6 +119,7 @@ class Soak:
         self.site = LabSite(hosts=args.hosts, gpu_hosts=args.hosts, tenants=self.tenants, console_url=self.console.url,
                             agent_mode="thread", power_delay=(args.power_delay, args.power_delay),
                             inspection_modes={f"gpu-{i + 1:02d}": "fast" for i in range(args.hosts)},
+                            disk_bytes=args.disk_mib * 2**20,
                             var_dir=Path(tempfile.mkdtemp(prefix="vmetal-soak-lab-"))).start()
         self.lab_pids = {"lab": os.getpid(), "lab-bmc": self.site.redfish._proc.pid}
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
@@ -384,6 +385,10 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--web-pool", type=int, default=10, help="the agent listener's PostgreSQL connections")
+    # Each release (and each intake) purges both of a server's disks at the strongest level (a host that may go to
+    # another tenant), which the lab plays by writing every byte of both disk files: hosts × 2 × this on disk.
+    parser.add_argument("--disk-mib", type=int, default=80, help="each lab disk's size (the image and the 64 MiB "
+                                                                   "seed region must fit)")
     parser.add_argument("--register-batch", type=int, default=200, help="servers registered at a time (warm-up)")
     parser.add_argument("--sample", type=float, default=60, help="seconds between samples")
     parser.add_argument("--settle", type=float, default=900, help="after the churn, seconds for the work under way")
