@@ -31,8 +31,9 @@ Checked at the end (exit status 1 if any fails):
                     claim_name) signed by its release gate (between its scheduling and its Released)
   memory            each console process's RSS after warm-up within ±10 % of its first sample after warm-up
   connections       the most connections to the bench database ≤ the console's pools + the bench's own
-Printed: Event rows and bytes per host-hour over the measured window, step events apart from the rest, and the disk a
-year of such churn takes with EVENT_RETENTION_DAYS (events/retention.py) pruning step events.
+Printed: Event rows and bytes per host-hour and per claim made and released over the measured window, the rows that
+EVENT_RETENTION_DAYS may prune (events/retention.py: routine step events) apart from those kept for ever, and the disk
+a year of such churn takes with it.
 """
 import argparse
 import csv
@@ -190,6 +191,8 @@ class Soak:
         from django.utils import timezone
 
         from claims.models import NodeClaim
+        from events.models import Event
+        from events.retention import KEPT_STEP
         from hosts.lifecycle import IN_PROGRESS
         from hosts.models import BareMetalHost
 
@@ -197,7 +200,7 @@ class Soak:
         memory.update({name: rss_bytes(pid) for name, pid in self.lab_pids.items()})
         connections = sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")[0]
         rows, size = sql("SELECT count(*), pg_total_relation_size('events_event') FROM events_event")
-        step_rows = sql("SELECT count(*) FROM events_event WHERE kind = 'step'")[0]
+        step_rows = Event.objects.filter(kind="step").exclude(KEPT_STEP).count()  # what retention may prune
         now = timezone.now()
         for name in BareMetalHost.objects.filter(state__in=IN_PROGRESS, deadline_at__lt=now) \
                 .values_list("name", flat=True):
@@ -357,11 +360,13 @@ class Soak:
         cycles = (last["made"] - first["made"])
         print(f"\nEvent table over {hours * 60:.0f} min of soak ({cycles} claims made and as many released, "
               f"churn {100 * self.args.churn:.0f} %/h of {self.args.hosts} hosts):", flush=True)
-        print(f"  {rows / host_hours:.2f} rows per host-hour ({steps / host_hours:.2f} step events, "
-              f"{(rows - steps) / host_hours:.2f} others); {size / host_hours:.0f} bytes per host-hour as measured "
+        print(f"  {rows / host_hours:.2f} rows per host-hour ({steps / host_hours:.2f} routine step events that "
+              f"retention prunes, {(rows - steps) / host_hours:.2f} kept for ever); {size / host_hours:.0f} bytes per "
+              f"host-hour as measured "
               f"(pg_total_relation_size), {per_row:.0f} bytes per row on average", flush=True)
         if cycles:
-            print(f"  per claim made and released: {rows / cycles:.0f} rows ({steps / cycles:.0f} step events)",
+            print(f"  per claim made and released: {rows / cycles:.0f} rows ({steps / cycles:.0f} prunable), "
+                  f"{size / cycles:.0f} bytes",
                   flush=True)
         year = 24 * 365
         for retention in (0, 30, 90):
@@ -370,6 +375,12 @@ class Soak:
             print(f"  a year at this churn, EVENT_RETENTION_DAYS={retention}"
                   f"{' (keep all)' if retention == 0 else ''}: {total / 2**20:.0f} MiB per host, "
                   f"{total * 1000 / 2**30:.1f} GiB per 1,000 hosts", flush=True)
+        if cycles:  # the events follow the claims: the fleet's size adds none while its hosts are idle
+            for retention in (0, 30, 90):
+                kept = steps / cycles * (year if retention == 0 else 24 * retention)
+                total = 100 * ((rows - steps) / cycles * year + kept) * per_row
+                print(f"  100 claims made and released an hour (1,000 hosts at 10 %/h), a year, "
+                      f"EVENT_RETENTION_DAYS={retention}: {total / 2**30:.1f} GiB", flush=True)
 
 
 def main():
@@ -413,7 +424,7 @@ def main():
         if args.csv and soak.samples:
             with open(args.csv, "w", newline="") as f:
                 writer = csv.writer(f)
-                writer.writerow(["t", "phase", "load", "connections", "event_rows", "event_bytes", "step_rows",
+                writer.writerow(["t", "phase", "load", "connections", "event_rows", "event_bytes", "prunable_rows",
                                  "made", "released", "console_cpu_s", "memory", "claims", "hosts"])
                 for s in soak.samples:
                     writer.writerow([s["t"], s["phase"], s["load"], s["connections"], s["event_rows"],
