@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 
 from .choices import EventKind
 from .models import Event
+from .selectors import FAILED_STEP
 
 
 @extend_schema_field({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})  # the schema says what it takes
@@ -64,8 +65,6 @@ class TimestampFilter(filters.IsoDateTimeFilter):
     field_class = TimestampField
 
 
-# A step that went wrong: failed (its flow goes on to its failure state or retries), or a check that turned red.
-FAILED_STEP = Q(message__startswith="failed") | Q(data__ok=False) | Q(data__bmc_ok=False)
 STEPS = (("all", "every step"), ("failed", "failed steps only"))
 
 

@@ -6,6 +6,11 @@ from core import scoping
 from .choices import EventKind
 from .models import Event
 
+# A step that went wrong: failed (its flow goes on to its failure state or retries), or a check that turned red.
+# Each key test is guarded by has_key, so that a step without the key is false, not NULL, and ~FAILED_STEP holds it.
+FAILED_STEP = (Q(message__startswith="failed") | (Q(data__has_key="ok") & Q(data__ok=False))
+               | (Q(data__has_key="bmc_ok") & Q(data__bmc_ok=False)))
+
 # --- what each user may see (the rule: core.scoping) ----------------------------------------------
 
 def events_visible(user, qs: QuerySet | None = None) -> QuerySet:

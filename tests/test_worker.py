@@ -34,6 +34,7 @@ def test_beat_runs_the_reconciler_the_sweeper_the_re_drive_the_bmc_and_launch_ch
     assert scheduled == {"claims.tasks.reconcile_pools", "hosts.tasks.sweep_overdue_hosts",
                          "hosts.tasks.drive_stale_hosts", "hosts.tasks.check_bmcs", "hosts.tasks.preflight_due",
                          "autonodes.tasks.check_launches", "claims.tasks.free_leaked_addresses", "events.tasks.prune_audit",
+                         "events.tasks.prune_events",
                          "autonodes.tasks.decide_waiting", "autonodes.tasks.disrupt", "hosts.tasks.repair_due",
                          "hosts.tasks.sweep_warm_hosts", "hosts.tasks.idle_checks_start",
                          "machines.tasks.reconcile_machines", "autonodes.tasks.roll", "claims.tasks.end_kept_holds"}

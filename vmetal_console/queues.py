@@ -37,7 +37,7 @@ TASK_KIND = {
     **dict.fromkeys([hosts_tasks.SWEEP_OVERDUE_HOSTS, hosts_tasks.DRIVE_STALE_HOSTS, hosts_tasks.REPAIR_DUE,
                      hosts_tasks.IDLE_CHECKS_START, claims_tasks.RECONCILE_POOLS, claims_tasks.REVOKE_JOIN_TOKEN,
                      claims_tasks.PLACE_GROUP_AGAIN, claims_tasks.FREE_LEAKED_ADDRESSES, claims_tasks.END_KEPT_HOLDS,
-                     events_tasks.PRUNE_AUDIT],
+                     events_tasks.PRUNE_AUDIT, events_tasks.PRUNE_EVENTS],
                     DEFAULT),
 }
 

@@ -283,6 +283,9 @@ CELERY_BEAT_SCHEDULE = {
                                  "schedule": float(os.environ.get("AUTONODES_DECIDE_EVERY_S", "30"))},
     # The audit trail's rows older than AUDIT_RETENTION_DAYS go, once a day (events/audit.py; none while it is 0).
     "prune-audit": {"task": events_tasks.PRUNE_AUDIT, "schedule": 86400.0},
+    # Routine step events older than EVENT_RETENTION_DAYS go, once an hour, in batches (events/retention.py): an
+    # hour's worth is a few batches, never a year's in one statement.
+    "prune-events": {"task": events_tasks.PRUNE_EVENTS, "schedule": 3600.0},
 }
 
 # Auto Nodes: a dynamic pool's claim may take its NodeType's measured launch p95 (created → Available, over the

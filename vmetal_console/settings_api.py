@@ -44,6 +44,11 @@ API_TOKEN_EXPIRES_MAX = os.environ.get("API_TOKEN_EXPIRES_MAX", "365d")
 # The audit trail (the Event log's people's changes and secret reads, docs/audit.md): rows older than this many days
 # are pruned by the beat daily (0, the default: kept for ever). Erase certificates and their archive are never pruned.
 AUDIT_RETENTION_DAYS = int(os.environ.get("AUDIT_RETENTION_DAYS", "0"))
+# The Event log's routine step events (a flow's "started" and "done" of each step) older than this many days are pruned
+# by the beat hourly, EVENT_PRUNE_BATCH rows a statement (events/retention.py; 0: kept for ever). Transitions, people's
+# changes, security events, failed steps and the gate's evidence stay whatever their age.
+EVENT_RETENTION_DAYS = int(os.environ.get("EVENT_RETENTION_DAYS", "90"))
+EVENT_PRUNE_BATCH = int(os.environ.get("EVENT_PRUNE_BATCH", "5000"))
 
 # Request bodies: at most this many bytes, API and console alike (the largest is a site's manifests posted to
 # /api/v1/apply/). Django's own limit for what it reads into memory (agent calls, form posts) is the same.
