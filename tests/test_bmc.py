@@ -456,3 +456,37 @@ def test_an_agent_that_looks_up_before_the_power_on_is_seen_landed_is_found_by_t
     bmc(lab, "gpu-05").wait_power("on", deadline_s=10, poll_s=0.05)
     drive(host)  # the power is on, and the lookup step finds the agent's session
     assert "agent_lookup" in host.flow["done"], host.flow
+
+
+@pytest.mark.django_db
+def test_a_kept_bmc_reads_the_power_state_from_the_system_and_an_action_after_it_still_lands(lab):
+    host = BMC.kept(lab.system_address("gpu-06"), USER, PASSWORD, backoff=0.05)
+    with host:
+        assert host.power_state() == "off"  # finds the system: its path is known from here on
+    with BMC.kept(lab.system_address("gpu-06"), USER, PASSWORD, backoff=0.05) as again:
+        assert again is host and again.power_state() == "off"  # the System's JSON alone
+        again.power_on()  # the action reads the System it needs
+        again.wait_power("on", deadline_s=5, poll_s=0.05)
+        again.power_off()
+        again.wait_power("off", deadline_s=5, poll_s=0.05)
+
+
+@pytest.mark.django_db
+def test_a_power_request_is_first_looked_at_when_the_hosts_power_landed_last_time(settings):
+    from datetime import timedelta
+
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from hosts.flows.steps import POWER_LANDS_KEY, _power_recheck_s, power_landed
+
+    settings.POWER_POLL_S = 2
+    cache.delete(POWER_LANDS_KEY.format(7, "on"))
+    assert _power_recheck_s(7, "on", sent=True) == 2  # nothing learned: every POWER_POLL_S
+    sent = {"on": (timezone.now() - timedelta(seconds=6)).isoformat()}
+    power_landed(7, "on", sent)  # seen landed at the third look, 6 s after the request
+    assert _power_recheck_s(7, "on", sent=True) == pytest.approx(4, abs=0.1)  # then 6 s: two looks, not three
+    assert _power_recheck_s(7, "on", sent=False) == 2  # a request already out: looked at every POWER_POLL_S
+    assert _power_recheck_s(7, "off", sent=True) == 2  # each direction learned apart
+    power_landed(7, "on", {"on": (timezone.now() - timedelta(seconds=4.5)).isoformat()})  # landed by the first look
+    assert _power_recheck_s(7, "on", sent=True) == 2  # it may have landed much earlier: half of it is learned

@@ -431,8 +431,23 @@ class BMC(PowerWait):
     # power
 
     def power_state(self) -> str:
-        """'on', 'off', or 'unknown' (powering on/off, paused, not reported)."""
-        return POWER_STATES.get(self.system().power_state, "unknown")
+        """'on', 'off', or 'unknown' (powering on/off, paused, not reported). Once the system's path is known (a kept
+        BMC), from the System's JSON alone: sushy's parse of the whole System was most of a power poll's CPU. An
+        action after it reads the System itself."""
+        if not self._resolved:
+            return POWER_STATES.get(self.system().power_state, "unknown")
+        path = self._resolved
+
+        def read():
+            self._service()
+            body = self._connector.get(path=path).json()
+            return body.get("PowerState") if isinstance(body, dict) else None
+
+        value = self._call(read)
+        try:
+            return POWER_STATES.get(sushy.PowerState(value), "unknown")
+        except ValueError:
+            return "unknown"
 
     def power_on(self) -> None:
         self._reset(sushy.ResetType.ON)

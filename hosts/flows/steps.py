@@ -4,6 +4,7 @@ import dataclasses
 import logging
 
 from django.conf import settings
+from django.core.cache import cache
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -89,12 +90,14 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
         state = _bmc_call(bmc.power_state, run)
         if want == "on" and not scratch.get("was_off"):
             if state != "off":
-                _send_once(run, scratch, "off", bmc.power_off)
-                raise Waiting("powering off first", recheck_s=settings.POWER_POLL_S)
+                sent = _send_once(run, scratch, "off", bmc.power_off)
+                raise Waiting("powering off first", recheck_s=_power_recheck_s(run.host.pk, "off", sent))
+            power_landed(run.host.pk, "off", scratch)
             scratch["was_off"] = True
             boot_path.agent_sessions_end(host_ids=[run.host.pk])  # the boot that ran is over
             run.save_flow()
         if state == want and (want == "off" or "on" in scratch):
+            power_landed(run.host.pk, want, scratch)
             if want == "off":  # off, as the BMC says: that boot's agent session ends (not before: it still runs)
                 boot_path.agent_sessions_end(host_ids=[run.host.pk])
             BareMetalHost.objects.filter(pk=run.host.pk).update(power_state=want)
@@ -124,17 +127,18 @@ def _power(run: Run, want: str, boot: str | None = None) -> dict | None:
             # looks up before a later drive sees the power land, and the lookup takes only sessions after this.
             run.data["ramdisk_boot_at"] = timezone.now().isoformat()
 
-        _send_once(run, scratch, want, switch,
-                   prepare=ramdisk_boot_recorded if want == "on" and boot != "disk" else None)
-    raise Waiting(f"waiting for power {want}", recheck_s=settings.POWER_POLL_S)
+        sent = _send_once(run, scratch, want, switch,
+                          prepare=ramdisk_boot_recorded if want == "on" and boot != "disk" else None)
+    raise Waiting(f"waiting for power {want}", recheck_s=_power_recheck_s(run.host.pk, want, sent))
 
 
-def _send_once(run: Run, scratch: dict, key: str, fn, *, prepare=None) -> None:
+def _send_once(run: Run, scratch: dict, key: str, fn, *, prepare=None) -> bool:
     """A power request, sent once; again only if it has not landed within POWER_DEADLINE_S. `prepare` writes
-    what the flow's record must hold before the request goes (it is saved with the request's own record)."""
+    what the flow's record must hold before the request goes (it is saved with the request's own record).
+    True when it went now."""
     sent = scratch.get(key)
     if sent and (timezone.now() - parse_datetime(sent)).total_seconds() < settings.POWER_DEADLINE_S:
-        return
+        return False
     if sent:
         # Counted as a try, without waiting: the request goes again now.
         error = f"power {key} not reached within {int(settings.POWER_DEADLINE_S)}s; asked again"
@@ -151,6 +155,45 @@ def _send_once(run: Run, scratch: dict, key: str, fn, *, prepare=None) -> None:
         scratch.pop(key, None)
         run.save_flow()
         raise
+    return True
+
+
+# How long the host's power took to land last time, learned per host and direction (the cache): the first look
+# after a request waits that long less one POWER_POLL_S, then looks every POWER_POLL_S as before. A host whose
+# power lands in 5 s was looked at 3 times per change (each look a drive: a BMC read, the host's row, a recheck);
+# now twice, and a slow server (a minute's POST) far fewer times than every 2 s. Only fewer looks, never a later
+# landing seen: a look that finds the power landed already shortens what is learned, and no cache: every 2 s.
+POWER_LANDS_KEY = "power-lands:{}:{}"
+
+
+def _power_recheck_s(host_id: int, want: str, sent: bool) -> float:
+    poll = settings.POWER_POLL_S
+    if not sent:
+        return poll
+    try:
+        learned = cache.get(POWER_LANDS_KEY.format(host_id, want))
+    except Exception:
+        return poll
+    return max(poll, float(learned) - poll) if learned else poll
+
+
+def power_landed(host_id: int, want: str, scratch: dict) -> None:
+    """The host's power reached `want`, asked for at scratch[want]: remember how long it took (see above). Found
+    landed by the first look: it may have landed well before, so half of that is learned."""
+    sent = parse_datetime(scratch.get(want) or "")
+    if sent is None:
+        return
+    took = (timezone.now() - sent).total_seconds()
+    if took < _power_recheck_s(host_id, want, True) + settings.POWER_POLL_S:
+        took /= 2
+    try:
+        cache.set(POWER_LANDS_KEY.format(host_id, want), round(min(took, settings.POWER_DEADLINE_S), 2),
+                  timeout=POWER_LANDS_KEEP_S)
+    except Exception:
+        pass
+
+
+POWER_LANDS_KEEP_S = 3600  # a flow powers its host several times within minutes; an hour later it is learned anew
 
 
 def step_power_on_ramdisk(run: Run) -> dict:
