@@ -84,8 +84,10 @@ class FleetConsumer(HostAwareConsumer):
             parts.append(FRAGMENTS.one(("capacity",), keys[("capacity",)],
                                        lambda: presenters.render_capacity(fleet_capacity(node_types())),
                                        latest_event_id)[1])
-        if ("attention",) in keys:  # the "needs attention" card: a few rows, with the actions this user may take
-            parts.append(presenters.render_attention(acts_on_hosts=scoping.acts_on_hosts(self.user)))
+        if ("attention",) in keys:  # the "needs attention" card: the same for every user who may act on hosts, or not
+            acts = scoping.acts_on_hosts(self.user)
+            parts.append(FRAGMENTS.one(("attention", acts), keys[("attention",)],
+                                       lambda: presenters.render_attention(acts_on_hosts=acts), latest_event_id)[1])
 
         def read(ids) -> dict:
             hosts = list(presenters.row_queryset(BareMetalHost.objects.filter(pk__in=ids)))
