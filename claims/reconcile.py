@@ -181,12 +181,13 @@ class ClaimsAsk:
     launch_deadline: LaunchDeadline | None = None
 
 
-def claims_create_many(*, asks: list[ClaimsAsk], actor: str,
-                       events: list[Event] | None = None) -> list[list[NodeClaim]]:
+def claims_create_many(*, asks: list[ClaimsAsk], actor: str, events: list[Event] | None = None,
+                       reconcile: bool = True) -> list[list[NodeClaim]]:
     """claims_create for several pools and NodeTypes at once (a decision that launches several types): one read
     of the deadlines not given, one of the names, one insert of the claims and one of their Events, one
     allocation on commit, however many asks. `events`: a list of the caller's, which it records itself (one
-    insert with its own), the claims' Events go to. Returns each ask's claims, in order."""
+    insert with its own), the claims' Events go to. `reconcile=False`: the caller asks for the allocation
+    itself (reconcile_soon, once for several transactions of its own). Returns each ask's claims, in order."""
     if not asks:
         return []
     unknown = {a.node_type.pk: a.node_type for a in asks if a.launch_deadline is None and a.node_type}
@@ -200,8 +201,9 @@ def claims_create_many(*, asks: list[ClaimsAsk], actor: str,
 
     claims = _claims_insert([(a.pool, a.count, a.node_type, a.message, deadline_at(a)) for a in asks], actor,
                             events=events)
-    task_send_on_commit(task_names.RECONCILE_POOLS,  # allocates these pools' pending claims
-                        pool_ids=list(dict.fromkeys(a.pool.pk for a in asks)))
+    if reconcile:
+        task_send_on_commit(task_names.RECONCILE_POOLS,  # allocates these pools' pending claims
+                            pool_ids=list(dict.fromkeys(a.pool.pk for a in asks)))
     created, start = [], 0
     for ask in asks:
         created.append(claims[start:start + ask.count])
