@@ -7,10 +7,12 @@
 CPU-only pods), 10 NodeTypes (GPU servers of 2, 4 and 8 GPUs, CPU servers of 16 to 128 cores), each tenant with
 a GPU pool, a CPU pool and a tainted pool, limits, and one claim in flight to place pods on. First through
 `autonodes.simulation.simulate` alone (pure: CPU seconds of one pass over every tenant; target < 1 s), then
-through `autonodes.services.tenant_decide` on PostgreSQL (its own database, `vmetal_bench_autoscale` or the one
-DATABASE_URL names, dropped and made each run; 1,000 available hosts): the process's CPU and wall time for one pass
-that launches, and for a second pass on the same demand (it must launch nothing), PostgreSQL's backend CPU beside
-it, and the SQL statements a tenant's decision sent (its transaction's BEGIN and COMMIT not counted).
+through the database on PostgreSQL (its own database, `vmetal_bench_autoscale` or the one DATABASE_URL names,
+dropped and made each run; 1,000 available hosts): the decide task's body as a worker runs it, one pass over every
+tenant (`autonodes.services.tenants_decide`; `--shape each`: `tenant_decide` for each tenant, a pass of one each):
+the process's CPU and wall time for the pass that launches, and for a second pass on the same demand (it must launch
+nothing), per tenant too, PostgreSQL's backend CPU beside it, and the SQL statements a tenant's decision sent (its
+transaction's BEGIN and COMMIT not counted; a pass's own reads shared among its tenants).
 
 (b) The lab end to end: a fresh database and lab per batch size (gpu-servers enough for the batch), the
 console's processes as in production (agent listener, a Celery worker with beat, `manage.py watch-pods`), and
@@ -163,7 +165,8 @@ def site_yaml(hosts_per_type: int) -> str:
 
 
 def bench_tenant_decide(args) -> dict:
-    """tenant_decide for every tenant on PostgreSQL: one pass that launches, one on the same demand."""
+    """Every tenant decided on PostgreSQL (one decide task's pass, or tenant_decide each): a pass that launches,
+    one on the same demand."""
     fresh_database()
     from django.db import connection
 
