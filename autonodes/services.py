@@ -62,9 +62,9 @@ OPEN = (*IN_FLIGHT, P.AVAILABLE)
 TAKEN_AFTER = timedelta(seconds=5)
 
 
-def decide_soon(*, tenant_id: int) -> None:
-    """A decision for the tenant once the current transaction commits (a worker runs it)."""
-    task_send_on_commit(task_names.DECIDE, tenant_id=tenant_id)
+def decide_soon(*, tenant_ids: list[int]) -> None:
+    """A decision for the tenants, in one pass, once the current transaction commits (a worker runs it)."""
+    task_send_on_commit(task_names.DECIDE, tenant_ids=sorted(tenant_ids))
 
 
 @dataclass
@@ -110,6 +110,8 @@ def tenants_decide(*, tenant_ids: list[int], actor: str = ACTOR) -> dict[int, De
     pages' messages go out once, after the last decision. A tenant whose decision fails does not stop the
     others: the first failure is raised at the end (at once for a pass of one)."""
     tenant_ids = list(dict.fromkeys(tenant_ids))
+    if not tenant_ids:
+        return {}
     fleet = Fleet()
     decisions: dict[int, Decision] = {}
     failure: Exception | None = None
@@ -600,8 +602,7 @@ def claims_ended(*, claims: list[NodeClaim], to_phase: str, actor: str) -> None:
         PendingPod.objects.filter(claim_id=claim.pk, status=DemandStatus.LAUNCHED).update(
             status=DemandStatus.NEW, claim=None, reason=f"{why}; deciding again", decided_at=None)
         tenants.add(claim.tenant_id)
-    for tenant_id in sorted(tenants):
-        decide_soon(tenant_id=tenant_id)
+    decide_soon(tenant_ids=sorted(tenants))
 
 
 def tenants_to_decide() -> list[int]:

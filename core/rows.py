@@ -1,11 +1,12 @@
 """Writing many rows' own values in one statement."""
 import datetime
 import decimal
+import ipaddress
 import json
 import uuid
 from collections.abc import Sequence
 
-from django.db import connections, models
+from django.db import connections, models, router
 from psycopg.types.json import Jsonb
 
 # The rows go to PostgreSQL as one JSON document, read back into the table's own row type
@@ -21,7 +22,7 @@ def rows_update(objs: Sequence[models.Model], fields: Sequence[str]) -> None:
     if not objs:
         return
     model = type(objs[0])
-    connection = connections[model.objects.db]
+    connection = connections[router.db_for_write(model)]
     if connection.vendor != "postgresql":
         model.objects.bulk_update(objs, list(fields))
         return
@@ -43,7 +44,7 @@ def rows_insert(objs: Sequence[models.Model]) -> None:
     if not objs:
         return
     model = type(objs[0])
-    connection = connections[model.objects.db]
+    connection = connections[router.db_for_write(model)]
     if connection.vendor != "postgresql":
         model.objects.bulk_create(objs)
         return
@@ -65,11 +66,12 @@ def rows_insert(objs: Sequence[models.Model]) -> None:
 
 def _json(value):
     """A value as Django prepared it for the database, as the JSON document carries it: a JSON field's own value
-    (its JSON becomes the jsonb column's), times in full (ISO 8601, as PostgreSQL reads them)."""
+    (its JSON becomes the jsonb column's), times in full (ISO 8601), an address, a UUID or a decimal as its text
+    (PostgreSQL reads each column's text as its type)."""
     if isinstance(value, Jsonb):
         return value.obj
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
-    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+    if isinstance(value, (decimal.Decimal, uuid.UUID, ipaddress.IPv4Address, ipaddress.IPv6Address)):
         return str(value)
     return value
