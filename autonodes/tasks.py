@@ -15,8 +15,8 @@ def disrupt() -> dict:
 
 @shared_task(name=task_names.DECIDE)
 def decide(tenant_id: int | None = None, tenant_ids: list[int] | None = None) -> dict:
-    """A pass of decisions for the tenants' Pending pods (one tenant: its watcher's batch, a claim that ended;
-    several: the watcher's batches that closed together)."""
+    """A pass of decisions for the tenants' Pending pods (services.tenants_decide): one tenant for its watcher's
+    closed batch; the tenants of claims that ended together."""
     ids = [*([tenant_id] if tenant_id is not None else []), *(tenant_ids or [])]
     return _summary(services.tenants_decide(tenant_ids=ids))
 
