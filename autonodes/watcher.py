@@ -15,7 +15,8 @@ and the supervisor that starts, stops and restarts them."""
 # short transactions of its own, so one process holds one database connection however many tenants it watches
 # and no transaction ever spans a tenant API call. Batching is Karpenter's: a tenant's batch opens at its first
 # new demand and closes AUTONODES_BATCH_IDLE_S after the last, or AUTONODES_BATCH_MAX_S after it opened; closing
-# it sends one `autonodes.tasks.decide` for the tenant. A (re)list that finds demand pending sends one as well.
+# it sends a decision: the batches that close in one step go as one `autonodes.tasks.decide` pass over their tenants
+# (the fleet read once for all). A (re)list that finds demand pending sends one as well.
 #
 # Several processes may run: each tenant's watch is held by one of them under a lease (autonodes/leases.py), renewed
 # at every poll; the live processes share the tenants, and a dead one's tenants move to the others once its leases
@@ -67,8 +68,8 @@ from .live import demand_changed
 log = logging.getLogger(__name__)
 
 
-def send_decide(tenant_id: int) -> None:
-    task_send(task_names.DECIDE, tenant_id=tenant_id)
+def send_decide(tenant_ids: list[int]) -> None:
+    task_send(task_names.DECIDE, tenant_ids=tenant_ids)
 
 
 def backoff_s(failures: int, *, base: float | None = None, cap: float | None = None) -> float:
@@ -239,9 +240,10 @@ class Supervisor:
     """Keeps one TenantWatcher per tenant that needs one, records what they see, closes batches.
 
     run() in a thread of its own (or the main thread of `manage.py watch-pods`); stop() from anywhere.
-    `send(tenant_id)` enqueues a decision (by default the Celery task autonodes.tasks.decide)."""
+    `send(tenant_ids)` enqueues one decision pass for the tenants whose batches closed in the same step (by default
+    the Celery task autonodes.tasks.decide: the fleet is read once for all of them)."""
 
-    def __init__(self, *, shard: tuple[int, int] = (0, 1), send: Callable[[int], None] = send_decide,
+    def __init__(self, *, shard: tuple[int, int] = (0, 1), send: Callable[[list[int]], None] = send_decide,
                  poll_s: float | None = None, name: str | None = None) -> None:
         self.shard = shard
         self.send = send
@@ -396,9 +398,8 @@ class Supervisor:
     def _shutdown(self) -> None:
         for watcher in self.watchers.values():
             watcher.stop()
-        for tenant_id, batch in list(self.batches.items()):
-            if batch.opened is not None:  # what this batch holds is decided now, not after a restart
-                self._send(tenant_id)
+        # What the open batches hold is decided now, not after a restart.
+        self._send([t for t, batch in self.batches.items() if batch.opened is not None])
         for tenant_id in list(self.watchers):
             try:
                 self._stop_watcher(tenant_id, forget=False)
@@ -503,18 +504,19 @@ class Supervisor:
 
     def _close_due_batches(self) -> None:
         now = time.monotonic()
-        for tenant_id, batch in list(self.batches.items()):
-            due = batch.due_at()
-            if due is not None and due <= now:
-                self._send(tenant_id)
+        self._send([t for t, batch in self.batches.items() if (due := batch.due_at()) is not None and due <= now])
 
-    def _send(self, tenant_id: int) -> None:
-        self.batches.pop(tenant_id, None)
-        self.decisions_sent += 1
-        watcher = self.watchers.get(tenant_id)
-        log.info("pod watch of tenant %s: batch closed; decision requested",
-                 watcher.tenant_name if watcher else tenant_id)
+    def _send(self, tenant_ids: list[int]) -> None:
+        """One decision pass for the tenants whose batches closed together."""
+        if not tenant_ids:
+            return
+        for tenant_id in tenant_ids:
+            self.batches.pop(tenant_id, None)
+            watcher = self.watchers.get(tenant_id)
+            log.info("pod watch of tenant %s: batch closed; decision requested",
+                     watcher.tenant_name if watcher else tenant_id)
+        self.decisions_sent += len(tenant_ids)
         try:
-            self.send(tenant_id)
+            self.send(sorted(tenant_ids))
         except Exception:
-            log.exception("pod watch of tenant %s: could not request a decision", tenant_id)
+            log.exception("pod watch: could not request a decision for tenants %s", sorted(tenant_ids))

@@ -145,7 +145,7 @@ def supervisor(decisions):
     started = []
 
     def start(**kwargs) -> Supervisor:
-        sup = Supervisor(send=lambda tenant_id: decisions.append((tenant_id, time.monotonic())), **kwargs).start()
+        sup = Supervisor(send=lambda tenant_ids: decisions.extend((t, time.monotonic()) for t in tenant_ids), **kwargs).start()
         started.append(sup)
         return sup
 
