@@ -14,6 +14,7 @@ import logging
 import re
 import secrets
 import time
+from datetime import timedelta
 from functools import wraps
 from typing import Callable
 
@@ -221,7 +222,7 @@ def _address(address: str) -> str | None:
 def heartbeat(request, body):
     session = _session(request, body)
     now = timezone.now()
-    if (now - session.last_seen_at).total_seconds() >= min(LAST_SEEN_EVERY_S, settings.AGENT_SILENCE_S / 4):
+    if (now - session.last_seen_at).total_seconds() >= _last_seen_every_s():
         AgentSession.objects.filter(pk=session.pk).update(last_seen_at=now)
     command_id = _command_pk(body.get("command_id"))
     if command_id is not None and isinstance(body.get("progress"), (int, float)):
@@ -273,8 +274,7 @@ def _flow_poll_offer() -> dict:
 
 def flow_poll_s() -> float:
     """How long an idle agent's ask is held while a flow drives its host (0: not held): FLOW_POLL_S, and a
-    quarter of AGENT_SILENCE_S at most, so that an agent that asks again after each held ask is never near silent
-    (last_seen_at is written at the ask's start, at most every LAST_SEEN_EVERY_S)."""
+    quarter of AGENT_SILENCE_S at most (a held ask's end counts as hearing from the agent: _held_ask)."""
     return max(0.0, min(settings.FLOW_POLL_S, settings.AGENT_SILENCE_S / 4))
 
 
@@ -322,7 +322,8 @@ def _held_ask(session: AgentSession, body: dict, longest_s: float, idle: Callabl
     answer asked for) and `longest_s`. One held ask per session: an agent (or whoever holds its token) cannot tie
     up the listener's threads; a second ask while one is held is answered at once. Returns the host as it is after
     the hold (its state, warmth and flow record), None when the ask was not held; a session ended meanwhile is
-    refused, as its next ask would be. Woken, the session counts as heard from now."""
+    refused, as its next ask would be. Woken, or held to its end with its client there, the session counts as
+    heard from now."""
     wait = body.get("wait_s")
     if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
         return None
@@ -345,9 +346,19 @@ def _held_ask(session: AgentSession, body: dict, longest_s: float, idle: Callabl
             log.warning("agent long poll not uncounted: cache unavailable", exc_info=True)
     if not AgentSession.objects.filter(pk=session.pk, active=True).exists():
         raise Refused(403, "token is not valid for this boot")
+    now = timezone.now()
     if woken:
-        AgentSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now())
+        AgentSession.objects.filter(pk=session.pk).update(last_seen_at=now)
+    elif gone is None or not gone():
+        # Held to its end, its connection still open: heard from now, as an ask that came now would be (a held ask
+        # adds nothing to how long an agent may seem silent).
+        AgentSession.objects.filter(pk=session.pk, last_seen_at__lt=now - timedelta(seconds=_last_seen_every_s())) \
+            .update(last_seen_at=now)
     return BareMetalHost.objects.only(*HOST_AFTER_HOLD).get(pk=host_id)
+
+
+def _last_seen_every_s() -> float:
+    return min(LAST_SEEN_EVERY_S, settings.AGENT_SILENCE_S / 4)
 
 
 HOST_AFTER_HOLD = ("id", "state", "warm_since", "flow")  # what a call reads of its host (SESSION_FIELDS)
