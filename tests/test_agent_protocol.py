@@ -5,6 +5,7 @@ import json
 import pytest
 
 from hosts.models import AgentSession, BareMetalHost, CommandStatus, HostCommand
+from hosts.protocol.api import flow_poll_s
 from hosts.services import host_transition
 
 from .factories import boot, lookup, post
@@ -60,8 +61,9 @@ def test_a_heartbeat_hands_out_the_queued_command_once_and_a_result_closes_it(ag
     assert post(agent_client, "/agent/result", {"host_id": host.pk, "command_id": command_id, "ok": False,
                                           "error": "late"}, token)[0] == 200
     assert HostCommand.objects.get(host=host).status == CommandStatus.DONE
+    # Nothing more to do: its next idle ask may be held until the flow queues another command (FLOW_POLL_S).
     assert post(agent_client, "/agent/heartbeat", {"host_id": host.pk, "status": "idle"}, token)[1] == {
-        "command": None, "heartbeat_s": 1}
+        "command": None, "heartbeat_s": 1, "wait_s": flow_poll_s()}
 
 
 @pytest.mark.parametrize("who", ["forged", "stale", "foreign", "missing"])

@@ -16,6 +16,7 @@ from claims.reconcile import pools_reconcile
 from conftest import wait_for
 from events.models import Event
 from hosts.models import AgentSession, BareMetalHost
+from hosts.protocol.api import flow_poll_s
 from manifests.export import export_documents
 from pools.models import NodeType
 
@@ -149,12 +150,13 @@ def test_a_warm_hosts_agent_keeps_its_session_and_is_told_to_ask_in_a_long_poll_
     status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
     assert (status, answer) == (200, {"command": None, "heartbeat_s": 1, "wait_s": 3})  # ask in a long poll next
     assert post(agent_client, "/agent/heartbeat", {"host_id": cold.pk, "status": "idle"}, tokens["gpu-02"])[0] == 403
-    # Allocated: the same agent is asked every second again and gets the provision's first command.
+    # Allocated: the same agent asks in a provisioning host's held ask (FLOW_POLL_S) and gets the provision's first
+    # command.
     host_transition(host=BareMetalHost.objects.get(pk=warm.pk), to_state="provisioning", actor="test")
     assert BareMetalHost.objects.get(pk=warm.pk).warm_since is None
     assert AgentSession.objects.get(host=warm).active
     status, answer = post(agent_client, "/agent/heartbeat", {"host_id": warm.pk, "status": "idle"}, tokens["gpu-01"])
-    assert (status, answer) == (200, {"command": None, "heartbeat_s": 1})
+    assert (status, answer) == (200, {"command": None, "heartbeat_s": 1, "wait_s": flow_poll_s()})
 
 
 def held_ask(url: str):
@@ -200,7 +202,7 @@ def test_a_warm_agents_long_poll_is_held_and_answered_at_once_when_its_host_gets
     assert not box["thread"].is_alive() and "error" not in box, box
     assert box["answer"]["name"] == "check_endpoint", box
     assert time.monotonic() - started < 30  # long before the 60 s hold was over
-    assert session.wait_s == 0  # provisioning: back to asking every second
+    assert session.wait_s == flow_poll_s() > 0  # provisioning: its next idle ask may be held too (FLOW_POLL_S)
     assert AgentSession.objects.get(host=host, active=True).last_seen_at > seen  # heard from when woken
 
 

@@ -376,6 +376,10 @@ SECURITY_EVENT_WINDOW_S = env_float("SECURITY_EVENT_WINDOW_S", 600)
 WARM_POLL_S = env_float("WARM_POLL_S", 600)
 # Without Redis (the embedded mode) nothing wakes a held poll: it looks at the database this often instead.
 WARM_POLL_TICK_S = env_float("WARM_POLL_TICK_S", 1)
+# The same long poll for the idle agent of a host that a flow drives (provisioning, cleaning, inspecting): its ask
+# is held until the flow queues its next command, or this long (a quarter of AGENT_SILENCE_S at most), instead of
+# an ask every second between the agent's lookup and its first command, and between two commands. 0: not held.
+FLOW_POLL_S = env_float("FLOW_POLL_S", 10)
 IMAGE_WRITE_DEADLINE_S = env_float("IMAGE_WRITE_DEADLINE_S", 3600)
 NODE_READY_DEADLINE_S = env_float("NODE_READY_DEADLINE_S", 900)
 NODE_READY_POLL_S = env_float("NODE_READY_POLL_S", 1)  # how often a joining node is looked at (one GET)
@@ -415,8 +419,9 @@ AGENT_BOOT_URL = os.environ.get("AGENT_BOOT_URL", f"http://{AGENT_LISTEN}")
 # (a NAT; the lab's QEMU VMs, which reach this host as 10.0.2.2): preflight checks the boot path there. Empty:
 # AGENT_BOOT_URL.
 AGENT_BOOT_CHECK_URL = os.environ.get("AGENT_BOOT_CHECK_URL", "")
-# The listener's server (waitress: hosts/protocol/listener.py). Threads: requests running at once, each warm host's held ask
-# (up to WARM_POLL_S) among them, so at least the fleet's warm hosts plus room for booting ones. Connections: open
+# The listener's server (waitress: hosts/protocol/listener.py). Threads: requests running at once, each held ask among
+# them (a warm host's, up to WARM_POLL_S; an idle agent's in a flow, up to FLOW_POLL_S), so at least the hosts in the
+# agent's ramdisk at once (warm, provisioning, cleaning) plus room for booting ones. Connections: open
 # at most (a half-sent request holds one, never a thread); past it, new ones wait in the backlog, sized for a fleet
 # booting at once. A connection silent this long is closed, unless its request is running.
 AGENT_LISTENER_THREADS = int(os.environ.get("AGENT_LISTENER_THREADS", "256"))

@@ -29,12 +29,13 @@ from events.services import event_record
 from hosts import task_names
 from hosts.boot import ramdisk as boot_path
 from hosts.choices import HostState
-from hosts.lifecycle import FLOW_FOR_STATE, FLOWS, RELATED, ConcurrentTransition
+from hosts.lifecycle import FLOW_FOR_STATE, FLOWS, ConcurrentTransition
 from hosts.models import BareMetalHost, EraseCertificate, HostCommand, RamdiskBoot
 from hosts.restore import world_check
 from hosts.services import host_transition, publish_progress
 
 from .flow import SKIP, Flow, Run, StepFailed, Waiting
+from .load import host_for_drive
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,17 @@ def drive(host_id: int) -> None:
             request_drive(host_id, countdown=0.3)
         return
     lease = LeaseKeeper(host_id, until)
+    done = None  # a step this drive finished, its record not written yet (_advance)
     try:
         for _ in range(100):
-            if lease.lost or not _advance(host_id):
+            if lease.lost:
+                return
+            more, done = _advance(host_id, done)
+            if not more:
                 return
     finally:
+        if done is not None and not lease.lost:
+            done.save_flow()
         held = lease.stop()
         BareMetalHost.objects.filter(pk=host_id, drive_lease_until=held).update(drive_lease_until=None,
                                                                                 driven_at=timezone.now())
@@ -151,20 +158,35 @@ class LeaseKeeper:
         return self.until
 
 
-def _advance(host_id: int) -> bool:
-    """Run the next step of the host's flow. True when there may be more to do at once."""
-    # Not .first(), and no ORDER BY at all (the model's default ordering): compiling the ordering was a third
-    # of this query's cost, and this query the largest single cost of a drive (py-spy).
-    host = next(iter(BareMetalHost.objects.select_related(*sorted(RELATED)).filter(pk=host_id).order_by()), None)
+def _advance(host_id: int, done: Run | None = None) -> tuple[bool, Run | None]:
+    """Run the next step of the host's flow. True when there may be more to do at once, with the run whose
+    finished step is not written yet.
+
+    A finished step's record is written with the next step's start (one UPDATE, not two), or at the drive's end:
+    `done`, the run of the step this drive finished last, is carried over to the next call, which reads the host
+    anew (level-triggered: whatever changed it meanwhile counts) and goes on from `done`'s record only while the
+    host is still in the state that record serves; a host that left it had its record's write refused anyway
+    (Run.save_flow). A worker killed between the two runs the finished step again (steps are idempotent)."""
+    host = host_for_drive(host_id)
     if host is None:
-        return False
+        return False, None
     flow_name = FLOW_FOR_STATE.get(host.state)
     if flow_name is None:
         if host.raced_boot_id is not None:
             _raced_without_flow(host)
-        return False
+        return False, None
     flow = FLOWS[flow_name]
-    run = Run(host)
+    carried = done is not None and done.flow.get("state_since") == host.state_changed_at.isoformat() \
+        and done.flow.get("id") == (host.flow or {}).get("id")
+    if carried:
+        host.flow = done.flow
+    run = Run(host, unsaved=carried)
+    more = _advance_run(run, flow, flow_name)
+    return more, (run if run.unsaved else None)
+
+
+def _advance_run(run: Run, flow: Flow, flow_name: str) -> bool:
+    host, host_id = run.host, run.host.pk
     if run.flow.get("state_since") != host.state_changed_at.isoformat() or run.flow.get("name") != flow_name:
         run.flow = {"name": flow_name, "id": str(uuid.uuid4()), "state_since": host.state_changed_at.isoformat(),
                     "done": {}, "data": {}}
@@ -172,11 +194,13 @@ def _advance(host_id: int) -> bool:
             flow.begin(run)
         run.save_flow()
     if host.raced_boot_id is not None:
+        run.save_unsaved()
         return _boot_raced(run, flow)
     step = next((s for s in flow.steps if s.name not in run.flow["done"] and s.applies(run)), None)
     if step is None:
         if flow.gate and _unsettled(run):  # a gate passes only on a boot that has settled
             return False
+        run.save_unsaved()  # the hook moves the host on: the record is written while it still serves the state
         flow.finish(run)
         return True
     if run.flow.get("step") != step.name:
@@ -204,6 +228,7 @@ def _advance(host_id: int) -> bool:
             _skip(run, step.name, failure.message, elapsed)
             return True
         _step_event(run, step.name, f"failed: {failure.message}", duration_s=elapsed)
+        run.save_unsaved()
         flow.fail(run, step, failure)
         return True
     elapsed = (timezone.now() - run.step_started_at()).total_seconds()
@@ -211,10 +236,11 @@ def _advance(host_id: int) -> bool:
     run.flow.pop("step", None)
     for kept in RETRY_KEYS:
         run.flow.pop(kept, None)
-    run.save_flow()
+    run.unsaved = True  # written with the next step's start (drive carries the run over), or at the drive's end
     _step_event(run, step.name, "done", duration_s=elapsed, data=data)
     after = flow.after_step.get(step.name)
     if after:
+        run.save_unsaved()
         after(run)
     return True
 

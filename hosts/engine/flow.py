@@ -86,10 +86,11 @@ class Run:
     """One drive of one host: the host row, its flow record and the claim it serves, if any (the reverse
     side of the claim's link to its host; the engine only reads it for the Event log)."""
 
-    def __init__(self, host: BareMetalHost):
+    def __init__(self, host: BareMetalHost, unsaved: bool = False):
         self.host = host
         self.flow = host.flow
         self.claim = getattr(host, "claim", None)
+        self.unsaved = unsaved  # the flow record holds a change not written yet (hosts.engine.drive)
 
     @property
     def data(self) -> dict:
@@ -107,3 +108,8 @@ class Run:
         since = self.flow.get("state_since")
         match = {"state_changed_at": parse_datetime(since)} if since else {}
         BareMetalHost.objects.filter(pk=self.host.pk, **match).update(flow=self.flow)
+        self.unsaved = False
+
+    def save_unsaved(self) -> None:
+        if self.unsaved:
+            self.save_flow()

@@ -14,6 +14,7 @@ import logging
 import re
 import secrets
 import time
+from datetime import timedelta
 from functools import wraps
 from typing import Callable
 
@@ -221,7 +222,7 @@ def _address(address: str) -> str | None:
 def heartbeat(request, body):
     session = _session(request, body)
     now = timezone.now()
-    if (now - session.last_seen_at).total_seconds() >= min(LAST_SEEN_EVERY_S, settings.AGENT_SILENCE_S / 4):
+    if (now - session.last_seen_at).total_seconds() >= _last_seen_every_s():
         AgentSession.objects.filter(pk=session.pk).update(last_seen_at=now)
     command_id = _command_pk(body.get("command_id"))
     if command_id is not None and isinstance(body.get("progress"), (int, float)):
@@ -229,7 +230,7 @@ def heartbeat(request, body):
             progress=max(0.0, min(100.0, float(body["progress"]))), message=str(body.get("message", ""))[:500])
         publish_progress(session.host_id)
     if body.get("status") == "busy":
-        return {"command": None}
+        return {"command": None, **_flow_poll_offer()}  # its next idle ask, after its result, may be held
     host = session.host
     gone = None
     if host.state not in AGENT_STATES:  # warm, idle (hosts/flows/warm.py): nothing to do until it is allocated
@@ -237,11 +238,13 @@ def heartbeat(request, body):
         host = _warm_poll(session, body, gone)
         if host.state not in AGENT_STATES:
             return {"command": None, "heartbeat_s": HEARTBEAT_S, "wait_s": settings.WARM_POLL_S}
-    flow_id = (host.flow or {}).get("id")
-    command = HostCommand.objects.filter(host_id=session.host_id, flow_id=flow_id,
-                                         status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()
+    command = _open_command(session.host_id, host)
+    if command is None and gone is None and flow_poll_s():  # not held already (a warm host's that found its claim)
+        gone = client_gone(request.environ)
+        host = _flow_poll(session, body, host, gone)
+        command = _open_command(session.host_id, host) if host is not None else None
     if command is None:
-        return {"command": None, "heartbeat_s": HEARTBEAT_S}
+        return {"command": None, "heartbeat_s": HEARTBEAT_S, **_flow_poll_offer()}
     if gone is not None and gone():
         # The held ask's client went away meanwhile: nobody reads this answer, so the command stays queued for the
         # agent's next ask instead of being marked sent into a closed connection.
@@ -251,7 +254,28 @@ def heartbeat(request, body):
     args = dict(command.args)
     if command.secret_args:
         args.update(json.loads(command.secret_args))
-    return {"command": {"id": command.public_id, "name": command.name, "args": args}, "heartbeat_s": HEARTBEAT_S}
+    return {"command": {"id": command.public_id, "name": command.name, "args": args}, "heartbeat_s": HEARTBEAT_S,
+            **_flow_poll_offer()}
+
+
+def _open_command(host_id: int, host: BareMetalHost) -> HostCommand | None:
+    """The command of the host's current flow run that its agent is to run (queued, or sent and not answered)."""
+    flow_id = (host.flow or {}).get("id")
+    return HostCommand.objects.filter(host_id=host_id, flow_id=flow_id,
+                                      status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).first()
+
+
+def _flow_poll_offer() -> dict:
+    """What an answer to the agent of a host in a flow says of its next idle ask: it may offer to be held
+    (`wait_s`, which the agent keeps from every answer until the next one)."""
+    hold = flow_poll_s()
+    return {"wait_s": hold} if hold else {}
+
+
+def flow_poll_s() -> float:
+    """How long an idle agent's ask is held while a flow drives its host (0: not held): FLOW_POLL_S, and a
+    quarter of AGENT_SILENCE_S at most (a held ask's end counts as hearing from the agent: _held_ask)."""
+    return max(0.0, min(settings.FLOW_POLL_S, settings.AGENT_SILENCE_S / 4))
 
 
 def _warm_poll(session: AgentSession, body: dict, gone: Callable[[], bool] | None = None) -> BareMetalHost:
@@ -262,16 +286,49 @@ def _warm_poll(session: AgentSession, body: dict, gone: Callable[[], bool] | Non
     host powered off) is refused, as its next ask would be. A second ask of the same session while one is held
     is answered at once. `gone`: the ask's connection closed (agent_poll.client_gone); the hold then ends at
     once and frees its place for the agent's next ask."""
-    wait = body.get("wait_s")
-    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
-        return session.host
     host_id = session.host_id
 
     def idle() -> bool:
         return BareMetalHost.objects.filter(pk=host_id, state=HostState.AVAILABLE, warm_since__isnull=False).exists()
 
-    hold = min(float(wait), settings.WARM_POLL_S)
-    # One held ask per session: an agent (or whoever holds its token) cannot tie up the listener's threads.
+    host = _held_ask(session, body, settings.WARM_POLL_S, idle, gone)
+    return session.host if host is None else host
+
+
+def _flow_poll(session: AgentSession, body: dict, host: BareMetalHost,
+               gone: Callable[[], bool] | None) -> BareMetalHost | None:
+    """The idle agent of a host that a flow drives (provisioning, cleaning, inspecting), with no command to run
+    now, that offers a long poll: its ask is held until a command of the flow run is queued (agent_command wakes
+    it), the host leaves the state or flow run it was in when the ask came, or `hold_s` pass, as a warm host's
+    (_held_ask). Without it the agent would ask every HEARTBEAT_S between its lookup and its first command and
+    between two commands. Returns the host as it is after the hold (None: the ask was not held); a host no agent
+    may work for any more is refused, as its agent's next ask would be (_session)."""
+    flow_id, state = (host.flow or {}).get("id"), host.state
+
+    def idle() -> bool:
+        now = BareMetalHost.objects.filter(pk=host.pk).values_list("state", "flow__id").first()
+        return now == (state, flow_id) and not HostCommand.objects.filter(
+            host_id=host.pk, flow_id=flow_id, status__in=[CommandStatus.QUEUED, CommandStatus.SENT]).exists()
+
+    after = _held_ask(session, body, flow_poll_s(), idle, gone)
+    if after is not None and not _in_ramdisk(after):
+        raise Refused(403, "token is not valid for this boot")
+    return after
+
+
+def _held_ask(session: AgentSession, body: dict, longest_s: float, idle: Callable[[], bool],
+              gone: Callable[[], bool] | None) -> BareMetalHost | None:
+    """Hold an idle agent's ask (hosts/protocol/poll.py) while `idle()`, up to the `wait_s` it offers (which our last
+    answer asked for) and `longest_s`. One held ask per session: an agent (or whoever holds its token) cannot tie
+    up the listener's threads; a second ask while one is held is answered at once. Returns the host as it is after
+    the hold (its state, warmth and flow record), None when the ask was not held; a session ended meanwhile is
+    refused, as its next ask would be. Woken, or held to its end with its client there, the session counts as
+    heard from now."""
+    wait = body.get("wait_s")
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or wait <= 0:
+        return None
+    host_id = session.host_id
+    hold = min(float(wait), longest_s)
     held = held_key(session.pk)
     try:
         first = cache.add(held, 1, timeout=int(hold) + 30)
@@ -279,7 +336,7 @@ def _warm_poll(session: AgentSession, body: dict, gone: Callable[[], bool] | Non
         log.warning("agent long poll not counted: cache unavailable", exc_info=True)
         first = True
     if not first:
-        return session.host
+        return None
     try:
         woken = agent_wait(host_id, hold, idle, gone)
     finally:
@@ -289,9 +346,22 @@ def _warm_poll(session: AgentSession, body: dict, gone: Callable[[], bool] | Non
             log.warning("agent long poll not uncounted: cache unavailable", exc_info=True)
     if not AgentSession.objects.filter(pk=session.pk, active=True).exists():
         raise Refused(403, "token is not valid for this boot")
+    now = timezone.now()
     if woken:
-        AgentSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now())
-    return BareMetalHost.objects.get(pk=host_id)
+        AgentSession.objects.filter(pk=session.pk).update(last_seen_at=now)
+    elif gone is None or not gone():
+        # Held to its end, its connection still open: heard from now, as an ask that came now would be (a held ask
+        # adds nothing to how long an agent may seem silent).
+        AgentSession.objects.filter(pk=session.pk, last_seen_at__lt=now - timedelta(seconds=_last_seen_every_s())) \
+            .update(last_seen_at=now)
+    return BareMetalHost.objects.only(*HOST_AFTER_HOLD).get(pk=host_id)
+
+
+def _last_seen_every_s() -> float:
+    return min(LAST_SEEN_EVERY_S, settings.AGENT_SILENCE_S / 4)
+
+
+HOST_AFTER_HOLD = ("id", "state", "warm_since", "flow")  # what a call reads of its host (SESSION_FIELDS)
 
 
 @rate_limited("call")
