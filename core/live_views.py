@@ -160,14 +160,15 @@ class FragmentCache:
             if current is None or current[0] <= read_at:
                 self.items[key] = (read_at, upto, html)
 
-    def _reader(self, kind: tuple) -> threading.Lock:
+    def reader(self, kind: tuple) -> threading.Lock:
+        """The lock a kind's readers take in turn: one reads, the others waiting on it take what it read."""
         with self.lock:
             return self.reading.setdefault(kind, threading.Lock())
 
     def one(self, key, need: Need, make, upto) -> tuple[int, object]:
         """One fragment (a count, a card): the cached one when current, or `make()` read now and kept for the
         others. upto() gives the newest Event id, read before the fragment. Returns (Event id it reflects, value)."""
-        with self._reader(key):  # one consumer reads, the others waiting here take its fragment
+        with self.reader(key):  # one consumer reads, the others waiting here take its fragment
             cached = self.get(key, need)
             if cached is not None:
                 return cached
@@ -188,7 +189,7 @@ class FragmentCache:
         for key, need in wanted.items():
             by_kind.setdefault(key[:-1], {})[key] = need
         for kind, needs in by_kind.items():
-            with self._reader(kind):  # one consumer reads, the others waiting here take its rows
+            with self.reader(kind):  # one consumer reads, the others waiting here take its rows
                 missing = []
                 for key, need in needs.items():
                     cached = self.get(key, need)
@@ -329,10 +330,21 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """Everything the page shows (a re-sync whose history is too long renders it all)."""
         raise NotImplementedError
 
+    # Keys (by their first part) of summary cards: a read of the whole topic, rendered at most every
+    # CONSOLE_LIVE_CARDS_S while changes stream in (see `_due`).
+    card_kinds: frozenset = frozenset()
+
     def render(self, keys: dict) -> list[str]:
         """keys: dirty key → Need (a fragment read after `since`, and reflecting Event `version`, is current).
         A subclass that renders from FragmentCache records in self.sent what each key's fragment reflects."""
         raise NotImplementedError
+
+    def changed_cards(self, cards: dict) -> list[str]:
+        """Of the cards rendered (kind → html), those the page does not have as they are: a card that did not
+        change (the needs-attention card, mostly) is not sent again."""
+        changed = [html for kind, html in cards.items() if self.cards_sent.get(kind) != html]
+        self.cards_sent.update(cards)
+        return changed
 
     def followed_hosts(self) -> set[int]:
         """Hosts whose agent progress (image write %) the page shows. Progress is not in the Event log:
@@ -366,6 +378,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.cursor_unsent = False
         self.progress_seen: dict[int, tuple] = {}
         self.resync_due = False
+        self.cards_next = 0.0  # the clock time before which this page's cards wait (`_due`)
+        self.cards_sent: dict = {}  # card kind → the html the page last got
         self.joined: set[str] = set()
         self.flush_task = None
         self.poller = None
@@ -467,6 +481,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
             cutoff = min(tick, time.monotonic())
         keys, self.dirty = self._due(cutoff)
         resync, self.resync_due = self.resync_due, False
+        if not keys and not resync:  # only cards, waiting for their clock: nothing to read yet
+            self.flush_task = asyncio.create_task(self._flush(settings.CONSOLE_LIVE_FLUSH_S))
+            return
         try:
             parts, groups = await frame_in_thread(self._frame)(keys, resync)
         except Exception:
@@ -488,12 +505,22 @@ class LiveConsumer(AsyncWebsocketConsumer):
         tick go now: the consumers of the process wake at the same tick but start in turn, and a change noted
         after the tick by one of them would make its fragment newer than the one the first consumer read at
         the tick, so that consumer would read and render the rows again for itself (at 200 changes a second,
-        most of them did: one read per page instead of one per process). The later change waits one tick."""
+        most of them did: one read per page instead of one per process). The later change waits one tick.
+
+        Cards (`card_kinds`) go at most every CONSOLE_LIVE_CARDS_S, at the first tick past a multiple of it: the
+        pages of a process cross it together and share one read of each card, where every tick cost a read and
+        a render of each (a card shows the whole fleet, which changes at every tick under load). A card goes at the
+        next tick when its page sent none since the last multiple (a change on a quiet fleet)."""
         if cutoff is None:
             return self.dirty, {}
         now, later = {}, {}
+        cards_due = cutoff >= self.cards_next
         for key, need in self.dirty.items():
-            (now if need.since <= cutoff else later)[key] = need
+            waits = key[0] in self.card_kinds and not cards_due
+            (now if need.since <= cutoff and not waits else later)[key] = need
+        if cards_due and any(key[0] in self.card_kinds for key in now):
+            every = settings.CONSOLE_LIVE_CARDS_S
+            self.cards_next = cutoff - cutoff % every + every if every > 0 else 0.0
         return now, later
 
     def _frame(self, keys: dict, resync: bool) -> tuple[list[str], set[str] | None]:
