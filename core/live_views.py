@@ -333,6 +333,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     # Keys (by their first part) of summary cards: a read of the whole topic, rendered at most every
     # CONSOLE_LIVE_CARDS_S while changes stream in (see `_due`).
     card_kinds: frozenset = frozenset()
+    cards_next = 0.0  # the clock time before which this page's cards wait (`_due`)
 
     def render(self, keys: dict) -> list[str]:
         """keys: dirty key → Need (a fragment read after `since`, and reflecting Event `version`, is current).
@@ -378,7 +379,6 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.cursor_unsent = False
         self.progress_seen: dict[int, tuple] = {}
         self.resync_due = False
-        self.cards_next = 0.0  # the clock time before which this page's cards wait (`_due`)
         self.cards_sent: dict = {}  # card kind → the html the page last got
         self.joined: set[str] = set()
         self.flush_task = None
