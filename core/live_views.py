@@ -510,18 +510,22 @@ class LiveConsumer(AsyncWebsocketConsumer):
         Cards (`card_kinds`) go at most every CONSOLE_LIVE_CARDS_S, at the first tick past a multiple of it: the
         pages of a process cross it together and share one read of each card, where every tick cost a read and
         a render of each (a card shows the whole fleet, which changes at every tick under load). A card goes at the
-        next tick when its page sent none since the last multiple (a change on a quiet fleet)."""
-        if cutoff is None:
-            return self.dirty, {}
+        next tick when its page sent none since the last multiple (a change on a quiet fleet). A flush without a
+        tick (a re-sync) takes every other key."""
+        clock = time.monotonic() if cutoff is None else cutoff
+        cards_due = clock >= self.cards_next
         now, later = {}, {}
-        cards_due = cutoff >= self.cards_next
         for key, need in self.dirty.items():
             waits = key[0] in self.card_kinds and not cards_due
-            (now if need.since <= cutoff and not waits else later)[key] = need
-        if cards_due and any(key[0] in self.card_kinds for key in now):
-            every = settings.CONSOLE_LIVE_CARDS_S
-            self.cards_next = cutoff - cutoff % every + every if every > 0 else 0.0
+            (now if (cutoff is None or need.since <= cutoff) and not waits else later)[key] = need
+        if any(key[0] in self.card_kinds for key in now):
+            self._cards_go(clock)
         return now, later
+
+    def _cards_go(self, clock: float) -> None:
+        """The page's cards go now: the next wait for the clock's next multiple."""
+        every = settings.CONSOLE_LIVE_CARDS_S
+        self.cards_next = clock - clock % every + every if every > 0 else 0.0
 
     def _frame(self, keys: dict, resync: bool) -> tuple[list[str], set[str] | None]:
         new_cursor = None
@@ -535,6 +539,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
             for key, version in found.items():
                 if key not in keys and self.sent.get(key, 0) >= version:
                     continue  # the page has it already (a live message brought it)
+                if key[0] in self.card_kinds and key not in keys:
+                    now = time.monotonic()
+                    if now < self.cards_next:
+                        # The card waits for its clock, as a live change's does: read after now, it reflects this
+                        # cursor (twenty pages' periodic re-syncs read every card again each, at their own times).
+                        need = self.dirty.setdefault(key, Need())
+                        need.since = max(need.since, now)
+                        continue
+                    self._cards_go(now)
                 keys.setdefault(key, Need()).version = version
             if self.in_memory:
                 for key in self._progress_keys():

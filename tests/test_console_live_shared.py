@@ -167,7 +167,9 @@ async def test_fleet_boards_share_one_read_of_the_counts_and_send_them_once_a_cl
     # Three pages, two ticks with a move: at most one read of the counts (the first card of each page goes at once,
     # shared), none for the second move's tick (every tick read them again for every page's next frame before).
     assert len(counted) <= 1
-    # The page that asks (a re-sync, as on a reconnect) gets the counts as they are now.
+    # A page that reconnects gets the counts as they are now.
+    await pages[0].disconnect()
+    pages[0] = await connect("/ws/fleet/", await sync_to_async(session_cookie)(client, users["admin"]))
     frame = await resync(pages[0], since=since, ids=[one.pk, two.pk])
     maintenance = await sync_to_async(BareMetalHost.objects.filter(state=HostState.MAINTENANCE).count)()
     assert f'id="count-maintenance">{maintenance}<' in frame
