@@ -536,12 +536,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
             new_cursor = self.latest_cursor()  # read first: what renders below includes at least this much
             self.frame_cursor = new_cursor  # a render that reads changes up to a cursor may take this one
             found = self._keys_since(self.cursor or 0, new_cursor) if new_cursor > (self.cursor or 0) else {}
+            now = time.monotonic()
+            cards_wait = now < self.cards_next
             for key, version in found.items():
                 if key not in keys and self.sent.get(key, 0) >= version:
                     continue  # the page has it already (a live message brought it)
                 if key[0] in self.card_kinds and key not in keys:
-                    now = time.monotonic()
-                    if now < self.cards_next:
+                    if cards_wait:
                         # The card waits for its clock, as a live change's does: read after now, it reflects this
                         # cursor (twenty pages' periodic re-syncs read every card again each, at their own times).
                         need = self.dirty.setdefault(key, Need())
