@@ -17,7 +17,8 @@ ws extension. On open, and again on every reconnect, the page sends
    worker process never reach the web process, its Event rows do) or every CONSOLE_LIVE_RESYNC_S with
    Redis (a message the layer dropped is caught up). Live messages and the Event log take one path:
    both only mark objects dirty. Only re-sync frames move the page's cursor, so the cursor never
-   passes a change the page has not seen, and a missed message loses nothing.
+   passes a change the page has not seen, and a missed message loses nothing (the event log's live frames
+   move it too: a frame of it shows the newest Events up to the cursor it sends, by design).
 
 The cursor is an Event id. On SQLite ids are handed out in commit order (one writer at a time); on
 PostgreSQL a transaction can commit after one with a later id, which a re-sync could skip: there the
