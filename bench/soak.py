@@ -120,7 +120,7 @@ class Soak:
         self.site = LabSite(hosts=args.hosts, gpu_hosts=args.hosts, tenants=self.tenants, console_url=self.console.url,
                             agent_mode="thread", power_delay=(args.power_delay, args.power_delay),
                             inspection_modes={f"gpu-{i + 1:02d}": "fast" for i in range(args.hosts)},
-                            disk_bytes=args.disk_mib * 2**20,
+                            disk_bytes=args.disk_mib * 2**20, thin_disks=not args.dense_disks,
                             var_dir=Path(tempfile.mkdtemp(prefix="vmetal-soak-lab-"))).start()
         self.lab_pids = {"lab": os.getpid(), "lab-bmc": self.site.redfish._proc.pid}
         call_command("apply", "-f", str(ROOT / "demo" / "site.yaml"), verbosity=0)
@@ -397,9 +397,11 @@ def main():
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--web-pool", type=int, default=10, help="the agent listener's PostgreSQL connections")
     # Each release (and each intake) purges both of a server's disks at the strongest level (a host that may go to
-    # another tenant), which the lab plays by writing every byte of both disk files: hosts × 2 × this on disk.
+    # another tenant). On thin disks (the default) the lab plays the purge as a discard (the files read back zeros and
+    # stay sparse); --dense-disks writes every byte, which needs hosts × 2 × --disk-mib free.
     parser.add_argument("--disk-mib", type=int, default=80, help="each lab disk's size (the image and the 64 MiB "
                                                                    "seed region must fit)")
+    parser.add_argument("--dense-disks", action="store_true", help="erases write every byte of the disk files")
     parser.add_argument("--register-batch", type=int, default=200, help="servers registered at a time (warm-up)")
     parser.add_argument("--sample", type=float, default=60, help="seconds between samples")
     parser.add_argument("--settle", type=float, default=900, help="after the churn, seconds for the work under way")

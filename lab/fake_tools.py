@@ -512,11 +512,19 @@ def _disk(prof: dict, path: str) -> dict | None:
     return next((d for d in prof.get("disks", []) if os.path.realpath(d["path"]) == os.path.realpath(path)), None)
 
 
-def _indeterminate(path: str, fault: str | None) -> None:
+def _indeterminate(path: str, fault: str | None, thin: bool = False) -> None:
     """What a drive's erase leaves: content nobody can predict (here: a keystream under a fresh random key,
-    as after a cryptographic erase). erase-skips-region leaves the middle quarter as it was."""
+    as after a cryptographic erase; on a thin disk zeros, as a drive that reads zeros after a sanitize, and the file
+    stays sparse). erase-skips-region leaves the middle quarter as it was."""
     size = os.path.getsize(path)
     skip = (size * 3 // 8 // 4096 * 4096, size * 5 // 8 // 4096 * 4096) if fault == "erase-skips-region" else None
+    if thin:
+        from lab.hardware import punch_hole
+        with open(path, "r+b") as f:
+            for start, end in ((0, skip[0]), (skip[1], size)) if skip else ((0, size),):
+                punch_hole(f.fileno(), start, end - start)
+            os.fsync(f.fileno())
+        return
     block = os.urandom(MiB)
     with open(path, "r+b") as f:
         offset = 0
@@ -563,7 +571,7 @@ def nvme(args: list[str]) -> int:
             print("NVMe status: INTERNAL: The command was not completed successfully due to an internal "
                   "error(0x6)", file=sys.stderr)
             return 6
-        _indeterminate(path, fault)
+        _indeterminate(path, fault, bool(disk.get("thin")))
         print("Success formatting namespace:1")
         return 0
     if cmd == "sanitize":
@@ -571,7 +579,7 @@ def nvme(args: list[str]) -> int:
             print("NVMe status: SANITIZE_FAILED: The most recent sanitize operation failed and no recovery "
                   "action has been successfully completed(0x1c)", file=sys.stderr)
             return 28
-        _indeterminate(path, fault)
+        _indeterminate(path, fault, bool(disk.get("thin")))
         state = Path(os.environ["VMETAL_LAB_PROFILE"]).with_name(f"sanitize-{disk['name']}.json")
         state.write_text(json.dumps({"sprog": 65535, "sstat": 1}))
         print("Sanitize device: Success")
@@ -631,7 +639,7 @@ def hdparm(args: list[str]) -> int:
                 if disk.get("fault") == "erase-fails":
                     print("SECURITY_ERASE: Input/output error", file=sys.stderr)
                     return 5
-                _indeterminate(path, disk.get("fault"))
+                _indeterminate(path, disk.get("fault"), bool(disk.get("thin")))
             state["password"] = None
             state_file.write_text(json.dumps(state))
             print(f"{path}:\n Issuing {flag[2:].upper().replace('-', '_')} command, password=\"...\", user=user")

@@ -163,6 +163,7 @@ class LabHost:
     directory: Path
     fault: str = ""
     disk_bytes: int = DISK_BYTES
+    thin: bool = False  # its disks take an erase's zeros as a discard (lab/hardware.py thin_writer)
     dcgm_version: str = "3.3.9"
     tools_dir: str = ""
     agent: "subprocess.Popen | _AgentThread | None" = None
@@ -185,6 +186,9 @@ class LabHost:
                   "type": "nvme", "model": "SAMSUNG MZWLO3T8HCLS" if self.role == "gpu" else "SAMSUNG MZQL21T9HCJR",
                   "serial": f"S7{self.name.upper().replace('-', '')}{i}"}
                  for i in range(2 if self.role == "gpu" else 1)]
+        if self.thin:
+            for disk in disks:
+                disk["thin"] = True
         for kind, target in self.faults():
             if kind in (*ERASE_FAULTS, "disk-small"):
                 disk = next((d for d in disks if d["name"] == (target or disks[0]["name"])), None)
@@ -301,7 +305,7 @@ class LabSite:
                  power_delay: tuple[float, float] = (1, 11), bmc_port: int = 0, gpu_hosts: int | None = None,
                  agent_mode: str = "process", disk_bytes: int = DISK_BYTES, vms: int = 0,
                  health: dict | None = None, ipmi_hosts: list[str] | tuple = (), kubevirt: bool = False,
-                 kubevirt_guests: str = "simulated", metal3_cluster_hosts: int = 0):
+                 kubevirt_guests: str = "simulated", metal3_cluster_hosts: int = 0, thin_disks: bool = False):
         # agent_mode "process": one agent process per server, as a ramdisk runs it (the default);
         # "thread": the same agent code in threads of the lab process, for fleets of hundreds on two cores.
         self.agent_mode = agent_mode
@@ -329,7 +333,7 @@ class LabSite:
             name = f"{role}-{n:02d}"
             self.hosts[name] = LabHost(name=name, role=role, mac=lab_mac(name),
                                        password=secrets.token_urlsafe(12), directory=self.var_dir / name,
-                                       fault=faults.get(name, ""), disk_bytes=disk_bytes,
+                                       fault=faults.get(name, ""), disk_bytes=disk_bytes, thin=thin_disks,
                                        dcgm_version="4.2.3" if i % 2 == 0 else "3.3.9",  # both formats
                                        tools_dir=str(self.var_dir / "tools"))
         for i in range(vms):

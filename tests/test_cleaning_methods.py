@@ -228,6 +228,24 @@ def test_an_erase_that_skips_a_region_is_caught_by_the_read_back(tmp_path, metho
     assert any("canaries survived" in f for f in result["findings"])
 
 
+@pytest.mark.parametrize("method", ["full", "secure"])
+def test_a_thin_lab_disk_is_erased_and_verified_and_stays_sparse(tmp_path, method):
+    hw = make_disks(tmp_path, {"thin": True})
+    path = hw.disks()[0].path
+    assert os.stat(path).st_blocks * 512 >= 32 * MiB  # full of tenant data
+    erased, checked = erase_and_verify(hw, tmp_path, method=method)
+    assert erased["disks"][0]["ok"] and checked["passed"]
+    assert read(path).count(0) == 32 * MiB and os.path.getsize(path) == 32 * MiB
+    assert os.stat(path).st_blocks * 512 < 2 * MiB  # the canaries, not the disk
+
+
+@pytest.mark.parametrize("method", ["full", "secure"])
+def test_a_thin_lab_disk_that_skips_a_region_is_still_caught(tmp_path, method):
+    hw = make_disks(tmp_path, {"thin": True, "fault": "erase-skips-region"})
+    _, checked = erase_and_verify(hw, tmp_path, method=method)
+    assert not checked["passed"] and checked["disks"][0]["canaries"]["survived"] >= 1
+
+
 def test_an_erase_that_fails_fails_the_command_with_the_device_s_words(tmp_path):
     hw = make_disks(tmp_path, {"fault": "erase-fails"}, {})
     ctx = Context(hardware=hw, tmp_dir=str(tmp_path))
