@@ -2,21 +2,23 @@
 recorded as an Event; and the pods of a claim that ended without serving them back to the demand."""
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from claims.choices import ClaimPhase as P
 from claims.models import NodeClaim
-from claims.reconcile import ClaimsAsk, claim_group_create, claims_create_many
-from claims.selectors import (group_free_domains, group_where, held_for_others_q, launch_deadlines,
+from claims.reconcile import ClaimsAsk, claim_group_create, claims_create_many, reconcile_soon
+from claims.selectors import (LaunchDeadline, group_free_domains, group_where, held_for_others_q, launch_deadlines,
                              pool_free_domain)
+from core import live
 from core.rows import rows_update
 from core.tasks import task_send_on_commit
 from core.transactions import retry_on_deadlock
@@ -60,9 +62,9 @@ OPEN = (*IN_FLIGHT, P.AVAILABLE)
 TAKEN_AFTER = timedelta(seconds=5)
 
 
-def decide_soon(*, tenant_id: int) -> None:
-    """A decision for the tenant once the current transaction commits (a worker runs it)."""
-    task_send_on_commit(task_names.DECIDE, tenant_id=tenant_id)
+def decide_soon(*, tenant_ids: list[int]) -> None:
+    """A decision for the tenants, in one pass, once the current transaction commits (a worker runs it)."""
+    task_send_on_commit(task_names.DECIDE, tenant_ids=sorted(tenant_ids))
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Decision:
     unservable: dict[str, str] = field(default_factory=dict)
     skipped: str = ""  # why nothing was decided
     events: int = 0
+    claims_per_type: dict[int, int] = field(default_factory=dict)  # NodeType id → claims made (tenants_decide)
+    pool_ids: list[int] = field(default_factory=list)  # pools given claims, allocated after the pass
 
 
 def daemonset_overhead() -> dict[str, float]:
@@ -89,32 +93,124 @@ def _demand(pod: PendingPod) -> Demand:
                   node_affinity=list(pod.node_affinity or []), tolerations=list(pod.tolerations or []))
 
 
-@retry_on_deadlock()
 def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
     """Decide for the tenant's undecided Pending pods (new, waiting, launched on a claim that is gone, and
     unservable ones when a pool or NodeType changed since): create the claims of the dynamic pools that serve
     them, and say per pod what was decided. Idempotent: pods launched on a live claim stay launched on it,
-    so a second call on the same demand creates nothing. Reads and writes the database only (no tenant API)."""
+    so a second call on the same demand creates nothing. Reads and writes the database only (no tenant API).
+    A pass of one tenant (tenants_decide)."""
+    return tenants_decide(tenant_ids=[tenant_id], actor=actor)[tenant_id]
+
+
+def tenants_decide(*, tenant_ids: list[int], actor: str = ACTOR) -> dict[int, Decision]:
+    """A pass of decisions: each tenant's as tenant_decide, one after the other, each under its own lock and in
+    its own transaction. What the fleet shares (the NodeTypes, their free hosts, their launch deadlines) is read
+    once for the pass, and the free hosts are reduced by what each decision launched once it is committed, so no
+    two tenants of the pass are promised the same free host. The allocation of the claims made and the live
+    pages' messages go out once, after the last decision. A tenant whose decision fails does not stop the
+    others: the first failure is raised at the end (at once for a pass of one)."""
+    tenant_ids = list(dict.fromkeys(tenant_ids))
+    if not tenant_ids:
+        return {}
+    fleet = Fleet()
+    decisions: dict[int, Decision] = {}
+    failure: Exception | None = None
+    with live.held():  # every decision's messages in one hand-off, after the pass
+        try:
+            for tenant_id in tenant_ids:
+                try:
+                    decision = _tenant_decide(tenant_id=tenant_id, fleet=fleet, actor=actor)
+                except Exception as exc:
+                    if len(tenant_ids) == 1:
+                        raise
+                    log.exception("the decision for tenant %s failed; the pass goes on", tenant_id)
+                    failure = failure or exc
+                    continue
+                fleet.took(decision)
+                decisions[tenant_id] = decision
+        finally:
+            if fleet.pool_ids:  # one allocation for every pool given claims (on commit, inside a transaction)
+                pool_ids = list(fleet.pool_ids)
+                transaction.on_commit(lambda: reconcile_soon(pool_ids=pool_ids))
+    if failure is not None:
+        raise failure
+    return decisions
+
+
+class Fleet:
+    """What a pass of decisions reads once for all its tenants: the NodeTypes (with their providers, resources
+    and properties parsed), their free hosts and launch deadlines (at the first decision that needs them); the
+    free hosts then less the claims each decision of the pass made, as reading them again would find (the pass
+    sends no allocation before its end); the pools given claims, allocated after the pass."""
+
+    def __init__(self) -> None:
+        self.read_at = timezone.now()
+        self.node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
+        self.resources = {t.pk: quantities(t.resources) for t in self.node_types}
+        self.properties = {t.pk: t.effective_properties() for t in self.node_types}
+        self.type_by_pk = {t.pk: t for t in self.node_types}
+        self.providers = {t.provider_id: t.provider for t in self.node_types}
+        self.changed = max((t.updated_at for t in self.node_types), default=None)
+        self.pool_ids: dict[int, None] = {}
+        self._free: dict[int, int | None] | None = None
+        self._deadlines: dict[int, LaunchDeadline] | None = None
+
+    def free_hosts(self) -> dict[int, int | None]:
+        if self._free is None:
+            self._free = _free_hosts(self.node_types)
+        return self._free
+
+    def deadlines(self) -> dict[int, LaunchDeadline]:
+        if self._deadlines is None:
+            self._deadlines = launch_deadlines(self.node_types)
+        return self._deadlines
+
+    def took(self, decision: Decision) -> None:
+        """A decision of the pass committed: its new claims wait for free hosts of their types."""
+        self.pool_ids.update(dict.fromkeys(decision.pool_ids))
+        if self._free is None:
+            return  # not read yet: the first read counts them (they are Pending claims without a host)
+        for type_id, count in decision.claims_per_type.items():
+            if self._free.get(type_id) is not None:
+                self._free[type_id] = max(0, self._free[type_id] - count)
+
+
+@functools.cache
+def _statements() -> dict[str, str]:
+    """The decision's own reads, in SQL: the ORM's compilation of a statement cost more than running it, at
+    every tenant (Model.objects.raw still makes the rows models, with the fields' own conversions)."""
+    tenant, watch = Tenant._meta.db_table, TenantWatch._meta.db_table
+    lock = " FOR NO KEY UPDATE OF t" if connection.features.has_select_for_no_key_update else ""
+    active = ", ".join(["%s"] * len(ACTIVE))
+    return {
+        # The tenant's row FOR NO KEY UPDATE (OF t: the lock is the tenant's alone), with its watcher's state.
+        # The columns a decision uses; the others (its kubeconfig) load if ever asked for.
+        "tenant": f"SELECT t.id, t.name, t.namespace, t.quota_nodes, t.provider_properties, t.deleting_since, "
+                  f"w.state AS watch_state FROM {tenant} t LEFT JOIN {watch} w ON w.tenant_id = t.id "
+                  f"WHERE t.id = %s{lock}",
+        "pods": f"SELECT * FROM {PendingPod._meta.db_table} WHERE tenant_id = %s ORDER BY seen_at, id",
+        "pools": f"SELECT * FROM {NodePool._meta.db_table} WHERE tenant_id = %s AND kind = %s ORDER BY id",
+        "claims": f"SELECT * FROM {NodeClaim._meta.db_table} WHERE tenant_id = %s AND phase IN ({active})",
+    }
+
+
+@retry_on_deadlock()
+def _tenant_decide(*, tenant_id: int, fleet: Fleet, actor: str) -> Decision:
     result = Decision()
+    sql = _statements()
     with transaction.atomic():
         # One decision at a time per tenant: the tenant's row FOR NO KEY UPDATE, the first lock of the project's
         # order (core/transactions.py: tenant → pools → hosts → claims). A second decision waits here and then
         # sees the first one's pods as launched. NO KEY: the claims and Events inserted below (here and
         # elsewhere) check the tenant's key with FOR KEY SHARE, which this lock does not block.
-        # Its watcher's row comes with it (OF self: the lock is the tenant's alone).
-        tenant = (Tenant.objects.select_for_update(no_key=True, of=("self",)).select_related("watch")
-                  .filter(pk=tenant_id).first())
+        tenant = next(iter(Tenant.objects.raw(sql["tenant"], [tenant_id])), None)
         if tenant is None or tenant.deleting_since is not None:
             result.skipped = "tenant gone or being deleted"
             return result
-        pods = list(PendingPod.objects.filter(tenant=tenant).order_by("seen_at", "pk"))
+        pods = list(PendingPod.objects.raw(sql["pods"], [tenant_id]))
         if not pods:
             return result
-        try:
-            watch = tenant.watch
-        except TenantWatch.DoesNotExist:
-            watch = None
-        if watch is not None and watch.state == WatchState.BACKING_OFF:
+        if tenant.watch_state == WatchState.BACKING_OFF:
             # Its API is down: what we know of its pods may be stale, so nothing is decided until it is back.
             why = "not decided: the tenant's API is unreachable; decisions resume when the watch reconnects"
             PendingPod.objects.filter(tenant=tenant, status__in=[DemandStatus.NEW, DemandStatus.WAITING]).exclude(
@@ -122,14 +218,15 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
             demand_changed(tenant_id=tenant.pk)
             result.skipped = why
             return result
-        pools = list(NodePool.objects.filter(tenant=tenant, kind=PoolKind.DYNAMIC).select_related("provider")
-                     .order_by("pk"))
+        pools = list(NodePool.objects.raw(sql["pools"], [tenant_id, PoolKind.DYNAMIC.value]))
         for pool in pools:
             pool.tenant = tenant  # the row locked above: the claims made below name it
-        node_types = list(NodeType.objects.select_related("provider").order_by("pk"))
-        claims = list(NodeClaim.objects.filter(tenant=tenant, phase__in=ACTIVE))
-        # Their NodeTypes and dynamic pools are the rows just read: joining them again costs more than the claims do.
-        type_by_pk, pool_by_pk = {t.pk: t for t in node_types}, {p.pk: p for p in pools}
+            if pool.provider_id in fleet.providers:
+                pool.provider = fleet.providers[pool.provider_id]
+        node_types = fleet.node_types
+        claims = list(NodeClaim.objects.raw(sql["claims"], [tenant_id, *ACTIVE]))
+        # Their NodeTypes and dynamic pools are the rows already read: joining them again costs more than the claims do.
+        type_by_pk, pool_by_pk = fleet.type_by_pk, {p.pk: p for p in pools}
         for claim in claims:
             if claim.node_type_id in type_by_pk:
                 claim.node_type = type_by_pk[claim.node_type_id]
@@ -141,7 +238,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         ready_ids = [pk for pk, c in open_claims.items() if c.phase == P.AVAILABLE]
         usage = ({u.claim_id: u for u in NodeUsage.objects.filter(claim_id__in=ready_ids, checked_at__isnull=False)}
                  if ready_ids else {})
-        changed = max([p.updated_at for p in pools] + [t.updated_at for t in node_types], default=None)
+        changed = max([p.updated_at for p in pools] + ([fleet.changed] if fleet.changed else []), default=None)
 
         kept, undecided = [], []
         unbound = timezone.now() - timedelta(seconds=settings.AUTONODES_BIND_GRACE_S)
@@ -164,32 +261,34 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
         if not undecided:
             return result
 
-        problem = _problem(tenant, undecided, kept, pools, node_types, claims, open_claims, usage)
+        problem = _problem(tenant, undecided, kept, pools, fleet, claims, open_claims, usage)
         outcome = simulate(problem)
         now = timezone.now()
         by_key = {f"{p.namespace}/{p.name}": p for p in undecided}
         pool_of = {p.name: p for p in pools}
         type_of = {t.name: t for t in node_types}
         events: list[Event] = []
+        deadlines = fleet.deadlines() if outcome.launches or outcome.groups else {}
 
         # New nodes: claims for every pool and NodeType in one claims_create_many, one Event per pool and NodeType
         # (written with the claims' own and the verdicts' in one insert, at the end).
         groups: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
         for launch in outcome.launches:
             groups[(launch.pool, launch.node_type)].append(launch.pods)
-        deadlines = launch_deadlines({type_of[t] for _, t in groups}
-                                     | {type_of[g.node_type] for g in outcome.groups})  # one read for all
         answered: list[PendingPod] = []  # written in one statement below
         launches = []  # (pool, NodeType, its nodes' pods, all those pods, the decision's message)
         for (pool_name, type_name), nodes in groups.items():
             members = [by_key[k] for keys in nodes for k in keys]
             launches.append((pool_of[pool_name], type_of[type_name], nodes, members,
                              f"added {len(nodes)} {type_name} for {_owners(members)}: {_describe(members)}"))
+        # The pass allocates every pool given claims once, after its last decision (tenants_decide).
         made = claims_create_many(asks=[
             ClaimsAsk(pool=pool, count=len(nodes), node_type=node_type, message=f"{pool.name}: {message}",
                       launch_deadline=deadlines[node_type.pk])
-            for pool, node_type, nodes, _members, message in launches], actor=actor, events=events)
+            for pool, node_type, nodes, _members, message in launches], actor=actor, events=events, reconcile=False)
         for (pool, node_type, nodes, members, message), created in zip(launches, made):
+            result.pool_ids.append(pool.pk)
+            result.claims_per_type[node_type.pk] = result.claims_per_type.get(node_type.pk, 0) + len(created)
             for claim, keys in zip(created, nodes):
                 result.launched[claim.name] = list(keys)
                 answered += _answer([by_key[k] for k in keys], claim=claim, now=now,
@@ -210,6 +309,7 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
                        f" (all or nothing{where})")
             created = claim_group_create(pool=pool, size=size, node_type=node_type, actor=actor,
                                          message=f"{pool.name}: {message}", launch_deadline=deadlines[node_type.pk])
+            result.claims_per_type[node_type.pk] = result.claims_per_type.get(node_type.pk, 0) + len(created)
             group_name = created[0].group.name
             for claim, keys in zip(created, launch.nodes):
                 result.launched[claim.name] = list(keys)
@@ -238,8 +338,11 @@ def tenant_decide(*, tenant_id: int, actor: str = ACTOR) -> Decision:
                                 reason=f"fits on claim {claim.name}: waits for {where}")
         rows_update(answered, ["status", "claim", "pool", "decided_at", "reason", "updated_at"])
 
-        events += _verdicts(tenant, outcome.waiting, DemandStatus.WAITING, by_key, pool_of, now, actor)
-        events += _verdicts(tenant, outcome.unservable, DemandStatus.UNSERVABLE, by_key, pool_of, now, actor)
+        # Verdicts are dated when the NodeTypes they were judged against were read: a type changed since (during
+        # the pass) is newer than them, and an unservable pod is looked at again.
+        judged = min(now, fleet.read_at)
+        events += _verdicts(tenant, outcome.waiting, DemandStatus.WAITING, by_key, pool_of, judged, actor)
+        events += _verdicts(tenant, outcome.unservable, DemandStatus.UNSERVABLE, by_key, pool_of, judged, actor)
         rows_update([by_key[k] for k in (*outcome.waiting, *outcome.unservable)],
                     ["status", "claim", "pool", "reason", "decided_at"])
         result.waiting = {k: v.message for k, v in outcome.waiting.items()}
@@ -282,16 +385,15 @@ def _verdicts(tenant: Tenant, verdicts: dict[str, Verdict], status: str, by_key:
 
 
 def _problem(tenant: Tenant, undecided: list[PendingPod], kept: list[PendingPod], pools: list[NodePool],
-             node_types: list[NodeType], claims: list[NodeClaim], open_claims: dict[int, NodeClaim],
+             fleet: Fleet, claims: list[NodeClaim], open_claims: dict[int, NodeClaim],
              usage: dict[int, NodeUsage]) -> Problem:
     overhead = daemonset_overhead()
-    resources = {t.pk: quantities(t.resources) for t in node_types}
-    properties = {t.pk: t.effective_properties() for t in node_types}
+    node_types, resources, properties = fleet.node_types, fleet.resources, fleet.properties
     dynamic_ids = {p.pk for p in pools}
 
     matching = {p.pk: [t for t in node_types if t.provider_id == p.provider_id
                        and requirements_match(p.node_type_selector, properties[t.pk])] for p in pools}
-    free_hosts = _free_hosts(list({t.pk: t for types in matching.values() for t in types}.values()))
+    free_hosts = fleet.free_hosts()
 
     of_pool: dict[int, list[NodeClaim]] = defaultdict(list)
     for claim in claims:
@@ -500,8 +602,7 @@ def claims_ended(*, claims: list[NodeClaim], to_phase: str, actor: str) -> None:
         PendingPod.objects.filter(claim_id=claim.pk, status=DemandStatus.LAUNCHED).update(
             status=DemandStatus.NEW, claim=None, reason=f"{why}; deciding again", decided_at=None)
         tenants.add(claim.tenant_id)
-    for tenant_id in sorted(tenants):
-        decide_soon(tenant_id=tenant_id)
+    decide_soon(tenant_ids=sorted(tenants))
 
 
 def tenants_to_decide() -> list[int]:

@@ -14,20 +14,26 @@ def disrupt() -> dict:
 
 
 @shared_task(name=task_names.DECIDE)
-def decide(tenant_id: int) -> dict:
-    """One decision for one tenant's Pending pods (enqueued by its watcher's batch, a claim that ended, the sweep)."""
-    result = services.tenant_decide(tenant_id=tenant_id)
-    return {"launched": len(result.launched), "placed": len(result.placed), "waiting": len(result.waiting),
-            "unservable": len(result.unservable), "skipped": result.skipped}
+def decide(tenant_id: int | None = None, tenant_ids: list[int] | None = None) -> dict:
+    """A pass of decisions for the tenants' Pending pods (services.tenants_decide): one tenant for its watcher's
+    closed batch; the tenants of claims that ended together."""
+    ids = [*([tenant_id] if tenant_id is not None else []), *(tenant_ids or [])]
+    return _summary(services.tenants_decide(tenant_ids=ids))
 
 
 @shared_task(name=task_names.DECIDE_WAITING)
-def decide_waiting() -> int:
-    """Beat: the tenants whose pods wait (or were not decided) are decided again, each in its own task."""
-    tenant_ids = services.tenants_to_decide()
-    for tenant_id in tenant_ids:
-        decide.delay(tenant_id=tenant_id)
-    return len(tenant_ids)
+def decide_waiting() -> dict:
+    """Beat: the tenants whose pods wait (or were not decided) are decided again, in one pass (the fleet's
+    NodeTypes, free hosts and launch deadlines read once for all of them)."""
+    return _summary(services.tenants_decide(tenant_ids=services.tenants_to_decide()))
+
+
+def _summary(decisions: dict) -> dict:
+    return {"tenants": len(decisions), "launched": sum(len(d.launched) for d in decisions.values()),
+            "placed": sum(len(d.placed) for d in decisions.values()),
+            "waiting": sum(len(d.waiting) for d in decisions.values()),
+            "unservable": sum(len(d.unservable) for d in decisions.values()),
+            "skipped": sum(1 for d in decisions.values() if d.skipped)}
 
 
 @shared_task(name=task_names.CHECK_LAUNCHES)

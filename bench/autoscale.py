@@ -7,10 +7,12 @@
 CPU-only pods), 10 NodeTypes (GPU servers of 2, 4 and 8 GPUs, CPU servers of 16 to 128 cores), each tenant with
 a GPU pool, a CPU pool and a tainted pool, limits, and one claim in flight to place pods on. First through
 `autonodes.simulation.simulate` alone (pure: CPU seconds of one pass over every tenant; target < 1 s), then
-through `autonodes.services.tenant_decide` on PostgreSQL (its own database, `vmetal_bench_autoscale` or the one
-DATABASE_URL names, dropped and made each run; 1,000 available hosts): the process's CPU and wall time for one pass
-that launches, and for a second pass on the same demand (it must launch nothing), PostgreSQL's backend CPU beside
-it, and the SQL statements a tenant's decision sent (its transaction's BEGIN and COMMIT not counted).
+through the database on PostgreSQL (its own database, `vmetal_bench_autoscale` or the one DATABASE_URL names,
+dropped and made each run; 1,000 available hosts): the decide task's body as a worker runs it, one pass over every
+tenant (`autonodes.services.tenants_decide`; `--shape each`: `tenant_decide` for each tenant, a pass of one each):
+the process's CPU and wall time for the pass that launches, and for a second pass on the same demand (it must launch
+nothing), per tenant too, PostgreSQL's backend CPU beside it, and the SQL statements a tenant's decision sent (its
+transaction's BEGIN and COMMIT not counted; a pass's own reads shared among its tenants).
 
 (b) The lab end to end: a fresh database and lab per batch size (gpu-servers enough for the batch), the
 console's processes as in production (agent listener, a Celery worker with beat, `manage.py watch-pods`), and
@@ -163,12 +165,14 @@ def site_yaml(hosts_per_type: int) -> str:
 
 
 def bench_tenant_decide(args) -> dict:
-    """tenant_decide for every tenant on PostgreSQL: one pass that launches, one on the same demand."""
+    """Every tenant decided on PostgreSQL (one decide task's pass, or tenant_decide each): a pass that launches,
+    one on the same demand."""
     fresh_database()
     from django.db import connection
 
     from autonodes.models import PendingPod
     from autonodes.services import tenant_decide
+    from autonodes.tasks import decide
     from claims.models import NodeClaim
     from hosts.models import BareMetalHost
     from manifests.apply import apply_files
@@ -208,12 +212,15 @@ def bench_tenant_decide(args) -> dict:
         statements[0] = 0
         db_before, wall, cpu = backends_cpu(), time.monotonic(), time.process_time()
         with connection.execute_wrapper(count):
-            decisions = [tenant_decide(tenant_id=tenant_id) for tenant_id in ids]
+            if args.shape == "pass":  # the decide task's body, as a worker runs it: one pass over every tenant
+                summary = decide.run(tenant_ids=ids)
+            else:  # a decision per tenant, each its own pass (a decide task each)
+                decisions = [tenant_decide(tenant_id=tenant_id) for tenant_id in ids]
+                summary = {k: sum(len(getattr(d, k)) for d in decisions) for k in ("launched", "waiting", "unservable")}
         result[label] = {"cpu_s": time.process_time() - cpu, "wall_s": time.monotonic() - wall,
                          "db_cpu_s": backends_cpu() - db_before, "queries": statements[0] / len(ids),
-                         "launched": sum(len(d.launched) for d in decisions),
-                         "waiting": sum(len(d.waiting) for d in decisions),
-                         "unservable": sum(len(d.unservable) for d in decisions)}
+                         "launched": summary["launched"], "waiting": summary["waiting"],
+                         "unservable": summary["unservable"]}
     result["claims"] = NodeClaim.objects.count()
     return result
 
@@ -229,10 +236,13 @@ def part_a(args) -> None:
           f"{sim['launched']} nodes launched, {sim['placed']} pods on the claims in flight, {sim['waiting']} waiting, "
           f"{sim['unservable']} unservable", flush=True)
     db = bench_tenant_decide(args)
-    for label, words in (("first", "one pass that launches"), ("again", "a second pass on the same demand")):
+    how = (f"autonodes.tasks.decide, one pass over {args.tenants} tenants" if args.shape == "pass"
+           else f"tenant_decide × {args.tenants}, a pass each")
+    for label, words in (("first", "the pass that launches"), ("again", "a second pass on the same demand")):
         r = db[label]
-        print(f"  tenant_decide × {args.tenants} on PostgreSQL, {words}: {r['cpu_s']:.2f} s CPU in this process "
-              f"(+ {r['db_cpu_s']:.2f} s PostgreSQL), {r['wall_s']:.2f} s wall, {r['queries']:.1f} queries a tenant; "
+        print(f"  {how} on PostgreSQL, {words}: {r['cpu_s']:.2f} s CPU in this process "
+              f"(+ {r['db_cpu_s']:.2f} s PostgreSQL), {r['wall_s']:.2f} s wall; a tenant: "
+              f"{1000 * r['cpu_s'] / args.tenants:.1f} ms CPU, {r['queries']:.1f} queries; "
               f"{r['launched']} claims, {r['waiting']} pods waiting, {r['unservable']} unservable "
               f"(load {' '.join(f'{x:.1f}' for x in os.getloadavg())})", flush=True)
     print(f"  claims in the database after both passes: {db['claims']} (the second pass launched "
@@ -438,6 +448,8 @@ def main():
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--shape", default="pass", choices=["pass", "each"],
+                        help="(a): one decide task for every tenant (pass), or tenant_decide for each (each)")
     parser.add_argument("--gang-size", type=int, default=0, help="(a): the simulation with pods in gangs of N")
     parser.add_argument("--group-size", type=int, default=0, help="(a): the simulation with pools in groups of N")
     parser.add_argument("--batches", default="1,10,50")

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from core.rows import rows_insert
 from core.tasks import task_send, task_send_on_commit
 from core.transactions import retry_on_deadlock
 from events.choices import EventKind, ObjectType
@@ -181,12 +182,13 @@ class ClaimsAsk:
     launch_deadline: LaunchDeadline | None = None
 
 
-def claims_create_many(*, asks: list[ClaimsAsk], actor: str,
-                       events: list[Event] | None = None) -> list[list[NodeClaim]]:
+def claims_create_many(*, asks: list[ClaimsAsk], actor: str, events: list[Event] | None = None,
+                       reconcile: bool = True) -> list[list[NodeClaim]]:
     """claims_create for several pools and NodeTypes at once (a decision that launches several types): one read
     of the deadlines not given, one of the names, one insert of the claims and one of their Events, one
     allocation on commit, however many asks. `events`: a list of the caller's, which it records itself (one
-    insert with its own), the claims' Events go to. Returns each ask's claims, in order."""
+    insert with its own), the claims' Events go to. `reconcile=False`: the caller asks for the allocation
+    itself (reconcile_soon, once for several transactions of its own). Returns each ask's claims, in order."""
     if not asks:
         return []
     unknown = {a.node_type.pk: a.node_type for a in asks if a.launch_deadline is None and a.node_type}
@@ -200,8 +202,9 @@ def claims_create_many(*, asks: list[ClaimsAsk], actor: str,
 
     claims = _claims_insert([(a.pool, a.count, a.node_type, a.message, deadline_at(a)) for a in asks], actor,
                             events=events)
-    task_send_on_commit(task_names.RECONCILE_POOLS,  # allocates these pools' pending claims
-                        pool_ids=list(dict.fromkeys(a.pool.pk for a in asks)))
+    if reconcile:
+        task_send_on_commit(task_names.RECONCILE_POOLS,  # allocates these pools' pending claims
+                            pool_ids=list(dict.fromkeys(a.pool.pk for a in asks)))
     created, start = [], 0
     for ask in asks:
         created.append(claims[start:start + ask.count])
@@ -298,11 +301,7 @@ def _claims_insert(growing: list[tuple[NodePool, int, NodeType | None, str, obje
                 node_type=node_type, group=group, failed_hosts=list(failed_hosts or []), reason="Created",
                 message="waiting for a host", launch_deadline_at=launch_deadline_at))
             messages.append(message or f"pool {pool.name} needs a node")
-    NodeClaim.objects.bulk_create(claims)
-    created = {c.name: c for c in claims}
-    if not all(c.pk for c in claims):  # backends that do not return ids from bulk inserts
-        for pk, name in NodeClaim.objects.filter(name__in=list(created)).values_list("pk", "name"):
-            created[name].pk = pk
+    rows_insert(claims)
     recorded = [Event(kind=EventKind.TRANSITION, object_type=ObjectType.CLAIM, object_name=c.name, claim_id=c.pk,
                       tenant_id=c.tenant_id, to_state=P.PENDING, message=message, actor=actor)
                 for c, message in zip(claims, messages)]
@@ -318,8 +317,11 @@ def _new_claim_names(tenant_names: list[str]) -> list[str]:
         return f"{tenant}-{''.join(secrets.choice(NAME_ALPHABET) for _ in range(5))}"
 
     names = [draw(t) for t in tenant_names]
-    while True:
-        taken = set(NodeClaim.objects.filter(name__in=names).values_list("name", flat=True))
+    while names:
+        with connection.cursor() as cursor:  # SQL: for a decision's few claims Django's compilation costs more
+            cursor.execute(f"SELECT name FROM {NodeClaim._meta.db_table} WHERE name IN "
+                           f"({', '.join(['%s'] * len(names))})", names)
+            taken = {name for name, in cursor.fetchall()}
         seen = set()
         clashes = []
         for i, name in enumerate(names):
@@ -330,6 +332,7 @@ def _new_claim_names(tenant_names: list[str]) -> list[str]:
             return names
         for i in clashes:
             names[i] = draw(tenant_names[i])
+    return names
 
 
 def _group_create(*, pool: NodePool, actor: str, size: int | None = None, node_type: NodeType | None = None,

@@ -2,6 +2,7 @@
 import asyncio
 import logging
 import threading
+from contextlib import contextmanager
 
 from channels.layers import get_channel_layer
 
@@ -21,20 +22,51 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+_held = threading.local()
+
+
+@contextmanager
+def held():
+    """What this thread publishes inside goes out at the end, in one hand-off to the publisher loop (a pass of
+    decisions commits a transaction per tenant, each with its messages: one hand-off for the pass)."""
+    if getattr(_held, "messages", None) is not None:
+        yield  # an outer one sends them
+        return
+    _held.messages = []
+    try:
+        yield
+    finally:
+        messages, _held.messages = _held.messages, None
+        _send(messages)
+
+
 def publish(groups: list[str], message: dict) -> None:
+    held_messages = getattr(_held, "messages", None)
+    if held_messages is not None:
+        held_messages.append((groups, message))
+        return
+    _send([(groups, message)])
+
+
+def _send(messages: list[tuple[list[str], dict]]) -> None:
+    if not messages:
+        return
     layer = get_channel_layer()
     if layer is None:
         return
+    groups = [group for names, _ in messages for group in names]
 
     async def send():
-        for group in groups:
-            await layer.group_send(group, {"type": "object.changed", **message})
+        for names, message in messages:
+            for group in names:
+                await layer.group_send(group, {"type": "object.changed", **message})
 
     if type(layer).__name__ == "InMemoryChannelLayer":
         # In-memory groups belong to the loop of the process's consumers; the embedded mode's pages
         # tail the Event log instead, so there is nothing to send across.
         return
     try:
-        asyncio.run_coroutine_threadsafe(send(), _publisher_loop()).result(timeout=5)
+        asyncio.run_coroutine_threadsafe(send(), _publisher_loop()).result(timeout=max(5.0, 0.05 * len(groups)))
     except Exception:  # a live view missing a message re-syncs from the Event log
-        log.warning("live update to %s not delivered", ", ".join(groups), exc_info=True)
+        log.warning("live update to %s not delivered", ", ".join(groups[:10]) + (" …" if len(groups) > 10 else ""),
+                    exc_info=True)

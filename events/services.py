@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from core import live, scoping
 from core.origin import current_request, request_origin
+from core.rows import rows_insert
 from core.crypto import EncryptedTextField
 
 from .choices import EventKind, ObjectType
@@ -86,7 +87,7 @@ def events_record(events: Sequence[Event]) -> list[Event]:
     if len(events) == 1:
         events[0].save()
     else:
-        Event.objects.bulk_create(events)
+        rows_insert(events)
     by_type: dict[str, list[Event]] = {}
     for event in events:
         by_type.setdefault(event.object_type, []).append(event)

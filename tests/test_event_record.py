@@ -125,3 +125,21 @@ def test_every_event_a_whole_site_writes_has_a_declared_kind_and_object_type(wor
     types = set(Event.objects.values_list("object_type", flat=True))
     assert {"transition", "change", "action"} <= kinds <= set(EventKind.values)
     assert {"host", "claim", "pool", "tenant", "token"} <= types <= set(ObjectType.values)
+
+
+@pytest.mark.django_db
+def test_events_recorded_together_keep_every_value_and_get_their_ids_in_order(published):
+    recorded = events_record([
+        Event(kind=EventKind.DECISION, object_type=ObjectType.POOL, object_name=f"pool-{i}", actor="user:alice",
+              message=f"line one\nline two %s {i}", address="10.0.0.7" if i % 2 else "::1", duration_s=i / 2,
+              data={"pods": ["ml/a", "ml/b"], "quote": "it's \"here\"", "none": None, "n": i})
+        for i in range(60)])  # more rows than a statement's parameters are cached for
+
+    rows = {e.pk: e for e in Event.objects.filter(pk__in=[e.pk for e in recorded])}
+    assert len(rows) == 60
+    for i, event in enumerate(recorded):
+        row = rows[event.pk]
+        assert row.object_name == f"pool-{i}" and row.message == f"line one\nline two %s {i}"
+        assert row.address == ("10.0.0.7" if i % 2 else "::1") and row.duration_s == i / 2
+        assert row.data == {"pods": ["ml/a", "ml/b"], "quote": "it's \"here\"", "none": None, "n": i}
+        assert row.created_at == event.created_at
