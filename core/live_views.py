@@ -17,7 +17,8 @@ ws extension. On open, and again on every reconnect, the page sends
    worker process never reach the web process, its Event rows do) or every CONSOLE_LIVE_RESYNC_S with
    Redis (a message the layer dropped is caught up). Live messages and the Event log take one path:
    both only mark objects dirty. Only re-sync frames move the page's cursor, so the cursor never
-   passes a change the page has not seen, and a missed message loses nothing.
+   passes a change the page has not seen, and a missed message loses nothing (the event log's live frames
+   move it too: a frame of it shows the newest Events up to the cursor it sends, by design).
 
 The cursor is an Event id. On SQLite ids are handed out in commit order (one writer at a time); on
 PostgreSQL a transaction can commit after one with a later id, which a re-sync could skip: there the
@@ -160,14 +161,15 @@ class FragmentCache:
             if current is None or current[0] <= read_at:
                 self.items[key] = (read_at, upto, html)
 
-    def _reader(self, kind: tuple) -> threading.Lock:
+    def reader(self, kind: tuple) -> threading.Lock:
+        """The lock a kind's readers take in turn: one reads, the others waiting on it take what it read."""
         with self.lock:
             return self.reading.setdefault(kind, threading.Lock())
 
     def one(self, key, need: Need, make, upto) -> tuple[int, object]:
         """One fragment (a count, a card): the cached one when current, or `make()` read now and kept for the
         others. upto() gives the newest Event id, read before the fragment. Returns (Event id it reflects, value)."""
-        with self._reader(key):  # one consumer reads, the others waiting here take its fragment
+        with self.reader(key):  # one consumer reads, the others waiting here take its fragment
             cached = self.get(key, need)
             if cached is not None:
                 return cached
@@ -188,7 +190,7 @@ class FragmentCache:
         for key, need in wanted.items():
             by_kind.setdefault(key[:-1], {})[key] = need
         for kind, needs in by_kind.items():
-            with self._reader(kind):  # one consumer reads, the others waiting here take its rows
+            with self.reader(kind):  # one consumer reads, the others waiting here take its rows
                 missing = []
                 for key, need in needs.items():
                     cached = self.get(key, need)
@@ -329,10 +331,22 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """Everything the page shows (a re-sync whose history is too long renders it all)."""
         raise NotImplementedError
 
+    # Keys (by their first part) of summary cards: a read of the whole topic, rendered at most every
+    # CONSOLE_LIVE_CARDS_S while changes stream in (see `_due`).
+    card_kinds: frozenset = frozenset()
+    cards_next = 0.0  # the clock time before which this page's cards wait (`_due`)
+
     def render(self, keys: dict) -> list[str]:
         """keys: dirty key → Need (a fragment read after `since`, and reflecting Event `version`, is current).
         A subclass that renders from FragmentCache records in self.sent what each key's fragment reflects."""
         raise NotImplementedError
+
+    def changed_cards(self, cards: dict) -> list[str]:
+        """Of the cards rendered (kind → html), those the page does not have as they are: a card that did not
+        change (the needs-attention card, mostly) is not sent again."""
+        changed = [html for kind, html in cards.items() if self.cards_sent.get(kind) != html]
+        self.cards_sent.update(cards)
+        return changed
 
     def followed_hosts(self) -> set[int]:
         """Hosts whose agent progress (image write %) the page shows. Progress is not in the Event log:
@@ -366,6 +380,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.cursor_unsent = False
         self.progress_seen: dict[int, tuple] = {}
         self.resync_due = False
+        self.cards_sent: dict = {}  # card kind → the html the page last got
         self.joined: set[str] = set()
         self.flush_task = None
         self.poller = None
@@ -467,6 +482,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
             cutoff = min(tick, time.monotonic())
         keys, self.dirty = self._due(cutoff)
         resync, self.resync_due = self.resync_due, False
+        if not keys and not resync:  # only cards, waiting for their clock: nothing to read yet
+            self.flush_task = asyncio.create_task(self._flush(settings.CONSOLE_LIVE_FLUSH_S))
+            return
         try:
             parts, groups = await frame_in_thread(self._frame)(keys, resync)
         except Exception:
@@ -488,13 +506,27 @@ class LiveConsumer(AsyncWebsocketConsumer):
         tick go now: the consumers of the process wake at the same tick but start in turn, and a change noted
         after the tick by one of them would make its fragment newer than the one the first consumer read at
         the tick, so that consumer would read and render the rows again for itself (at 200 changes a second,
-        most of them did: one read per page instead of one per process). The later change waits one tick."""
-        if cutoff is None:
-            return self.dirty, {}
+        most of them did: one read per page instead of one per process). The later change waits one tick.
+
+        Cards (`card_kinds`) go at most every CONSOLE_LIVE_CARDS_S, at the first tick past a multiple of it: the
+        pages of a process cross it together and share one read of each card, where every tick cost a read and
+        a render of each (a card shows the whole fleet, which changes at every tick under load). A card goes at the
+        next tick when its page sent none since the last multiple (a change on a quiet fleet). A flush without a
+        tick (a re-sync) takes every other key."""
+        clock = time.monotonic() if cutoff is None else cutoff
+        cards_due = clock >= self.cards_next
         now, later = {}, {}
         for key, need in self.dirty.items():
-            (now if need.since <= cutoff else later)[key] = need
+            waits = key[0] in self.card_kinds and not cards_due
+            (now if (cutoff is None or need.since <= cutoff) and not waits else later)[key] = need
+        if any(key[0] in self.card_kinds for key in now):
+            self._cards_go(clock)
         return now, later
+
+    def _cards_go(self, clock: float) -> None:
+        """The page's cards go now: the next wait for the clock's next multiple."""
+        every = settings.CONSOLE_LIVE_CARDS_S
+        self.cards_next = clock - clock % every + every if every > 0 else 0.0
 
     def _frame(self, keys: dict, resync: bool) -> tuple[list[str], set[str] | None]:
         new_cursor = None
@@ -505,9 +537,19 @@ class LiveConsumer(AsyncWebsocketConsumer):
             new_cursor = self.latest_cursor()  # read first: what renders below includes at least this much
             self.frame_cursor = new_cursor  # a render that reads changes up to a cursor may take this one
             found = self._keys_since(self.cursor or 0, new_cursor) if new_cursor > (self.cursor or 0) else {}
+            now = time.monotonic()
+            cards_wait = now < self.cards_next
             for key, version in found.items():
                 if key not in keys and self.sent.get(key, 0) >= version:
                     continue  # the page has it already (a live message brought it)
+                if key[0] in self.card_kinds and key not in keys:
+                    if cards_wait:
+                        # The card waits for its clock, as a live change's does: read after now, it reflects this
+                        # cursor (twenty pages' periodic re-syncs read every card again each, at their own times).
+                        need = self.dirty.setdefault(key, Need())
+                        need.since = max(need.since, now)
+                        continue
+                    self._cards_go(now)
                 keys.setdefault(key, Need()).version = version
             if self.in_memory:
                 for key in self._progress_keys():

@@ -6,7 +6,16 @@ from django.http import QueryDict
 from django.template.loader import render_to_string
 
 from core import scoping
-from core.live_views import FLEET_GROUPS, RESYNC, FragmentCache, LiveConsumer, Need, scope_key, scope_tenants
+from core.live_views import (
+    FLEET_GROUPS,
+    RESYNC,
+    FragmentCache,
+    LiveConsumer,
+    Need,
+    cursor_element,
+    scope_key,
+    scope_tenants,
+)
 
 from .choices import ObjectType
 from .filtersets import EventFilterSet
@@ -19,6 +28,7 @@ MAX_REPLAY = 20000  # events one re-sync reads; past that it renders everything 
 MAX_NEW = 100  # new events one frame adds to the Event log page (its page size)
 ROWS = FragmentCache()  # Event log rows, keyed by the scope that sees them (core.live_views.scope_key)
 ROW_TTL_S = 60.0  # an Event row is read again after this long: the names it links to may have changed
+NEWEST = FragmentCache(size=1000)  # per scope and filters: the Event ids a tick adds to the pages (EventLogPageConsumer)
 
 
 class EventLogConsumer(LiveConsumer):
@@ -35,8 +45,9 @@ class EventLogConsumer(LiveConsumer):
 class EventLogPageConsumer(EventLogConsumer):
     """The Event log page: events newer than the page's cursor, in the user's scope and matching the page's
     filters, added at the top of its first page. Messages to the user's groups (the fleet's and the claims' for
-    those who see everything, their tenants' for members) bring the page to re-sync at once; events linked to
-    no host, claim or tenant (catalogue changes) arrive with the periodic re-sync."""
+    those who see everything, their tenants' for members) make its new rows due at the next tick; events linked
+    to no host, claim or tenant (catalogue changes) arrive with the periodic re-sync. At a tick the pages of one
+    scope and filters share one read of the new Events' ids (NEWEST) and of their rows (ROWS)."""
 
     top: int | None = None  # the newest Event id the page shows or has passed over
     scope = scope_key([])  # sees nothing until authorized (wanted_groups sets it, again at each re-sync)
@@ -50,7 +61,7 @@ class EventLogPageConsumer(EventLogConsumer):
         return set(FLEET_GROUPS) if ids is None else {f"tenant-{t}" for t in ids}
 
     def keys_for_message(self, message: dict) -> set:
-        return {RESYNC}
+        return {("new",)}
 
     def events_in_scope(self, events):
         return events_visible(self.user, events)
@@ -65,16 +76,26 @@ class EventLogPageConsumer(EventLogConsumer):
         if ("new",) not in keys or self.query.get("page", "1") != "1":
             return []
         top = self.cursor or 0 if self.top is None else self.top
-        upto = latest_event_id() if self.frame_cursor is None else self.frame_cursor
+        scope = self.scope
         data = QueryDict(mutable=True)
         data.update(self.query)
-        filtered = EventFilterSet(log_query(data), queryset=events_visible(
-            self.user, Event.objects.filter(pk__gt=top, pk__lte=upto))).qs
-        new = list(filtered.order_by("-pk").values_list("pk", flat=True)[:MAX_NEW])
+        filters = log_query(data)
+
+        def newest(upto: int) -> list[int]:
+            """The newest ids (at most MAX_NEW) in (top, upto] that the scope sees and the filters keep."""
+            tenants = scope_tenants(scope)
+            events = Event.objects.filter(pk__gt=top, pk__lte=upto)
+            events = events if tenants is None else events.filter(tenant_id__in=tenants)
+            return list(EventFilterSet(filters, queryset=events).qs.order_by("-pk").values_list("pk", flat=True)
+                        [:MAX_NEW])
+
+        if self.frame_cursor is not None:  # a re-sync: up to its cursor
+            upto, new = self.frame_cursor, newest(self.frame_cursor)
+        else:
+            upto, new = self._newest_shared(top, keys[("new",)], filters, newest)
         self.top = max(top, upto)
         if not new:
             return []
-        scope = self.scope
 
         def read(ids) -> dict:
             tenants = scope_tenants(scope)
@@ -91,8 +112,28 @@ class EventLogPageConsumer(EventLogConsumer):
         rows = "".join(found[key][1] for key in (("event", *scope, pk) for pk in new) if found.get(key))
         if not rows:
             return []
-        return ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
-                f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']
+        parts = ['<tr id="event-log-empty" hx-swap-oob="delete"></tr>',
+                 f'<tbody hx-swap-oob="afterbegin:#event-log-rows">{rows}</tbody>']
+        if self.frame_cursor is None and upto > (self.cursor or 0):
+            # The page shows the newest Events up to `upto` now: a reconnect re-syncs from there, not from the last
+            # periodic re-sync (which would add again the rows this frame brought).
+            self.cursor = upto
+            parts.append(cursor_element(upto))
+        return parts
+
+    def _newest_shared(self, top: int, need: Need, filters: QueryDict, newest) -> tuple[int, list[int]]:
+        """(upto, the new ids in (top, upto]) from one read per tick for the pages of a scope and filters: a read
+        from a lower `top` serves every page above it (the newest MAX_NEW of a longer range, cut at this page's
+        top, are the newest of its own)."""
+        key = ("newest", *self.scope, filters.urlencode())
+        with NEWEST.reader(key):
+            cached = NEWEST.get(key, need)
+            if cached is None or cached[1][0] > top:
+                read_at, upto = time.monotonic(), latest_event_id()
+                cached = (upto, (top, newest(upto)))
+                NEWEST.put(key, read_at, upto, cached[1])
+        upto, (_, ids) = cached
+        return upto, [pk for pk in ids if pk > top]
 
 
 # Rarely changing lists: the object types each follows, and whether members may watch it (their tenants' only).

@@ -40,6 +40,8 @@ FRAGMENTS = FragmentCache()  # fleet rows and counts: the same for every admin a
 class FleetConsumer(HostAwareConsumer):
     """Counts by state for the board's filters, and the rows the page shows. Admins and auditors only."""
 
+    card_kinds = frozenset({"counts", "capacity", "attention"})  # the whole fleet's: at most every CONSOLE_LIVE_CARDS_S
+
     def authorize(self) -> bool:
         return scoping.sees_everything(self.user)
 
@@ -68,7 +70,7 @@ class FleetConsumer(HostAwareConsumer):
         return {("counts",), ("attention",), ("capacity",)} | {("host", i) for i in self.visible}
 
     def render(self, keys: dict) -> list[str]:
-        parts = []
+        cards = {}
         if ("counts",) in keys:
             data = QueryDict(mutable=True)
             for key, value in self.query.items():
@@ -79,15 +81,17 @@ class FleetConsumer(HostAwareConsumer):
                 counted = HostFilterSet(without_state(data), queryset=BareMetalHost.objects.all())
                 return presenters.render_counts(presenters.state_counts(counted.qs), query)
 
-            parts.append(FRAGMENTS.one(("counts", query), keys[("counts",)], counts, latest_event_id)[1])
+            cards["counts"] = FRAGMENTS.one(("counts", query), keys[("counts",)], counts, latest_event_id)[1]
         if ("capacity",) in keys:  # the same card for every admin and auditor: read once per change
-            parts.append(FRAGMENTS.one(("capacity",), keys[("capacity",)],
-                                       lambda: presenters.render_capacity(fleet_capacity(node_types())),
-                                       latest_event_id)[1])
+            cards["capacity"] = FRAGMENTS.one(("capacity",), keys[("capacity",)],
+                                              lambda: presenters.render_capacity(fleet_capacity(node_types())),
+                                              latest_event_id)[1]
         if ("attention",) in keys:  # the "needs attention" card: the same for every user who may act on hosts, or not
             acts = scoping.acts_on_hosts(self.user)
-            parts.append(FRAGMENTS.one(("attention", acts), keys[("attention",)],
-                                       lambda: presenters.render_attention(acts_on_hosts=acts), latest_event_id)[1])
+            cards["attention"] = FRAGMENTS.one(("attention", acts), keys[("attention",)],
+                                               lambda: presenters.render_attention(acts_on_hosts=acts),
+                                               latest_event_id)[1]
+        parts = self.changed_cards(cards)
 
         def read(ids) -> dict:
             hosts = list(presenters.row_queryset(BareMetalHost.objects.filter(pk__in=ids)))

@@ -133,3 +133,71 @@ async def test_two_event_logs_of_one_scope_get_one_render_of_a_new_event(client,
     assert made.count("logged once") == 1
     for page in pages:
         await page.disconnect()
+
+
+async def test_fleet_boards_share_one_read_of_the_counts_and_send_them_once_a_clock_period_not_every_tick(
+        client, users, settings, monkeypatch):
+    from hosts import consumers
+    from hosts.choices import HostState
+    from hosts.models import BareMetalHost
+    from hosts.services import host_set_maintenance
+
+    settings.CONSOLE_LIVE_CARDS_S = 1e9  # the cards' next clock multiple never comes in this test
+    settings.CONSOLE_LIVE_RESYNC_S = 1e6  # no periodic re-sync: the cards go only when the test says
+    counted = []
+    render_counts = consumers.presenters.render_counts
+
+    def counting(counts, query):
+        counted.append({c["state"]: c["count"] for c in counts})
+        return render_counts(counts, query)
+
+    monkeypatch.setattr(consumers.presenters, "render_counts", counting)
+    one, two = await sync_to_async(lambda: list(BareMetalHost.objects.filter(state=HostState.AVAILABLE)
+                                                .order_by("name")[:2]))()
+    pages = [await connect("/ws/fleet/", await sync_to_async(session_cookie)(client, users[who]))
+             for who in ("admin", "auditor", "admin")]
+    since = await latest_event()
+    for page in pages:
+        await resync(page, since=since, ids=[one.pk, two.pk])
+    counted.clear()
+    for host in (one, two):  # the second move comes after the first's frame: a tick of its own
+        await sync_to_async(host_set_maintenance)(host=host, on=True, actor="test")
+        for page in pages:
+            await receive_until(page, f'<tr id="host-{host.pk}"[^>]*data-state="maintenance"')
+    # Three pages, two ticks with a move: at most one read of the counts (the first card of each page goes at once,
+    # shared), none for the second move's tick (every tick read them again for every page's next frame before).
+    assert len(counted) <= 1
+    # A page that reconnects gets the counts as they are now.
+    await pages[0].disconnect()
+    pages[0] = await connect("/ws/fleet/", await sync_to_async(session_cookie)(client, users["admin"]))
+    frame = await resync(pages[0], since=since, ids=[one.pk, two.pk])
+    maintenance = await sync_to_async(BareMetalHost.objects.filter(state=HostState.MAINTENANCE).count)()
+    assert f'id="count-maintenance">{maintenance}<' in frame
+    for page in pages:
+        await page.disconnect()
+
+
+async def test_event_logs_of_one_scope_share_one_read_of_the_new_events(client, users, console_site, monkeypatch):
+    from events import consumers
+
+    reads = []
+    put = consumers.NEWEST.put
+
+    def recording(key, read_at, upto, value):
+        reads.append(value[1])  # the ids the read found
+        return put(key, read_at, upto, value)
+
+    monkeypatch.setattr(consumers.NEWEST, "put", recording)
+    claim = await claim_of(console_site["one"])
+    pages = [await connect("/ws/events/", await sync_to_async(session_cookie)(client, users[who]))
+             for who in ("admin", "auditor", "admin")]
+    since = await latest_event()
+    for page in pages:
+        await resync(page, since=since)
+    await change(claim, "read once")
+    for page in pages:
+        await receive_until(page, "read once")
+    made = await latest_event()  # the change's Event
+    assert sum(made in ids for ids in reads) == 1  # one read for the three pages (each page read its own before)
+    for page in pages:
+        await page.disconnect()

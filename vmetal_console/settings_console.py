@@ -13,6 +13,10 @@ LOGOUT_REDIRECT_URL = "login"
 # Live views (vmetal_console/live.py publishes, the apps' consumers.py render).
 # A consumer gathers the changes that arrive within this window into one websocket frame.
 CONSOLE_LIVE_FLUSH_S = float(os.environ.get("CONSOLE_LIVE_FLUSH_S", "0.1"))
+# A page's summary cards (the fleet board's counts, capacity, needs attention) go at most this often while changes
+# stream in, on a clock common to the process, so its pages share one read of each: every tick re-read them, and
+# at 200 moves a second that was most of the server's work. A change on a quiet fleet still goes at the next tick.
+CONSOLE_LIVE_CARDS_S = float(os.environ.get("CONSOLE_LIVE_CARDS_S", "1.0"))
 # How often a consumer re-reads the Event log for changes it may have missed. With an in-memory channel
 # layer (embedded mode) this is the only way changes made by the worker process reach the page, so it
 # polls often; with Redis it is a safety net for dropped messages.
