@@ -52,6 +52,25 @@ TWO_AUTO_YAML = """privateNodes:
 """
 
 
+# The dynamic pool burst (metal3, gpu-server and cpu-server) of a tenant, up to `nodes` nodes: BURST.format(nodes=4).
+BURST = """\
+privateNodes:
+  enabled: true
+  autoNodes:
+    - provider: metal3
+      properties:
+        vcluster.com/os-image: ubuntu2404-20260926
+      dynamic:
+        - name: burst
+          nodeTypeSelector:
+            - property: vcluster.com/node-type
+              operator: In
+              values: [gpu-server, cpu-server]
+          limits:
+            nodes: "{nodes}"
+"""
+
+
 @pytest.fixture
 def auto_site(users, apply):
     """Tenant two with its static cpu pool and a dynamic pool `train` (gpu-server, up to 4 nodes / 32 GPUs)."""

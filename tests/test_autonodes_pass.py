@@ -15,31 +15,15 @@ from claims.models import NodeClaim
 from core import live
 from pools.models import Tenant
 
+from .autonodes_conftest import BURST
+
 pytestmark = pytest.mark.postgres
-
-DYNAMIC = """\
-privateNodes:
-  enabled: true
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: ubuntu2404-20260926
-      dynamic:
-        - name: burst
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              operator: In
-              values: [gpu-server, cpu-server]
-          limits:
-            nodes: "4"
-"""
-
 
 @pytest.fixture
 def tenants(apply, demo_site):
     """Tenants two and three, each with the dynamic pool burst (up to 4 nodes); the demo's 4 GPU hosts are free."""
-    apply(DYNAMIC, tenant="two")
-    apply(DYNAMIC, tenant="three")
+    apply(BURST.format(nodes=4), tenant="two")
+    apply(BURST.format(nodes=4), tenant="three")
     return Tenant.objects.get(name="two"), Tenant.objects.get(name="three")
 
 

@@ -14,31 +14,16 @@ from claims.models import NodeClaim
 from hosts.models import BareMetalHost
 from pools.models import Tenant
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+from .autonodes_conftest import BURST
 
-DYNAMIC = """\
-privateNodes:
-  enabled: true
-  autoNodes:
-    - provider: metal3
-      properties:
-        vcluster.com/os-image: ubuntu2404-20260926
-      dynamic:
-        - name: burst
-          nodeTypeSelector:
-            - property: vcluster.com/node-type
-              operator: In
-              values: [gpu-server, cpu-server]
-          limits:
-            nodes: "100"
-"""
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 
 @pytest.fixture
 def two(apply, demo_site):
     """Tenant two with the dynamic pool burst (gpu-server and cpu-server, up to 100 nodes); 40 more free hosts of
     each type than the demo's."""
-    apply(DYNAMIC, tenant="two")
+    apply(BURST.format(nodes=100), tenant="two")
     BareMetalHost.objects.bulk_create([
         BareMetalHost(name=f"{role}-extra-{i:02d}", bmc_address=f"redfish://10.9.{k}.{i}/redfish/v1/Systems/1",
                       boot_mac=f"52:54:09:00:{k:02x}:{i:02x}", labels={"role": role}, state="available")
