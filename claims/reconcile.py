@@ -313,8 +313,14 @@ def _claims_insert(growing: list[tuple[NodePool, int, NodeType | None, str, obje
 
 
 def _new_claim_names(tenant_names: list[str]) -> list[str]:
+    seen: set[str] = set()
+
     def draw(tenant):
-        return f"{tenant}-{''.join(secrets.choice(NAME_ALPHABET) for _ in range(5))}"
+        # A clash within the batch is drawn again here: only a clash with an existing claim costs another query.
+        while (name := f"{tenant}-{''.join(secrets.choice(NAME_ALPHABET) for _ in range(5))}") in seen:
+            pass
+        seen.add(name)
+        return name
 
     names = [draw(t) for t in tenant_names]
     while names:
@@ -322,16 +328,9 @@ def _new_claim_names(tenant_names: list[str]) -> list[str]:
             cursor.execute(f"SELECT name FROM {NodeClaim._meta.db_table} WHERE name IN "
                            f"({', '.join(['%s'] * len(names))})", names)
             taken = {name for name, in cursor.fetchall()}
-        seen = set()
-        clashes = []
-        for i, name in enumerate(names):
-            if name in taken or name in seen:
-                clashes.append(i)
-            seen.add(name)
-        if not clashes:
+        if not taken:
             return names
-        for i in clashes:
-            names[i] = draw(tenant_names[i])
+        names = [draw(tenant_names[i]) if name in taken else name for i, name in enumerate(names)]
     return names
 
 

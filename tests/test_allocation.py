@@ -200,3 +200,20 @@ def test_a_host_freed_while_a_claim_turns_pending_unseen_still_wakes_the_allocat
     for callback in on_commit:
         callback()
     assert task_names.RECONCILE_POOLS in sent
+
+
+@pytest.mark.django_db
+def test_new_claim_names_never_clash_and_only_a_clash_with_an_existing_claim_costs_a_query(site, monkeypatch):
+    import claims.reconcile
+
+    make_hosts(1)
+    make_pool("one", 1)
+    pools_reconcile()
+    taken = NodeClaim.objects.get().name.split("-", 1)[1]
+    # The draws, a character at a time: a name twice in the batch, then the existing claim's, then fresh ones.
+    draws = iter("bbbbb" "bbbbb" + taken + "ccccc" "ddddd")
+    monkeypatch.setattr(claims.reconcile.secrets, "choice", lambda alphabet: next(draws))
+    with CaptureQueriesContext(connection) as ctx:
+        names = claims.reconcile._new_claim_names(["one", "one", "one"])
+    assert names == ["one-bbbbb", "one-ddddd", "one-ccccc"]
+    assert len(ctx.captured_queries) == 2  # the batch's own clash drawn again without a query, the existing one's: one
